@@ -1,0 +1,255 @@
+"""The actor's I/O shell: one DEALER socket to the broker, work on threads, decisions in ``ActorState``.
+
+The socket thread polls the broker socket and a wake pipe. Work runs on a thread pool; a finished
+piece of work is put on a queue and the pipe is written, so the socket thread (the only one that
+touches the socket) sends the result. Engine reconfiguration for a directive also runs off the
+socket thread, so heartbeats keep flowing while an engine switches roles.
+
+``python -m libra.actors.runtime --broker URL --slot cpu0`` runs one slot (the supervisor,
+``python -m libra.actors``, starts one such process per slot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import signal
+import socket as pysocket
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import zmq
+
+from libra.logging import bind_context, configure, get_logger
+from libra.protocol import ProtocolError, decode, encode
+from libra.protocol import messages as m
+
+from .state import (ActorIdentity, ActorState, CancelWork, Connect, Note, Received, Reconfigure,
+                    Reconfigured, SendMsg, Start, StartWork, Stop, Tick, WorkDone)
+from .tools import Handler, ToolError, WorkContext, action_tools
+
+log = get_logger("libra.actor")
+
+Reconfigurer = Callable[[list[str], dict[str, Any]], None]
+
+
+class ActorRuntime:
+    """Runs one actor slot until :meth:`stop`.
+
+    ``handlers`` maps ``(kind, name)`` to a handler; for ``action`` work the name is the tool.
+    ``reconfigure(kinds, config)`` is called (on a worker thread) when a directive changes the
+    actor's role; it may raise, in which case the actor keeps its old kinds and says so.
+    """
+
+    def __init__(self, broker_url: str, ident: ActorIdentity, kinds: list[str], capacity: int,
+                 handlers: dict[tuple[str, str], Handler], *, heartbeat_s: float = 1.0, liveness: int = 3,
+                 reconfigure: Reconfigurer | None = None, max_frame_bytes: int = 64 * 1024 * 1024,
+                 drain_s: float = 10.0) -> None:
+        self.broker_url = broker_url
+        self.handlers = handlers
+        self.state = ActorState(ident, kinds, capacity, heartbeat_s=heartbeat_s, liveness=liveness)
+        self.reconfigure = reconfigure or (lambda kinds, config: None)
+        self.max_frame_bytes = max_frame_bytes
+        self.drain_s = drain_s
+        self.ctx = zmq.Context()
+        self.sock: zmq.Socket | None = None
+        self.poller = zmq.Poller()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self.poller.register(self._wake_r, zmq.POLLIN)
+        self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pool = ThreadPoolExecutor(max_workers=max(1, capacity), thread_name_prefix="libra-work")
+        self._cancel: dict[str, threading.Event] = {}
+        self._stop = threading.Event()
+        self.log = log.bind(actor=ident.actor_id)
+
+    # ------------------------------------------------------------------ commands
+    def _execute(self, cmds: list[Any]) -> None:
+        for c in cmds:
+            t = type(c)
+            if t is SendMsg:
+                if self.sock is not None:
+                    try:
+                        self.sock.send_multipart(encode(c.msg), zmq.NOBLOCK)
+                    except zmq.Again:
+                        self.log.warning("send_dropped_hwm", kind=type(c.msg).__name__)
+            elif t is StartWork:
+                self._start(c.assign)
+            elif t is CancelWork:
+                ev = self._cancel.pop(c.work_id, None)
+                if ev is not None:
+                    ev.set()
+            elif t is Connect:
+                self._reconnect()
+            elif t is Reconfigure:
+                self._pool.submit(self._run_reconfigure, c)
+            elif t is Note:
+                self.log.info(c.event, **c.fields)
+
+    def _reconnect(self) -> None:
+        if self.sock is not None:
+            self.poller.unregister(self.sock)
+            self.sock.close(0)
+        s = self.ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.IDENTITY, b"a-" + uuid.uuid4().bytes)
+        s.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)
+        s.setsockopt(zmq.SNDHWM, 100_000)
+        s.setsockopt(zmq.RCVHWM, 100_000)
+        s.connect(self.broker_url)
+        self.sock = s
+        self.poller.register(s, zmq.POLLIN)
+
+    def _post(self, event: Any) -> None:
+        self._events.put(event)
+        os.write(self._wake_w, b"x")
+
+    def _start(self, a: m.Assign) -> None:
+        handler = self.handlers.get((a.kind, a.name)) or self.handlers.get((a.kind, "*"))
+        if handler is None:
+            self._post(WorkDone(a.work_id, a.lease, False, None, "unknown_tool",
+                                f"actor {self.state.ident.actor_id} has no handler for {a.kind} {a.name!r}"))
+            return
+        cancelled = threading.Event()
+        self._cancel[a.work_id] = cancelled
+        ctx = WorkContext(a.work_id, a.trajectory, a.budget_s, cancelled, self.state.ident.actor_id)
+        self._pool.submit(self._run_work, a, handler, ctx)
+
+    def _run_work(self, a: m.Assign, handler: Handler, ctx: WorkContext) -> None:
+        t0 = time.perf_counter()
+        with bind_context(work_id=a.work_id, trajectory=a.trajectory):
+            try:
+                out = handler(a.args, ctx)
+                done = WorkDone(a.work_id, a.lease, True, out, duration_s=time.perf_counter() - t0)
+            except ToolError as exc:
+                done = WorkDone(a.work_id, a.lease, False, None, exc.code, exc.message, time.perf_counter() - t0)
+            except Exception as exc:  # a tool bug must not kill the actor
+                self.log.warning("tool_raised", tool=a.name, error=repr(exc))
+                done = WorkDone(a.work_id, a.lease, False, None, "tool_failed", f"{type(exc).__name__}: {exc}",
+                                time.perf_counter() - t0)
+        self._post(done)
+
+    def _run_reconfigure(self, c: Reconfigure) -> None:
+        try:
+            self.reconfigure(c.kinds, c.config)
+            self._post(Reconfigured(c.directive_id))
+        except Exception as exc:
+            self._post(Reconfigured(c.directive_id, False, f"{type(exc).__name__}: {exc}"))
+
+    # ------------------------------------------------------------------ loop
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            os.write(self._wake_w, b"s")
+        except OSError:
+            pass
+
+    def run(self) -> None:
+        st = self.state
+        mono = time.monotonic
+        self._execute(st.handle(Start(), mono()))
+        tick_s = max(0.01, min(0.1, st.heartbeat_s / 4))
+        next_tick = mono() + tick_s
+        stop_deadline: float | None = None
+        try:
+            while True:
+                if self._stop.is_set() and stop_deadline is None:
+                    stop_deadline = mono() + self.drain_s
+                    self.log.info("actor_draining_for_exit", running=len(st.running))
+                if stop_deadline is not None and (not st.running or mono() >= stop_deadline):
+                    self._execute(st.handle(Stop(), mono()))
+                    break
+                timeout = max(0, int((next_tick - mono()) * 1000))
+                for sock, _ in self.poller.poll(timeout):
+                    if sock is self._wake_r:
+                        try:
+                            os.read(self._wake_r, 65536)
+                        except BlockingIOError:
+                            pass
+                        while True:
+                            try:
+                                ev = self._events.get_nowait()
+                            except queue.Empty:
+                                break
+                            if type(ev) is WorkDone:
+                                self._cancel.pop(ev.work_id, None)
+                            self._execute(st.handle(ev, mono()))
+                    elif sock is self.sock:
+                        self._drain_socket()
+                now = mono()
+                if now >= next_tick:
+                    self._execute(st.handle(Tick(), now))
+                    tick_s = max(0.01, min(0.1, st.heartbeat_s / 4))
+                    next_tick = now + tick_s
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            if self.sock is not None:
+                self.sock.close(0)
+            self.ctx.term()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self.log.info("actor_stopped")
+
+    def _drain_socket(self) -> None:
+        sock, st = self.sock, self.state
+        assert sock is not None
+        for _ in range(1000):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                d = decode(frames, self.max_frame_bytes)
+            except ProtocolError as err:
+                self.log.warning("bad_frame_from_broker", code=err.code.value, error=err.message)
+                continue
+            self._execute(st.handle(Received(d.msg), time.monotonic()))
+            if self.sock is not sock:  # reconnected while handling: stop reading the old socket
+                return
+
+
+def handlers_for_tools(tools: dict[str, Handler]) -> dict[tuple[str, str], Handler]:
+    return {("action", name): fn for name, fn in tools.items()}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m libra.actors.runtime",
+                                description="Run ONE Libra actor slot (normally started by python -m libra.actors).")
+    p.add_argument("--broker", required=True, help="broker endpoint, e.g. tcp://127.0.0.1:5555")
+    p.add_argument("--slot", required=True, help="slot name: cpuN or gpuN")
+    p.add_argument("--actor-id", help="stable actor id (default HOST/SLOT)")
+    p.add_argument("--capacity", type=int, default=4, help="concurrent work items (default %(default)s)")
+    p.add_argument("--heartbeat-s", type=float, default=1.0, help="initial heartbeat interval (the broker's wins)")
+    p.add_argument("--no-sandbox", action="store_true", help="offer only the built-in echo/sleep tools")
+    p.add_argument("--allow-unisolated", action="store_true",
+                   help="run code tools without bubblewrap isolation (NOT safe for untrusted code)")
+    p.add_argument("--log-level", default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure(args.log_level, cache=True)
+    host = pysocket.gethostname()
+    actor_id = args.actor_id or f"{host}/{args.slot}"
+    if args.slot.startswith("gpu"):
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", args.slot[3:])
+    tools = action_tools(enable_sandbox=not args.no_sandbox, allow_unisolated=args.allow_unisolated)
+    handlers = handlers_for_tools(tools)
+    ident = ActorIdentity(actor_id, host, args.slot, os.getpid(), {"action": sorted(tools)},
+                          {"slot_kind": "gpu" if args.slot.startswith("gpu") else "cpu"})
+    rt = ActorRuntime(args.broker, ident, ["action"], args.capacity, handlers, heartbeat_s=args.heartbeat_s)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: rt.stop())
+    log.info("actor_starting", actor=actor_id, broker=args.broker, tools=sorted(tools), capacity=args.capacity)
+    rt.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,320 @@
+"""``ActorState``: the actor's pure core. ``handle(event, now) -> list[Command]``.
+
+No sockets, threads or clocks. The runtime shell (``runtime.py``) feeds it what happened (a message
+from the broker, a finished piece of work, an engine that finished reconfiguring, a timer tick) and
+executes what it returns (send a message, (re)connect, start or cancel work, reconfigure the engine).
+
+Lifecycle (``ActorPhase``)::
+
+    connecting ──Welcome──► ready ──Directive──► draining ──(nothing running)──► switching
+        ▲                     ▲                                                  │
+        └──broker silent / Disconnect (back-off)                     Reconfigured┘ (DirectiveDone + Bid)
+
+Liveness after Paranoid Pirate: any frame from the broker is a heartbeat; after ``liveness`` silent
+intervals the actor abandons the session (its work will be re-queued by the broker), waits a back-off
+that doubles up to ``max_backoff_s``, and reconnects on a new socket.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from libra.protocol import messages as m
+
+
+class ActorPhase(str, Enum):
+    CONNECTING = "connecting"
+    READY = "ready"
+    DRAINING = "draining"
+    SWITCHING = "switching"
+
+
+_TRANSITIONS: frozenset[tuple[ActorPhase, ActorPhase]] = frozenset({
+    (ActorPhase.CONNECTING, ActorPhase.CONNECTING),
+    (ActorPhase.CONNECTING, ActorPhase.READY),
+    (ActorPhase.READY, ActorPhase.DRAINING),
+    (ActorPhase.DRAINING, ActorPhase.DRAINING),
+    (ActorPhase.DRAINING, ActorPhase.SWITCHING),
+    (ActorPhase.SWITCHING, ActorPhase.READY),
+    (ActorPhase.READY, ActorPhase.CONNECTING),
+    (ActorPhase.DRAINING, ActorPhase.CONNECTING),
+    (ActorPhase.SWITCHING, ActorPhase.CONNECTING),
+})
+
+
+class InvalidActorTransition(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------- events
+@dataclass(frozen=True, slots=True)
+class Start:
+    """The runtime is up: connect and say hello."""
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    msg: Any
+
+
+@dataclass(frozen=True, slots=True)
+class WorkDone:
+    work_id: str
+    lease: int
+    ok: bool
+    output: Any = None
+    error_code: str = ""
+    error: str = ""
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfigured:
+    directive_id: int
+    ok: bool = True
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Leave: hand back what has not started and say goodbye."""
+
+
+# ---------------------------------------------------------------- commands
+@dataclass(frozen=True, slots=True)
+class SendMsg:
+    msg: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    """Close any current socket and open a fresh one (new identity) to the broker."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartWork:
+    assign: m.Assign
+
+
+@dataclass(frozen=True, slots=True)
+class CancelWork:
+    work_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfigure:
+    directive_id: int
+    kinds: list[str]
+    config: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """Something worth a log line (the core does not log itself)."""
+
+    event: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ActorIdentity:
+    actor_id: str
+    host: str
+    slot: str
+    pid: int
+    capabilities: dict[str, list[str]]
+    labels: dict[str, Any] = field(default_factory=dict)
+
+
+class ActorState:
+    """The actor core. Mutated only through :meth:`handle`."""
+
+    def __init__(self, ident: ActorIdentity, kinds: list[str], capacity: int, *, heartbeat_s: float = 1.0,
+                 liveness: int = 3, initial_backoff_s: float = 0.1, max_backoff_s: float = 5.0) -> None:
+        self.ident = ident
+        self.kinds = [k for k in kinds if k in ident.capabilities]
+        self.capacity = capacity
+        self.heartbeat_s = heartbeat_s
+        self.liveness = liveness
+        self.initial_backoff_s = initial_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.backoff_s = initial_backoff_s
+        self.phase = ActorPhase.CONNECTING
+        self.running: dict[str, int] = {}  # work_id -> lease
+        self.waiting: deque[m.Assign] = deque()  # assigned beyond capacity (should be rare)
+        self.directive: m.Directive | None = None
+        self.last_recv = 0.0
+        self.last_send = 0.0
+        self.connect_at: float | None = None  # a reconnect scheduled after back-off
+        self.sessions = 0
+        self.stopping = False
+
+    # ------------------------------------------------------------------
+    def _go(self, to: ActorPhase) -> None:
+        if (self.phase, to) not in _TRANSITIONS:
+            raise InvalidActorTransition(f"actor {self.ident.actor_id}: {self.phase.value} -> {to.value}")
+        self.phase = to
+
+    def _send(self, msg: Any, now: float, out: list[Any]) -> None:
+        self.last_send = now
+        out.append(SendMsg(msg))
+
+    def _hello(self) -> m.ActorHello:
+        i = self.ident
+        return m.ActorHello(i.actor_id, i.host, i.slot, i.pid, i.capabilities, list(self.kinds),
+                            self.capacity, i.labels)
+
+    def _connect(self, now: float, out: list[Any]) -> None:
+        for wid in list(self.running):
+            out.append(CancelWork(wid, "session lost"))
+        self.running.clear()
+        self.waiting.clear()
+        if self.phase is not ActorPhase.CONNECTING:
+            self._go(ActorPhase.CONNECTING)
+        self.sessions += 1
+        self.last_recv = now
+        self.connect_at = None
+        out.append(Connect())
+        self._send(self._hello(), now, out)
+
+    # ------------------------------------------------------------------
+    def handle(self, event: Any, now: float) -> list[Any]:
+        out: list[Any] = []
+        t = type(event)
+        if t is Received:
+            self.last_recv = now
+            self._on_message(event.msg, now, out)
+        elif t is WorkDone:
+            self._on_done(event, now, out)
+        elif t is Tick:
+            self._on_tick(now, out)
+        elif t is Reconfigured:
+            self._on_reconfigured(event, now, out)
+        elif t is Start:
+            self._connect(now, out)
+        elif t is Stop:
+            self.stopping = True
+            for a in self.waiting:
+                self._send(m.Handback(a.work_id, a.lease, "actor stopping"), now, out)
+            self.waiting.clear()
+            self._send(m.Goodbye("actor stopping"), now, out)
+        else:
+            raise TypeError(f"unknown actor event {event!r}")
+        return out
+
+    def _on_message(self, msg: Any, now: float, out: list[Any]) -> None:
+        t = type(msg)
+        if t is m.Assign:
+            if self.phase is ActorPhase.CONNECTING:
+                return  # from an old session; the broker has re-queued it
+            if len(self.running) < self.capacity:
+                self.running[msg.work_id] = msg.lease
+                out.append(StartWork(msg))
+            else:
+                self.waiting.append(msg)
+        elif t is m.Welcome:
+            if self.phase is not ActorPhase.CONNECTING:
+                return
+            self.heartbeat_s, self.liveness = msg.heartbeat_s, msg.liveness
+            self.backoff_s = self.initial_backoff_s
+            self._go(ActorPhase.READY)
+            out.append(Note("actor_registered", {"session": msg.session, "broker": msg.broker_id}))
+            self._send(m.Bid(list(self.kinds), self.capacity), now, out)
+        elif t is m.Revoke:
+            if self.running.get(msg.work_id) == msg.lease:
+                del self.running[msg.work_id]
+                out.append(CancelWork(msg.work_id, msg.reason))
+                self._start_waiting(out)
+            else:
+                self.waiting = deque(a for a in self.waiting if a.work_id != msg.work_id)
+            self._maybe_switch(now, out)
+        elif t is m.Directive:
+            self._on_directive(msg, now, out)
+        elif t is m.Disconnect:
+            out.append(Note("broker_disconnected_us", {"reason": msg.reason}))
+            self._connect(now, out)
+        elif t is m.Error:
+            out.append(Note("broker_error", {"code": msg.code, "message": msg.message}))
+        elif t is m.Heartbeat:
+            pass
+        else:
+            out.append(Note("unexpected_message", {"kind": t.__name__}))
+
+    def _on_directive(self, msg: m.Directive, now: float, out: list[Any]) -> None:
+        if self.phase is ActorPhase.CONNECTING:
+            return
+        self.directive = msg
+        if msg.mode == "handback":
+            for a in self.waiting:
+                self._send(m.Handback(a.work_id, a.lease, "directive"), now, out)
+            self.waiting.clear()
+        self._go(ActorPhase.DRAINING)
+        out.append(Note("directive_received", {"directive": msg.directive_id, "kinds": msg.kinds,
+                                               "mode": msg.mode, "running": len(self.running)}))
+        self._maybe_switch(now, out)
+
+    def _maybe_switch(self, now: float, out: list[Any]) -> None:
+        if self.phase is ActorPhase.DRAINING and not self.running and not self.waiting:
+            d = self.directive
+            assert d is not None
+            self._go(ActorPhase.SWITCHING)
+            out.append(Reconfigure(d.directive_id, list(d.kinds), dict(d.config)))
+
+    def _on_reconfigured(self, ev: Reconfigured, now: float, out: list[Any]) -> None:
+        d = self.directive
+        if self.phase is not ActorPhase.SWITCHING or d is None or d.directive_id != ev.directive_id:
+            return  # a stale reconfiguration (we reconnected meanwhile)
+        if ev.ok:
+            self.kinds = [k for k in d.kinds if k in self.ident.capabilities]
+        else:
+            out.append(Note("reconfigure_failed", {"directive": d.directive_id, "error": ev.error}))
+        self.directive = None
+        self._go(ActorPhase.READY)
+        self._send(m.DirectiveDone(d.directive_id, list(self.kinds)), now, out)
+        self._send(m.Bid(list(self.kinds), self.capacity), now, out)
+
+    def _on_done(self, ev: WorkDone, now: float, out: list[Any]) -> None:
+        if self.running.get(ev.work_id) != ev.lease:
+            return  # revoked or from an abandoned session: the broker would drop it anyway
+        del self.running[ev.work_id]
+        self._send(m.WorkResult(ev.work_id, ev.lease, ev.ok, ev.output, ev.error_code, ev.error,
+                                ev.duration_s), now, out)
+        self._start_waiting(out)
+        self._maybe_switch(now, out)
+
+    def _start_waiting(self, out: list[Any]) -> None:
+        while self.waiting and len(self.running) < self.capacity:
+            a = self.waiting.popleft()
+            self.running[a.work_id] = a.lease
+            out.append(StartWork(a))
+
+    def _on_tick(self, now: float, out: list[Any]) -> None:
+        if self.stopping:
+            return
+        if self.connect_at is not None:
+            if now >= self.connect_at:
+                self._connect(now, out)
+            return
+        if now - self.last_recv > self.heartbeat_s * self.liveness:
+            out.append(Note("broker_silent", {"silent_s": round(now - self.last_recv, 3),
+                                              "retry_in_s": self.backoff_s}))
+            for wid in list(self.running):
+                out.append(CancelWork(wid, "broker silent"))
+            self.running.clear()
+            self.waiting.clear()
+            if self.phase is not ActorPhase.CONNECTING:
+                self._go(ActorPhase.CONNECTING)
+            self.connect_at = now + self.backoff_s
+            self.backoff_s = min(self.max_backoff_s, self.backoff_s * 2)
+            return
+        if now - self.last_send >= self.heartbeat_s:
+            self._send(m.Heartbeat(), now, out)

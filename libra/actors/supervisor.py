@@ -1,0 +1,92 @@
+"""Starts and supervises one actor process per slot on this host.
+
+Each slot runs ``python -m libra.actors.runtime``. A child that exits while the supervisor is not
+stopping is restarted with a back-off that doubles (0.5 s → 30 s) and resets after a minute of
+health. SIGTERM/SIGINT are forwarded; children get ``grace_s`` to drain before SIGKILL.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from libra.logging import get_logger
+
+log = get_logger("libra.supervisor")
+
+
+@dataclass
+class _Child:
+    slot: str
+    argv: list[str]
+    proc: subprocess.Popen | None = None
+    started_at: float = 0.0
+    backoff_s: float = 0.5
+    restart_at: float | None = None
+    restarts: int = 0
+    env: dict[str, str] | None = field(default=None)
+
+
+class Supervisor:
+    def __init__(self, broker: str, slots: list[str], *, capacity: int = 4, restart: bool = True,
+                 extra_args: list[str] | None = None, grace_s: float = 10.0) -> None:
+        self.restart = restart
+        self.grace_s = grace_s
+        self._stop = threading.Event()
+        self.children = [
+            _Child(slot, [sys.executable, "-m", "libra.actors.runtime", "--broker", broker, "--slot", slot,
+                          "--capacity", str(capacity), *(extra_args or [])])
+            for slot in slots
+        ]
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _spawn(self, c: _Child) -> None:
+        c.proc = subprocess.Popen(c.argv)
+        c.started_at = time.monotonic()
+        c.restart_at = None
+        log.info("slot_started", slot=c.slot, pid=c.proc.pid, restarts=c.restarts)
+
+    def run(self) -> int:
+        for c in self.children:
+            self._spawn(c)
+        while not self._stop.wait(0.2):
+            now = time.monotonic()
+            for c in self.children:
+                if c.proc is not None and c.proc.poll() is not None:
+                    rc = c.proc.returncode
+                    c.proc = None
+                    if not self.restart:
+                        log.warning("slot_exited", slot=c.slot, returncode=rc, restart=False)
+                        continue
+                    if now - c.started_at > 60:
+                        c.backoff_s = 0.5
+                    c.restart_at = now + c.backoff_s
+                    log.warning("slot_exited", slot=c.slot, returncode=rc, restart_in_s=c.backoff_s)
+                    c.backoff_s = min(30.0, c.backoff_s * 2)
+                elif c.proc is None and c.restart_at is not None and now >= c.restart_at:
+                    c.restarts += 1
+                    self._spawn(c)
+            if not self.restart and all(c.proc is None for c in self.children):
+                break
+        return self._shutdown()
+
+    def _shutdown(self) -> int:
+        live = [c for c in self.children if c.proc is not None and c.proc.poll() is None]
+        for c in live:
+            c.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        for c in live:
+            try:
+                c.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("slot_killed_after_grace", slot=c.slot, pid=c.proc.pid)
+                c.proc.kill()
+                c.proc.wait()
+        log.info("supervisor_stopped")
+        return 0

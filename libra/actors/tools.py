@@ -1,0 +1,70 @@
+"""Work handlers an actor can run, by ``(kind, name)``.
+
+A handler is ``fn(args, ctx) -> output`` where ``output`` is anything msgpack can carry. It raises
+:class:`ToolError` (with a stable ``code``) for a failure the caller should see as typed; any other
+exception becomes ``tool_failed`` with the exception's text. Handlers run on worker threads, never on
+the socket thread; long ones should poll ``ctx.cancelled`` (set when the broker revokes the work).
+
+Built-ins on every CPU slot: ``echo`` (returns its args) and ``sleep`` (``{"seconds": s}``).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+class ToolError(Exception):
+    """A typed tool failure; ``code`` travels to the client (e.g. ``timeout``, ``memory``, ``bad_request``)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(slots=True)
+class WorkContext:
+    work_id: str
+    trajectory: str | None
+    budget_s: float
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    actor_id: str = ""
+
+
+Handler = Callable[[Any, WorkContext], Any]
+
+
+def echo(args: Any, ctx: WorkContext) -> Any:
+    """Return the arguments unchanged."""
+    return args
+
+
+def sleep(args: Any, ctx: WorkContext) -> Any:
+    """Sleep ``args["seconds"]`` (interruptible by revocation), then return ``{"slept": seconds}``."""
+    if not isinstance(args, dict) or not isinstance(args.get("seconds"), (int, float)) or isinstance(args.get("seconds"), bool):
+        raise ToolError("bad_request", "sleep needs args {'seconds': <number>}")
+    seconds = float(args["seconds"])
+    if not 0 <= seconds <= 86_400:
+        raise ToolError("bad_request", f"sleep seconds must be within [0, 86400], got {seconds}")
+    if ctx.cancelled.wait(seconds):
+        raise ToolError("cancelled", "sleep revoked by the broker")
+    return {"slept": seconds}
+
+
+def builtin_tools() -> dict[str, Handler]:
+    return {"echo": echo, "sleep": sleep}
+
+
+def action_tools(enable_sandbox: bool = True, allow_unisolated: bool = False) -> dict[str, Handler]:
+    """All tools a CPU slot offers: the built-ins, plus sandboxed ``python``/``bash``/``pytest`` when
+    the sandbox engine is available on this host."""
+    tools = builtin_tools()
+    if enable_sandbox:
+        try:
+            from libra.engines.sandbox_tools import sandbox_tools  # optional until the sandbox lands
+        except ImportError:
+            return tools
+        tools.update(sandbox_tools(allow_unisolated=allow_unisolated))
+    return tools

@@ -1,0 +1,59 @@
+"""``python -m libra.broker --bind tcp://HOST:PORT [--config FILE]``: run the broker."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from libra.config import ConfigError, from_mapping, load_section
+from libra.logging import configure, get_logger
+
+from .server import BrokerServer
+from .state import BrokerConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m libra.broker",
+        description="Run the Libra broker: actors and clients connect to its one ROUTER endpoint.",
+    )
+    p.add_argument("--bind", default="tcp://127.0.0.1:5555",
+                   help="ZeroMQ endpoint to bind, e.g. tcp://0.0.0.0:5555 (default: %(default)s)")
+    p.add_argument("--config", help="TOML file with a [broker] table of BrokerConfig fields")
+    p.add_argument("--heartbeat-s", type=float, help="heartbeat interval in seconds (default 1.0)")
+    p.add_argument("--liveness", type=int, help="missed heartbeats before a peer is dead (default 3)")
+    p.add_argument("--max-frame-bytes", type=int, help="largest accepted message (default 64 MiB)")
+    p.add_argument("--max-retries", type=int, help="lost assignments tolerated per request (default 3)")
+    p.add_argument("--log-level", default=None, help="debug|info|warning|error (default info)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure(args.log_level, cache=True)
+    log = get_logger("libra.broker")
+    try:
+        config = load_section(args.config, "broker", BrokerConfig) if args.config else BrokerConfig()
+        overrides = {k: v for k, v in {
+            "heartbeat_s": args.heartbeat_s, "liveness": args.liveness,
+            "max_frame_bytes": args.max_frame_bytes, "max_retries": args.max_retries,
+        }.items() if v is not None}
+        if overrides:
+            config = from_mapping(BrokerConfig, {**dataclasses.asdict(config), **overrides}, "command line")
+    except ConfigError as exc:
+        print(f"libra.broker: {exc}", file=sys.stderr)
+        return 2
+    try:
+        server = BrokerServer(args.bind, config)
+    except Exception as exc:  # zmq.ZMQError: address in use, bad endpoint
+        log.error("bind_failed", endpoint=args.bind, error=str(exc))
+        print(f"libra.broker: cannot bind {args.bind}: {exc}", file=sys.stderr)
+        return 1
+    server.install_signal_handlers()
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""The broker's I/O shell: one ROUTER socket, decode → ``BrokerState.handle`` → send.
+
+Nothing here decides anything. The loop drains up to ``max_recv_per_poll`` frames without blocking
+(so a burst cannot starve the timers), feeds each to the core, executes the returned commands, and
+ticks the core every ``tick_s``. A frame that fails to decode becomes a ``BadFrame`` event (the core
+answers known peers with an ``Error`` and ignores strangers); an exception inside the core is logged
+with its traceback and counted, and the broker keeps serving. SIGTERM/SIGINT only set a flag.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import Callable
+
+import zmq
+
+from libra.logging import get_logger
+from libra.protocol import ProtocolError, decode, encode
+
+from .events import BadFrame, Command, PeerMessage, Tick
+from .state import BrokerConfig, BrokerState
+
+log = get_logger("libra.broker")
+
+
+class BrokerServer:
+    """Runs a :class:`BrokerState` behind a ROUTER socket bound at ``bind``."""
+
+    def __init__(self, bind: str, config: BrokerConfig | None = None, *, ctx: zmq.Context | None = None,
+                 max_recv_per_poll: int = 2000, on_ready: Callable[[str], None] | None = None) -> None:
+        self.config = config or BrokerConfig()
+        self.state = BrokerState(self.config)
+        self._ctx = ctx or zmq.Context()
+        self._own_ctx = ctx is None
+        self.sock = self._ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
+        self.sock.setsockopt(zmq.RCVHWM, 100_000)
+        self.sock.setsockopt(zmq.SNDHWM, 100_000)
+        self.sock.bind(bind)
+        self.endpoint = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self._stop = threading.Event()
+        self._max_recv = max_recv_per_poll
+        self._tick_s = min(0.25, self.config.heartbeat_s / 2)
+        self._bad_logged_at = 0.0
+        self._bad_since_log = 0
+        self.core_errors = 0
+        self._on_ready = on_ready
+
+    def stop(self) -> None:
+        """Ask the loop to exit (safe from signal handlers and other threads)."""
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+
+    def _execute(self, cmds: list[Command]) -> None:
+        send = self.sock.send_multipart
+        for c in cmds:
+            try:
+                send([c.peer, *encode(c.msg, *c.buffers)], zmq.NOBLOCK)
+            except zmq.Again:  # peer's pipe is full: it is not reading; liveness will deal with it
+                log.warning("send_dropped_hwm", kind=type(c.msg).__name__)
+            except zmq.ZMQError as exc:
+                log.warning("send_failed", kind=type(c.msg).__name__, error=str(exc))
+
+    def _handle(self, event, now: float) -> None:
+        try:
+            cmds = self.state.handle(event, now)
+        except Exception:
+            self.core_errors += 1
+            log.exception("broker_core_error", event=type(event).__name__)
+            return
+        if cmds:
+            self._execute(cmds)
+
+    def _note_bad(self, err: ProtocolError, now: float) -> None:
+        self._bad_since_log += 1
+        if now - self._bad_logged_at >= 1.0:  # rate-limited: a flood must not flood the log
+            log.warning("bad_frames", count=self._bad_since_log, last_code=err.code.value, last=err.message)
+            self._bad_logged_at = now
+            self._bad_since_log = 0
+
+    def serve_forever(self) -> None:
+        """Serve until :meth:`stop`. Closes the socket on exit."""
+        log.info("broker_started", endpoint=self.endpoint, heartbeat_s=self.config.heartbeat_s,
+                 liveness=self.config.liveness, max_frame_bytes=self.config.max_frame_bytes)
+        if self._on_ready:
+            self._on_ready(self.endpoint)
+        sock, maxb = self.sock, self.config.max_frame_bytes
+        mono = time.monotonic
+        next_tick = mono() + self._tick_s
+        try:
+            while not self._stop.is_set():
+                timeout_ms = max(0, int((next_tick - mono()) * 1000))
+                if sock.poll(timeout_ms, zmq.POLLIN):
+                    for _ in range(self._max_recv):
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        now = mono()
+                        peer = frames[0]
+                        body = frames[1:]
+                        if body and body[0] == b"":  # REQ-style empty delimiter: tolerate it
+                            body = body[1:]
+                        try:
+                            d = decode(body, maxb)
+                        except ProtocolError as err:
+                            self._note_bad(err, now)
+                            self._handle(BadFrame(peer, err), now)
+                            continue
+                        self._handle(PeerMessage(peer, d.msg, d.buffers), now)
+                now = mono()
+                if now >= next_tick:
+                    self._handle(Tick(), now)
+                    next_tick = now + self._tick_s
+        finally:
+            log.info("broker_stopped", **{k: v for k, v in self.state.stats.items() if v})
+            self.sock.close(0)
+            if self._own_ctx:
+                self._ctx.term()

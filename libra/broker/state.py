@@ -1,0 +1,557 @@
+"""``BrokerState``: the broker's pure core. ``handle(event, now) -> list[Command]``.
+
+No sockets, threads, clocks or logging side effects: time comes in as ``now`` (monotonic seconds) and
+everything the broker wants done comes out as :class:`~libra.broker.events.Send` commands. The same
+object runs inside the ZeroMQ shell (``server.py``), under the unit tests, and inside the simulator.
+
+What it keeps:
+- the actor registry (one session per connected actor socket) with capabilities, the kinds each accepts
+  now, its capacity and the work it holds; liveness after 7/MDP (any frame is a heartbeat; dead after
+  ``liveness`` silent intervals);
+- one FIFO queue per ``(kind, name)``; bids are matched to queued work, least-loaded actor first;
+- every accepted request as a :class:`~libra.broker.work.Work` with ``work_id``, ``lease``, ``attempt``.
+  Work held by a dead actor, or whose lease expired, is re-queued (up to ``max_retries`` losses, then it
+  fails with ``retries_exhausted``); a result carrying a stale lease is dropped. Each accepted request
+  gets exactly one Reply; a resubmitted ``request_id`` is answered from the record, never run twice.
+- directives: an actor told to accept other kinds gets no new work until it has drained and bid again.
+
+Mutation rule: state changes only inside ``handle`` (and ``direct``, the planner's entry point).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from libra.protocol import messages as m
+from libra.protocol.errors import ErrorCode, ProtocolCode
+
+from .events import BadFrame, Command, Event, PeerMessage, Send, Tick
+from .work import Work, WorkState
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Tunables of the core. All times in seconds."""
+
+    broker_id: str = "libra-broker"
+    heartbeat_s: float = 1.0
+    liveness: int = 3
+    max_frame_bytes: int = 64 * 1024 * 1024
+    max_retries: int = 3  # lost assignments (actor death / lease expiry) tolerated per request
+    lease_s: float = 3600.0  # longest a single assignment may run without a result
+    max_queued_per_key: int = 100_000  # back-pressure: Busy beyond this many waiting per (kind, name)
+    reply_cache: int = 20_000  # finished requests remembered for idempotent resubmission
+    client_idle_s: float = 300.0  # forget silent clients with nothing in flight
+
+
+@dataclass(slots=True)
+class ActorSession:
+    peer: bytes
+    actor_id: str
+    host: str
+    slot: str
+    pid: int
+    capabilities: dict[str, frozenset[str]]
+    accepting: frozenset[str]
+    capacity: int
+    labels: dict[str, Any]
+    connected_at: float
+    last_seen: float
+    last_sent: float
+    held: set[str] = field(default_factory=set)
+    directive: int | None = None  # id of a directive still draining
+    directive_config: dict[str, Any] = field(default_factory=dict)
+    completed: int = 0
+
+    @property
+    def free(self) -> int:
+        return 0 if self.directive is not None else self.capacity - len(self.held)
+
+    def serves(self, kind: str, name: str) -> bool:
+        if kind not in self.accepting:
+            return False
+        names = self.capabilities.get(kind)
+        return names is not None and (name in names or "*" in names)
+
+    @property
+    def state(self) -> str:
+        if self.directive is not None:
+            return "draining"
+        return "busy" if self.held else "idle"
+
+
+@dataclass(slots=True)
+class ClientSession:
+    peer: bytes
+    client_id: str
+    last_seen: float
+    inflight: int = 0
+
+
+class BrokerState:
+    """The broker core. See the module docstring for the contract."""
+
+    def __init__(self, config: BrokerConfig | None = None) -> None:
+        self.config = config or BrokerConfig()
+        self.actors: dict[bytes, ActorSession] = {}
+        self.clients: dict[bytes, ClientSession] = {}
+        self.works: dict[str, Work] = {}
+        self.queues: dict[tuple[str, str], deque[str]] = {}
+        self._by_request: dict[tuple[str, str], str] = {}
+        self._replies: OrderedDict[tuple[str, str], m.Reply] = OrderedDict()
+        self._deadlines: list[tuple[float, int, str]] = []
+        self._leases: list[tuple[float, int, str]] = []
+        self._work_ids = itertools.count(1)
+        self._leases_seq = itertools.count(1)
+        self._seq = itertools.count(1)
+        self._directives = itertools.count(1)
+        self._sessions = itertools.count(1)
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("submitted", "completed", "failed", "requeued", "stale_results", "bad_frames", "timeouts",
+             "unknown_tool", "busy", "duplicates", "actors_expired", "handbacks"),
+            0,
+        )
+        self._handlers = {
+            m.ActorHello: self._on_actor_hello,
+            m.ClientHello: self._on_client_hello,
+            m.Heartbeat: self._on_heartbeat,
+            m.Bid: self._on_bid,
+            m.Submit: self._on_submit,
+            m.WorkResult: self._on_result,
+            m.Handback: self._on_handback,
+            m.DirectiveDone: self._on_directive_done,
+            m.StatusRequest: self._on_status,
+            m.CancelRequest: self._on_cancel,
+            m.Goodbye: self._on_goodbye,
+            m.DirectRequest: self._on_direct_request,
+        }
+
+    # ------------------------------------------------------------------ entry points
+    def handle(self, event: Event, now: float) -> list[Command]:
+        """Apply one event; return what to send. Never raises for bad peer input."""
+        if type(event) is PeerMessage:
+            handler = self._handlers.get(type(event.msg))
+            out: list[Command] = []
+            if handler is None:  # a broker→peer message sent to the broker: unexpected
+                return self._reject(event.peer, ProtocolCode.UNEXPECTED,
+                                    f"{type(event.msg).__name__} is not accepted by the broker")
+            sess = self.actors.get(event.peer)
+            if sess is not None:
+                sess.last_seen = now
+            else:
+                cs = self.clients.get(event.peer)
+                if cs is not None:
+                    cs.last_seen = now
+            handler(event.peer, event.msg, now, out)
+            return out
+        if type(event) is Tick:
+            return self._on_tick(now)
+        if type(event) is BadFrame:
+            self.stats["bad_frames"] += 1
+            if event.peer in self.actors or event.peer in self.clients:
+                return [Send(event.peer, m.Error(event.error.code.value, event.error.message))]
+            return []  # a peer that never said hello gets nothing (7/MDP: treat as invalid)
+        raise TypeError(f"unknown event {event!r}")
+
+    def direct(self, actor_id: str, kinds: list[str], now: float, mode: str = "finish",
+               config: dict[str, Any] | None = None) -> tuple[int, list[Command]]:
+        """Tell actor ``actor_id`` to accept ``kinds`` from now on (the planner's entry point).
+
+        The actor gets no new work until it has drained (``finish``: runs what it holds;
+        ``handback``: returns unstarted work) and bid again. Returns (directive id, commands).
+        Raises KeyError for an unknown actor and ValueError for a bad mode or kind.
+        """
+        if mode not in ("finish", "handback"):
+            raise ValueError(f"directive mode must be 'finish' or 'handback', got {mode!r}")
+        bad = [k for k in kinds if k not in m.WORK_KINDS]
+        if bad:
+            raise ValueError(f"unknown work kind(s) {bad} (known: {', '.join(m.WORK_KINDS)})")
+        sess = self._actor_by_id(actor_id)
+        if sess is None:
+            raise KeyError(f"no live actor with id {actor_id!r}")
+        did = next(self._directives)
+        sess.directive = did
+        sess.directive_config = dict(config or {})
+        sess.last_sent = now
+        return did, [Send(sess.peer, m.Directive(did, list(kinds), mode, dict(config or {})))]
+
+    # ------------------------------------------------------------------ sessions
+    def _on_actor_hello(self, peer: bytes, msg: m.ActorHello, now: float, out: list[Command]) -> None:
+        if peer in self.actors or peer in self.clients:
+            self._drop_session(peer, now, out, "second hello on one socket")
+            out.append(Send(peer, m.Disconnect("protocol violation: second hello on one socket")))
+            return
+        if msg.capacity < 0:
+            out.append(Send(peer, m.Error(ProtocolCode.BAD_TYPE.value, "capacity must be >= 0")))
+            return
+        # A reconnecting actor (same actor_id, new socket) replaces its old session at once.
+        old = self._actor_by_id(msg.actor_id)
+        if old is not None:
+            self._drop_session(old.peer, now, out, "replaced by a new session", lost=True)
+        caps = {k: frozenset(v) for k, v in msg.capabilities.items()}
+        sess = ActorSession(
+            peer=peer, actor_id=msg.actor_id, host=msg.host, slot=msg.slot, pid=msg.pid,
+            capabilities=caps, accepting=frozenset(k for k in msg.kinds if k in caps),
+            capacity=msg.capacity, labels=dict(msg.labels), connected_at=now, last_seen=now, last_sent=now,
+        )
+        self.actors[peer] = sess
+        out.append(Send(peer, self._welcome()))
+        self._fill_actor(sess, now, out)
+
+    def _on_client_hello(self, peer: bytes, msg: m.ClientHello, now: float, out: list[Command]) -> None:
+        if peer in self.actors:
+            out.append(Send(peer, m.Disconnect("protocol violation: client hello on an actor socket")))
+            self._drop_session(peer, now, out, "client hello on actor socket", lost=True)
+            return
+        cs = self.clients.get(peer)
+        if cs is None:
+            self.clients[peer] = ClientSession(peer, msg.client_id, now)
+        else:
+            cs.client_id = msg.client_id
+        out.append(Send(peer, self._welcome()))
+
+    def _welcome(self) -> m.Welcome:
+        c = self.config
+        return m.Welcome(f"s{next(self._sessions)}", c.broker_id, c.heartbeat_s, c.liveness, c.max_frame_bytes)
+
+    def _on_heartbeat(self, peer: bytes, msg: m.Heartbeat, now: float, out: list[Command]) -> None:
+        if peer not in self.actors and peer not in self.clients:
+            out.append(Send(peer, m.Disconnect("unknown session: say hello again")))
+
+    def _on_goodbye(self, peer: bytes, msg: m.Goodbye, now: float, out: list[Command]) -> None:
+        if peer in self.actors:
+            self._drop_session(peer, now, out, f"goodbye: {msg.reason}", lost=False)
+        self.clients.pop(peer, None)
+
+    def _actor_by_id(self, actor_id: str) -> ActorSession | None:
+        for s in self.actors.values():
+            if s.actor_id == actor_id:
+                return s
+        return None
+
+    def _drop_session(self, peer: bytes, now: float, out: list[Command], why: str, lost: bool = True) -> None:
+        """Forget an actor session and re-queue what it held (counting a loss if ``lost``)."""
+        sess = self.actors.pop(peer, None)
+        if sess is None:
+            return
+        for wid in sorted(sess.held, key=lambda w: self.works[w].seq):
+            self._requeue(self.works[wid], now, out, why, count_failure=lost)
+        sess.held.clear()
+
+    # ------------------------------------------------------------------ bids and directives
+    def _actor_or_disconnect(self, peer: bytes, out: list[Command]) -> ActorSession | None:
+        sess = self.actors.get(peer)
+        if sess is None:
+            out.append(Send(peer, m.Disconnect("unknown actor session: say hello again")))
+        return sess
+
+    def _on_bid(self, peer: bytes, msg: m.Bid, now: float, out: list[Command]) -> None:
+        sess = self._actor_or_disconnect(peer, out)
+        if sess is None:
+            return
+        sess.accepting = frozenset(k for k in msg.kinds if k in sess.capabilities)
+        sess.capacity = max(0, msg.capacity)
+        sess.directive = None
+        self._fill_actor(sess, now, out)
+
+    def _on_directive_done(self, peer: bytes, msg: m.DirectiveDone, now: float, out: list[Command]) -> None:
+        self._actor_or_disconnect(peer, out)  # the Bid that follows re-opens the actor
+
+    def _on_direct_request(self, peer: bytes, msg: m.DirectRequest, now: float, out: list[Command]) -> None:
+        if peer not in self.clients:
+            out.extend(self._reject(peer, ProtocolCode.UNEXPECTED, "say ClientHello first"))
+            return
+        try:
+            did, cmds = self.direct(msg.actor_id, msg.kinds, now, msg.mode, msg.config)
+        except (KeyError, ValueError) as exc:
+            out.append(Send(peer, m.Reply(msg.request_id, False, None, ErrorCode.BAD_REQUEST.value, str(exc))))
+            return
+        out.extend(cmds)
+        out.append(Send(peer, m.Reply(msg.request_id, True, did)))
+
+    # ------------------------------------------------------------------ requests
+    def _on_submit(self, peer: bytes, msg: m.Submit, now: float, out: list[Command]) -> None:
+        cs = self.clients.get(peer)
+        if cs is None:
+            out.extend(self._reject(peer, ProtocolCode.UNEXPECTED, "say ClientHello before Submit"))
+            return
+        rkey = (cs.client_id, msg.request_id)
+        if rkey in self._by_request:  # already in flight: the one Reply will come when it finishes
+            self.stats["duplicates"] += 1
+            self.works[self._by_request[rkey]].client = peer
+            return
+        cached = self._replies.get(rkey)
+        if cached is not None:
+            self.stats["duplicates"] += 1
+            out.append(Send(peer, cached))
+            return
+        if msg.kind not in m.WORK_KINDS:
+            out.append(Send(peer, m.Reply(msg.request_id, False, None, ErrorCode.BAD_REQUEST.value,
+                                          f"unknown work kind {msg.kind!r} (known: {', '.join(m.WORK_KINDS)})")))
+            return
+        if not (msg.timeout_s > 0):
+            out.append(Send(peer, m.Reply(msg.request_id, False, None, ErrorCode.BAD_REQUEST.value,
+                                          f"timeout_s must be > 0, got {msg.timeout_s}")))
+            return
+        key = (msg.kind, msg.name)
+        if self.actors and not any(key[1] in s.capabilities.get(key[0], ()) or "*" in s.capabilities.get(key[0], ())
+                                   for s in self.actors.values()):
+            self.stats["unknown_tool"] += 1
+            offered = sorted({n for s in self.actors.values() for n in s.capabilities.get(msg.kind, ())})
+            out.append(Send(peer, m.Reply(
+                msg.request_id, False, None, ErrorCode.UNKNOWN_TOOL.value,
+                f"no actor offers {msg.kind} {msg.name!r}; offered: {', '.join(offered) or 'none'}")))
+            return
+        q = self.queues.get(key)
+        if q is not None and len(q) >= self.config.max_queued_per_key:
+            self.stats["busy"] += 1
+            out.append(Send(peer, m.Reply(msg.request_id, False, None, ErrorCode.BUSY.value,
+                                          f"{len(q)} requests already wait for {msg.kind} {msg.name!r}",
+                                          retry_after_s=1.0)))
+            return
+        wid = f"w{next(self._work_ids)}"
+        w = Work(wid, msg.request_id, peer, msg.kind, msg.name, msg.args, msg.trajectory,
+                 now, now + msg.timeout_s, next(self._seq))
+        w.story.append("queued:submit")
+        self.works[wid] = w
+        self._by_request[rkey] = wid
+        cs.inflight += 1
+        self.stats["submitted"] += 1
+        heapq.heappush(self._deadlines, (w.deadline, w.seq, wid))
+        sess = self._best_actor(key)
+        if sess is not None:
+            self._assign(w, sess, now, out)
+        else:
+            self.queues.setdefault(key, deque()).append(wid)
+
+    def _on_cancel(self, peer: bytes, msg: m.CancelRequest, now: float, out: list[Command]) -> None:
+        cs = self.clients.get(peer)
+        wid = self._by_request.get((cs.client_id, msg.request_id)) if cs else None
+        if wid is not None:
+            self._fail(self.works[wid], now, out, ErrorCode.CANCELLED, "cancelled by the client")
+
+    # ------------------------------------------------------------------ results
+    def _on_result(self, peer: bytes, msg: m.WorkResult, now: float, out: list[Command]) -> None:
+        sess = self._actor_or_disconnect(peer, out)
+        if sess is None:
+            self.stats["stale_results"] += 1
+            return
+        w = self.works.get(msg.work_id)
+        if w is None or w.state is not WorkState.LEASED or w.lease != msg.lease or w.actor != peer:
+            self.stats["stale_results"] += 1
+            return
+        sess.held.discard(w.work_id)
+        sess.completed += 1
+        if msg.ok:
+            w.move(WorkState.DONE, "result")
+            self.stats["completed"] += 1
+            self._finish(w, m.Reply(w.request_id, True, msg.output, "", "", w.work_id, w.attempt,
+                                    sess.actor_id, msg.duration_s), out)
+        else:
+            code = msg.error_code or ErrorCode.TOOL_FAILED.value
+            w.move(WorkState.FAILED, code)
+            self.stats["failed"] += 1
+            self._finish(w, m.Reply(w.request_id, False, None, code, msg.error, w.work_id, w.attempt,
+                                    sess.actor_id, msg.duration_s), out)
+        self._fill_actor(sess, now, out)
+
+    def _on_handback(self, peer: bytes, msg: m.Handback, now: float, out: list[Command]) -> None:
+        sess = self._actor_or_disconnect(peer, out)
+        w = self.works.get(msg.work_id)
+        if sess is None or w is None or w.state is not WorkState.LEASED or w.lease != msg.lease or w.actor != peer:
+            self.stats["stale_results"] += 1
+            return
+        sess.held.discard(w.work_id)
+        self.stats["handbacks"] += 1
+        self._requeue(w, now, out, f"handback: {msg.reason}", count_failure=False, front=True)
+        self._fill_actor(sess, now, out)
+
+    # ------------------------------------------------------------------ timers
+    def _on_tick(self, now: float) -> list[Command]:
+        out: list[Command] = []
+        c = self.config
+        dead_after = c.heartbeat_s * c.liveness
+        for peer, sess in list(self.actors.items()):
+            if now - sess.last_seen > dead_after:
+                self.stats["actors_expired"] += 1
+                self._drop_session(peer, now, out, "actor expired", lost=True)
+                out.append(Send(peer, m.Disconnect("expired: no heartbeat")))
+            elif now - sess.last_sent >= c.heartbeat_s:
+                sess.last_sent = now
+                out.append(Send(peer, m.Heartbeat()))
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, wid = heapq.heappop(self._deadlines)
+            w = self.works.get(wid)
+            if w is not None and w.state in (WorkState.QUEUED, WorkState.LEASED):
+                self.stats["timeouts"] += 1
+                self._fail(w, now, out, ErrorCode.TIMEOUT,
+                           f"no result within {w.deadline - w.submitted_at:.3g}s (attempts: {w.attempt})")
+        while self._leases and self._leases[0][0] <= now:
+            _, lease, wid = heapq.heappop(self._leases)
+            w = self.works.get(wid)
+            if w is not None and w.state is WorkState.LEASED and w.lease == lease:
+                holder = self.actors.get(w.actor) if w.actor else None
+                if holder is not None:
+                    holder.held.discard(wid)
+                    out.append(Send(holder.peer, m.Revoke(wid, lease, "lease expired")))
+                self._requeue(w, now, out, "lease expired", count_failure=True)
+                if holder is not None:
+                    self._fill_actor(holder, now, out)
+        for peer, cs in list(self.clients.items()):
+            if cs.inflight <= 0 and now - cs.last_seen > c.client_idle_s:
+                del self.clients[peer]
+        return out
+
+    # ------------------------------------------------------------------ matching
+    def _best_actor(self, key: tuple[str, str]) -> ActorSession | None:
+        best: ActorSession | None = None
+        best_free = 0
+        for sess in self.actors.values():
+            f = sess.free
+            if f > best_free and sess.serves(*key):
+                best, best_free = sess, f
+        return best
+
+    def _fill_actor(self, sess: ActorSession, now: float, out: list[Command]) -> None:
+        """Give ``sess`` the oldest queued work it can serve until its credit runs out."""
+        while sess.free > 0:
+            best_q: deque[str] | None = None
+            best_seq = 0
+            for key, q in self.queues.items():
+                if q and sess.serves(*key):
+                    seq = self.works[q[0]].seq
+                    if best_q is None or seq < best_seq:
+                        best_q, best_seq = q, seq
+            if best_q is None:
+                return
+            self._assign(self.works[best_q.popleft()], sess, now, out)
+
+    def _assign(self, w: Work, sess: ActorSession, now: float, out: list[Command]) -> None:
+        w.lease = next(self._leases_seq)
+        w.attempt += 1
+        w.actor = sess.peer
+        w.move(WorkState.LEASED, f"assign:{sess.actor_id}")
+        w.lease_expires = min(w.deadline, now + self.config.lease_s)
+        if w.lease_expires < w.deadline:
+            heapq.heappush(self._leases, (w.lease_expires, w.lease, w.work_id))
+        sess.held.add(w.work_id)
+        sess.last_sent = now
+        out.append(Send(sess.peer, m.Assign(w.work_id, w.lease, w.attempt, w.kind, w.name, w.args,
+                                            w.trajectory, max(0.0, w.deadline - now))))
+
+    def _requeue(self, w: Work, now: float, out: list[Command], why: str, count_failure: bool,
+                 front: bool = False) -> None:
+        if count_failure:
+            w.failures += 1
+            if w.failures > self.config.max_retries:
+                w.actor = None
+                self._fail(w, now, out, ErrorCode.RETRIES_EXHAUSTED,
+                           f"lost {w.failures} times (last: {why}); giving up after {self.config.max_retries} retries")
+                return
+        w.actor = None
+        w.move(WorkState.QUEUED, why)
+        self.stats["requeued"] += 1
+        sess = self._best_actor(w.key)
+        if sess is not None:
+            self._assign(w, sess, now, out)
+            return
+        q = self.queues.setdefault(w.key, deque())
+        if front:
+            q.appendleft(w.work_id)
+        else:  # keep FCFS order by the original submission sequence
+            q.append(w.work_id)
+            if len(q) > 1 and self.works[q[-2]].seq > w.seq:
+                items = sorted(q, key=lambda x: self.works[x].seq)
+                q.clear()
+                q.extend(items)
+
+    def _fail(self, w: Work, now: float, out: list[Command], code: ErrorCode, why: str) -> None:
+        if w.state is WorkState.QUEUED:
+            q = self.queues.get(w.key)
+            if q is not None:
+                try:
+                    q.remove(w.work_id)
+                except ValueError:
+                    pass
+        elif w.state is WorkState.LEASED and w.actor is not None:
+            holder = self.actors.get(w.actor)
+            if holder is not None:
+                holder.held.discard(w.work_id)
+                out.append(Send(holder.peer, m.Revoke(w.work_id, w.lease, code.value)))
+                self._fill_actor(holder, now, out)
+        w.move(WorkState.FAILED, code.value)
+        self.stats["failed"] += 1
+        self._finish(w, m.Reply(w.request_id, False, None, code.value, why, w.work_id, w.attempt), out)
+
+    def _finish(self, w: Work, reply: m.Reply, out: list[Command]) -> None:
+        """Send the one Reply for ``w`` and forget the work, remembering the reply for resubmits."""
+        del self.works[w.work_id]
+        cs = self.clients.get(w.client)
+        client_id = cs.client_id if cs else ""
+        if cs is not None:
+            cs.inflight -= 1
+        rkey = (client_id, w.request_id)
+        if self._by_request.get(rkey) == w.work_id:
+            del self._by_request[rkey]
+            self._replies[rkey] = reply
+            if len(self._replies) > self.config.reply_cache:
+                self._replies.popitem(last=False)
+        out.append(Send(w.client, reply))
+
+    def _reject(self, peer: bytes, code: ProtocolCode, message: str) -> list[Command]:
+        self.stats["bad_frames"] += 1
+        if peer in self.actors or peer in self.clients:
+            return [Send(peer, m.Error(code.value, message))]
+        return [Send(peer, m.Disconnect(f"{code.value}: {message}"))]
+
+    # ------------------------------------------------------------------ views
+    def _on_status(self, peer: bytes, msg: m.StatusRequest, now: float, out: list[Command]) -> None:
+        if peer not in self.clients:
+            out.extend(self._reject(peer, ProtocolCode.UNEXPECTED, "say ClientHello before StatusRequest"))
+            return
+        out.append(Send(peer, self.snapshot(msg.request_id, now)))
+
+    def snapshot(self, request_id: str, now: float) -> m.StatusReply:
+        """A status view: one dict per actor, queue depths by ``kind:name``, counters."""
+        actors = [
+            {
+                "id": s.actor_id, "host": s.host, "slot": s.slot, "pid": s.pid,
+                "kinds": sorted(s.accepting), "capabilities": {k: sorted(v) for k, v in s.capabilities.items()},
+                "state": s.state, "load": len(s.held), "capacity": s.capacity, "completed": s.completed,
+                "role": dict(s.directive_config),
+                "last_seen_s": round(now - s.last_seen, 3),
+            }
+            for s in self.actors.values()
+        ]
+        queues = {f"{k}:{n}": len(q) for (k, n), q in self.queues.items()}
+        stats: dict[str, Any] = dict(self.stats)
+        stats["inflight"] = len(self.works)
+        stats["clients"] = len(self.clients)
+        return m.StatusReply(request_id, actors, queues, stats)
+
+    def validate(self) -> None:
+        """Check invariants (tests call this after every scenario). Raises AssertionError."""
+        held = set()
+        for s in self.actors.values():
+            for wid in s.held:
+                w = self.works[wid]
+                assert w.state is WorkState.LEASED and w.actor == s.peer, (wid, w.state, w.story)
+                assert wid not in held, f"{wid} held twice"
+                held.add(wid)
+        queued = set()
+        for key, q in self.queues.items():
+            for wid in q:
+                w = self.works[wid]
+                assert w.state is WorkState.QUEUED and w.key == key, (wid, w.state)
+                assert wid not in queued, f"{wid} queued twice"
+                queued.add(wid)
+        for wid, w in self.works.items():
+            assert w.state in (WorkState.QUEUED, WorkState.LEASED), (wid, w.state)
+            if w.state is WorkState.QUEUED:
+                assert wid in queued, f"{wid} queued but in no queue"
+            else:
+                assert wid in held, f"{wid} leased but held by no live actor"

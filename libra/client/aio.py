@@ -1,0 +1,143 @@
+"""The asyncio twin of :class:`libra.client.Client`: ``await AsyncClient(url).call_tool(...)``.
+
+One reader task per client dispatches replies to futures, so thousands of concurrent calls from one
+event loop share one socket. Use ``async with AsyncClient(url) as c:`` or call ``await c.connect()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode, encode
+from libra.protocol import messages as m
+
+from .common import REPLY_GRACE_S, RequestIds, ToolResult, configure_socket, new_client_id, result_or_error
+from .errors import BrokerUnreachable, ProtocolRejected, ToolTimeout
+
+
+class AsyncClient:
+    def __init__(self, broker_url: str, *, client_id: str | None = None,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.broker_url = broker_url
+        self.client_id = client_id or new_client_id()
+        self.max_frame_bytes = max_frame_bytes
+        self._ids = RequestIds(self.client_id)
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        configure_socket(self._sock, max_frame_bytes)
+        self._sock.connect(broker_url)
+        self._pending: dict[str, tuple[asyncio.Future, Any]] = {}
+        self._welcomed: asyncio.Event | None = None
+        self._reader: asyncio.Task | None = None
+
+    async def connect(self, timeout: float = 5.0) -> "AsyncClient":
+        """Say hello and wait for the broker's welcome; raise BrokerUnreachable after ``timeout``."""
+        self._ensure_reader()
+        assert self._welcomed is not None
+        if not self._welcomed.is_set():
+            await self._sock.send_multipart(encode(m.ClientHello(self.client_id, os.getpid())))
+            try:
+                await asyncio.wait_for(self._welcomed.wait(), timeout)
+            except asyncio.TimeoutError:
+                raise BrokerUnreachable(f"no answer from the broker at {self.broker_url} within {timeout}s") from None
+        return self
+
+    def _ensure_reader(self) -> None:
+        if self._reader is None:
+            self._welcomed = asyncio.Event()
+            self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+
+    async def call_tool(self, tool: str, args: Any = None, trajectory: str | None = None,
+                        timeout: float = 60.0, *, request_id: str | None = None) -> ToolResult:
+        """See :meth:`libra.client.Client.call_tool`."""
+        return await self.request("action", tool, args, trajectory, timeout, request_id=request_id)
+
+    async def request(self, kind: str, name: str, args: Any = None, trajectory: str | None = None,
+                      timeout: float = 60.0, *, request_id: str | None = None) -> ToolResult:
+        if self._reader is None:
+            await self.connect()
+        rid = request_id or self._ids.next()
+        msg = m.Submit(rid, kind, name, args, trajectory, float(timeout))
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending[rid] = (fut, msg)
+        await self._sock.send_multipart(encode(msg))
+        try:
+            value = await asyncio.wait_for(fut, timeout + REPLY_GRACE_S)
+        except asyncio.TimeoutError:
+            self._pending.pop(rid, None)
+            if self._welcomed is None or not self._welcomed.is_set():
+                raise BrokerUnreachable(f"no answer from the broker at {self.broker_url}") from None
+            raise ToolTimeout(f"request {rid} got no reply within {timeout}s") from None
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    async def status(self, timeout: float = 5.0) -> m.StatusReply:
+        if self._reader is None:
+            await self.connect()
+        rid = self._ids.next()
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        msg = m.StatusRequest(rid)
+        self._pending[rid] = (fut, msg)
+        await self._sock.send_multipart(encode(msg))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            self._pending.pop(rid, None)
+            raise BrokerUnreachable(f"no status reply from {self.broker_url} within {timeout}s") from None
+
+    async def _read_loop(self) -> None:
+        sock = self._sock
+        while True:
+            try:
+                frames = await sock.recv_multipart()
+            except (zmq.ContextTerminated, zmq.ZMQError, asyncio.CancelledError):
+                return
+            try:
+                msg = decode(frames, self.max_frame_bytes).msg
+            except ProtocolError:
+                continue
+            t = type(msg)
+            if t is m.Reply or t is m.StatusReply:
+                entry = self._pending.pop(msg.request_id, None)
+                if entry is not None and not entry[0].done():
+                    entry[0].set_result(result_or_error(msg) if t is m.Reply else msg)
+            elif t is m.Welcome:
+                assert self._welcomed is not None
+                self._welcomed.set()
+            elif t is m.Error and msg.request_id:
+                entry = self._pending.pop(msg.request_id, None)
+                if entry is not None and not entry[0].done():
+                    entry[0].set_result(ProtocolRejected(f"broker rejected request: {msg.message}"))
+            elif t is m.Disconnect:
+                assert self._welcomed is not None
+                self._welcomed.clear()
+                await sock.send_multipart(encode(m.ClientHello(self.client_id, os.getpid())))
+                for _, (fut, pmsg) in list(self._pending.items()):
+                    await sock.send_multipart(encode(pmsg))
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except asyncio.CancelledError:
+                pass
+            self._reader = None
+        try:
+            await self._sock.send_multipart(encode(m.Goodbye("client closing")), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+        self._sock.close(0)
+        self._ctx.term()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,283 @@
+"""The synchronous client: ``Client(broker_url).call_tool("echo", {...})``.
+
+Thread-safe without a background thread (leader/follower): whichever waiting thread holds the socket
+lock polls the socket and hands replies to the threads they belong to; a thread that cannot take
+the lock parks on its own event. A single caller therefore pays no thread hand-off at all, and many
+threads can share one client. Sends made while another thread leads go through an outbox that the
+leader flushes (it is woken through a pipe).
+
+If the broker says it does not know this client (it restarted), the client says hello again and
+re-sends every unanswered request with its original request id, so nothing is run twice.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import Any
+
+import zmq
+
+from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode, encode
+from libra.protocol import messages as m
+
+from .common import REPLY_GRACE_S, RequestIds, ToolResult, configure_socket, new_client_id, result_or_error
+from .errors import BrokerUnreachable, ProtocolRejected, ToolTimeout
+
+
+class _Pending:
+    __slots__ = ("event", "value", "msg", "future")
+
+    def __init__(self, msg: Any) -> None:
+        self.event = threading.Event()
+        self.value: Any = None
+        self.msg = msg
+        self.future: Future | None = None
+
+
+class Client:
+    """A connection to a Libra broker. ``connect_timeout=None`` skips waiting for the broker's welcome."""
+
+    def __init__(self, broker_url: str, *, client_id: str | None = None, connect_timeout: float | None = 5.0,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.broker_url = broker_url
+        self.client_id = client_id or new_client_id()
+        self.max_frame_bytes = max_frame_bytes
+        self._ids = RequestIds(self.client_id)
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        configure_socket(self._sock, max_frame_bytes)
+        self._sock.connect(broker_url)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+        self._lock = threading.Lock()
+        self._outbox: deque[list[bytes]] = deque()
+        self._pending: dict[str, _Pending] = {}
+        self._welcomed = threading.Event()
+        self._closed = False
+        self._send(m.ClientHello(self.client_id, os.getpid()))
+        if connect_timeout is not None:
+            self.wait_connected(connect_timeout)
+
+    # ------------------------------------------------------------------ public API
+    def wait_connected(self, timeout: float) -> None:
+        """Block until the broker welcomed us; raise BrokerUnreachable after ``timeout`` seconds."""
+        p = _Pending(None)
+        deadline = time.monotonic() + timeout
+        while not self._welcomed.is_set():
+            if time.monotonic() >= deadline:
+                raise BrokerUnreachable(f"no answer from the broker at {self.broker_url} within {timeout}s")
+            self._lead_or_wait(p, deadline, until=self._welcomed)
+
+    def call_tool(self, tool: str, args: Any = None, trajectory: str | None = None, timeout: float = 60.0,
+                  *, request_id: str | None = None) -> ToolResult:
+        """Run ``tool`` with ``args`` on some actor and return its result.
+
+        Raises UnknownTool, ToolTimeout, ToolFailed, WorkLost, Busy, BrokerUnreachable (all LibraError).
+        ``request_id`` makes the call idempotent across retries (default: a fresh id).
+        """
+        return self.request("action", tool, args, trajectory, timeout, request_id=request_id)
+
+    def request(self, kind: str, name: str, args: Any = None, trajectory: str | None = None,
+                timeout: float = 60.0, *, request_id: str | None = None) -> ToolResult:
+        """Submit any kind of work (``action``, ``generate``, ...) and wait for its one reply."""
+        rid = request_id or self._ids.next()
+        p = self._submit(m.Submit(rid, kind, name, args, trajectory, float(timeout)))
+        return self._result(p, rid, timeout)
+
+    def submit_tool(self, tool: str, args: Any = None, trajectory: str | None = None,
+                    timeout: float = 60.0) -> "Future[ToolResult]":
+        """Non-blocking call; the future resolves when some thread waits on this client (``gather``)."""
+        rid = self._ids.next()
+        p = self._submit(m.Submit(rid, "action", tool, args, trajectory, float(timeout)))
+        fut: Future = Future()
+        p.future = fut
+        fut.libra_deadline = time.monotonic() + timeout + REPLY_GRACE_S  # type: ignore[attr-defined]
+        fut.libra_pending = p  # type: ignore[attr-defined]
+        if p.event.is_set():
+            self._resolve_future(p)
+        return fut
+
+    def gather(self, futures: list["Future[ToolResult]"]) -> list[ToolResult | Exception]:
+        """Drive the socket until every future from :meth:`submit_tool` is resolved."""
+        out: list[ToolResult | Exception] = []
+        for fut in futures:
+            p: _Pending = fut.libra_pending  # type: ignore[attr-defined]
+            deadline: float = fut.libra_deadline  # type: ignore[attr-defined]
+            while not p.event.is_set() and time.monotonic() < deadline:
+                self._lead_or_wait(p, deadline)
+            if not p.event.is_set():
+                self._pending.pop(p.msg.request_id, None)
+                p.value = self._timeout_error(p.msg.request_id, p.msg.timeout_s)
+                p.event.set()
+            self._resolve_future(p)
+            exc = fut.exception()
+            out.append(exc if exc is not None else fut.result())
+        return out
+
+    def status(self, timeout: float = 5.0) -> m.StatusReply:
+        """A cluster snapshot (actors, queues, counters)."""
+        rid = self._ids.next()
+        p = self._submit(m.StatusRequest(rid))
+        deadline = time.monotonic() + timeout
+        while not p.event.is_set():
+            if time.monotonic() >= deadline:
+                self._pending.pop(rid, None)
+                raise BrokerUnreachable(f"no status reply from {self.broker_url} within {timeout}s")
+            self._lead_or_wait(p, deadline)
+        if isinstance(p.value, Exception):
+            raise p.value
+        return p.value
+
+    def direct(self, actor_id: str, kinds: list[str], mode: str = "finish", config: dict | None = None,
+               timeout: float = 5.0) -> int:
+        """Operator call: tell an actor to accept ``kinds``. Returns the directive id."""
+        rid = self._ids.next()
+        p = self._submit(m.DirectRequest(rid, actor_id, list(kinds), mode, dict(config or {})))
+        res = self._result(p, rid, timeout)
+        return int(res.output)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            with self._lock:
+                self._sock.send_multipart(encode(m.Goodbye("client closing")), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+        self._sock.close(0)
+        self._ctx.term()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+    def _timeout_error(self, rid: str, timeout: float) -> Exception:
+        if not self._welcomed.is_set():
+            return BrokerUnreachable(f"no answer from the broker at {self.broker_url}")
+        return ToolTimeout(f"request {rid} got no reply within {timeout}s")
+
+    def _submit(self, msg: Any) -> _Pending:
+        p = _Pending(msg)
+        self._pending[msg.request_id] = p
+        self._send(msg)
+        return p
+
+    def _result(self, p: _Pending, rid: str, timeout: float) -> ToolResult:
+        deadline = time.monotonic() + timeout + REPLY_GRACE_S
+        while not p.event.is_set():
+            if time.monotonic() >= deadline:
+                self._pending.pop(rid, None)
+                raise self._timeout_error(rid, timeout)
+            self._lead_or_wait(p, deadline)
+        if isinstance(p.value, Exception):
+            raise p.value
+        return p.value
+
+    def _resolve_future(self, p: _Pending) -> None:
+        fut = p.future
+        if fut is None or fut.done():
+            return
+        if isinstance(p.value, Exception):
+            fut.set_exception(p.value)
+        else:
+            fut.set_result(p.value)
+
+    def _send(self, msg: Any) -> None:
+        self._outbox.append(encode(msg))
+        self._kick()
+
+    def _kick(self) -> None:
+        while self._outbox:
+            if self._lock.acquire(blocking=False):
+                try:
+                    self._flush()
+                finally:
+                    self._lock.release()
+            else:
+                try:
+                    os.write(self._wake_w, b"x")  # the leader flushes
+                except BlockingIOError:
+                    pass
+                return
+
+    def _flush(self) -> None:
+        out = self._outbox
+        send = self._sock.send_multipart
+        while out:
+            send(out.popleft())
+
+    def _lead_or_wait(self, p: _Pending, deadline: float, until: threading.Event | None = None) -> None:
+        target = until or p.event
+        if self._lock.acquire(blocking=False):
+            try:
+                self._flush()
+                while not target.is_set():
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    for sock, _ in self._poller.poll(min(50, max(1, int(remaining * 1000)))):
+                        if sock is self._sock:
+                            self._drain()
+                        else:
+                            try:
+                                os.read(self._wake_r, 65536)
+                            except BlockingIOError:
+                                pass
+                    self._flush()
+            finally:
+                self._lock.release()
+            if self._outbox:
+                self._kick()
+        else:
+            target.wait(min(0.002, max(0.0, deadline - time.monotonic())))
+
+    def _drain(self) -> None:
+        sock = self._sock
+        for _ in range(10_000):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = decode(frames, self.max_frame_bytes).msg
+            except ProtocolError:
+                continue  # a broker never sends garbage; a mismatched version is reported on timeout
+            self._dispatch(msg)
+
+    def _dispatch(self, msg: Any) -> None:
+        t = type(msg)
+        if t is m.Reply or t is m.StatusReply:
+            p = self._pending.pop(msg.request_id, None)
+            if p is not None:
+                p.value = result_or_error(msg) if t is m.Reply else msg
+                p.event.set()
+                self._resolve_future(p)
+        elif t is m.Welcome:
+            self._welcomed.set()
+        elif t is m.Error:
+            p = self._pending.pop(msg.request_id, None) if msg.request_id else None
+            if p is not None:
+                p.value = ProtocolRejected(f"broker rejected request: {msg.message}")
+                p.event.set()
+                self._resolve_future(p)
+        elif t is m.Disconnect:
+            # The broker does not know us (it restarted or expired us): hello again, resend unanswered.
+            self._welcomed.clear()
+            self._outbox.append(encode(m.ClientHello(self.client_id, os.getpid())))
+            for p in list(self._pending.values()):
+                if p.msg is not None:
+                    self._outbox.append(encode(p.msg))

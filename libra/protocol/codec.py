@@ -1,0 +1,179 @@
+"""The one codec: frames ↔ typed messages. Decoding *is* validation.
+
+``encode(msg, *buffers) -> list[bytes]`` and ``decode(frames) -> Decoded``. A frame list that is not
+``[VERSION, kind byte, msgpack array, *buffers]`` with known kind, the right number of fields and the
+right field types raises :class:`~libra.protocol.errors.ProtocolError` with a code and a readable
+message. Raw buffers travel as extra frames untouched (bulk tensors, never pickled). No pickle, no
+msgpack extension types: ``ext`` data is rejected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import msgpack
+
+from .errors import ProtocolCode, ProtocolError
+from .messages import MESSAGE_TYPES
+
+VERSION = b"LIBRA1"
+DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A decoded frame list: the message and any raw buffers that followed it."""
+
+    msg: Any
+    buffers: tuple[bytes, ...] = ()
+
+
+def _checker(tp: Any) -> tuple[str, Any]:
+    """Build a (type name, predicate) pair for a field annotation. Shallow for containers except
+    list[str] / dict[str, ...] keys, which are checked element-wise (cheap and catches real bugs)."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return "any", lambda v: True
+    if origin in (typing.Union, types.UnionType):
+        parts = [_checker(a) for a in typing.get_args(tp)]
+        name = " | ".join(p[0] for p in parts)
+        preds = [p[1] for p in parts]
+        return name, lambda v: any(p(v) for p in preds)
+    if tp is type(None):
+        return "None", lambda v: v is None
+    if tp is bool:
+        return "bool", lambda v: v is True or v is False
+    if tp is int:
+        return "int", lambda v: type(v) is int
+    if tp is float:
+        return "float", lambda v: type(v) is float or type(v) is int
+    if tp is str:
+        return "str", lambda v: type(v) is str
+    if tp is bytes:
+        return "bytes", lambda v: type(v) is bytes
+    if origin is list:
+        (arg,) = typing.get_args(tp) or (Any,)
+        if arg is str:
+            return "list[str]", lambda v: type(v) is list and all(type(x) is str for x in v)
+        if arg is int:
+            return "list[int]", lambda v: type(v) is list and all(type(x) is int for x in v)
+        return "list", lambda v: type(v) is list
+    if origin is dict:
+        return "map", lambda v: type(v) is dict and all(type(k) is str for k in v)
+    raise TypeError(f"unsupported field type in a wire message: {tp!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    cls: type
+    names: tuple[str, ...]
+    required: int
+    checks: tuple[tuple[str, Any], ...]
+
+
+def _build_specs() -> dict[int, _Spec]:
+    specs: dict[int, _Spec] = {}
+    for cls in MESSAGE_TYPES:
+        hints = typing.get_type_hints(cls)
+        flds = [f for f in dataclasses.fields(cls)]
+        names = tuple(f.name for f in flds)
+        required = sum(
+            1 for f in flds if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        )
+        kind = cls.KIND  # type: ignore[attr-defined]
+        if kind in specs or not 0 <= kind <= 255:
+            raise TypeError(f"duplicate or invalid KIND {kind:#x} on {cls.__name__}")
+        specs[kind] = _Spec(cls, names, required, tuple(_checker(hints[n]) for n in names))
+    return specs
+
+
+_SPECS = _build_specs()
+_KIND_BYTES = {k: bytes([k]) for k in _SPECS}
+_BY_CLASS = {spec.cls: spec for spec in _SPECS.values()}
+
+
+def kind_name(kind: int) -> str:
+    spec = _SPECS.get(kind)
+    return spec.cls.__name__ if spec else f"unknown({kind:#x})"
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ProtocolError(ProtocolCode.BAD_PAYLOAD, f"msgpack extension type {code} is not allowed")
+
+
+def encode(msg: Any, *buffers: bytes) -> list[bytes]:
+    """Frames for ``msg`` (without routing identity). Raises TypeError for a non-message or for a
+    field value msgpack cannot carry (never falls back to pickle)."""
+    spec = _BY_CLASS.get(type(msg))
+    if spec is None:
+        raise TypeError(f"not a wire message: {type(msg).__name__}")
+    payload = msgpack.packb([getattr(msg, n) for n in spec.names], use_bin_type=True)
+    return [VERSION, _KIND_BYTES[spec.cls.KIND], payload, *buffers]  # type: ignore[attr-defined]
+
+
+def decode(frames: Sequence[bytes], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Decoded:
+    """Validate and decode. Raises ProtocolError (never anything else) for bad input."""
+    if len(frames) < 3:
+        raise ProtocolError(
+            ProtocolCode.TOO_FEW_FRAMES,
+            f"expected [version, kind, payload, *buffers], got {len(frames)} frame(s)",
+        )
+    total = 0
+    for f in frames:
+        total += len(f)
+    if total > max_frame_bytes:
+        raise ProtocolError(
+            ProtocolCode.OVERSIZE, f"message of {total} bytes exceeds the limit of {max_frame_bytes} bytes"
+        )
+    version = bytes(frames[0])
+    if version != VERSION:
+        shown = version[:16]
+        raise ProtocolError(
+            ProtocolCode.BAD_VERSION, f"protocol header {shown!r} is not {VERSION!r} (wrong peer or version)"
+        )
+    kind_frame = frames[1]
+    if len(kind_frame) != 1:
+        raise ProtocolError(ProtocolCode.UNKNOWN_KIND, f"kind frame must be 1 byte, got {len(kind_frame)}")
+    kind = kind_frame[0]
+    spec = _SPECS.get(kind)
+    if spec is None:
+        raise ProtocolError(ProtocolCode.UNKNOWN_KIND, f"unknown message kind {kind:#04x}")
+    try:
+        values = msgpack.unpackb(
+            frames[2], raw=False, strict_map_key=True, ext_hook=_no_ext, use_list=True
+        )
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(
+            ProtocolCode.BAD_PAYLOAD, f"{spec.cls.__name__} payload is not valid msgpack: {exc}"
+        ) from None
+    if type(values) is not list:
+        raise ProtocolError(
+            ProtocolCode.BAD_PAYLOAD, f"{spec.cls.__name__} payload must be a msgpack array of fields"
+        )
+    n = len(values)
+    if n < spec.required:
+        missing = ", ".join(spec.names[n : spec.required])
+        raise ProtocolError(ProtocolCode.MISSING_FIELD, f"{spec.cls.__name__} is missing field(s): {missing}")
+    if n > len(spec.names):
+        raise ProtocolError(
+            ProtocolCode.EXTRA_FIELD,
+            f"{spec.cls.__name__} has {n} fields, at most {len(spec.names)} are defined",
+        )
+    checks = spec.checks
+    for i in range(n):
+        tname, pred = checks[i]
+        if not pred(values[i]):
+            raise ProtocolError(
+                ProtocolCode.BAD_TYPE,
+                f"{spec.cls.__name__}.{spec.names[i]} must be {tname}, got {type(values[i]).__name__}",
+            )
+    msg = spec.cls(*values)
+    if len(frames) > 3:
+        return Decoded(msg, tuple(bytes(b) for b in frames[3:]))
+    return Decoded(msg)

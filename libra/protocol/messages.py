@@ -1,0 +1,252 @@
+"""Every message that crosses a Libra socket, as a typed frozen dataclass. Nothing else goes here.
+
+Each class has a one-byte ``KIND``. On the wire a message is
+``[b"LIBRA1", KIND byte, msgpack payload, *raw buffers]`` (ROUTER identity frames in front), where the
+payload is a msgpack **array** of the fields in declaration order. Fields are therefore append-only:
+a new field goes last and must have a default so older peers' frames still decode.
+
+Directions: ``A→B`` actor to broker, ``C→B`` client to broker, ``B→A``/``B→C`` broker to peer, ``*``
+either way. Work kinds are strings (``action``, ``generate``, ``train``, ``episode``, ``sync``); for
+``action`` work the ``name`` is the tool, for ``generate`` the bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+WORK_KINDS = ("action", "generate", "train", "episode", "sync")
+
+
+@dataclass(frozen=True, slots=True)
+class ActorHello:
+    """A→B: first frame of an actor session. ``capabilities`` maps work kind → names it can serve
+    (tool names for ``action``; ``"*"`` = any name). ``kinds`` are the kinds it accepts right now."""
+
+    KIND: ClassVar[int] = 0x01
+    actor_id: str
+    host: str
+    slot: str
+    pid: int
+    capabilities: dict[str, list[str]]
+    kinds: list[str]
+    capacity: int
+    labels: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientHello:
+    """C→B: first frame of a client session."""
+
+    KIND: ClassVar[int] = 0x02
+    client_id: str
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """*: liveness only. Any frame counts as a heartbeat; this one is sent when nothing else was."""
+
+    KIND: ClassVar[int] = 0x03
+
+
+@dataclass(frozen=True, slots=True)
+class Bid:
+    """A→B: "I accept these kinds, with this many slots in total". The broker subtracts the work it
+    has assigned and not yet seen finish, so a bid never races with assignments in flight; results
+    return credit implicitly. A bid also ends a directive's drain."""
+
+    KIND: ClassVar[int] = 0x04
+    kinds: list[str]
+    capacity: int
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """C→B: ask for one piece of work. ``request_id`` is the client's idempotency key: a resubmission
+    with the same id never runs twice (the broker answers from its record)."""
+
+    KIND: ClassVar[int] = 0x05
+    request_id: str
+    kind: str
+    name: str
+    args: Any
+    trajectory: str | None = None
+    timeout_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkResult:
+    """A→B: the outcome of an assignment. Dropped by the broker unless ``lease`` is current."""
+
+    KIND: ClassVar[int] = 0x06
+    work_id: str
+    lease: int
+    ok: bool
+    output: Any = None
+    error_code: str = ""
+    error: str = ""
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Handback:
+    """A→B: return an assignment unstarted (drain for a directive, shutting down)."""
+
+    KIND: ClassVar[int] = 0x07
+    work_id: str
+    lease: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DirectiveDone:
+    """A→B: the actor has drained and reconfigured for directive ``directive_id``."""
+
+    KIND: ClassVar[int] = 0x08
+    directive_id: int
+    kinds: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class StatusRequest:
+    """C→B: ask for a cluster snapshot."""
+
+    KIND: ClassVar[int] = 0x09
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequest:
+    """C→B: the client no longer wants ``request_id``; it is failed with ``cancelled`` if unfinished."""
+
+    KIND: ClassVar[int] = 0x0A
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Goodbye:
+    """A→B / C→B: the peer is leaving on purpose; its leased work is re-queued at once."""
+
+    KIND: ClassVar[int] = 0x0B
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DirectRequest:
+    """C→B (operator): send ``actor_id`` a Directive to accept ``kinds`` from now on. Answered with a
+    Reply whose output is the directive id (or an error if the actor is unknown)."""
+
+    KIND: ClassVar[int] = 0x0C
+    request_id: str
+    actor_id: str
+    kinds: list[str]
+    mode: str = "finish"
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """B→*: the hello was accepted. Carries the liveness contract both sides use."""
+
+    KIND: ClassVar[int] = 0x20
+    session: str
+    broker_id: str
+    heartbeat_s: float
+    liveness: int
+    max_frame_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Assign:
+    """B→A: run this. ``lease`` fences the result; ``attempt`` counts assignments of this work;
+    ``budget_s`` is the time left before the request's deadline."""
+
+    KIND: ClassVar[int] = 0x21
+    work_id: str
+    lease: int
+    attempt: int
+    kind: str
+    name: str
+    args: Any
+    trajectory: str | None = None
+    budget_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """B→C: the single answer to ``request_id`` (exactly once per accepted request)."""
+
+    KIND: ClassVar[int] = 0x22
+    request_id: str
+    ok: bool
+    output: Any = None
+    error_code: str = ""
+    error: str = ""
+    work_id: str = ""
+    attempts: int = 0
+    actor_id: str = ""
+    duration_s: float = 0.0
+    retry_after_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """B→*: a frame from this peer was rejected (``code`` is a ProtocolCode or ErrorCode value)."""
+
+    KIND: ClassVar[int] = 0x23
+    code: str
+    message: str
+    request_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Directive:
+    """B→A: from now on accept ``kinds`` (replacing the current set). ``mode`` is ``finish`` (run what
+    you hold to the end) or ``handback`` (return unstarted work). ``config`` carries role details for
+    the engine (bucket, TP group, ...). The actor answers with DirectiveDone then a Bid."""
+
+    KIND: ClassVar[int] = 0x24
+    directive_id: int
+    kinds: list[str]
+    mode: str = "finish"
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Revoke:
+    """B→A: stop working on this assignment; its result will be dropped anyway."""
+
+    KIND: ClassVar[int] = 0x25
+    work_id: str
+    lease: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReply:
+    """B→C: cluster snapshot: one dict per actor, queue depths by ``kind:name``, counters."""
+
+    KIND: ClassVar[int] = 0x26
+    request_id: str
+    actors: list[dict[str, Any]]
+    queues: dict[str, int]
+    stats: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect:
+    """B→*: the broker dropped this session (expired, protocol violation). The peer must open a new
+    socket and say hello again (7/MDP)."""
+
+    KIND: ClassVar[int] = 0x27
+    reason: str = ""
+
+
+MESSAGE_TYPES: tuple[type, ...] = (
+    ActorHello, ClientHello, Heartbeat, Bid, Submit, WorkResult, Handback, DirectiveDone,
+    StatusRequest, CancelRequest, Goodbye, DirectRequest,
+    Welcome, Assign, Reply, Error, Directive, Revoke, StatusReply, Disconnect,
+)
+
+Message = Any  # any instance of MESSAGE_TYPES (kept loose so dataclasses need no common base)
