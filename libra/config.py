@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,11 +28,17 @@ def from_mapping(cls: type[T], data: dict[str, Any], where: str = "config") -> T
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-    try:
-        return pydantic.TypeAdapter(cls).validate_python(data, strict=True)
-    except pydantic.ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"{where}: {problems}") from None
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    problems = []
+    for key, value in data.items():
+        try:
+            values[key] = pydantic.TypeAdapter(hints[key]).validate_python(value, strict=True)
+        except pydantic.ValidationError as exc:
+            problems.append(f"{key}: {exc.errors()[0]['msg']} (got {value!r})")
+    if problems:
+        raise ConfigError(f"{where}: {'; '.join(problems)}")
+    return cls(**values)
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:

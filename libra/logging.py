@@ -65,9 +65,9 @@ def configure(level: str | None = None, *, json: bool | None = None, cache: bool
 
 
 def get_logger(name: str | None = None, **initial: Any) -> Any:
-    """A structlog logger; ``name`` is recorded as the ``logger`` field."""
+    """A structlog logger; ``name`` is recorded as the ``component`` field."""
     if name:
-        initial["logger"] = name
+        initial["component"] = name
     # get_logger(**initial) stays lazy: the configuration in force at first use applies, so module-level
     # loggers created at import time still honour configure() called later by the entry point.
     return structlog.get_logger(**initial)

@@ -352,11 +352,11 @@ class BrokerState:
             self._finish(w, m.Reply(w.request_id, True, msg.output, "", "", w.work_id, w.attempt,
                                     sess.actor_id, msg.duration_s), out)
         else:
-            code = msg.error_code or ErrorCode.TOOL_FAILED.value
-            w.move(WorkState.FAILED, code)
+            tool_code = msg.error_code or ErrorCode.TOOL_FAILED.value
+            w.move(WorkState.FAILED, tool_code)
             self.stats["failed"] += 1
-            self._finish(w, m.Reply(w.request_id, False, None, code, msg.error, w.work_id, w.attempt,
-                                    sess.actor_id, msg.duration_s), out)
+            self._finish(w, m.Reply(w.request_id, False, None, ErrorCode.TOOL_FAILED.value, msg.error, w.work_id,
+                                    w.attempt, sess.actor_id, msg.duration_s, tool_code=tool_code), out)
         self._fill_actor(sess, now, out)
 
     def _on_handback(self, peer: bytes, msg: m.Handback, now: float, out: list[Command]) -> None:

@@ -56,4 +56,4 @@ def result_or_error(reply: m.Reply) -> ToolResult | Exception:
     if reply.ok:
         return ToolResult(reply.output, reply.work_id, reply.attempts, reply.actor_id, reply.duration_s)
     return error_from_reply(reply.error_code, reply.error, work_id=reply.work_id, attempts=reply.attempts,
-                            retry_after_s=reply.retry_after_s)
+                            retry_after_s=reply.retry_after_s, tool_code=reply.tool_code)

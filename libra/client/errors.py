@@ -81,8 +81,10 @@ _BY_CODE: dict[str, type[LibraError]] = {
 
 
 def error_from_reply(code: str, message: str, *, work_id: str = "", attempts: int = 0,
-                     retry_after_s: float = 0.0) -> LibraError:
-    """Map a failed Reply to its typed exception. Unknown codes are tool failures (a tool's own code)."""
+                     retry_after_s: float = 0.0, tool_code: str = "") -> LibraError:
+    """Map a failed Reply to its typed exception. Tool failures carry the tool's own code."""
+    if code == ErrorCode.TOOL_FAILED.value:
+        return ToolFailed(message, tool_code=tool_code or code, work_id=work_id, attempts=attempts)
     cls = _BY_CODE.get(code)
     if cls is Busy:
         return Busy(message, retry_after_s=retry_after_s or 1.0, work_id=work_id, attempts=attempts)

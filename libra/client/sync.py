@@ -64,7 +64,11 @@ class Client:
         self._closed = False
         self._send(m.ClientHello(self.client_id, os.getpid()))
         if connect_timeout is not None:
-            self.wait_connected(connect_timeout)
+            try:
+                self.wait_connected(connect_timeout)
+            except BaseException:
+                self.close()
+                raise
 
     # ------------------------------------------------------------------ public API
     def wait_connected(self, timeout: float) -> None:

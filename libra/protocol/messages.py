@@ -188,6 +188,7 @@ class Reply:
     actor_id: str = ""
     duration_s: float = 0.0
     retry_after_s: float = 0.0
+    tool_code: str = ""  # with error_code "tool_failed": the tool's own code (timeout, memory, ...)
 
 
 @dataclass(frozen=True, slots=True)

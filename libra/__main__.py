@@ -1,0 +1,7 @@
+"""``python -m libra ...`` → :func:`libra.cli.main`."""
+
+import sys
+
+from libra.cli import main
+
+sys.exit(main())

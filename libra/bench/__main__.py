@@ -1,0 +1,38 @@
+"""``python -m libra.bench NAME [args]``: run one benchmark (each compares against a baseline in the
+same run and prints the ratio). ``python -m libra.bench --list`` lists them."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHMARKS = {
+    "broker": ("libra.bench.broker", "broker round trip and throughput vs raw pyzmq"),
+    "planner": ("libra.bench.planner", "GRP planner search time with and without memoisation"),
+    "sandbox": ("libra.bench.sandbox", "warm sandbox dispatch vs plain subprocess"),
+    "actions": ("libra.bench.actions", "action scheduling: sandbox overhead, decision latency, ACT in the simulator"),
+    "routing": ("libra.bench.routing", "rollout routers compared on the same traces"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "--list"):
+        print("usage: python -m libra.bench NAME [--help]\n\nbenchmarks:")
+        for name, (_, what) in BENCHMARKS.items():
+            print(f"  {name:<10} {what}")
+        return 0
+    name = argv.pop(0)
+    if name not in BENCHMARKS:
+        print(f"unknown benchmark {name!r} (known: {', '.join(BENCHMARKS)})", file=sys.stderr)
+        return 2
+    try:
+        mod = importlib.import_module(BENCHMARKS[name][0])
+    except ModuleNotFoundError as exc:
+        print(f"benchmark {name!r} is not available in this checkout: {exc}", file=sys.stderr)
+        return 2
+    return int(mod.main(argv) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

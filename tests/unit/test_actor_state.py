@@ -1,0 +1,131 @@
+"""ActorState driven by events with no sockets: handshake, work, directives, liveness and reconnect."""
+
+from __future__ import annotations
+
+from libra.actors.state import (ActorIdentity, ActorPhase, ActorState, CancelWork, Connect, Received, Reconfigure,
+                                Reconfigured, SendMsg, Start, StartWork, Stop, Tick, WorkDone)
+from libra.protocol import messages as m
+
+
+def make(capacity: int = 2) -> ActorState:
+    ident = ActorIdentity("h/cpu0", "h", "cpu0", 42, {"action": ["echo"], "train": ["*"]})
+    return ActorState(ident, ["action"], capacity, heartbeat_s=1.0, liveness=3)
+
+
+def msgs(cmds: list, cls: type) -> list:
+    return [c.msg for c in cmds if isinstance(c, SendMsg) and isinstance(c.msg, cls)]
+
+
+def welcome() -> Received:
+    return Received(m.Welcome("s1", "b", 0.5, 4, 1 << 20))
+
+
+def ready(capacity: int = 2) -> ActorState:
+    a = make(capacity)
+    a.handle(Start(), 0.0)
+    a.handle(welcome(), 0.0)
+    return a
+
+
+def assign(wid: str, lease: int) -> Received:
+    return Received(m.Assign(wid, lease, 1, "action", "echo", {"x": wid}))
+
+
+def test_start_connects_and_says_hello_then_bids_on_welcome() -> None:
+    a = make()
+    out = a.handle(Start(), 0.0)
+    assert isinstance(out[0], Connect)
+    (hello,) = msgs(out, m.ActorHello)
+    assert hello.actor_id == "h/cpu0" and hello.kinds == ["action"] and hello.capacity == 2
+    out = a.handle(welcome(), 0.1)
+    (bid,) = msgs(out, m.Bid)
+    assert bid.kinds == ["action"] and bid.capacity == 2
+    assert a.phase is ActorPhase.READY and (a.heartbeat_s, a.liveness) == (0.5, 4)
+
+
+def test_assign_starts_work_and_done_sends_result_with_lease() -> None:
+    a = ready()
+    out = a.handle(assign("w1", 7), 1.0)
+    assert [type(c) for c in out] == [StartWork]
+    out = a.handle(WorkDone("w1", 7, True, {"x": "w1"}, duration_s=0.01), 1.1)
+    (r,) = msgs(out, m.WorkResult)
+    assert (r.work_id, r.lease, r.ok, r.output) == ("w1", 7, True, {"x": "w1"})
+
+
+def test_over_capacity_waits_locally_then_starts() -> None:
+    a = ready(capacity=1)
+    a.handle(assign("w1", 1), 1.0)
+    assert a.handle(assign("w2", 2), 1.0) == []
+    out = a.handle(WorkDone("w1", 1, True), 1.1)
+    assert any(isinstance(c, StartWork) and c.assign.work_id == "w2" for c in out)
+
+
+def test_revoke_cancels_and_result_is_not_sent() -> None:
+    a = ready()
+    a.handle(assign("w1", 1), 1.0)
+    out = a.handle(Received(m.Revoke("w1", 1, "timeout")), 1.1)
+    assert any(isinstance(c, CancelWork) and c.work_id == "w1" for c in out)
+    assert msgs(a.handle(WorkDone("w1", 1, True), 1.2), m.WorkResult) == []
+
+
+def test_directive_drains_reconfigures_then_reports_and_bids() -> None:
+    a = ready()
+    a.handle(assign("w1", 1), 1.0)
+    out = a.handle(Received(m.Directive(5, ["train"], "finish", {"tp": 2})), 1.1)
+    assert a.phase is ActorPhase.DRAINING and not any(isinstance(c, Reconfigure) for c in out)
+    out = a.handle(WorkDone("w1", 1, True), 1.2)
+    assert msgs(out, m.WorkResult)
+    (rc,) = [c for c in out if isinstance(c, Reconfigure)]
+    assert rc.kinds == ["train"] and rc.config == {"tp": 2} and a.phase is ActorPhase.SWITCHING
+    out = a.handle(Reconfigured(5), 2.0)
+    assert [type(x) for x in (msgs(out, m.DirectiveDone) + msgs(out, m.Bid))] == [m.DirectiveDone, m.Bid]
+    assert msgs(out, m.Bid)[0].kinds == ["train"] and a.phase is ActorPhase.READY
+
+
+def test_handback_directive_returns_waiting_work() -> None:
+    a = ready(capacity=1)
+    a.handle(assign("w1", 1), 1.0)
+    a.handle(assign("w2", 2), 1.0)
+    out = a.handle(Received(m.Directive(1, ["train"], "handback")), 1.1)
+    (hb,) = msgs(out, m.Handback)
+    assert hb.work_id == "w2" and hb.lease == 2
+
+
+def test_failed_reconfiguration_keeps_old_kinds() -> None:
+    a = ready()
+    a.handle(Received(m.Directive(1, ["train"])), 1.0)
+    out = a.handle(Reconfigured(1, ok=False, error="no GPU"), 1.1)
+    assert msgs(out, m.Bid)[0].kinds == ["action"]
+
+
+def test_heartbeat_when_quiet_and_reconnect_with_backoff_when_broker_silent() -> None:
+    a = ready()
+    a.handle(Received(m.Heartbeat()), 0.0)
+    assert msgs(a.handle(Tick(), 0.6), m.Heartbeat)  # heartbeat_s is 0.5 after welcome
+    a.handle(assign("w1", 1), 0.6)
+    out = a.handle(Tick(), 2.7)  # silent > 0.5 × 4
+    assert any(isinstance(c, CancelWork) for c in out) and a.phase is ActorPhase.CONNECTING
+    assert not any(isinstance(c, Connect) for c in out)  # waits the back-off first
+    out = a.handle(Tick(), 2.7 + a.initial_backoff_s + 0.01)
+    assert isinstance(out[0], Connect) and msgs(out, m.ActorHello)
+    # the old session's assignment is gone: its result is never sent
+    assert msgs(a.handle(WorkDone("w1", 1, True), 3.0), m.WorkResult) == []
+    # back-off doubles while the broker stays silent
+    first = a.backoff_s
+    a.handle(Tick(), 3.0 + 10)
+    assert a.backoff_s == min(a.max_backoff_s, first * 2)
+
+
+def test_disconnect_reconnects_immediately() -> None:
+    a = ready()
+    out = a.handle(Received(m.Disconnect("expired")), 1.0)
+    assert isinstance(out[1], Connect) or any(isinstance(c, Connect) for c in out)
+    assert a.phase is ActorPhase.CONNECTING and a.sessions == 2
+
+
+def test_stop_hands_back_waiting_and_says_goodbye() -> None:
+    a = ready(capacity=1)
+    a.handle(assign("w1", 1), 1.0)
+    a.handle(assign("w2", 2), 1.0)
+    out = a.handle(Stop(), 2.0)
+    assert [x.work_id for x in msgs(out, m.Handback)] == ["w2"] and msgs(out, m.Goodbye)

@@ -1,0 +1,105 @@
+"""The codec: every message round-trips; bad frames raise ProtocolError with the right code."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import msgpack
+import pytest
+
+from libra.protocol import ProtocolCode, ProtocolError, decode, encode
+from libra.protocol import messages as m
+
+
+def _sample(tp: object) -> object:
+    origin = typing.get_origin(tp)
+    if tp is str:
+        return "x"
+    if tp is int:
+        return 3
+    if tp is float:
+        return 1.5
+    if tp is bool:
+        return True
+    if origin is list:
+        return ["a", "b"]
+    if origin is dict:
+        return {"k": [1, 2]}
+    if origin in (typing.Union, __import__("types").UnionType):
+        return _sample(typing.get_args(tp)[0])
+    return {"any": [1, "two", None]}
+
+
+@pytest.mark.parametrize("cls", m.MESSAGE_TYPES, ids=lambda c: c.__name__)
+def test_every_message_round_trips(cls: type) -> None:
+    hints = typing.get_type_hints(cls)
+    msg = cls(**{f.name: _sample(hints[f.name]) for f in dataclasses.fields(cls)})
+    d = decode(encode(msg, b"raw1", b"raw2"))
+    assert d.msg == msg
+    assert d.buffers == (b"raw1", b"raw2")
+
+
+def test_kind_codes_are_unique_bytes() -> None:
+    kinds = [c.KIND for c in m.MESSAGE_TYPES]
+    assert len(set(kinds)) == len(kinds)
+
+
+def _err(frames: list[bytes], **kw: int) -> ProtocolError:
+    with pytest.raises(ProtocolError) as ei:
+        decode(frames, **kw)
+    return ei.value
+
+
+def test_wrong_version() -> None:
+    f = encode(m.Heartbeat())
+    assert _err([b"LIBRA0", *f[1:]]).code is ProtocolCode.BAD_VERSION
+
+
+def test_unknown_kind_and_bad_kind_frame() -> None:
+    assert _err([b"LIBRA1", b"\xee", msgpack.packb([])]).code is ProtocolCode.UNKNOWN_KIND
+    assert _err([b"LIBRA1", b"\x01\x02", msgpack.packb([])]).code is ProtocolCode.UNKNOWN_KIND
+
+
+def test_too_few_frames_and_garbage_payload() -> None:
+    assert _err([b"garbage"]).code is ProtocolCode.TOO_FEW_FRAMES
+    assert _err([b"LIBRA1", bytes([m.Heartbeat.KIND]), b"\xc1"]).code is ProtocolCode.BAD_PAYLOAD
+    assert _err([b"LIBRA1", bytes([m.Heartbeat.KIND]), msgpack.packb({"a": 1})]).code is ProtocolCode.BAD_PAYLOAD
+
+
+def test_missing_extra_and_mistyped_fields_name_the_field() -> None:
+    kind = bytes([m.Submit.KIND])
+    e = _err([b"LIBRA1", kind, msgpack.packb(["r1", "action"])])
+    assert e.code is ProtocolCode.MISSING_FIELD and "name" in e.message and "args" in e.message
+    e = _err([b"LIBRA1", kind, msgpack.packb(["r1", "action", "echo", 1, None, 1.0, "extra"])])
+    assert e.code is ProtocolCode.EXTRA_FIELD
+    e = _err([b"LIBRA1", kind, msgpack.packb(["r1", 7, "echo", 1])])
+    assert e.code is ProtocolCode.BAD_TYPE and "Submit.kind" in e.message and "int" in e.message
+    e = _err([b"LIBRA1", bytes([m.Bid.KIND]), msgpack.packb([["action", 3], 2])])
+    assert e.code is ProtocolCode.BAD_TYPE and "list[str]" in e.message
+
+
+def test_bool_is_not_an_int_and_int_is_a_float() -> None:
+    e = _err([b"LIBRA1", bytes([m.Bid.KIND]), msgpack.packb([["action"], True])])
+    assert e.code is ProtocolCode.BAD_TYPE
+    d = decode([b"LIBRA1", bytes([m.Submit.KIND]), msgpack.packb(["r", "action", "echo", None, None, 5])])
+    assert d.msg.timeout_s == 5
+
+
+def test_optional_trailing_fields_default() -> None:
+    d = decode([b"LIBRA1", bytes([m.Submit.KIND]), msgpack.packb(["r", "action", "echo", {"a": 1}])])
+    assert d.msg == m.Submit("r", "action", "echo", {"a": 1})
+
+
+def test_oversize() -> None:
+    f = encode(m.Submit("r", "action", "echo", "x" * 5000))
+    assert _err(f, max_frame_bytes=1000).code is ProtocolCode.OVERSIZE
+
+
+def test_ext_types_and_non_messages_rejected() -> None:
+    payload = msgpack.packb(["r", "action", "echo", msgpack.ExtType(5, b"pickle?")])
+    assert _err([b"LIBRA1", bytes([m.Submit.KIND]), payload]).code is ProtocolCode.BAD_PAYLOAD
+    with pytest.raises(TypeError):
+        encode(object())
+    with pytest.raises(TypeError):
+        encode(m.Submit("r", "action", "echo", object()))  # never pickled
