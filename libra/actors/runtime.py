@@ -28,6 +28,7 @@ import zmq
 from libra.logging import bind_context, configure, get_logger
 from libra.protocol import ProtocolError, decode, encode
 from libra.protocol import messages as m
+from libra.zmqio import NOBLOCK, recv_frames, send_frames
 
 from .state import (ActorIdentity, ActorState, CancelWork, Connect, Note, Received, Reconfigure,
                     Reconfigured, SendMsg, Start, StartWork, Stop, Tick, WorkDone)
@@ -75,7 +76,7 @@ class ActorRuntime:
             if t is SendMsg:
                 if self.sock is not None:
                     try:
-                        self.sock.send_multipart(encode(c.msg), zmq.NOBLOCK)
+                        send_frames(self.sock, encode(c.msg), NOBLOCK)
                     except zmq.Again:
                         self.log.warning("send_dropped_hwm", kind=type(c.msg).__name__)
             elif t is StartWork:
@@ -116,11 +117,17 @@ class ActorRuntime:
                                 f"actor {self.state.ident.actor_id} has no handler for {a.kind} {a.name!r}"))
             return
         cancelled = threading.Event()
-        self._cancel[a.work_id] = cancelled
         ctx = WorkContext(a.work_id, a.trajectory, a.budget_s, cancelled, self.state.ident.actor_id)
+        if getattr(handler, "inline", False):  # constant-time handler: no thread hand-off
+            self._execute(self.state.handle(self._call(a, handler, ctx), time.monotonic()))
+            return
+        self._cancel[a.work_id] = cancelled
         self._pool.submit(self._run_work, a, handler, ctx)
 
     def _run_work(self, a: m.Assign, handler: Handler, ctx: WorkContext) -> None:
+        self._post(self._call(a, handler, ctx))
+
+    def _call(self, a: m.Assign, handler: Handler, ctx: WorkContext) -> WorkDone:
         t0 = time.perf_counter()
         with bind_context(work_id=a.work_id, trajectory=a.trajectory):
             try:
@@ -132,7 +139,7 @@ class ActorRuntime:
                 self.log.warning("tool_raised", tool=a.name, error=repr(exc))
                 done = WorkDone(a.work_id, a.lease, False, None, "tool_failed", f"{type(exc).__name__}: {exc}",
                                 time.perf_counter() - t0)
-        self._post(done)
+        return done
 
     def _run_reconfigure(self, c: Reconfigure) -> None:
         try:
@@ -200,7 +207,7 @@ class ActorRuntime:
         assert sock is not None
         for _ in range(1000):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = recv_frames(sock)
             except zmq.Again:
                 return
             try:

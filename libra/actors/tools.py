@@ -5,6 +5,10 @@ A handler is ``fn(args, ctx) -> output`` where ``output`` is anything msgpack ca
 exception becomes ``tool_failed`` with the exception's text. Handlers run on worker threads, never on
 the socket thread; long ones should poll ``ctx.cancelled`` (set when the broker revokes the work).
 
+A handler that is constant-time and never blocks may set ``fn.inline = True``: it then runs on the
+socket thread, saving the thread hand-off (``echo`` does; anything that touches a disk, a process or
+a model must not).
+
 Built-ins on every CPU slot: ``echo`` (returns its args) and ``sleep`` (``{"seconds": s}``).
 """
 
@@ -39,6 +43,9 @@ Handler = Callable[[Any, WorkContext], Any]
 def echo(args: Any, ctx: WorkContext) -> Any:
     """Return the arguments unchanged."""
     return args
+
+
+echo.inline = True  # type: ignore[attr-defined]
 
 
 def sleep(args: Any, ctx: WorkContext) -> Any:

@@ -18,6 +18,7 @@ import zmq
 
 from libra.logging import get_logger
 from libra.protocol import ProtocolError, decode, encode
+from libra.zmqio import NOBLOCK, recv_frames, send_frames
 
 from .events import BadFrame, Command, PeerMessage, Tick
 from .state import BrokerConfig, BrokerState
@@ -59,10 +60,10 @@ class BrokerServer:
             signal.signal(sig, lambda *_: self.stop())
 
     def _execute(self, cmds: list[Command]) -> None:
-        send = self.sock.send_multipart
+        sock = self.sock
         for c in cmds:
             try:
-                send([c.peer, *encode(c.msg, *c.buffers)], zmq.NOBLOCK)
+                send_frames(sock, [c.peer, *encode(c.msg, *c.buffers)], NOBLOCK)
             except zmq.Again:  # peer's pipe is full: it is not reading; liveness will deal with it
                 log.warning("send_dropped_hwm", kind=type(c.msg).__name__)
             except zmq.ZMQError as exc:
@@ -100,7 +101,7 @@ class BrokerServer:
                 if sock.poll(timeout_ms, zmq.POLLIN):
                     for _ in range(self._max_recv):
                         try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                            frames = recv_frames(sock)
                         except zmq.Again:
                             break
                         now = mono()

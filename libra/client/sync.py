@@ -23,6 +23,7 @@ import zmq
 
 from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode, encode
 from libra.protocol import messages as m
+from libra.zmqio import NOBLOCK, recv_frames, send_frames
 
 from .common import REPLY_GRACE_S, RequestIds, ToolResult, configure_socket, new_client_id, result_or_error
 from .errors import BrokerUnreachable, ProtocolRejected, ToolTimeout
@@ -220,9 +221,9 @@ class Client:
 
     def _flush(self) -> None:
         out = self._outbox
-        send = self._sock.send_multipart
+        sock = self._sock
         while out:
-            send(out.popleft())
+            send_frames(sock, out.popleft())
 
     def _lead_or_wait(self, p: _Pending, deadline: float, until: threading.Event | None = None) -> None:
         target = until or p.event
@@ -253,7 +254,7 @@ class Client:
         sock = self._sock
         for _ in range(10_000):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = recv_frames(sock)
             except zmq.Again:
                 return
             try:
