@@ -26,7 +26,7 @@ from typing import Any, Callable
 import zmq
 
 from libra.logging import bind_context, configure, get_logger
-from libra.protocol import ProtocolError, decode, encode
+from libra.protocol import ProtocolError, decode_many, encode_many
 from libra.protocol import messages as m
 from libra.zmqio import NOBLOCK, recv_frames, send_frames
 
@@ -66,6 +66,7 @@ class ActorRuntime:
         self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pool = ThreadPoolExecutor(max_workers=max(1, capacity), thread_name_prefix="libra-work")
         self._cancel: dict[str, threading.Event] = {}
+        self._outbuf: list[Any] = []
         self._stop = threading.Event()
         self.log = log.bind(actor=ident.actor_id)
 
@@ -74,11 +75,7 @@ class ActorRuntime:
         for c in cmds:
             t = type(c)
             if t is SendMsg:
-                if self.sock is not None:
-                    try:
-                        send_frames(self.sock, encode(c.msg), NOBLOCK)
-                    except zmq.Again:
-                        self.log.warning("send_dropped_hwm", kind=type(c.msg).__name__)
+                self._outbuf.append(c.msg)  # sent as one batch at the end of the loop pass
             elif t is StartWork:
                 self._start(c.assign)
             elif t is CancelWork:
@@ -92,7 +89,18 @@ class ActorRuntime:
             elif t is Note:
                 self.log.info(c.event, **c.fields)
 
+    def _flush(self) -> None:
+        msgs, self._outbuf = self._outbuf, []
+        if self.sock is None or not msgs:
+            return
+        for i in range(0, len(msgs), 256):
+            try:
+                send_frames(self.sock, encode_many(msgs[i : i + 256]), NOBLOCK)
+            except zmq.Again:
+                self.log.warning("send_dropped_hwm", count=len(msgs[i : i + 256]))
+
     def _reconnect(self) -> None:
+        self._outbuf.clear()  # queued for the old session: the broker has re-queued that work
         if self.sock is not None:
             self.poller.unregister(self.sock)
             self.sock.close(0)
@@ -170,6 +178,7 @@ class ActorRuntime:
                     self.log.info("actor_draining_for_exit", running=len(st.running))
                 if stop_deadline is not None and (not st.running or mono() >= stop_deadline):
                     self._execute(st.handle(Stop(), mono()))
+                    self._flush()
                     break
                 timeout = max(0, int((next_tick - mono()) * 1000))
                 for sock, _ in self.poller.poll(timeout):
@@ -191,6 +200,8 @@ class ActorRuntime:
                 now = mono()
                 if now >= next_tick:
                     self._execute(st.handle(Tick(), now))
+                self._flush()
+                if now >= next_tick:
                     tick_s = max(0.01, min(0.1, st.heartbeat_s / 4))
                     next_tick = now + tick_s
         finally:
@@ -211,13 +222,14 @@ class ActorRuntime:
             except zmq.Again:
                 return
             try:
-                d = decode(frames, self.max_frame_bytes)
+                decoded = decode_many(frames, self.max_frame_bytes)
             except ProtocolError as err:
                 self.log.warning("bad_frame_from_broker", code=err.code.value, error=err.message)
                 continue
-            self._execute(st.handle(Received(d.msg), time.monotonic()))
-            if self.sock is not sock:  # reconnected while handling: stop reading the old socket
-                return
+            for d in decoded:
+                self._execute(st.handle(Received(d.msg), time.monotonic()))
+                if self.sock is not sock:  # reconnected while handling: stop reading the old socket
+                    return
 
 
 def handlers_for_tools(tools: dict[str, Handler]) -> dict[tuple[str, str], Handler]:

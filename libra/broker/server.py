@@ -17,7 +17,7 @@ from typing import Callable
 import zmq
 
 from libra.logging import get_logger
-from libra.protocol import ProtocolError, decode, encode
+from libra.protocol import ProtocolError, decode_many, encode, encode_many
 from libra.zmqio import NOBLOCK, recv_frames, send_frames
 
 from .events import BadFrame, Command, PeerMessage, Tick
@@ -50,6 +50,7 @@ class BrokerServer:
         self._bad_since_log = 0
         self.core_errors = 0
         self._on_ready = on_ready
+        self._outq: dict[bytes, list] = {}
 
     def stop(self) -> None:
         """Ask the loop to exit (safe from signal handlers and other threads)."""
@@ -60,14 +61,32 @@ class BrokerServer:
             signal.signal(sig, lambda *_: self.stop())
 
     def _execute(self, cmds: list[Command]) -> None:
-        sock = self.sock
+        """Queue commands; :meth:`_flush` sends them, one batch per peer, at the end of the pass."""
+        outq = self._outq
         for c in cmds:
-            try:
-                send_frames(sock, [c.peer, *encode(c.msg, *c.buffers)], NOBLOCK)
-            except zmq.Again:  # peer's pipe is full: it is not reading; liveness will deal with it
-                log.warning("send_dropped_hwm", kind=type(c.msg).__name__)
-            except zmq.ZMQError as exc:
-                log.warning("send_failed", kind=type(c.msg).__name__, error=str(exc))
+            if c.buffers:  # raw buffers travel alone; keep order with what is queued for the peer
+                self._flush_peer(c.peer, outq.pop(c.peer, []))
+                self._send(c.peer, encode(c.msg, *c.buffers), type(c.msg).__name__)
+            else:
+                outq.setdefault(c.peer, []).append(c.msg)
+
+    def _flush(self) -> None:
+        outq, self._outq = self._outq, {}
+        for peer, msgs in outq.items():
+            self._flush_peer(peer, msgs)
+
+    def _flush_peer(self, peer: bytes, msgs: list) -> None:
+        for i in range(0, len(msgs), 256):
+            chunk = msgs[i : i + 256]
+            self._send(peer, encode_many(chunk), type(chunk[0]).__name__)
+
+    def _send(self, peer: bytes, frames: list[bytes], what: str) -> None:
+        try:
+            send_frames(self.sock, [peer, *frames], NOBLOCK)
+        except zmq.Again:  # peer's pipe is full: it is not reading; liveness will deal with it
+            log.warning("send_dropped_hwm", kind=what)
+        except zmq.ZMQError as exc:
+            log.warning("send_failed", kind=what, error=str(exc))
 
     def _handle(self, event, now: float) -> None:
         try:
@@ -110,15 +129,18 @@ class BrokerServer:
                         if body and body[0] == b"":  # REQ-style empty delimiter: tolerate it
                             body = body[1:]
                         try:
-                            d = decode(body, maxb)
+                            decoded = decode_many(body, maxb)
                         except ProtocolError as err:
                             self._note_bad(err, now)
                             self._handle(BadFrame(peer, err), now)
                             continue
-                        self._handle(PeerMessage(peer, d.msg, d.buffers), now)
+                        for d in decoded:
+                            self._handle(PeerMessage(peer, d.msg, d.buffers), now)
+                    self._flush()
                 now = mono()
                 if now >= next_tick:
                     self._handle(Tick(), now)
+                    self._flush()
                     next_tick = now + self._tick_s
         finally:
             log.info("broker_stopped", **{k: v for k, v in self.state.stats.items() if v})

@@ -103,7 +103,8 @@ class BrokerState:
         self.queues: dict[tuple[str, str], deque[str]] = {}
         self._by_request: dict[tuple[str, str], str] = {}
         self._replies: OrderedDict[tuple[str, str], m.Reply] = OrderedDict()
-        self._deadlines: list[tuple[float, int, str]] = []
+        self._deadlines: list[tuple[float, int, str]] = []  # lazy deletion; compacted when mostly stale
+        self._offers: dict[str, frozenset[str]] = {}  # kind -> names offered by live actors
         self._leases: list[tuple[float, int, str]] = []
         self._work_ids = itertools.count(1)
         self._leases_seq = itertools.count(1)
@@ -199,6 +200,7 @@ class BrokerState:
             capacity=msg.capacity, labels=dict(msg.labels), connected_at=now, last_seen=now, last_sent=now,
         )
         self.actors[peer] = sess
+        self._refresh_offers()
         out.append(Send(peer, self._welcome()))
         self._fill_actor(sess, now, out)
 
@@ -227,6 +229,13 @@ class BrokerState:
             self._drop_session(peer, now, out, f"goodbye: {msg.reason}", lost=False)
         self.clients.pop(peer, None)
 
+    def _refresh_offers(self) -> None:
+        offers: dict[str, set[str]] = {}
+        for s in self.actors.values():
+            for kind, names in s.capabilities.items():
+                offers.setdefault(kind, set()).update(names)
+        self._offers = {k: frozenset(v) for k, v in offers.items()}
+
     def _actor_by_id(self, actor_id: str) -> ActorSession | None:
         for s in self.actors.values():
             if s.actor_id == actor_id:
@@ -238,6 +247,7 @@ class BrokerState:
         sess = self.actors.pop(peer, None)
         if sess is None:
             return
+        self._refresh_offers()
         for wid in sorted(sess.held, key=lambda w: self.works[w].seq):
             self._requeue(self.works[wid], now, out, why, count_failure=lost)
         sess.held.clear()
@@ -298,10 +308,10 @@ class BrokerState:
                                           f"timeout_s must be > 0, got {msg.timeout_s}")))
             return
         key = (msg.kind, msg.name)
-        if self.actors and not any(key[1] in s.capabilities.get(key[0], ()) or "*" in s.capabilities.get(key[0], ())
-                                   for s in self.actors.values()):
+        names = self._offers.get(msg.kind, frozenset())
+        if self.actors and msg.name not in names and "*" not in names:
             self.stats["unknown_tool"] += 1
-            offered = sorted({n for s in self.actors.values() for n in s.capabilities.get(msg.kind, ())})
+            offered = sorted(names)
             out.append(Send(peer, m.Reply(
                 msg.request_id, False, None, ErrorCode.UNKNOWN_TOOL.value,
                 f"no actor offers {msg.kind} {msg.name!r}; offered: {', '.join(offered) or 'none'}")))
@@ -322,6 +332,9 @@ class BrokerState:
         cs.inflight += 1
         self.stats["submitted"] += 1
         heapq.heappush(self._deadlines, (w.deadline, w.seq, wid))
+        if len(self._deadlines) > 2 * len(self.works) + 1024:  # bound memory: drop finished entries
+            self._deadlines = [e for e in self._deadlines if e[2] in self.works]
+            heapq.heapify(self._deadlines)
         sess = self._best_actor(key)
         if sess is not None:
             self._assign(w, sess, now, out)

@@ -13,7 +13,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode, encode
+from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode_many, encode
 from libra.protocol import messages as m
 
 from .common import REPLY_GRACE_S, RequestIds, ToolResult, configure_socket, new_client_id, result_or_error
@@ -99,27 +99,32 @@ class AsyncClient:
             except (zmq.ContextTerminated, zmq.ZMQError, asyncio.CancelledError):
                 return
             try:
-                msg = decode(frames, self.max_frame_bytes).msg
+                decoded = decode_many(frames, self.max_frame_bytes)
             except ProtocolError:
                 continue
-            t = type(msg)
-            if t is m.Reply or t is m.StatusReply:
-                entry = self._pending.pop(msg.request_id, None)
-                if entry is not None and not entry[0].done():
-                    entry[0].set_result(result_or_error(msg) if t is m.Reply else msg)
-            elif t is m.Welcome:
-                assert self._welcomed is not None
-                self._welcomed.set()
-            elif t is m.Error and msg.request_id:
-                entry = self._pending.pop(msg.request_id, None)
-                if entry is not None and not entry[0].done():
-                    entry[0].set_result(ProtocolRejected(f"broker rejected request: {msg.message}"))
-            elif t is m.Disconnect:
-                assert self._welcomed is not None
-                self._welcomed.clear()
-                await sock.send_multipart(encode(m.ClientHello(self.client_id, os.getpid())))
-                for _, (fut, pmsg) in list(self._pending.items()):
-                    await sock.send_multipart(encode(pmsg))
+            for d in decoded:
+                await self._dispatch(d.msg)
+
+    async def _dispatch(self, msg: Any) -> None:
+        sock = self._sock
+        t = type(msg)
+        if t is m.Reply or t is m.StatusReply:
+            entry = self._pending.pop(msg.request_id, None)
+            if entry is not None and not entry[0].done():
+                entry[0].set_result(result_or_error(msg) if t is m.Reply else msg)
+        elif t is m.Welcome:
+            assert self._welcomed is not None
+            self._welcomed.set()
+        elif t is m.Error and msg.request_id:
+            entry = self._pending.pop(msg.request_id, None)
+            if entry is not None and not entry[0].done():
+                entry[0].set_result(ProtocolRejected(f"broker rejected request: {msg.message}"))
+        elif t is m.Disconnect:
+            assert self._welcomed is not None
+            self._welcomed.clear()
+            await sock.send_multipart(encode(m.ClientHello(self.client_id, os.getpid())))
+            for _, (fut, pmsg) in list(self._pending.items()):
+                await sock.send_multipart(encode(pmsg))
 
     async def close(self) -> None:
         if self._reader is not None:

@@ -21,9 +21,9 @@ from typing import Any
 
 import zmq
 
-from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode, encode
+from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode_many, encode, encode_many
 from libra.protocol import messages as m
-from libra.zmqio import NOBLOCK, recv_frames, send_frames
+from libra.zmqio import recv_frames, send_frames
 
 from .common import REPLY_GRACE_S, RequestIds, ToolResult, configure_socket, new_client_id, result_or_error
 from .errors import BrokerUnreachable, ProtocolRejected, ToolTimeout
@@ -59,7 +59,7 @@ class Client:
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
         self._lock = threading.Lock()
-        self._outbox: deque[list[bytes]] = deque()
+        self._outbox: deque[Any] = deque()  # messages; flushed as batches
         self._pending: dict[str, _Pending] = {}
         self._welcomed = threading.Event()
         self._closed = False
@@ -202,7 +202,7 @@ class Client:
             fut.set_result(p.value)
 
     def _send(self, msg: Any) -> None:
-        self._outbox.append(encode(msg))
+        self._outbox.append(msg)
         self._kick()
 
     def _kick(self) -> None:
@@ -223,7 +223,8 @@ class Client:
         out = self._outbox
         sock = self._sock
         while out:
-            send_frames(sock, out.popleft())
+            n = min(len(out), 256)
+            send_frames(sock, encode_many([out.popleft() for _ in range(n)]))
 
     def _lead_or_wait(self, p: _Pending, deadline: float, until: threading.Event | None = None) -> None:
         target = until or p.event
@@ -258,10 +259,11 @@ class Client:
             except zmq.Again:
                 return
             try:
-                msg = decode(frames, self.max_frame_bytes).msg
+                decoded = decode_many(frames, self.max_frame_bytes)
             except ProtocolError:
                 continue  # a broker never sends garbage; a mismatched version is reported on timeout
-            self._dispatch(msg)
+            for d in decoded:
+                self._dispatch(d.msg)
 
     def _dispatch(self, msg: Any) -> None:
         t = type(msg)
@@ -282,7 +284,7 @@ class Client:
         elif t is m.Disconnect:
             # The broker does not know us (it restarted or expired us): hello again, resend unanswered.
             self._welcomed.clear()
-            self._outbox.append(encode(m.ClientHello(self.client_id, os.getpid())))
+            self._outbox.append(m.ClientHello(self.client_id, os.getpid()))
             for p in list(self._pending.values()):
                 if p.msg is not None:
-                    self._outbox.append(encode(p.msg))
+                    self._outbox.append(p.msg)

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import msgpack
 
 from .errors import ProtocolCode, ProtocolError
-from .messages import MESSAGE_TYPES
+from .messages import MESSAGE_TYPES, Batch
 
 VERSION = b"LIBRA1"
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -91,7 +91,7 @@ def _build_specs() -> dict[int, _Spec]:
     return specs
 
 
-_SPECS = _build_specs()
+_SPECS = {k: v for k, v in _build_specs().items() if k != Batch.KIND}  # Batch is framing, decoded below
 _KIND_BYTES = {k: bytes([k]) for k in _SPECS}
 _BY_CLASS = {spec.cls: spec for spec in _SPECS.values()}
 
@@ -113,6 +113,76 @@ def encode(msg: Any, *buffers: bytes) -> list[bytes]:
         raise TypeError(f"not a wire message: {type(msg).__name__}")
     payload = msgpack.packb([getattr(msg, n) for n in spec.names], use_bin_type=True)
     return [VERSION, _KIND_BYTES[spec.cls.KIND], payload, *buffers]  # type: ignore[attr-defined]
+
+
+_BATCH_KIND = bytes([Batch.KIND])
+
+
+def encode_many(msgs: Sequence[Any]) -> list[bytes]:
+    """One frame set for several messages to the same peer (a plain message when there is one).
+    Messages with raw buffers cannot be batched; send those with :func:`encode`."""
+    if len(msgs) == 1:
+        return encode(msgs[0])
+    items = []
+    for msg in msgs:
+        spec = _BY_CLASS.get(type(msg))
+        if spec is None:
+            raise TypeError(f"not a wire message: {type(msg).__name__}")
+        items.append([spec.cls.KIND, [getattr(msg, n) for n in spec.names]])  # type: ignore[attr-defined]
+    return [VERSION, _BATCH_KIND, msgpack.packb(items, use_bin_type=True)]
+
+
+def _build(spec: _Spec, values: Any) -> Any:
+    if type(values) is not list:
+        raise ProtocolError(
+            ProtocolCode.BAD_PAYLOAD, f"{spec.cls.__name__} payload must be a msgpack array of fields"
+        )
+    n = len(values)
+    if n < spec.required:
+        missing = ", ".join(spec.names[n : spec.required])
+        raise ProtocolError(ProtocolCode.MISSING_FIELD, f"{spec.cls.__name__} is missing field(s): {missing}")
+    if n > len(spec.names):
+        raise ProtocolError(
+            ProtocolCode.EXTRA_FIELD,
+            f"{spec.cls.__name__} has {n} fields, at most {len(spec.names)} are defined",
+        )
+    checks = spec.checks
+    for i in range(n):
+        tname, pred = checks[i]
+        if not pred(values[i]):
+            raise ProtocolError(
+                ProtocolCode.BAD_TYPE,
+                f"{spec.cls.__name__}.{spec.names[i]} must be {tname}, got {type(values[i]).__name__}",
+            )
+    return spec.cls(*values)
+
+
+def decode_many(frames: Sequence[bytes], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> list[Decoded]:
+    """Like :func:`decode`, but also unpacks a Batch into its messages (in order)."""
+    if len(frames) == 3 and frames[1] == _BATCH_KIND and bytes(frames[0]) == VERSION:
+        size = len(frames[0]) + len(frames[1]) + len(frames[2])
+        if size > max_frame_bytes:
+            raise ProtocolError(
+                ProtocolCode.OVERSIZE, f"message of {size} bytes exceeds the limit of {max_frame_bytes} bytes"
+            )
+        try:
+            items = msgpack.unpackb(frames[2], raw=False, strict_map_key=True, ext_hook=_no_ext, use_list=True)
+        except ProtocolError:
+            raise
+        except Exception as exc:
+            raise ProtocolError(ProtocolCode.BAD_PAYLOAD, f"Batch payload is not valid msgpack: {exc}") from None
+        if type(items) is not list:
+            raise ProtocolError(ProtocolCode.BAD_PAYLOAD, "Batch payload must be an array of [kind, fields]")
+        out = []
+        for item in items:
+            if type(item) is not list or len(item) != 2 or type(item[0]) is not int:
+                raise ProtocolError(ProtocolCode.BAD_PAYLOAD, "Batch items must be [kind, fields] pairs")
+            spec = _SPECS.get(item[0])
+            if spec is None:
+                raise ProtocolError(ProtocolCode.UNKNOWN_KIND, f"unknown message kind {item[0]!r} in a Batch")
+            out.append(Decoded(_build(spec, item[1])))
+        return out
+    return [decode(frames, max_frame_bytes)]
 
 
 def decode(frames: Sequence[bytes], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Decoded:
@@ -152,28 +222,7 @@ def decode(frames: Sequence[bytes], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYT
         raise ProtocolError(
             ProtocolCode.BAD_PAYLOAD, f"{spec.cls.__name__} payload is not valid msgpack: {exc}"
         ) from None
-    if type(values) is not list:
-        raise ProtocolError(
-            ProtocolCode.BAD_PAYLOAD, f"{spec.cls.__name__} payload must be a msgpack array of fields"
-        )
-    n = len(values)
-    if n < spec.required:
-        missing = ", ".join(spec.names[n : spec.required])
-        raise ProtocolError(ProtocolCode.MISSING_FIELD, f"{spec.cls.__name__} is missing field(s): {missing}")
-    if n > len(spec.names):
-        raise ProtocolError(
-            ProtocolCode.EXTRA_FIELD,
-            f"{spec.cls.__name__} has {n} fields, at most {len(spec.names)} are defined",
-        )
-    checks = spec.checks
-    for i in range(n):
-        tname, pred = checks[i]
-        if not pred(values[i]):
-            raise ProtocolError(
-                ProtocolCode.BAD_TYPE,
-                f"{spec.cls.__name__}.{spec.names[i]} must be {tname}, got {type(values[i]).__name__}",
-            )
-    msg = spec.cls(*values)
+    msg = _build(spec, values)
     if len(frames) > 3:
         return Decoded(msg, tuple(bytes(b) for b in frames[3:]))
     return Decoded(msg)

@@ -244,6 +244,17 @@ class Disconnect:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """*: several messages to the same peer in one frame set, in order. ``messages`` holds
+    ``[kind, [fields...]]`` pairs, each validated exactly like a standalone message; a batch never
+    nests and carries no raw buffers. Senders coalesce what one loop pass produced for a peer
+    (as Dask's BatchedSend does), so a busy path pays the socket cost once per batch."""
+
+    KIND: ClassVar[int] = 0x30
+    messages: list[Any]
+
+
 MESSAGE_TYPES: tuple[type, ...] = (
     ActorHello, ClientHello, Heartbeat, Bid, Submit, WorkResult, Handback, DirectiveDone,
     StatusRequest, CancelRequest, Goodbye, DirectRequest,

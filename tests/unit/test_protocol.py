@@ -8,7 +8,7 @@ import typing
 import msgpack
 import pytest
 
-from libra.protocol import ProtocolCode, ProtocolError, decode, encode
+from libra.protocol import ProtocolCode, ProtocolError, decode, decode_many, encode, encode_many
 from libra.protocol import messages as m
 
 
@@ -31,7 +31,7 @@ def _sample(tp: object) -> object:
     return {"any": [1, "two", None]}
 
 
-@pytest.mark.parametrize("cls", m.MESSAGE_TYPES, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", [c for c in m.MESSAGE_TYPES if c is not m.Batch], ids=lambda c: c.__name__)
 def test_every_message_round_trips(cls: type) -> None:
     hints = typing.get_type_hints(cls)
     msg = cls(**{f.name: _sample(hints[f.name]) for f in dataclasses.fields(cls)})
@@ -103,3 +103,29 @@ def test_ext_types_and_non_messages_rejected() -> None:
         encode(object())
     with pytest.raises(TypeError):
         encode(m.Submit("r", "action", "echo", object()))  # never pickled
+
+
+def test_batch_round_trip_preserves_order_and_single_is_plain() -> None:
+    msgs = [m.Heartbeat(), m.Submit("r1", "action", "echo", [1, 2]), m.Bid(["action"], 3)]
+    frames = encode_many(msgs)
+    assert frames[1] == bytes([m.Batch.KIND])
+    assert [d.msg for d in decode_many(frames)] == msgs
+    assert encode_many(msgs[:1]) == encode(msgs[0])
+    assert [d.msg for d in decode_many(encode(msgs[1]))] == [msgs[1]]
+
+
+def test_bad_batches_are_rejected_whole() -> None:
+    kind = bytes([m.Batch.KIND])
+    cases = {
+        ProtocolCode.BAD_PAYLOAD: [msgpack.packb({"a": 1}), msgpack.packb([[1]]), b"\xc1"],
+        ProtocolCode.UNKNOWN_KIND: [msgpack.packb([[0xEE, []]]), msgpack.packb([[m.Batch.KIND, [[]]]])],
+        ProtocolCode.BAD_TYPE: [msgpack.packb([[m.Bid.KIND, [["a"], 1]], [m.Bid.KIND, [[1], 1]]])],
+    }
+    for code, payloads in cases.items():
+        for payload in payloads:
+            with pytest.raises(ProtocolError) as ei:
+                decode_many([b"LIBRA1", kind, payload])
+            assert ei.value.code is code, payload
+    with pytest.raises(ProtocolError) as ei:
+        decode_many([b"LIBRA1", kind, msgpack.packb([[m.Heartbeat.KIND, []]] * 100)], max_frame_bytes=50)
+    assert ei.value.code is ProtocolCode.OVERSIZE
