@@ -29,7 +29,10 @@ from typing import Any
 from libra.protocol import messages as m
 from libra.protocol.errors import ErrorCode, ProtocolCode
 
+from libra.policies.routing import BucketSpec
+
 from .events import BadFrame, Command, Event, PeerMessage, Send, Tick
+from .rollout import RolloutRouting
 from .work import Work, WorkState
 
 
@@ -46,6 +49,9 @@ class BrokerConfig:
     max_queued_per_key: int = 100_000  # back-pressure: Busy beyond this many waiting per (kind, name)
     reply_cache: int = 20_000  # finished requests remembered for idempotent resubmission
     client_idle_s: float = 300.0  # forget silent clients with nothing in flight
+    router: str = "cmlfq"  # rollout router for generate turns (libra.policies.routers)
+    router_params: dict[str, Any] = field(default_factory=dict)
+    buckets: list[dict[str, Any]] = field(default_factory=list)  # [{name, tp, max_tokens}], ascending
 
 
 @dataclass(slots=True)
@@ -64,8 +70,10 @@ class ActorSession:
     last_sent: float
     held: set[str] = field(default_factory=set)
     directive: int | None = None  # id of a directive still draining
-    directive_config: dict[str, Any] = field(default_factory=dict)
+    directive_config: dict[str, Any] = field(default_factory=dict)  # role: bucket, tp, ...
     completed: int = 0
+    bucket: str = ""  # rollout bucket when it accepts generate
+    targeted: int = 0  # queued generate turns waiting for this instance
 
     @property
     def free(self) -> int:
@@ -74,6 +82,8 @@ class ActorSession:
     def serves(self, kind: str, name: str) -> bool:
         if kind not in self.accepting:
             return False
+        if kind == "generate":
+            return name == self.bucket
         names = self.capabilities.get(kind)
         return names is not None and (name in names or "*" in names)
 
@@ -97,6 +107,11 @@ class BrokerState:
 
     def __init__(self, config: BrokerConfig | None = None) -> None:
         self.config = config or BrokerConfig()
+        try:
+            buckets = [BucketSpec(**b) for b in self.config.buckets]
+        except TypeError as exc:
+            raise ValueError(f"bad bucket in broker config (need name, tp, max_tokens): {exc}") from None
+        self.rollout = RolloutRouting(self.config.router, buckets, self.config.router_params)
         self.actors: dict[bytes, ActorSession] = {}
         self.clients: dict[bytes, ClientSession] = {}
         self.works: dict[str, Work] = {}
@@ -129,6 +144,7 @@ class BrokerState:
             m.CancelRequest: self._on_cancel,
             m.Goodbye: self._on_goodbye,
             m.DirectRequest: self._on_direct_request,
+            m.EndTrajectory: self._on_end_trajectory,
         }
 
     # ------------------------------------------------------------------ entry points
@@ -199,6 +215,9 @@ class BrokerState:
             capabilities=caps, accepting=frozenset(k for k in msg.kinds if k in caps),
             capacity=msg.capacity, labels=dict(msg.labels), connected_at=now, last_seen=now, last_sent=now,
         )
+        role = msg.labels.get("role")
+        sess.directive_config = dict(role) if isinstance(role, dict) else {}
+        sess.bucket = self.rollout.bucket_of_actor(sess.directive_config)
         self.actors[peer] = sess
         self._refresh_offers()
         out.append(Send(peer, self._welcome()))
@@ -248,9 +267,27 @@ class BrokerState:
         if sess is None:
             return
         self._refresh_offers()
+        self._release_targets(peer)
         for wid in sorted(sess.held, key=lambda w: self.works[w].seq):
             self._requeue(self.works[wid], now, out, why, count_failure=lost)
         sess.held.clear()
+        for other in list(self.actors.values()):  # released turns may fit an idle instance now
+            if other.free > 0:
+                self._fill_actor(other, now, out)
+
+    def _release_targets(self, peer: bytes) -> None:
+        """Queued generate turns that waited for ``peer`` may now run on any instance of their bucket."""
+        sess = self.actors.get(peer)
+        for key, q in self.queues.items():
+            if key[0] == "generate":
+                for wid in q:
+                    w = self.works[wid]
+                    if w.target == peer:
+                        w.target = None
+                        if w.trajectory:
+                            self.rollout.requeue_target_lost(w.trajectory)
+        if sess is not None:
+            sess.targeted = 0
 
     # ------------------------------------------------------------------ bids and directives
     def _actor_or_disconnect(self, peer: bytes, out: list[Command]) -> ActorSession | None:
@@ -266,6 +303,13 @@ class BrokerState:
         sess.accepting = frozenset(k for k in msg.kinds if k in sess.capabilities)
         sess.capacity = max(0, msg.capacity)
         sess.directive = None
+        bucket = self.rollout.bucket_of_actor(sess.directive_config)
+        if bucket != sess.bucket or "generate" not in sess.accepting:
+            self._release_targets(peer)
+            for other in list(self.actors.values()):
+                if other is not sess and other.free > 0:
+                    self._fill_actor(other, now, out)
+        sess.bucket = bucket
         self._fill_actor(sess, now, out)
 
     def _on_directive_done(self, peer: bytes, msg: m.DirectiveDone, now: float, out: list[Command]) -> None:
@@ -335,11 +379,37 @@ class BrokerState:
         if len(self._deadlines) > 2 * len(self.works) + 1024:  # bound memory: drop finished entries
             self._deadlines = [e for e in self._deadlines if e[2] in self.works]
             heapq.heapify(self._deadlines)
+        if msg.kind == "generate" and msg.trajectory:
+            self._route_generate(w, now, out)
+            return
         sess = self._best_actor(key)
         if sess is not None:
             self._assign(w, sess, now, out)
         else:
             self.queues.setdefault(key, deque()).append(wid)
+
+    def _rollout_instances(self) -> list[tuple[str, str, int, int, str]]:
+        return [(s.actor_id, s.bucket, len(s.held), s.targeted, s.host)
+                for s in self.actors.values() if "generate" in s.accepting and s.directive is None]
+
+    def _route_generate(self, w: Work, now: float, out: list[Command]) -> None:
+        """Ask the rollout router where this turn runs; stick to that instance or queue for it."""
+        view = self.rollout.view(self._rollout_instances())
+        d, _ = self.rollout.route(w.trajectory or "", w.args, view)
+        w.route = {"bucket": d.bucket, "reason": d.reason, "migrated": d.migrated, "mode": d.migrate_mode}
+        target = self._actor_by_id(d.instance_id) if d.instance_id else None
+        w.name = target.bucket if target is not None else (d.placed_bucket or d.bucket)
+        if target is not None and target.free > 0:
+            self._assign(w, target, now, out)
+            return
+        if target is not None:
+            w.target = target.peer
+            target.targeted += 1
+        self.queues.setdefault(w.key, deque()).append(w.work_id)
+
+    def _on_end_trajectory(self, peer: bytes, msg: m.EndTrajectory, now: float, out: list[Command]) -> None:
+        if peer in self.clients:
+            self.rollout.end(msg.trajectory, msg.total_output_tokens, msg.ok)
 
     def _on_cancel(self, peer: bytes, msg: m.CancelRequest, now: float, out: list[Command]) -> None:
         cs = self.clients.get(peer)
@@ -359,6 +429,11 @@ class BrokerState:
             return
         sess.held.discard(w.work_id)
         sess.completed += 1
+        if w.trajectory:
+            if w.kind == "generate" and msg.ok:
+                self.rollout.turn_done(w.trajectory, msg.output)
+            elif w.kind == "action":
+                self.rollout.tool_returned(w.trajectory, w.name, msg.ok, msg.output, msg.error_code)
         if msg.ok:
             w.move(WorkState.DONE, "result")
             self.stats["completed"] += 1
@@ -434,16 +509,30 @@ class BrokerState:
         while sess.free > 0:
             best_q: deque[str] | None = None
             best_seq = 0
+            best_i = 0
             for key, q in self.queues.items():
                 if q and sess.serves(*key):
-                    seq = self.works[q[0]].seq
+                    i = 0
+                    if key[0] == "generate":  # sticky turns wait for their own instance
+                        i = next((j for j, wid in enumerate(q)
+                                  if self.works[wid].target in (None, sess.peer)), -1)
+                        if i < 0:
+                            continue
+                    seq = self.works[q[i]].seq
                     if best_q is None or seq < best_seq:
-                        best_q, best_seq = q, seq
+                        best_q, best_seq, best_i = q, seq, i
             if best_q is None:
                 return
-            self._assign(self.works[best_q.popleft()], sess, now, out)
+            wid = best_q[best_i]
+            del best_q[best_i]
+            self._assign(self.works[wid], sess, now, out)
 
     def _assign(self, w: Work, sess: ActorSession, now: float, out: list[Command]) -> None:
+        if w.target is not None:
+            t = self.actors.get(w.target)
+            if t is not None:
+                t.targeted -= 1
+            w.target = None
         w.lease = next(self._leases_seq)
         w.attempt += 1
         w.actor = sess.peer
@@ -454,7 +543,7 @@ class BrokerState:
         sess.held.add(w.work_id)
         sess.last_sent = now
         out.append(Send(sess.peer, m.Assign(w.work_id, w.lease, w.attempt, w.kind, w.name, w.args,
-                                            w.trajectory, max(0.0, w.deadline - now))))
+                                            w.trajectory, max(0.0, w.deadline - now), w.route)))
 
     def _requeue(self, w: Work, now: float, out: list[Command], why: str, count_failure: bool,
                  front: bool = False) -> None:
@@ -468,6 +557,8 @@ class BrokerState:
         w.actor = None
         w.move(WorkState.QUEUED, why)
         self.stats["requeued"] += 1
+        if w.kind == "generate" and w.trajectory:
+            self.rollout.requeue_target_lost(w.trajectory)
         sess = self._best_actor(w.key)
         if sess is not None:
             self._assign(w, sess, now, out)
@@ -484,6 +575,9 @@ class BrokerState:
 
     def _fail(self, w: Work, now: float, out: list[Command], code: ErrorCode, why: str) -> None:
         if w.state is WorkState.QUEUED:
+            if w.target is not None and w.target in self.actors:
+                self.actors[w.target].targeted -= 1
+            w.target = None
             q = self.queues.get(w.key)
             if q is not None:
                 try:

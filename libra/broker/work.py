@@ -56,6 +56,8 @@ class Work:
     failures: int = 0  # assignments lost to actor death / lease expiry
     actor: bytes | None = None  # session holding the current lease
     lease_expires: float = 0.0
+    target: bytes | None = None  # generate: the instance the router chose (sticky prefix cache)
+    route: dict[str, Any] = field(default_factory=dict)
     story: list[str] = field(default_factory=list)
 
     @property

@@ -146,6 +146,17 @@ class DirectRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class EndTrajectory:
+    """C→B: trajectory ``trajectory`` is finished (``ok``) or abandoned; the rollout router learns from
+    its ``total_output_tokens``. No reply."""
+
+    KIND: ClassVar[int] = 0x0D
+    trajectory: str
+    total_output_tokens: int = 0
+    ok: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class Welcome:
     """B→*: the hello was accepted. Carries the liveness contract both sides use."""
 
@@ -171,6 +182,7 @@ class Assign:
     args: Any
     trajectory: str | None = None
     budget_s: float = 60.0
+    route: dict[str, Any] = field(default_factory=dict)  # generate: bucket, reason, migrated, mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +269,7 @@ class Batch:
 
 MESSAGE_TYPES: tuple[type, ...] = (
     ActorHello, ClientHello, Heartbeat, Bid, Submit, WorkResult, Handback, DirectiveDone,
-    StatusRequest, CancelRequest, Goodbye, DirectRequest,
+    StatusRequest, CancelRequest, Goodbye, DirectRequest, EndTrajectory,
     Welcome, Assign, Reply, Error, Directive, Revoke, StatusReply, Disconnect,
 )
 

@@ -1,0 +1,195 @@
+"""``python -m libra.bench engines``: the real rollout and training engines against baselines, in one run.
+
+1. Rollout: ``HFRolloutEngine.generate`` (explicit KV-cache decode loop, per-token log-probs) against
+   transformers' own ``model.generate(do_sample=True, output_logits=True)`` plus a log-softmax over the
+   returned logits, which yields the same information. Same model, prompts and forced length
+   (no stop token), batch sizes 1/8/32 by default; generated tokens/s (median of ``--repeats``) and the
+   ratio ours / baseline.
+2. Training: ``GRPOTrainer.train_step`` (token-balanced micro-batches, GRPO loss, clipping, AdamW)
+   against a bare floor: one forward/backward of a token-mean log-likelihood over the same padded
+   batch plus the same AdamW step. Step time (median) and the ratio.
+
+Defaults use the tiny offline model (``libra.engines.tiny_model``); ``--model-dir`` points at any HF
+causal-LM directory (e.g. the converted SmolLM2 from ``libra.engines.smollm2``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from libra.engines.grpo import token_logprobs
+from libra.engines.hf_rollout import HFRolloutEngine
+from libra.engines.rollout_base import GenRequest
+from libra.engines.tiny_model import ensure_tiny_model
+from libra.engines.trainer import GRPOTrainer, TrainBatch
+from libra.logging import configure as configure_logging
+
+
+def _prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(5, vocab, (length,), generator=gen).tolist() for _ in range(batch)]
+
+
+def _baseline_generate(model: Any, prompts: list[list[int]], new_tokens: int, pad_id: int) -> int:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p) :] = torch.tensor(p)
+        mask[b, width - len(p) :] = 1
+    out = model.generate(
+        input_ids=ids.to(model.device),
+        attention_mask=mask.to(model.device),
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=pad_id,
+        eos_token_id=None,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    new = out.sequences[:, width:]
+    logits = torch.stack(out.logits, dim=1)
+    lp = token_logprobs(logits, new)  # the same per-token log-probs our engine returns
+    return int(lp.numel())
+
+
+def bench_rollout(model_dir: str, batches: list[int], prompt_len: int, new_tokens: int, repeats: int,
+                  device: str) -> list[dict[str, float]]:
+    engine = HFRolloutEngine(model_dir, device=device, max_batch_size=max(batches))
+    model = engine.model
+    model.generation_config.eos_token_id = None
+    pad_id = int(model.config.pad_token_id or 0)
+    rows = []
+    for bsz in batches:
+        prompts = _prompts(bsz, prompt_len, engine.vocab_size, seed=bsz)
+        reqs = [GenRequest(prompt_ids=p, max_new_tokens=new_tokens, seed=k) for k, p in enumerate(prompts)]
+        ours, base = [], []
+        engine.generate(reqs)  # warm-up
+        with torch.inference_mode():
+            _baseline_generate(model, prompts, new_tokens, pad_id)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            results = engine.generate(reqs)
+            ours.append(sum(len(r.token_ids) for r in results) / (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                n = _baseline_generate(model, prompts, new_tokens, pad_id)
+            base.append(n / (time.perf_counter() - t0))
+        o, b = statistics.median(ours), statistics.median(base)
+        rows.append({"batch": bsz, "ours_tok_s": o, "hf_generate_tok_s": b, "ratio": o / b})
+    return rows
+
+
+def _train_batch(vocab: int, n_seq: int, prompt_len: int, new_tokens: int) -> TrainBatch:
+    prompts = _prompts(n_seq, prompt_len, vocab, seed=7)
+    gen = torch.Generator().manual_seed(8)
+    seqs, masks, lps, adv = [], [], [], []
+    for k, p in enumerate(prompts):
+        n_new = new_tokens - (k % 4) * (new_tokens // 8)  # ragged completions, like real rollouts
+        comp = torch.randint(5, vocab, (n_new,), generator=gen).tolist()
+        seqs.append(p + comp)
+        masks.append([0] * len(p) + [1] * n_new)
+        lps.append([0.0] * len(p) + [-6.0] * n_new)
+        adv.append(1.0 if k % 2 else -1.0)
+    return TrainBatch(input_ids=seqs, loss_mask=masks, rollout_logprobs=lps, advantages=adv)
+
+
+def bench_train(model_dir: str, n_seq: int, prompt_len: int, new_tokens: int, micro_tokens: int, repeats: int,
+                device: str) -> dict[str, float]:
+    trainer = GRPOTrainer(model_dir, lr=1e-5, device=device, micro_batch_tokens=micro_tokens)
+    vocab = int(trainer.model.get_output_embeddings().weight.shape[0])
+    batch = _train_batch(vocab, n_seq, prompt_len, new_tokens)
+    ids, attn, mask, _, _ = batch.to_tensors(device)
+    floor_model = trainer._load_model(trainer.model_dir)
+    floor_opt = torch.optim.AdamW(floor_model.parameters(), lr=1e-5)
+
+    def floor_step() -> None:
+        floor_opt.zero_grad()
+        lp = token_logprobs(floor_model(input_ids=ids, attention_mask=attn).logits[:, :-1], ids[:, 1:])
+        (-(lp * mask[:, 1:]).sum() / mask[:, 1:].sum()).backward()
+        floor_opt.step()
+
+    ours, base = [], []
+    trainer.train_step(batch)
+    floor_step()  # warm-up
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        metrics = trainer.train_step(batch)
+        ours.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        floor_step()
+        base.append(time.perf_counter() - t0)
+    o, b = statistics.median(ours), statistics.median(base)
+    tokens = sum(batch.lengths())
+    return {
+        "sequences": n_seq,
+        "tokens": tokens,
+        "micro_batches": metrics["micro_batches"],
+        "ours_step_s": o,
+        "floor_step_s": b,
+        "ratio": o / b,
+        "ours_train_tok_s": tokens / o,
+    }
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Run both benchmarks; returns the result object ``--json`` prints."""
+    model_dir = str(args.model_dir or ensure_tiny_model())
+    torch.manual_seed(0)
+    return {
+        "model_dir": model_dir,
+        "device": args.device,
+        "torch_threads": torch.get_num_threads(),
+        "rollout": bench_rollout(model_dir, args.batches, args.prompt_len, args.new_tokens, args.repeats,
+                                 args.device),
+        "train": bench_train(model_dir, args.train_sequences, args.prompt_len, args.new_tokens,
+                             args.micro_batch_tokens, args.repeats, args.device),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m libra.bench engines", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-dir", help="HF causal-LM directory (default: the tiny offline model)")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32], help="rollout batch sizes")
+    p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per request")
+    p.add_argument("--new-tokens", type=int, default=64, help="generated tokens per request (forced)")
+    p.add_argument("--train-sequences", type=int, default=16, help="sequences per training step")
+    p.add_argument("--micro-batch-tokens", type=int, default=512, help="trainer micro-batch budget")
+    p.add_argument("--repeats", type=int, default=3, help="timed repetitions (median reported)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    args = p.parse_args(argv)
+    configure_logging(level="warning")  # engine logs go to stderr; stdout stays one JSON object
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    res = run(args)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print(f"model {res['model_dir']}  device {res['device']}  torch threads {res['torch_threads']}")
+    print(f"\nrollout ({args.prompt_len}-token prompts, {args.new_tokens} forced new tokens, sampling)")
+    print(f"{'batch':>6} {'ours tok/s':>12} {'hf generate tok/s':>18} {'ratio':>7}")
+    for r in res["rollout"]:
+        print(f"{r['batch']:>6} {r['ours_tok_s']:>12.0f} {r['hf_generate_tok_s']:>18.0f} {r['ratio']:>7.2f}")
+    t = res["train"]
+    print(f"\ntraining step ({t['sequences']} sequences, {t['tokens']} tokens, {t['micro_batches']:.0f} micro-batches)")
+    print(f"{'ours s':>10} {'floor s':>10} {'ratio':>7} {'ours tok/s':>11}")
+    print(f"{t['ours_step_s']:>10.4f} {t['floor_step_s']:>10.4f} {t['ratio']:>7.2f} {t['ours_train_tok_s']:>11.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

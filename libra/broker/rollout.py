@@ -1,0 +1,148 @@
+"""Rollout routing inside the broker: every ``generate`` turn goes through a rollout router (C-MLFQ by
+default), which sees the tool-return states because tool calls pass through the broker too.
+
+Pure: owned by :class:`~libra.broker.state.BrokerState`, driven by it, no I/O. Rollout instances are the
+actors that accept ``generate``; each belongs to a bucket (its role config ``{"bucket": name}``, else
+the first bucket) and the broker keeps one generate queue per bucket. A trajectory sticks to the
+instance the router chose (its prefix cache lives there) until the router migrates it.
+
+What the broker tells the router:
+- first ``generate`` of a trajectory → ``start`` (prompt id/tokens/step come from the Submit's args);
+- an ``action`` reply for a trajectory → a pending :class:`ToolReturn` (tool, payload size, status,
+  the generated-token position) consumed by ``on_tool_return`` before the next turn;
+- a ``generate`` reply → ``on_turn_end`` with the cumulative generated tokens (``output["gen_tokens"]``);
+- ``EndTrajectory`` → ``finish`` (learning) or ``discard``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from libra.policies.routers import make_router
+from libra.policies.routing import BucketSpec, ClusterView, InstanceView, RouteDecision, ToolReturn, TrajectoryInfo
+
+DEFAULT_BUCKETS: tuple[BucketSpec, ...] = (BucketSpec("default", 1, 1 << 30),)
+
+
+@dataclass(slots=True)
+class TrajRoute:
+    """What the broker remembers about one live trajectory."""
+
+    instance: str | None = None  # actor id of its instance
+    bucket: str = ""
+    generated: int = 0  # cumulative generated tokens
+    context: int = 0  # prompt + generated + tool payload tokens
+    pending_return: ToolReturn | None = None
+    turns: int = 0
+    migrations: int = 0
+    migrated_tokens: int = 0
+    decisions: list[tuple[str, str, bool]] = field(default_factory=list)  # (bucket, reason, migrated)
+
+
+class RolloutRouting:
+    """Routes generate turns. ``route(...)`` returns the decision; the broker enforces it."""
+
+    def __init__(self, router: str = "cmlfq", buckets: tuple[BucketSpec, ...] | list[BucketSpec] = (),
+                 params: dict[str, Any] | None = None) -> None:
+        self.router_name = router
+        self.router = make_router(router, **(params or {}))
+        self.buckets: tuple[BucketSpec, ...] = tuple(sorted(buckets, key=lambda b: b.max_tokens)) or DEFAULT_BUCKETS
+        self.trajs: dict[str, TrajRoute] = {}
+        self.stats = {"turns": 0, "migrations": 0, "migrated_tokens": 0, "tokens": 0}
+
+    def set_buckets(self, buckets: list[BucketSpec]) -> None:
+        """Replace the bucket layout (the planner's re-plan); live trajectories are re-mapped by the router."""
+        self.buckets = tuple(sorted(buckets, key=lambda b: b.max_tokens)) or DEFAULT_BUCKETS
+
+    def bucket_of_actor(self, role: dict[str, Any]) -> str:
+        name = role.get("bucket")
+        names = {b.name for b in self.buckets}
+        return name if isinstance(name, str) and name in names else self.buckets[0].name
+
+    def view(self, instances: list[tuple[str, str, int, int, str]]) -> ClusterView:
+        """``instances``: (actor id, bucket, active, queued, host) for every ready rollout actor."""
+        return ClusterView(self.buckets, tuple(InstanceView(i, b, a, q, True, h) for i, b, a, q, h in instances))
+
+    def route(self, traj_id: str, args: Any, view: ClusterView) -> tuple[RouteDecision, TrajRoute]:
+        """Decide where this generate turn of ``traj_id`` runs."""
+        tr = self.trajs.get(traj_id)
+        a = args if isinstance(args, dict) else {}
+        if tr is None:
+            tr = TrajRoute(context=int(a.get("prompt_tokens", 0) or 0))
+            self.trajs[traj_id] = tr
+            info = TrajectoryInfo(traj_id, a.get("prompt_id") if isinstance(a.get("prompt_id"), str) else None,
+                                  _nonneg(a.get("prompt_tokens")), _nonneg(a.get("step")),
+                                  _opt_nonneg(a.get("true_remaining")))
+            d = self.router.start(info, view)
+        elif tr.pending_return is not None:
+            ret, tr.pending_return = tr.pending_return, None
+            if _opt_nonneg(a.get("true_remaining")) is not None:  # simulator/oracle only
+                ret = replace(ret, true_remaining=a["true_remaining"])
+            d = self.router.on_tool_return(traj_id, ret, view)
+        elif tr.instance is not None and view.instance(tr.instance) is not None:
+            d = RouteDecision(tr.instance, tr.bucket, "sticky", placed_bucket=tr.bucket)
+        else:
+            d = self.router.reroute(traj_id, view)
+        if d.instance_id is not None and tr.instance is not None and d.instance_id != tr.instance:
+            tr.migrations += 1
+            tr.migrated_tokens += tr.context
+            self.stats["migrations"] += 1
+            self.stats["migrated_tokens"] += tr.context
+        if d.instance_id is not None:
+            tr.instance = d.instance_id
+        tr.bucket = d.bucket
+        tr.turns += 1
+        self.stats["turns"] += 1
+        if len(tr.decisions) < 64:
+            tr.decisions.append((d.bucket, d.reason, d.migrated))
+        return d, tr
+
+    def requeue_target_lost(self, traj_id: str) -> None:
+        tr = self.trajs.get(traj_id)
+        if tr is not None:
+            tr.instance = None
+
+    def turn_done(self, traj_id: str, output: Any) -> None:
+        tr = self.trajs.get(traj_id)
+        if tr is None:
+            return
+        gen = _nonneg(output.get("gen_tokens")) if isinstance(output, dict) else 0
+        tr.generated += gen
+        tr.context += gen
+        self.stats["tokens"] += gen
+        self.router.on_turn_end(traj_id, tr.generated)
+
+    def tool_returned(self, traj_id: str, tool: str, ok: bool, output: Any, error_code: str) -> None:
+        tr = self.trajs.get(traj_id)
+        if tr is None:
+            return
+        payload_tokens = None
+        if isinstance(output, dict) and isinstance(output.get("payload_tokens"), int):
+            payload_tokens = max(0, output["payload_tokens"])
+        chars = len(str(output)) if output is not None else 0
+        status = None if ok else ("timeout" if error_code == "timeout" else "failure")
+        tr.context += payload_tokens if payload_tokens is not None else chars // 4
+        tr.pending_return = ToolReturn(tool, tr.generated, tr.context, output=output, status=status,
+                                       payload_tokens=payload_tokens, payload_chars=chars)
+
+    def end(self, traj_id: str, total_output_tokens: int, ok: bool) -> TrajRoute | None:
+        tr = self.trajs.pop(traj_id, None)
+        if tr is None:
+            return None
+        if ok:
+            self.router.finish(traj_id, max(0, total_output_tokens or tr.generated))
+        else:
+            self.router.discard(traj_id)
+        return tr
+
+    def on_step(self, step: int) -> None:
+        self.router.on_step(step)
+
+
+def _nonneg(x: Any) -> int:
+    return x if type(x) is int and x >= 0 else 0
+
+
+def _opt_nonneg(x: Any) -> int | None:
+    return x if type(x) is int and x >= 0 else None

@@ -1,0 +1,456 @@
+"""GRPO training engine: torch + transformers, data parallel over torch.distributed.
+
+Role: what a GPU (or CPU) slot runs for ``train`` work. One :class:`GRPOTrainer` per rank holds the
+model, AdamW and the step/version counters; ``train_step`` consumes this rank's shard of a batch.
+
+Contracts:
+
+- **Exact global objective.** The loss is GRPO's token-mean over *all* generated tokens of the global
+  batch (``grpo.py``). Before the backward passes the ranks all-reduce their token counts, every
+  micro-batch's loss is divided by that global count, and gradients are all-reduced with a sum. The
+  result is the gradient of the whole batch's loss whatever the micro-batching and however sequences
+  are sharded over ranks: an average over ranks weighted by each rank's tokens, which reduces to the
+  plain average when shards hold equal token counts.
+- **Identical replicas.** Rank 0's initial weights are broadcast at start-up; all ranks then apply the
+  same reduced, clipped gradient with the same optimizer, so weights stay bit-identical.
+- **Versions.** ``weights_version`` starts at ``initial_version`` (or the checkpoint's) and increases
+  by one per successful step; ``state_dict_for_sync()`` returns CPU copies of the weights of that
+  version.
+- After ``train_step`` the parameters' ``.grad`` hold that step's reduced, clipped gradients until the
+  next step (useful for checks); the model is left in eval mode.
+- A non-finite gradient norm raises :class:`TrainingDiverged` without changing the weights.
+- ``save_checkpoint``/``load_checkpoint`` round-trip model, optimizer state, step and version, so a
+  resumed run continues bit-identically (tested).
+
+Not in this module: the GRPO formula (``grpo.py``), deciding batches or staleness (the broker's job
+state), moving weights to rollout engines (``weights.py`` and the actor runtime).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # must precede the transformers import
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch
+import torch.distributed as dist
+
+from libra.engines.grpo import (
+    Aggregation,
+    GRPOLossOutput,
+    TrainBatch,
+    grpo_loss,
+    partition_by_tokens,
+    split_balanced,
+    token_logprobs,
+)
+from libra.logging import get_logger
+
+# TrainBatch and the batching helpers live in grpo.py (the objective's data layout); re-exported here.
+__all__ = [
+    "DistConfig",
+    "GRPOConfig",
+    "GRPOTrainer",
+    "TrainBatch",
+    "TrainingDiverged",
+    "partition_by_tokens",
+    "split_balanced",
+]
+
+log = get_logger(__name__)
+
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+)
+_BUCKET_ELEMENTS = 32 * 1024 * 1024  # gradient all-reduce bucket (elements)
+
+
+class TrainingDiverged(FloatingPointError):
+    """The gradient norm was NaN or infinite; the step was not applied."""
+
+
+@dataclass(frozen=True, slots=True)
+class GRPOConfig:
+    """Optimisation and objective settings (see ``grpo.py`` for the objective's terms).
+
+    ``micro_batch_tokens`` bounds the padded tokens (sequences x longest length) of one forward/backward
+    pass; a longer single sequence gets a micro-batch of its own.
+    """
+
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float | None = None
+    kl_coef: float = 0.0
+    aggregation: Aggregation = "token_mean"
+    micro_batch_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"GRPOConfig.lr must be a positive number, got {self.lr!r}")
+        if self.max_grad_norm <= 0:
+            raise ValueError(f"GRPOConfig.max_grad_norm must be > 0, got {self.max_grad_norm!r}")
+        if self.micro_batch_tokens < 1:
+            raise ValueError(f"GRPOConfig.micro_batch_tokens must be >= 1, got {self.micro_batch_tokens!r}")
+        if self.kl_coef < 0:
+            raise ValueError(f"GRPOConfig.kl_coef must be >= 0, got {self.kl_coef!r}")
+        if self.aggregation not in ("token_mean", "seq_mean_token_mean"):
+            raise ValueError(
+                f"unknown aggregation: {self.aggregation!r} (known: 'seq_mean_token_mean', 'token_mean')"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class DistConfig:
+    """How this rank joins the data-parallel group. ``backend`` defaults to NCCL on CUDA, gloo otherwise."""
+
+    master_addr: str
+    master_port: int
+    rank: int
+    world_size: int
+    backend: str | None = None
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not (0 <= self.rank < self.world_size):
+            raise ValueError(f"DistConfig: rank {self.rank} must be in [0, world_size={self.world_size})")
+        if not (0 < self.master_port < 65536):
+            raise ValueError(f"DistConfig.master_port must be in 1..65535, got {self.master_port}")
+
+
+class GRPOTrainer:
+    """GRPO trainer for one data-parallel rank (see the module contracts).
+
+    ``GRPOTrainer(model_dir, lr=1e-5, device="cpu")``: any :class:`GRPOConfig` field can be given as a
+    keyword, or a whole ``config``. ``dist=None`` trains alone; with a :class:`DistConfig` the
+    constructor joins (or reuses) the default process group and blocks until all ranks have joined.
+    ``ref_model_dir`` (default: ``model_dir``) is loaded, frozen, only when ``kl_coef > 0``.
+
+    Mutation rule: model, optimizer, ``step`` and ``weights_version`` change only in
+    :meth:`train_step` and :meth:`load_checkpoint`.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | os.PathLike[str],
+        config: GRPOConfig | None = None,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        dist_config: DistConfig | None = None,
+        ref_model_dir: str | os.PathLike[str] | None = None,
+        initial_version: int = 0,
+        **overrides: Any,
+    ) -> None:
+        self.config = self._make_config(config, overrides)
+        self.model_dir = Path(model_dir)
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self._init_distributed(dist_config)
+        self._init_model()
+        self._init_reference(ref_model_dir)
+        self._init_optimizer()
+        self.step = 0
+        self.weights_version = int(initial_version)
+
+    # -- construction ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _make_config(config: GRPOConfig | None, overrides: dict[str, Any]) -> GRPOConfig:
+        base = config or GRPOConfig()
+        known = {f.name for f in dataclasses.fields(GRPOConfig)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"unknown GRPOTrainer option(s): {unknown} (known: {sorted(known)})")
+        return dataclasses.replace(base, **overrides)
+
+    def _init_distributed(self, cfg: DistConfig | None) -> None:
+        self.rank, self.world_size, self._owns_group = 0, 1, False
+        if cfg is None or cfg.world_size == 1:
+            return
+        backend = cfg.backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        if dist.is_initialized():
+            if dist.get_rank() != cfg.rank or dist.get_world_size() != cfg.world_size:
+                raise ValueError(
+                    f"a process group already exists as rank {dist.get_rank()}/{dist.get_world_size()}, "
+                    f"but DistConfig says {cfg.rank}/{cfg.world_size}"
+                )
+        else:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            dist.init_process_group(
+                backend=backend,
+                init_method=f"tcp://{cfg.master_addr}:{cfg.master_port}",
+                rank=cfg.rank,
+                world_size=cfg.world_size,
+                timeout=timedelta(seconds=cfg.timeout_s),
+            )
+            self._owns_group = True
+        self.rank, self.world_size = cfg.rank, cfg.world_size
+        log.info("trainer_joined_group", rank=self.rank, world_size=self.world_size, backend=backend)
+
+    def _load_model(self, path: Path) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"GRPOTrainer: no config.json in model dir {str(path)!r}")
+        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
+        return model.to(self.device)
+
+    def _init_model(self) -> None:
+        self.model = self._load_model(self.model_dir)
+        self.model.eval()  # dropout off for the log-prob passes; train_step switches modes itself
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.world_size > 1:  # identical replicas from the first step on
+            with torch.no_grad():
+                for p in self._params:
+                    dist.broadcast(p.data, src=0)
+
+    def _init_reference(self, ref_model_dir: str | os.PathLike[str] | None) -> None:
+        self.ref_model = None
+        if self.config.kl_coef > 0:
+            self.ref_model = self._load_model(Path(ref_model_dir) if ref_model_dir else self.model_dir)
+            self.ref_model.eval().requires_grad_(False)
+
+    def _init_optimizer(self) -> None:
+        c = self.config
+        self.optimizer = torch.optim.AdamW(
+            self._params, lr=c.lr, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay
+        )
+
+    def close(self) -> None:
+        """Leave the process group if this trainer created it. Idempotent."""
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_group = False
+
+    # -- training -------------------------------------------------------------------------------
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimisation step on this rank's shard ``batch`` (may be empty on some ranks).
+
+        Every rank of the group must call it the same number of times. Returns global metrics
+        (identical on all ranks): ``loss`` (the objective before the update), ``grad_norm`` (before
+        clipping), ``clip_frac`` (fraction of tokens where the clip was active), ``ratio_mean``,
+        ``kl_mean``, ``num_tokens``, ``num_sequences``, ``micro_batches`` (this rank's), ``step``,
+        ``weights_version`` (after the step), ``lr``, ``step_time_s``.
+        Raises :class:`TrainingDiverged` on a non-finite gradient norm.
+        """
+        started = time.perf_counter()
+        c = self.config
+        counts = torch.tensor(
+            [float(batch.num_loss_tokens()), float(batch.num_sequences_with_loss()), float(len(batch))],
+            dtype=torch.float64,
+        )
+        self._all_reduce_cpu(counts)
+        g_tokens, g_seqs, g_sequences = counts.tolist()
+        normalizer = g_tokens if c.aggregation == "token_mean" else g_seqs
+
+        self.optimizer.zero_grad(set_to_none=False)
+        for p in self._params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        micro = partition_by_tokens(batch.lengths(), c.micro_batch_tokens)
+        sums = torch.zeros(4, dtype=torch.float64)  # loss, clipped tokens, ratio sum, kl sum
+        self.model.train()
+        try:
+            for idx in micro:
+                out = self._micro_step(batch.select(idx), normalizer)
+                out.loss.backward()
+                sums += torch.tensor(
+                    [float(out.loss.detach()), out.clipped_tokens, out.ratio_sum, out.kl_sum], dtype=torch.float64
+                )
+        finally:
+            self.model.eval()
+        self._all_reduce_cpu(sums)
+        self._all_reduce_grads()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, c.max_grad_norm))
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=False)
+            raise TrainingDiverged(f"step {self.step + 1}: gradient norm is {grad_norm}; weights left unchanged")
+        self.optimizer.step()
+        self.step += 1
+        self.weights_version += 1
+        loss, clipped, ratio_sum, kl_sum = sums.tolist()
+        denom = max(g_tokens, 1.0)
+        metrics = {
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "clip_frac": clipped / denom,
+            "ratio_mean": ratio_sum / denom if g_tokens else 1.0,
+            "kl_mean": kl_sum / denom,
+            "num_tokens": g_tokens,
+            "num_sequences": g_sequences,
+            "micro_batches": float(len(micro)),
+            "step": float(self.step),
+            "weights_version": float(self.weights_version),
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "step_time_s": time.perf_counter() - started,
+        }
+        log.info("train_step_done", step=self.step, version=self.weights_version, loss=loss, grad_norm=grad_norm)
+        return metrics
+
+    def _micro_step(self, mb: TrainBatch, normalizer: float) -> GRPOLossOutput:
+        c = self.config
+        ids, attn, mask, rollout_lp, adv = mb.to_tensors(self.device)
+        logits = self.model(input_ids=ids, attention_mask=attn).logits
+        lp = token_logprobs(logits[:, :-1], ids[:, 1:])
+        ref_lp = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_lp = token_logprobs(self.ref_model(input_ids=ids, attention_mask=attn).logits[:, :-1], ids[:, 1:])
+        return grpo_loss(
+            lp,
+            rollout_lp[:, 1:],
+            adv,
+            mask[:, 1:],
+            clip_low=c.clip_low,
+            clip_high=c.clip_high,
+            ref_logprobs=ref_lp,
+            kl_coef=c.kl_coef,
+            aggregation=c.aggregation,
+            normalizer=normalizer,
+        )
+
+    @torch.no_grad()
+    def logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Current-policy log-probs of every token of every sequence (index 0, which nothing predicts,
+        is 0.0): the same numbers ``train_step`` uses, for recomputing or checking rollout log-probs."""
+        if not sequences:
+            return []
+        batch = TrainBatch(
+            input_ids=[list(s) for s in sequences],
+            loss_mask=[[0] * len(s) for s in sequences],
+            rollout_logprobs=[[0.0] * len(s) for s in sequences],
+            advantages=[0.0] * len(sequences),
+        )
+        ids, attn, _, _, _ = batch.to_tensors(self.device)
+        lp = token_logprobs(self.model(input_ids=ids, attention_mask=attn).logits[:, :-1], ids[:, 1:])
+        return [[0.0, *lp[i, : len(s) - 1].tolist()] for i, s in enumerate(sequences)]
+
+    # -- distributed helpers -------------------------------------------------------------------
+
+    def _all_reduce_cpu(self, t: torch.Tensor) -> None:
+        """Sum a small CPU tensor over ranks, in place (via the device for NCCL)."""
+        if self.world_size == 1:
+            return
+        if dist.get_backend() == "nccl":
+            moved = t.to(self.device)
+            dist.all_reduce(moved)
+            t.copy_(moved.cpu())
+        else:
+            dist.all_reduce(t)
+
+    def _all_reduce_grads(self) -> None:
+        """Sum gradients over ranks in flat buckets (one collective per ~32 M elements)."""
+        if self.world_size == 1:
+            return
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for p in self._params:
+            bucket.append(p.grad)
+            size += p.grad.numel()
+            if size >= _BUCKET_ELEMENTS:
+                self._reduce_bucket(bucket)
+                bucket, size = [], 0
+        if bucket:
+            self._reduce_bucket(bucket)
+
+    @staticmethod
+    def _reduce_bucket(grads: list[torch.Tensor]) -> None:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        pos = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[pos : pos + n].view_as(g))
+            pos += n
+
+    # -- weights and checkpoints ----------------------------------------------------------------
+
+    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
+        """CPU copies of the current weights (``model.state_dict()`` names), safe to serialise or load
+        into a rollout engine while training continues; they are of version :attr:`weights_version`."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
+        """Write model (safetensors, loadable with ``from_pretrained``, tokenizer files copied along),
+        optimizer state, step and version to ``path`` atomically (replacing an older checkpoint there).
+        In a data-parallel group call it on one rank (replicas are identical). Returns ``path``."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        try:
+            self.model.save_pretrained(tmp)
+            for name in _TOKENIZER_FILES:
+                if (self.model_dir / name).is_file():
+                    shutil.copy2(self.model_dir / name, tmp / name)
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            state = {
+                "step": self.step,
+                "weights_version": self.weights_version,
+                "world_size": self.world_size,
+                "config": dataclasses.asdict(self.config),
+            }
+            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
+            os.chmod(tmp, 0o755)  # mkdtemp makes it private; rollout hosts may read it
+            old = None
+            if target.exists():
+                old = target.with_name(f".{target.name}.old-{os.getpid()}")
+                os.rename(target, old)
+            os.rename(tmp, target)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log.info("checkpoint_saved", path=str(target), step=self.step, version=self.weights_version)
+        return target
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Restore model weights, optimizer state, step and version from :meth:`save_checkpoint`'s output.
+
+        Raises ``FileNotFoundError`` if a part is missing and ``ValueError`` if the weights do not fit
+        this model. Call it on every rank.
+        """
+        from safetensors.torch import load_file
+
+        src = Path(path)
+        for name in ("model.safetensors", "optimizer.pt", "trainer_state.json"):
+            if not (src / name).is_file():
+                raise FileNotFoundError(f"checkpoint {str(src)!r} lacks {name}")
+        weights = load_file(src / "model.safetensors", device=str(self.device))
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        # save_pretrained stores tied tensors (e.g. lm_head tied to the embeddings) once: a "missing"
+        # name that shares storage with a loaded one is fine.
+        own = self.model.state_dict()
+        loaded = {own[k].data_ptr() for k in weights if k in own}
+        missing = [k for k in missing if own[k].data_ptr() not in loaded]
+        if missing or unexpected:
+            raise ValueError(f"checkpoint {str(src)!r} does not fit the model: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
+        opt_state = torch.load(src / "optimizer.pt", map_location=self.device, weights_only=True)
+        self.optimizer.load_state_dict(opt_state)
+        state = json.loads((src / "trainer_state.json").read_text())
+        self.step = int(state["step"])
+        self.weights_version = int(state["weights_version"])
+        log.info("checkpoint_loaded", path=str(src), step=self.step, version=self.weights_version)

@@ -1,0 +1,242 @@
+"""Weights transport: a state dict as a msgpack header plus raw byte chunks, and back. No pickle.
+
+Role: move a trainer's weights to rollout engines over ZeroMQ frames, peer to peer (the broker never
+sees them). The format is self-describing and validated on the way in, so a truncated, reordered or
+corrupted transfer is an error, never a silently wrong model.
+
+Format (version ``libra-weights/1``):
+
+- ``header``: msgpack map ``{"format", "version", "chunk_size", "total_bytes", "tensors": [{"name",
+  "dtype", "shape", "offset", "nbytes"}, ...], "chunk_crc32": [...], "metadata": {...}}``. Tensors are
+  laid end to end, in state-dict order, in one logical little-endian byte stream; ``offset``/
+  ``nbytes`` locate each one in it. ``version`` is the weights version (an int) or ``None``.
+- ``chunks``: that stream cut into pieces of ``chunk_size`` bytes (the last one may be shorter), each
+  checked by the CRC-32 at the same index of ``chunk_crc32`` (a transmission check, not a security
+  measure: authenticate the peer at the socket layer).
+- ``to_frames``/``from_frames`` put the header first and the chunks after it, ready for
+  ``socket.send_multipart``/``recv_multipart``.
+
+Contracts: ``unpack_state_dict(*pack_state_dict(sd))`` returns tensors equal bit for bit to ``sd``'s
+(same names, order, dtypes, shapes), on CPU and contiguous. Any inconsistency raises
+:class:`WeightsFormatError` (a ``ValueError``) naming what is wrong.
+
+Not in this module: sockets, and deciding who sends to whom (the actor runtime does that).
+"""
+
+from __future__ import annotations
+
+import sys
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import torch
+
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "FORMAT",
+    "WeightsFormatError",
+    "WeightsHeader",
+    "from_frames",
+    "pack_state_dict",
+    "read_header",
+    "to_frames",
+    "unpack_state_dict",
+]
+
+FORMAT = "libra-weights/1"
+DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024  # 4 MiB: well under ZeroMQ's comfortable frame sizes
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+class WeightsFormatError(ValueError):
+    """A weights header or chunk list is malformed, inconsistent or corrupted."""
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsHeader:
+    """The decoded, validated header: what :func:`read_header` returns."""
+
+    version: int | None
+    chunk_size: int
+    total_bytes: int
+    tensors: list[dict[str, Any]]
+    chunk_crc32: list[int]
+    metadata: dict[str, Any]
+
+
+def _tensor_bytes(t: torch.Tensor) -> memoryview:
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
+        raise WeightsFormatError("weights transport requires a little-endian host")
+    return flat.view(torch.uint8).numpy().data if flat.numel() else memoryview(b"")
+
+
+def pack_state_dict(
+    state_dict: Mapping[str, torch.Tensor],
+    *,
+    version: int | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    metadata: Mapping[str, Any] | None = None,
+) -> tuple[bytes, list[bytes]]:
+    """Serialise ``state_dict`` into ``(header, chunks)`` (see the module docstring).
+
+    Tensors may live on any device and be non-contiguous; they are copied to CPU. ``metadata`` must be
+    msgpack-serialisable. Raises :class:`WeightsFormatError` for an unsupported dtype and
+    ``ValueError`` for ``chunk_size < 1``.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    entries: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    current = bytearray()
+    offset = 0
+    for name, tensor in state_dict.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise WeightsFormatError(f"state_dict[{name!r}] is a {type(tensor).__name__}, not a tensor")
+        dtype_name = _DTYPE_NAMES.get(tensor.dtype)
+        if dtype_name is None:
+            raise WeightsFormatError(f"state_dict[{name!r}] has unsupported dtype {tensor.dtype}")
+        data = _tensor_bytes(tensor)
+        entries.append(
+            {"name": name, "dtype": dtype_name, "shape": list(tensor.shape), "offset": offset, "nbytes": data.nbytes}
+        )
+        offset += data.nbytes
+        pos = 0
+        while pos < data.nbytes:  # fill the current chunk, flushing whenever it is full
+            take = min(chunk_size - len(current), data.nbytes - pos)
+            current += data[pos : pos + take]
+            pos += take
+            if len(current) == chunk_size:
+                chunks.append(bytes(current))
+                current = bytearray()
+    if current:
+        chunks.append(bytes(current))
+    header = {
+        "format": FORMAT,
+        "version": version,
+        "chunk_size": chunk_size,
+        "total_bytes": offset,
+        "tensors": entries,
+        "chunk_crc32": [zlib.crc32(c) for c in chunks],
+        "metadata": dict(metadata or {}),
+    }
+    return msgpack.packb(header, use_bin_type=True), chunks
+
+
+def read_header(header: bytes) -> WeightsHeader:
+    """Decode and validate a header on its own (e.g. to check the version before receiving chunks).
+
+    Raises :class:`WeightsFormatError` for a wrong format tag, a missing field, an unknown dtype, a shape
+    that does not match ``nbytes``, or tensors that do not tile ``[0, total_bytes)`` end to end.
+    """
+    try:
+        raw = msgpack.unpackb(header, raw=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise WeightsFormatError(f"weights header is not valid msgpack: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise WeightsFormatError(f"weights header must be a map, got {type(raw).__name__}")
+    if raw.get("format") != FORMAT:
+        raise WeightsFormatError(f"weights header format is {raw.get('format')!r}, expected {FORMAT!r}")
+    for key in ("chunk_size", "total_bytes", "tensors", "chunk_crc32"):
+        if key not in raw:
+            raise WeightsFormatError(f"weights header lacks field {key!r}")
+    chunk_size, total = raw["chunk_size"], raw["total_bytes"]
+    if not isinstance(chunk_size, int) or chunk_size < 1 or not isinstance(total, int) or total < 0:
+        raise WeightsFormatError(f"weights header has bad chunk_size {chunk_size!r} or total_bytes {total!r}")
+    expect = 0
+    for i, e in enumerate(raw["tensors"]):
+        try:
+            name, dtype_name, shape, off, nbytes = e["name"], e["dtype"], e["shape"], e["offset"], e["nbytes"]
+        except (KeyError, TypeError) as exc:
+            raise WeightsFormatError(f"weights header tensor #{i} lacks field {exc}") from exc
+        dtype = _DTYPES.get(dtype_name)
+        if dtype is None:
+            raise WeightsFormatError(f"tensor {name!r}: unknown dtype {dtype_name!r}")
+        if not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise WeightsFormatError(f"tensor {name!r}: bad shape {shape!r}")
+        numel = 1
+        for d in shape:
+            numel *= d
+        if numel * dtype.itemsize != nbytes:
+            raise WeightsFormatError(f"tensor {name!r}: shape {shape} x {dtype_name} != {nbytes} bytes")
+        if off != expect:
+            raise WeightsFormatError(f"tensor {name!r}: offset {off}, expected {expect}")
+        expect += nbytes
+    if expect != total:
+        raise WeightsFormatError(f"tensors cover {expect} bytes but total_bytes is {total}")
+    n_chunks = -(-total // chunk_size)
+    if len(raw["chunk_crc32"]) != n_chunks:
+        raise WeightsFormatError(f"header lists {len(raw['chunk_crc32'])} chunk checksums, expected {n_chunks}")
+    return WeightsHeader(
+        version=raw.get("version"),
+        chunk_size=chunk_size,
+        total_bytes=total,
+        tensors=list(raw["tensors"]),
+        chunk_crc32=list(raw["chunk_crc32"]),
+        metadata=dict(raw.get("metadata") or {}),
+    )
+
+
+def unpack_state_dict(
+    header: bytes, chunks: Sequence[bytes | bytearray | memoryview]
+) -> tuple[dict[str, torch.Tensor], WeightsHeader]:
+    """Rebuild the state dict from ``(header, chunks)``; returns ``(state_dict, header)``.
+
+    Checks the chunk count, every chunk's length and CRC-32 before building tensors. The returned
+    tensors are CPU, contiguous, and share one private buffer (no copy per tensor). Raises
+    :class:`WeightsFormatError` naming the first bad chunk or field.
+    """
+    hdr = read_header(header)
+    if len(chunks) != len(hdr.chunk_crc32):
+        raise WeightsFormatError(f"received {len(chunks)} chunks, header announces {len(hdr.chunk_crc32)}")
+    buf = bytearray(hdr.total_bytes)
+    pos = 0
+    for i, (chunk, crc) in enumerate(zip(chunks, hdr.chunk_crc32)):
+        view = memoryview(chunk).cast("B")
+        want = min(hdr.chunk_size, hdr.total_bytes - pos)
+        if view.nbytes != want:
+            raise WeightsFormatError(f"chunk {i} has {view.nbytes} bytes, expected {want}")
+        if zlib.crc32(view) != crc:
+            raise WeightsFormatError(f"chunk {i} failed its CRC-32 check (corrupted in transit?)")
+        buf[pos : pos + want] = view
+        pos += want
+    whole = torch.frombuffer(buf, dtype=torch.uint8) if hdr.total_bytes else torch.empty(0, dtype=torch.uint8)
+    out: dict[str, torch.Tensor] = {}
+    for e in hdr.tensors:
+        dtype = _DTYPES[e["dtype"]]
+        if not e["nbytes"]:
+            out[e["name"]] = torch.empty(e["shape"], dtype=dtype)
+            continue
+        part = whole[e["offset"] : e["offset"] + e["nbytes"]]
+        if e["offset"] % dtype.itemsize:  # a view needs an element-aligned offset; copy the odd ones
+            part = part.clone()
+        out[e["name"]] = part.view(dtype).reshape(e["shape"])
+    return out, hdr
+
+
+def to_frames(header: bytes, chunks: Sequence[bytes]) -> list[bytes]:
+    """The multipart message for ZeroMQ: ``[header, *chunks]``."""
+    return [header, *chunks]
+
+
+def from_frames(frames: Sequence[bytes | bytearray | memoryview]) -> tuple[dict[str, torch.Tensor], WeightsHeader]:
+    """Inverse of :func:`to_frames` followed by :func:`unpack_state_dict`."""
+    if not frames:
+        raise WeightsFormatError("no frames: a weights message needs at least the header frame")
+    return unpack_state_dict(bytes(frames[0]), frames[1:])

@@ -1,0 +1,244 @@
+"""Online re-planning and the Elastic Hybrid Pool signal (research-notes §1.3.4).
+
+Role: decide *when* to run the allocator and *whether* to deploy its proposal, and how many hybrid
+training replicas the EHP should hold. Pure: steps and observations come in as arguments; there are
+no clocks, threads or sockets.
+
+:class:`Replanner` keeps a sliding window of completed requests (``max_history`` = 4096) and, each
+step, checks in order: enough history (``min_history`` = 8) and warm-up (``warmup_steps`` = 1); the
+cooldown (``step - last_replan < cooldown_steps``); the interval (``step % plan_interval == 0``); then,
+if ``online``, queue pressure >= 0.75, active rollout pressure >= 0.85, >= 8 newly rejected
+rollouts, or rollout/train time >= 1.25. On a trigger it evaluates the deployed plan and the
+allocator's candidate with the same evaluator and applies the candidate iff the layout differs, the
+net gain ``(T_cur - T_cand) - reconfig_cost_s`` is positive and ``(T_cur - T_cand) / T_cur >=
+min_gain_ratio``. Every decision carries a reason.
+
+:func:`ehp_signal` is the borrow/release hysteresis rule for hybrid replicas.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from libra.policies.planner_types import Plan, PlannerError, Workload
+
+if TYPE_CHECKING:
+    from libra.policies.planner import Allocator
+
+__all__ = ["EhpSignal", "PressureSnapshot", "ReplanDecision", "Replanner", "ehp_signal"]
+
+
+@dataclass(frozen=True, slots=True)
+class PressureSnapshot:
+    """What the runtime measured at ``step``: queue and active-rollout pressure (0..1), the running
+    total of rejected rollouts, and the last measured stage times (None if unknown)."""
+
+    step: int
+    queue_pressure: float = 0.0
+    active_pressure: float = 0.0
+    rejected_total: int = 0
+    rollout_time: float | None = None
+    train_time: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplanDecision:
+    """The outcome of one :meth:`Replanner.step`.
+
+    ``apply`` says whether to deploy ``plan``; ``reason`` is a static snake_case word; ``trigger``
+    names what started the evaluation (None if none did). Times are predicted seconds per iteration.
+    """
+
+    step: int
+    apply: bool
+    reason: str
+    trigger: str | None = None
+    plan: Plan | None = None
+    current_time: float | None = None
+    candidate_time: float | None = None
+    raw_gain: float = 0.0
+    net_gain: float = 0.0
+
+
+class Replanner:
+    """Periodic and pressure-triggered re-planning around an allocator (see the module docstring).
+
+    Mutation rule: only :meth:`observe`, :meth:`observe_many` and :meth:`step` change state (the
+    history window, the last re-plan step and the rejected-rollout baseline).
+    """
+
+    def __init__(
+        self,
+        allocator: Allocator,
+        *,
+        plan_interval: int = 10,
+        cooldown_steps: int = 1,
+        online: bool = True,
+        queue_pressure_threshold: float = 0.75,
+        active_pressure_threshold: float = 0.85,
+        rejected_delta_threshold: int = 8,
+        imbalance_ratio: float = 1.25,
+        reconfig_cost_s: float = 15.0,
+        min_gain_ratio: float = 0.05,
+        max_history: int = 4096,
+        min_history: int = 8,
+        warmup_steps: int = 1,
+    ) -> None:
+        if plan_interval < 1 or cooldown_steps < 0 or max_history < 1 or min_history < 1:
+            raise PlannerError(
+                "Replanner: plan_interval, max_history, min_history must be >= 1 and cooldown_steps >= 0 "
+                f"(got {plan_interval}, {max_history}, {min_history}, {cooldown_steps})"
+            )
+        if reconfig_cost_s < 0 or min_gain_ratio < 0:
+            raise PlannerError(
+                f"Replanner: reconfig_cost_s and min_gain_ratio must be >= 0 (got {reconfig_cost_s}, {min_gain_ratio})"
+            )
+        self.allocator = allocator
+        self.plan_interval = plan_interval
+        self.cooldown_steps = cooldown_steps
+        self.online = online
+        self.queue_pressure_threshold = queue_pressure_threshold
+        self.active_pressure_threshold = active_pressure_threshold
+        self.rejected_delta_threshold = rejected_delta_threshold
+        self.imbalance_ratio = imbalance_ratio
+        self.reconfig_cost_s = reconfig_cost_s
+        self.min_gain_ratio = min_gain_ratio
+        self.min_history = min_history
+        self.warmup_steps = warmup_steps
+        self.history: deque[tuple[float, float]] = deque(maxlen=max_history)
+        self.last_replan: int | None = None
+        self.last_rejected = 0
+
+    def observe(self, prompt_len: float, output_len: float) -> None:
+        """Record one completed request's lengths. Raises :class:`PlannerError` if invalid."""
+        if not (prompt_len >= 0 and output_len >= 0 and prompt_len + output_len > 0):
+            raise PlannerError(f"observe: invalid lengths prompt_len={prompt_len!r} output_len={output_len!r}")
+        self.history.append((float(prompt_len), float(output_len)))
+
+    def observe_many(self, pairs: Iterable[tuple[float, float]]) -> None:
+        """Record several completed requests."""
+        for p, g in pairs:
+            self.observe(p, g)
+
+    def workload(self) -> Workload:
+        """The history window as a :class:`Workload`."""
+        return Workload.from_pairs(self.history)
+
+    def _trigger(self, snap: PressureSnapshot) -> tuple[str | None, str]:
+        if self.last_replan is not None and snap.step - self.last_replan < self.cooldown_steps:
+            return None, "cooldown"
+        if snap.step % self.plan_interval == 0:
+            return "interval", "interval"
+        if not self.online:
+            return None, "no_trigger"
+        if snap.queue_pressure >= self.queue_pressure_threshold:
+            return "queue_pressure", "queue_pressure"
+        if snap.active_pressure >= self.active_pressure_threshold:
+            return "active_pressure", "active_pressure"
+        if snap.rejected_total - self.last_rejected >= self.rejected_delta_threshold:
+            return "rejected_rollouts", "rejected_rollouts"
+        if (
+            snap.rollout_time is not None
+            and snap.train_time
+            and snap.rollout_time / snap.train_time >= self.imbalance_ratio
+        ):
+            return "stage_imbalance", "stage_imbalance"
+        return None, "no_trigger"
+
+    def step(self, snapshot: PressureSnapshot, current: Plan | None) -> ReplanDecision:
+        """Decide for ``snapshot.step`` whether to (re)plan and whether to deploy the candidate.
+
+        With no deployed plan (``current`` None) and enough history, the candidate is applied
+        unconditionally (``reason="initial_plan"``).
+        """
+        step = snapshot.step
+        if len(self.history) < self.min_history:
+            return ReplanDecision(step, False, "insufficient_history")
+        if step < self.warmup_steps:
+            return ReplanDecision(step, False, "warmup")
+        workload = self.workload()
+        if current is None:
+            plan = self.allocator.propose(workload, None)
+            self.last_replan, self.last_rejected = step, snapshot.rejected_total
+            return ReplanDecision(step, True, "initial_plan", "initial", plan, None, plan.objective)
+        trigger, reason = self._trigger(snapshot)
+        if trigger is None:
+            return ReplanDecision(step, False, reason)
+        self.last_replan, self.last_rejected = step, snapshot.rejected_total
+        now = self.allocator.evaluate(current, workload)
+        cand = self.allocator.propose(workload, current)
+        raw = now.objective - cand.objective
+        net = raw - self.reconfig_cost_s
+        if cand.same_layout(current):
+            reason = "same_layout"
+        elif not net > 0:
+            reason = "gain_below_reconfig_cost"
+        elif not (now.objective > 0 and raw / now.objective >= self.min_gain_ratio):
+            reason = "gain_ratio_below_min"
+        else:
+            reason = "applied"
+        return ReplanDecision(
+            step, reason == "applied", reason, trigger, cand, now.objective, cand.objective, raw_gain=raw, net_gain=net
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EhpSignal:
+    """How many hybrid training replicas the Elastic Hybrid Pool should hold until ``expires_step``."""
+
+    desired_replicas: int
+    capacity: int
+    reason: str
+    expires_step: int
+
+
+def ehp_signal(
+    *,
+    step: int,
+    train_time: float,
+    rollout_time: float,
+    queue_pressure: float,
+    active_pressure: float,
+    rollout_gpus: int,
+    min_rollout_gpus: int,
+    replica_gpus: int,
+    current_replicas: int,
+    candidate_extra_replicas: int = 0,
+    borrow_ratio: float = 1.15,
+    release_ratio: float = 0.90,
+    protect_pressure: float = 0.8,
+    ttl_steps: int = 20,
+) -> EhpSignal:
+    """The EHP borrow/release rule (research-notes §1.3.4), checked in order:
+
+    capacity ``(rollout_gpus - min_rollout_gpus) // replica_gpus`` of 0 -> 0 (``no_capacity``);
+    ``max(queue, active) pressure >= protect_pressure`` -> 0 (``protect_rollout``); a candidate plan
+    wanting extra replicas -> ``min(capacity, extra)`` (``planner_request``); ``train/rollout >=
+    borrow_ratio`` -> capacity (``training_bottleneck``); ``<= release_ratio`` -> 0
+    (``rollout_bottleneck``); otherwise hold ``min(current, capacity)`` (``hysteresis_hold``).
+    ``current_replicas`` counts joining replicas too, so a release can cancel an in-flight join.
+    The signal expires ``ttl_steps`` after ``step``. Raises :class:`PlannerError` on bad sizes.
+    """
+    if replica_gpus < 1 or rollout_gpus < 0 or min_rollout_gpus < 0 or current_replicas < 0:
+        raise PlannerError(
+            f"ehp_signal: replica_gpus must be >= 1 and GPU/replica counts >= 0 "
+            f"(got replica_gpus={replica_gpus}, rollout_gpus={rollout_gpus}, current_replicas={current_replicas})"
+        )
+    capacity = max(0, (rollout_gpus - min_rollout_gpus) // replica_gpus)
+    expires = step + ttl_steps
+    pressure = max(queue_pressure, active_pressure)
+    if capacity == 0:
+        return EhpSignal(0, 0, "no_capacity", expires)
+    if pressure >= protect_pressure:
+        return EhpSignal(0, capacity, "protect_rollout", expires)
+    if candidate_extra_replicas > 0:
+        return EhpSignal(min(capacity, candidate_extra_replicas), capacity, "planner_request", expires)
+    ratio = train_time / rollout_time if rollout_time > 0 else float("inf")
+    if ratio >= borrow_ratio:
+        return EhpSignal(capacity, capacity, "training_bottleneck", expires)
+    if ratio <= release_ratio:
+        return EhpSignal(0, capacity, "rollout_bottleneck", expires)
+    return EhpSignal(min(current_replicas, capacity), capacity, "hysteresis_hold", expires)

@@ -1,0 +1,315 @@
+"""The GRP rollout dynamic program: heterogeneous TP instances over length-sorted requests.
+
+Role: given a rollout GPU budget, choose a multiset of instance TP degrees and a contiguous split of
+the length-sorted requests among them that minimises the makespan (research-notes §1.3.2):
+
+    dp[g][i] = min( dp[g - 1][i],                                               (an idle GPU)
+                    min over tp <= g, j < i:  max(dp[g - tp][j], Cost(tp, j..i)) )  (an instance)
+
+Contracts:
+
+- :class:`RolloutSample` sorts the requests by total length and keeps at most ``max_requests`` of them
+  at evenly spaced quantiles, each standing for ``batch / k`` requests; segment sums come from prefix
+  sums, so ``Cost`` is O(1) (and whole cost matrices are built at once with numpy).
+- :class:`RolloutTable` runs the DP for every budget ``0..G`` in one pass: the table for budget ``G``
+  answers every smaller budget too (the planner's per-budget memo). The inner ``min over j`` is one
+  vectorised numpy reduction per ``(g, tp)``.
+- Optional constraints carried in the DP state: ``require_heterogeneous`` (a bitmask of the TP
+  degrees of the non-idle instances; a final state needs >= 2 bits) and ``max_instances`` (a count of
+  non-idle instances). The idle transition leaves one GPU unused (the reference's "idle instance"
+  of TP ``t`` is ``t`` idle GPUs); idle GPUs add neither a bit nor a count.
+- Ties are broken deterministically (first minimum in ``tps`` order, then the smallest ``j``); an
+  instance wins a tie against leaving a GPU idle.
+- :func:`evaluate_layout` scores a fixed TP multiset on a sample (used to re-evaluate a deployed plan).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from libra.policies.cost_model_rollout import RolloutCostModel
+from libra.policies.planner_types import PlannerError, RolloutInstance, Workload
+
+__all__ = ["RolloutSample", "RolloutTable", "cost_matrices", "evaluate_layout", "to_instances"]
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutSample:
+    """Length-sorted requests (possibly down-sampled) with per-item weights and prefix sums."""
+
+    lengths: np.ndarray
+    prompt: np.ndarray
+    gen: np.ndarray
+    weight: np.ndarray
+
+    @classmethod
+    def from_workload(cls, workload: Workload, batch: int | None = None, max_requests: int = 64) -> RolloutSample:
+        """Sort ``workload`` by total length and keep <= ``max_requests`` items at evenly spaced
+        quantiles (always the shortest and the longest); weights scale the sample to ``batch``
+        requests (default: the workload's size)."""
+        if max_requests < 1:
+            raise PlannerError(f"max_requests must be >= 1, got {max_requests}")
+        order = np.argsort(workload.totals, kind="stable")
+        prompt, gen = workload.prompt_tokens[order], workload.gen_tokens[order]
+        n = prompt.size
+        if n > max_requests:
+            idx = np.unique(np.round(np.linspace(0, n - 1, max_requests)).astype(int))
+            prompt, gen = prompt[idx], gen[idx]
+        total = float(batch if batch is not None else n)
+        weight = np.full(prompt.size, total / prompt.size)
+        return cls(prompt + gen, prompt, gen, weight)
+
+    @property
+    def size(self) -> int:
+        """Number of items in the sample."""
+        return int(self.lengths.size)
+
+    def prefix(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Prefix sums ``(weighted prompt, weighted gen, weight)``, each of length ``size + 1``."""
+        z = np.zeros(1)
+        return (
+            np.concatenate([z, np.cumsum(self.prompt * self.weight)]),
+            np.concatenate([z, np.cumsum(self.gen * self.weight)]),
+            np.concatenate([z, np.cumsum(self.weight)]),
+        )
+
+
+def cost_matrices(cm: RolloutCostModel, sample: RolloutSample, tps: tuple[int, ...]) -> dict[int, np.ndarray]:
+    """``C[tp][j, i]`` = seconds for one TP-``tp`` instance to serve sorted items ``j..i-1``.
+
+    Entries with ``j >= i`` are ``inf`` (an empty instance is the DP's idle transition); a segment
+    whose longest request does not fit the instance is ``inf``.
+    """
+    P, G, W = sample.prefix()
+    n = sample.size
+    j, i = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+    valid = j < i
+    jj, ii = j[valid], i[valid]
+    out: dict[int, np.ndarray] = {}
+    for tp in tps:
+        c = np.full((n + 1, n + 1), np.inf)
+        c[valid] = cm.segment_cost(tp, P[ii] - P[jj], G[ii] - G[jj], W[ii] - W[jj], sample.lengths[ii - 1])
+        out[tp] = c
+    return out
+
+
+class RolloutTable:
+    """The rollout DP solved for every GPU budget ``0..budget`` (see the module docstring).
+
+    ``time(g)`` is the optimal makespan with ``g`` GPUs (``inf`` if infeasible); ``instances(g)``
+    back-tracks the optimal instances as ``(tp, j, i)`` triples in length order.
+    """
+
+    def __init__(
+        self,
+        costs: dict[int, np.ndarray],
+        budget: int,
+        *,
+        require_heterogeneous: bool = False,
+        max_instances: int | None = None,
+    ) -> None:
+        if budget < 0:
+            raise PlannerError(f"rollout budget must be >= 0, got {budget}")
+        self.tps = tuple(sorted(costs))
+        self.costs = costs
+        self.budget = budget
+        self.n = next(iter(costs.values())).shape[0] - 1
+        self.het = require_heterogeneous
+        self.cap = max_instances
+        n_masks = 1 << len(self.tps) if self.het else 1
+        n_counts = (self.cap + 1) if self.cap is not None else 1
+        self.n_counts = n_counts
+        self.n_states = n_masks * n_counts
+        self._trans = [self._transitions(k, n_masks, n_counts) for k in range(len(self.tps))]
+        mask_of = np.arange(self.n_states) // n_counts
+        popcount = np.array([int(m).bit_count() for m in mask_of])
+        self._final = np.flatnonzero(popcount >= 2) if self.het else np.arange(self.n_states)
+        self._dp: list[np.ndarray] = []
+        self._kind: list[np.ndarray] = []
+        self._ch_t: list[np.ndarray] = []
+        self._ch_j: list[np.ndarray] = []
+        self._ch_s: list[np.ndarray] = []
+        self._solve()
+
+    def _transitions(self, k: int, n_masks: int, n_counts: int) -> np.ndarray:
+        out = np.full(self.n_states, -1)
+        for s in range(self.n_states):
+            mask, count = divmod(s, n_counts)
+            new_mask = (mask | (1 << k)) if self.het else 0
+            new_count = count + 1 if self.cap is not None else 0
+            if self.cap is not None and new_count > self.cap:
+                continue
+            out[s] = new_mask * n_counts + new_count
+        return out
+
+    def _solve(self) -> None:
+        S, n1 = self.n_states, self.n + 1
+        cols = np.arange(n1)
+        dp0 = np.full((S, n1), np.inf)
+        dp0[0, 0] = 0.0
+        self._append(
+            dp0,
+            np.zeros((S, n1), np.int8),
+            np.zeros((S, n1), np.int8),
+            np.zeros((S, n1), np.int32),
+            np.zeros((S, n1), np.int32),
+        )
+        for g in range(1, self.budget + 1):
+            best = np.full((S, n1), np.inf)
+            kind = np.zeros((S, n1), np.int8)
+            ch_t = np.zeros((S, n1), np.int8)
+            ch_j = np.zeros((S, n1), np.int32)
+            ch_s = np.zeros((S, n1), np.int32)
+            for k, tp in enumerate(self.tps):
+                if tp > g:
+                    continue
+                prev = self._dp[g - tp]
+                if S == 1:  # the common case: one state, plain 2-D reductions
+                    cand2 = np.maximum(prev[0][:, None], self.costs[tp])
+                    arg1 = cand2.argmin(axis=0)
+                    val1 = cand2[arg1, cols]
+                    upd = val1 < best[0]
+                    if upd.any():
+                        best[0, upd] = val1[upd]
+                        kind[0, upd], ch_t[0, upd], ch_j[0, upd] = 2, k, arg1[upd]
+                    continue
+                cand = np.maximum(prev[:, :, None], self.costs[tp][None, :, :])
+                arg = cand.argmin(axis=1)
+                val = np.take_along_axis(cand, arg[:, None, :], axis=1)[:, 0, :]
+                trans = self._trans[k]
+                for s in range(S):
+                    t_state = trans[s]
+                    if t_state < 0:
+                        continue
+                    upd = val[s] < best[t_state]
+                    if not upd.any():
+                        continue
+                    best[t_state, upd] = val[s, upd]
+                    kind[t_state, upd], ch_t[t_state, upd] = 2, k
+                    ch_j[t_state, upd] = arg[s, upd]
+                    ch_s[t_state, upd] = s
+            # An idle GPU last: on a tie the DP deploys the GPU instead of leaving it unused.
+            prev = self._dp[g - 1]
+            better = prev < best  # state and position unchanged
+            if better.any():
+                best = np.where(better, prev, best)
+                kind[better] = 1
+                ch_s[better] = np.broadcast_to(np.arange(S)[:, None], (S, n1))[better]
+                ch_j[better] = np.broadcast_to(cols, (S, n1))[better]
+            self._append(best, kind, ch_t, ch_j, ch_s)
+
+    def _append(self, dp: np.ndarray, kind: np.ndarray, ch_t: np.ndarray, ch_j: np.ndarray, ch_s: np.ndarray) -> None:
+        self._dp.append(dp)
+        self._kind.append(kind)
+        self._ch_t.append(ch_t)
+        self._ch_j.append(ch_j)
+        self._ch_s.append(ch_s)
+
+    def _final_state(self, g: int) -> tuple[int, float]:
+        col = self._dp[g][self._final, self.n]
+        idx = int(np.argmin(col))
+        return int(self._final[idx]), float(col[idx])
+
+    def time(self, g: int) -> float:
+        """Optimal makespan with ``g`` GPUs (``inf`` if no layout is feasible)."""
+        if not 0 <= g <= self.budget:
+            raise PlannerError(f"budget {g} outside the solved range 0..{self.budget}")
+        return self._final_state(g)[1]
+
+    def instances(self, g: int) -> list[tuple[int, int, int]]:
+        """Back-track the optimal layout for ``g`` GPUs: ``(tp, j, i)`` per non-idle instance,
+        ordered by the requests it serves. Empty if infeasible."""
+        s, value = self._final_state(g)
+        if not math.isfinite(value):
+            return []
+        out: list[tuple[int, int, int]] = []
+        i = self.n
+        while g > 0:
+            kind = int(self._kind[g][s, i])
+            tp = self.tps[int(self._ch_t[g][s, i])]
+            if kind == 1:
+                g -= 1
+            elif kind == 2:
+                j = int(self._ch_j[g][s, i])
+                out.append((tp, j, i))
+                s, i, g = int(self._ch_s[g][s, i]), j, g - tp
+            else:  # pragma: no cover - finite values always carry a choice
+                raise RuntimeError("rollout DP back-tracking reached an unset state")
+        return out[::-1]
+
+
+def evaluate_layout(costs: dict[int, np.ndarray], tps: tuple[int, ...]) -> tuple[float, list[tuple[int, int, int]]]:
+    """Best makespan of the fixed TP multiset ``tps`` on the sample behind ``costs``.
+
+    Every instance serves a contiguous (possibly empty) run of the sorted requests, in any order of
+    the instances: a DP over sub-multisets. Returns ``(time, [(tp, j, i), ...])`` for the non-empty
+    instances (``inf`` and ``[]`` if infeasible). Raises :class:`PlannerError` if a TP in ``tps``
+    has no cost matrix.
+    """
+    if not tps:
+        return math.inf, []
+    kinds = sorted(set(tps))
+    missing = [t for t in kinds if t not in costs]
+    if missing:
+        raise PlannerError(f"no rollout cost matrix for TP {missing} (have {sorted(costs)})")
+    counts = [tps.count(t) for t in kinds]
+    n1 = next(iter(costs.values())).shape[0]
+    start = np.full(n1, np.inf)
+    start[0] = 0.0
+    dp: dict[tuple[int, ...], np.ndarray] = {tuple([0] * len(kinds)): start}
+    choice: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+    for vec in itertools.product(*(range(c + 1) for c in counts)):
+        if not any(vec):
+            continue
+        best = np.full(n1, np.inf)
+        by_k = np.zeros(n1, np.int32)
+        by_j = np.arange(n1)
+        for k, t in enumerate(kinds):
+            if vec[k] == 0:
+                continue
+            prev = dp[tuple(v - (1 if idx == k else 0) for idx, v in enumerate(vec))]
+            cand = np.maximum(prev[:, None], costs[t])
+            arg = cand.argmin(axis=0)
+            val = np.minimum(cand[arg, np.arange(n1)], prev)
+            arg = np.where(prev <= cand[arg, np.arange(n1)], np.arange(n1), arg)
+            upd = val < best
+            best = np.where(upd, val, best)
+            by_k = np.where(upd, k, by_k)
+            by_j = np.where(upd, arg, by_j)
+        dp[vec] = best
+        choice[vec] = (by_k, by_j)
+    full = tuple(counts)
+    value = float(dp[full][n1 - 1])
+    if not math.isfinite(value):
+        return math.inf, []
+    out: list[tuple[int, int, int]] = []
+    vec, i = full, n1 - 1
+    while any(vec):
+        by_k, by_j = choice[vec]
+        k, j = int(by_k[i]), int(by_j[i])
+        if j < i:
+            out.append((kinds[k], j, i))
+        vec = tuple(v - (1 if idx == k else 0) for idx, v in enumerate(vec))
+        i = j
+    return value, out[::-1]
+
+
+def to_instances(
+    sample: RolloutSample, costs: dict[int, np.ndarray], segments: list[tuple[int, int, int]]
+) -> tuple[RolloutInstance, ...]:
+    """Turn DP segments into :class:`RolloutInstance` records (length range, weighted count, time)."""
+    _, _, W = sample.prefix()
+    return tuple(
+        RolloutInstance(
+            tp=tp,
+            min_tokens=float(sample.lengths[j]),
+            max_tokens=float(sample.lengths[i - 1]),
+            n_requests=float(W[i] - W[j]),
+            time=float(costs[tp][j, i]),
+        )
+        for tp, j, i in segments
+    )

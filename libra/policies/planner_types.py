@@ -1,0 +1,208 @@
+"""Value types shared by the Global Resource Planner modules: workload, search settings, plans.
+
+Role: the inputs (:class:`Workload`, :class:`PlannerConfig`) and the decision (:class:`Plan`) of
+GPU allocation, with no search logic. Plans are frozen values; C-MLFQ buckets are derived from them
+with :meth:`Plan.buckets`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from libra.policies.cost_model_training import TrainConfig
+
+__all__ = ["Plan", "PlannerConfig", "PlannerError", "RolloutBucket", "RolloutInstance", "Workload", "as_workload"]
+
+
+class PlannerError(ValueError):
+    """Bad planner input (the message names the field and value)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Observed request lengths: ``prompt_tokens[i]`` and ``gen_tokens[i]`` of request ``i``.
+
+    Build with :meth:`from_pairs`; arrays are read-only float64.
+    """
+
+    prompt_tokens: np.ndarray
+    gen_tokens: np.ndarray
+
+    @classmethod
+    def from_pairs(cls, pairs: Iterable[tuple[float, float]]) -> Workload:
+        """From ``(prompt_len, output_len)`` pairs. Raises :class:`PlannerError` on an empty list or
+        a negative / non-finite / all-zero entry (naming its index)."""
+        rows = [tuple(p) for p in pairs]
+        if not rows:
+            raise PlannerError("workload is empty: need at least one (prompt_len, output_len) pair")
+        for i, row in enumerate(rows):
+            if len(row) != 2:
+                raise PlannerError(f"workload[{i}] must be (prompt_len, output_len), got {row!r}")
+            p, g = row
+            if not (math.isfinite(p) and math.isfinite(g)) or p < 0 or g < 0 or p + g <= 0:
+                raise PlannerError(f"workload[{i}] has invalid lengths {row!r} (need finite, >= 0, total > 0)")
+        arr = np.asarray(rows, dtype=float)
+        prompt, gen = arr[:, 0].copy(), arr[:, 1].copy()
+        prompt.setflags(write=False)
+        gen.setflags(write=False)
+        return cls(prompt, gen)
+
+    @property
+    def size(self) -> int:
+        """Number of requests."""
+        return int(self.prompt_tokens.size)
+
+    @property
+    def totals(self) -> np.ndarray:
+        """Total length (prompt + generated) of every request."""
+        return self.prompt_tokens + self.gen_tokens
+
+    def training_lengths(self, batch: int) -> np.ndarray:
+        """``batch`` sequence lengths at evenly spaced quantiles of the totals (deterministic)."""
+        totals = np.sort(self.totals)
+        idx = np.minimum(((np.arange(batch) + 0.5) * totals.size / batch).astype(int), totals.size - 1)
+        return totals[idx]
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerConfig:
+    """Search space and rules of the GRP search (defaults follow research-notes §1.3.2).
+
+    ``global_batch`` trajectories per step in GRPO groups of ``group_size``; ``granularity`` steps
+    ``n_train``; ``max_dp_requests`` caps the rollout DP's quantile sample; ``require_heterogeneous``
+    demands >= 2 distinct rollout TP degrees; ``max_instances`` caps rollout instances (None: no cap).
+    """
+
+    n_gpus: int
+    global_batch: int
+    group_size: int = 16
+    train_tps: tuple[int, ...] = (1, 2, 4, 8)
+    rollout_tps: tuple[int, ...] = (1, 2, 4, 8)
+    granularity: int = 1
+    min_train_gpus: int = 1
+    min_rollout_gpus: int = 1
+    max_dp_requests: int = 64
+    require_heterogeneous: bool = False
+    max_instances: int | None = None
+    max_comm_ratio: float = 0.5
+    max_bubble: float = 0.3
+    max_micro_batch: int = 16
+    zero_stage: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("n_gpus", "global_batch", "group_size", "granularity", "max_dp_requests", "max_micro_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PlannerError(f"PlannerConfig.{name} must be a positive integer, got {value!r}")
+        for name in ("min_train_gpus", "min_rollout_gpus"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise PlannerError(f"PlannerConfig.{name} must be an integer >= 0, got {value!r}")
+        for name in ("train_tps", "rollout_tps"):
+            tps = getattr(self, name)
+            if not tps or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in tps):
+                raise PlannerError(f"PlannerConfig.{name} must be non-empty positive integers, got {tps!r}")
+            object.__setattr__(self, name, tuple(sorted(set(tps))))
+        if self.global_batch % self.group_size:
+            raise PlannerError(
+                f"PlannerConfig.global_batch={self.global_batch} is not a multiple of group_size={self.group_size}"
+            )
+        if self.min_train_gpus + self.min_rollout_gpus > self.n_gpus:
+            raise PlannerError(
+                f"min_train_gpus + min_rollout_gpus = {self.min_train_gpus + self.min_rollout_gpus} "
+                f"exceeds n_gpus={self.n_gpus}"
+            )
+        if self.max_instances is not None and self.max_instances < 1:
+            raise PlannerError(f"PlannerConfig.max_instances must be >= 1 or None, got {self.max_instances!r}")
+
+    def train_candidates(self) -> list[int]:
+        """``n_train`` values the outer loop visits (multiples of ``granularity`` within the minimums)."""
+        lo = max(1, self.min_train_gpus)
+        hi = self.n_gpus - self.min_rollout_gpus
+        return [n for n in range(lo, hi + 1) if n % self.granularity == 0]
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutInstance:
+    """One rollout instance: its TP degree and the request-length range ``[min_tokens, max_tokens]``
+    it serves (in sorted order), with its predicted busy time and (weighted) request count."""
+
+    tp: int
+    min_tokens: float
+    max_tokens: float
+    n_requests: float
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutBucket:
+    """A C-MLFQ bucket: the instances of one TP degree and the longest length routed to it."""
+
+    tp: int
+    n_instances: int
+    max_tokens: float
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A GPU allocation: ``n_train`` training GPUs with layout ``train``, rollout instances, and the
+    predicted stage times. ``objective = max(t_train, t_rollout)``."""
+
+    n_gpus: int
+    n_train: int
+    train: TrainConfig | None
+    rollout: tuple[RolloutInstance, ...]
+    t_train: float
+    t_rollout: float
+    allocator: str = "grp"
+
+    @property
+    def objective(self) -> float:
+        """Predicted iteration time ``max(t_train, t_rollout)``."""
+        return max(self.t_train, self.t_rollout)
+
+    @property
+    def rollout_tps(self) -> tuple[int, ...]:
+        """The rollout TP multiset, sorted ascending."""
+        return tuple(sorted(inst.tp for inst in self.rollout))
+
+    @property
+    def n_rollout(self) -> int:
+        """GPUs in rollout instances."""
+        return sum(inst.tp for inst in self.rollout)
+
+    @property
+    def n_idle(self) -> int:
+        """GPUs the plan leaves unused (more would not lower the objective; the EHP can borrow them)."""
+        return self.n_gpus - self.n_train - self.n_rollout
+
+    def layout_key(self) -> tuple[int, TrainConfig | None, tuple[int, ...]]:
+        """What a reconfiguration changes: ``(n_train, train layout, rollout TP multiset)``."""
+        return (self.n_train, self.train, self.rollout_tps)
+
+    def same_layout(self, other: Plan | None) -> bool:
+        """True iff ``other`` deploys the same layout (times may differ)."""
+        return other is not None and self.layout_key() == other.layout_key()
+
+    def buckets(self) -> tuple[RolloutBucket, ...]:
+        """C-MLFQ buckets, smallest TP first; thresholds are the longest length each TP serves,
+        made non-decreasing, and the last bucket takes everything (``inf``)."""
+        by_tp: dict[int, list[RolloutInstance]] = {}
+        for inst in self.rollout:
+            by_tp.setdefault(inst.tp, []).append(inst)
+        out: list[RolloutBucket] = []
+        running = 0.0
+        tps = sorted(by_tp)
+        for k, tp in enumerate(tps):
+            running = max(running, max(i.max_tokens for i in by_tp[tp]))
+            out.append(RolloutBucket(tp, len(by_tp[tp]), math.inf if k == len(tps) - 1 else running))
+        return tuple(out)
+
+
+def as_workload(requests: Workload | Sequence[tuple[float, float]]) -> Workload:
+    """Accept a :class:`Workload` or ``(prompt_len, output_len)`` pairs."""
+    return requests if isinstance(requests, Workload) else Workload.from_pairs(requests)

@@ -1,0 +1,120 @@
+"""Action simulator: accounting invariants, determinism, policy orderings on small clusters, GPU and quota
+models, the CLI and the GPU-pool search. Small clusters keep every run well under a second."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from libra.sim.action_workloads import coding, deepsearch, make_workload, mopd
+from libra.sim.actions_sim import SimConfig, SimError, _Sim, main, min_gpu_pool, run_sim
+
+SMALL = SimConfig(batch=96, cpu_nodes=2, cores_per_node=64)
+
+
+@pytest.mark.parametrize("scheduler", ["tangram", "per_trajectory", "fixed_dop"])
+def test_every_action_completes_and_act_adds_up(scheduler: str) -> None:
+    cfg = replace(SMALL, scheduler=scheduler)
+    sim = _Sim(cfg)
+    res = sim.run()
+    planned = sum(len(t.steps) for t in coding(cfg.batch, cfg.seed * 100_003).trajectories)
+    assert res["actions"] == planned == len(sim.acts)
+    b = res["act_breakdown_s"]
+    assert res["act_mean_s"] == pytest.approx(b["queue"] + b["exec"] + b["overhead"])
+    assert all(q >= 0 and e > 0 and o >= 0 for q, e, o, _c in sim.acts)
+    assert 0 < res["cores_used"] <= cfg.core_budget
+    assert not sim.queue and not len(sim.running)
+    assert all(sim.free[n] == cfg.cores_per_node for n in sim.node_names)  # everything returned
+
+
+def test_runs_are_deterministic() -> None:
+    a = run_sim(replace(SMALL, batch=40))
+    b = run_sim(replace(SMALL, batch=40))
+    for k in ("sim_wall_s", "sched_wall_s"):
+        a.pop(k), b.pop(k)
+    assert a == b
+
+
+def test_pooled_elastic_cores_beat_per_trajectory_sandboxes_on_the_same_budget() -> None:
+    tangram = run_sim(SMALL)
+    even = run_sim(replace(SMALL, scheduler="per_trajectory", sandbox_cores="even"))  # 128 // 96 = 1 core each
+    peak = run_sim(replace(SMALL, scheduler="per_trajectory"))  # default: sized for the peak DoP (16)
+    assert (even["sandbox_cores"], peak["sandbox_cores"]) == (1, 16)
+    assert tangram["act_mean_s"] < even["act_mean_s"] < peak["act_mean_s"]
+    assert peak["act_breakdown_s"]["queue"] > tangram["act_breakdown_s"]["queue"]  # waiting for a whole sandbox
+    assert tangram["step_time_s"]["mean"] < even["step_time_s"]["mean"]
+
+
+def test_at_low_load_tangram_runs_elastic_actions_wide() -> None:
+    cfg = replace(SMALL, batch=8)
+    tangram = run_sim(cfg)
+    dop4 = run_sim(replace(cfg, scheduler="fixed_dop", dop=4))
+    assert tangram["act_breakdown_s"]["exec"] < dop4["act_breakdown_s"]["exec"]
+    assert tangram["act_breakdown_s"]["queue"] == pytest.approx(0.0)
+
+
+def test_static_gpu_deployments_vs_evict_on_execution_pool() -> None:
+    cfg = SimConfig(workload="mopd", batch=256, gpu_pool=40)
+    static = run_sim(replace(cfg, scheduler="per_trajectory"))
+    pooled = run_sim(replace(cfg, gpu_pool=16))
+    assert static["gpus_used"] == 36  # 9 teachers x one TP-4 replica
+    assert static["act_breakdown_s"]["overhead"] == 0.0
+    assert pooled["gpus_used"] == 16
+    assert pooled["gpu_restores"] > 0 and pooled["act_breakdown_s"]["overhead"] > 0  # restores are paid
+    assert pooled["gpu_hits"] + pooled["gpu_restores"] == pooled["actions"]
+
+
+def test_min_gpu_pool_returns_the_first_pool_within_the_ratio() -> None:
+    cfg = SimConfig(workload="mopd", batch=256)
+    out = min_gpu_pool(cfg, ratio=1.25, candidates=[4, 8, 12, 16, 36])
+    base = out["baseline"]["act_mean_s"]
+    tried = out["tried"]
+    assert len(tried) >= 2  # a single TP-4 slot is not enough for 256 trajectories ...
+    assert all(row["act_mean_s"] > 1.25 * base for row in tried[:-1])
+    assert out["tangram"] is not None  # ... but a pool well under the static 36 GPUs is
+    assert out["tangram"]["act_mean_s"] <= 1.25 * base
+    assert out["tangram"]["gpus_used"] == tried[-1]["gpus"] < out["baseline"]["gpus_used"]
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+def test_search_calls_respect_the_api_rate_limit(pooled: bool) -> None:
+    cfg = SimConfig(workload="deepsearch", batch=256, gpu_pool=8, workload_params={"rps": 20.0, "burst": 5.0})
+    sim = _Sim(cfg if pooled else replace(cfg, scheduler="per_trajectory"))
+    sim.run()
+    starts = sorted(sim.quota_starts)
+    assert len(starts) == sum(1 for t in deepsearch(256, 0).trajectories for _th, a in t.steps if a.kind == "quota")
+    j = 0
+    for i, t in enumerate(starts):  # any 1-second window: at most rate + burst calls
+        while starts[j] < t - 1.0:
+            j += 1
+        assert i - j + 1 <= 20 + 5 + 1
+
+
+def test_workload_generators_are_seeded_and_validated() -> None:
+    assert mopd(64, 3) == mopd(64, 3)
+    assert make_workload("coding", 10, 1).trajectories == coding(10, 1).trajectories
+    with pytest.raises(ValueError, match="unknown action workload"):
+        make_workload("chess", 10)
+    with pytest.raises(ValueError, match="batch"):
+        coding(0)
+
+
+def test_bad_config_names_the_field() -> None:
+    with pytest.raises(SimError, match="scheduler must be one of"):
+        run_sim(SimConfig(scheduler="sjf"))
+    with pytest.raises(SimError, match="batch"):
+        run_sim(SimConfig(batch=0))
+    with pytest.raises(SimError, match="unknown parameter"):
+        run_sim(SimConfig(batch=4, scheduler_params={"nope": 1}))
+
+
+def test_cli_prints_one_json_object(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["--workload", "coding", "--batch", "24", "--cpu-nodes", "1", "--scheduler", "fixed_dop", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("act_mean_s", "act_p99_s", "cores_used", "gpus_used", "step_time_s", "trajectories_per_s"):
+        assert key in out
+    assert set(out["step_time_s"]) == {"mean", "p50", "p99"}
+    assert main(["--batch", "0"]) == 2

