@@ -32,6 +32,7 @@ from libra.protocol.errors import ErrorCode, ProtocolCode
 from libra.policies.routing import BucketSpec
 
 from .events import BadFrame, Command, Event, PeerMessage, Send, Tick
+from .pools import GpuSlot, PlanApplier, Role, bucket_specs, layout_roles
 from .rollout import RolloutRouting
 from .work import Work, WorkState
 
@@ -126,6 +127,8 @@ class BrokerState:
         self._seq = itertools.count(1)
         self._directives = itertools.count(1)
         self._sessions = itertools.count(1)
+        self.plan_applier: PlanApplier | None = None
+        self._plan_generation = 0
         self.stats: dict[str, int] = dict.fromkeys(
             ("submitted", "completed", "failed", "requeued", "stale_results", "bad_frames", "timeouts",
              "unknown_tool", "busy", "duplicates", "actors_expired", "handbacks"),
@@ -195,6 +198,36 @@ class BrokerState:
         sess.directive_config = dict(config or {})
         sess.last_sent = now
         return did, [Send(sess.peer, m.Directive(did, list(kinds), mode, dict(config or {})))]
+
+    def gpu_slots(self) -> list[GpuSlot]:
+        """The connected GPU actors as plan slots (labels ``slot_kind == "gpu"``, slot ``gpuN``)."""
+        out = []
+        for sess in self.actors.values():
+            if sess.labels.get("slot_kind") == "gpu" and sess.slot[3:].isdigit():
+                out.append(GpuSlot(sess.actor_id, sess.host, int(sess.slot[3:])))
+        return out
+
+    def apply_plan(self, plan: Any, now: float) -> list[Command]:
+        """Move GPU actors to the roles of ``plan`` (a planner ``Plan``) without stopping anything.
+
+        Lays the plan out on the connected GPU actors (raises ``PlanError`` if it does not fit), sets
+        the rollout buckets, and sends the first wave of directives; later waves follow as actors
+        finish switching, ordered so that a complete training replica stays active throughout.
+        """
+        current: dict[str, Role] = {}
+        for slot in self.gpu_slots():
+            cfg = self._actor_by_id(slot.actor_id).directive_config  # type: ignore[union-attr]
+            keys = ("tp", "group", "bucket", "rank", "size")
+            current[slot.actor_id] = (Role(cfg["role"], **{k: cfg[k] for k in keys if k in cfg})
+                                      if cfg.get("role") in ("train", "rollout") else Role("idle"))
+        self._plan_generation += 1
+        target = layout_roles(plan, self.gpu_slots(), current, self._plan_generation)
+        self.plan_applier = PlanApplier(current, target)
+        self.rollout.set_buckets(bucket_specs(plan))
+        out: list[Command] = []
+        for aid, role in self.plan_applier.start():
+            out.extend(self.direct(aid, role.kinds, now, "finish", role.config())[1])
+        return out
 
     # ------------------------------------------------------------------ sessions
     def _on_actor_hello(self, peer: bytes, msg: m.ActorHello, now: float, out: list[Command]) -> None:
@@ -302,7 +335,11 @@ class BrokerState:
             return
         sess.accepting = frozenset(k for k in msg.kinds if k in sess.capabilities)
         sess.capacity = max(0, msg.capacity)
+        switched = sess.directive is not None
         sess.directive = None
+        if switched and self.plan_applier is not None:
+            for aid, role in self.plan_applier.on_switched(sess.actor_id):
+                out.extend(self.direct(aid, role.kinds, now, "finish", role.config())[1])
         bucket = self.rollout.bucket_of_actor(sess.directive_config)
         if bucket != sess.bucket or "generate" not in sess.accepting:
             self._release_targets(peer)
