@@ -7,6 +7,7 @@ import dataclasses
 import sys
 
 from libra.config import ConfigError, from_mapping, load_section
+from libra import sdnotify
 from libra.logging import configure, get_logger
 
 from .server import BrokerServer
@@ -26,6 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-frame-bytes", type=int, help="largest accepted message (default 64 MiB)")
     p.add_argument("--max-retries", type=int, help="lost assignments tolerated per request (default 3)")
     p.add_argument("--log-level", default=None, help="debug|info|warning|error (default info)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this TCP port at /metrics (default: off; 0: any free port)")
+    p.add_argument("--metrics-host", default="0.0.0.0",
+                   help="address for the metrics endpoint (default: %(default)s)")
     return p
 
 
@@ -45,13 +50,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"libra.broker: {exc}", file=sys.stderr)
         return 2
     try:
-        server = BrokerServer(args.bind, config)
+        # systemd Type=notify: READY once bound and serving (a no-op outside systemd)
+        server = BrokerServer(args.bind, config, on_ready=lambda ep: sdnotify.ready(f"listening on {ep}"))
     except Exception as exc:  # zmq.ZMQError: address in use, bad endpoint
         log.error("bind_failed", endpoint=args.bind, error=str(exc))
         print(f"libra.broker: cannot bind {args.bind}: {exc}", file=sys.stderr)
         return 1
+    if args.metrics_port is not None:
+        try:
+            from .metrics import BrokerMetrics
+
+            server.metrics = BrokerMetrics(server.state)
+            port = server.metrics.serve(args.metrics_port, args.metrics_host)
+        except (ImportError, OSError) as exc:  # prometheus-client missing, port in use
+            log.error("metrics_failed", port=args.metrics_port, error=str(exc))
+            print(f"libra.broker: cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}",
+                  file=sys.stderr)
+            return 1
+        log.info("metrics_serving", host=args.metrics_host, port=port)
     server.install_signal_handlers()
     server.serve_forever()
+    sdnotify.stopping()
     return 0
 
 

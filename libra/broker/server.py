@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import zmq
 
@@ -22,6 +22,9 @@ from libra.zmqio import NOBLOCK, recv_frames, send_frames
 
 from .events import BadFrame, Command, PeerMessage, Tick
 from .state import BrokerConfig, BrokerState
+
+if TYPE_CHECKING:  # prometheus-client is only imported when metrics are switched on
+    from .metrics import BrokerMetrics
 
 log = get_logger("libra.broker")
 
@@ -51,6 +54,7 @@ class BrokerServer:
         self.core_errors = 0
         self._on_ready = on_ready
         self._outq: dict[bytes, list] = {}
+        self.metrics: BrokerMetrics | None = None  # optional Prometheus hook (set by __main__ / tests)
 
     def stop(self) -> None:
         """Ask the loop to exit (safe from signal handlers and other threads)."""
@@ -95,6 +99,8 @@ class BrokerServer:
             self.core_errors += 1
             log.exception("broker_core_error", event=type(event).__name__)
             return
+        if self.metrics is not None:
+            self.metrics.observe(event, cmds, now)
         if cmds:
             self._execute(cmds)
 
@@ -141,9 +147,13 @@ class BrokerServer:
                 if now >= next_tick:
                     self._handle(Tick(), now)
                     self._flush()
+                    if self.metrics is not None:
+                        self.metrics.tick(now, self.core_errors)
                     next_tick = now + self._tick_s
         finally:
             log.info("broker_stopped", **{k: v for k, v in self.state.stats.items() if v})
             self.sock.close(0)
+            if self.metrics is not None:
+                self.metrics.close()
             if self._own_ctx:
                 self._ctx.term()
