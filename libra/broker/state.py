@@ -32,6 +32,7 @@ from libra.protocol.errors import ErrorCode, ProtocolCode
 from libra.policies.routing import BucketSpec
 
 from . import views
+from .actions import ActionPlacement
 from .events import BadFrame, Command, Event, PeerMessage, Send, Tick
 from .pools import GpuSlot, PlanApplier, Role, bucket_specs, layout_roles
 from .rollout import RolloutRouting
@@ -54,6 +55,9 @@ class BrokerConfig:
     router: str = "cmlfq"  # rollout router for generate turns (libra.policies.routers)
     router_params: dict[str, Any] = field(default_factory=dict)
     buckets: list[dict[str, Any]] = field(default_factory=list)  # [{name, tp, max_tokens}], ascending
+    action_scheduler: str = ""  # "" = first come first served by credit; or tangram | fixed_dop | per_trajectory
+    action_scheduler_params: dict[str, Any] = field(default_factory=dict)
+    tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool -> {cpu, max_cpu, parallel_fraction, duration_s}
 
 
 @dataclass(slots=True)
@@ -75,6 +79,8 @@ class ActorSession:
     directive_config: dict[str, Any] = field(default_factory=dict)  # role: bucket, tp, ...
     completed: int = 0
     bucket: str = ""  # rollout bucket when it accepts generate
+    cores: int = 1  # CPU cores it offers to actions (labels["cores"], default its capacity)
+    cores_used: int = 0  # cores granted to its running actions (action scheduler on)
     targeted: int = 0  # queued generate turns waiting for this instance
 
     @property
@@ -114,6 +120,8 @@ class BrokerState:
         except TypeError as exc:
             raise ValueError(f"bad bucket in broker config (need name, tp, max_tokens): {exc}") from None
         self.rollout = RolloutRouting(self.config.router, buckets, self.config.router_params)
+        self.actions = (ActionPlacement(self.config.action_scheduler, self.config.action_scheduler_params,
+                                        self.config.tools) if self.config.action_scheduler else None)
         self.actors: dict[bytes, ActorSession] = {}
         self.clients: dict[bytes, ClientSession] = {}
         self.works: dict[str, Work] = {}
@@ -252,6 +260,8 @@ class BrokerState:
         role = msg.labels.get("role")
         sess.directive_config = dict(role) if isinstance(role, dict) else {}
         sess.bucket = self.rollout.bucket_of_actor(sess.directive_config)
+        cores = msg.labels.get("cores")
+        sess.cores = cores if type(cores) is int and cores > 0 else max(1, msg.capacity)
         self.actors[peer] = sess
         self._refresh_offers()
         out.append(Send(peer, self._welcome()))
@@ -303,6 +313,7 @@ class BrokerState:
         self._refresh_offers()
         self._release_targets(peer)
         for wid in sorted(sess.held, key=lambda w: self.works[w].seq):
+            self._release_cores(self.works[wid], sess)
             self._requeue(self.works[wid], now, out, why, count_failure=lost)
         sess.held.clear()
         for other in list(self.actors.values()):  # released turns may fit an idle instance now
@@ -420,6 +431,10 @@ class BrokerState:
         if msg.kind == "generate" and msg.trajectory:
             self._route_generate(w, now, out)
             return
+        if msg.kind == "action" and self.actions is not None:
+            self.queues.setdefault(key, deque()).append(wid)
+            self._schedule_actions(now, out)
+            return
         sess = self._best_actor(key)
         if sess is not None:
             self._assign(w, sess, now, out)
@@ -448,6 +463,8 @@ class BrokerState:
     def _on_end_trajectory(self, peer: bytes, msg: m.EndTrajectory, now: float, out: list[Command]) -> None:
         if peer in self.clients:
             self.rollout.end(msg.trajectory, msg.total_output_tokens, msg.ok)
+            if self.actions is not None:
+                self.actions.trajectory_finished(msg.trajectory, now)
 
     def _on_cancel(self, peer: bytes, msg: m.CancelRequest, now: float, out: list[Command]) -> None:
         cs = self.clients.get(peer)
@@ -466,6 +483,7 @@ class BrokerState:
             self.stats["stale_results"] += 1
             return
         sess.held.discard(w.work_id)
+        self._release_cores(w, sess)
         sess.completed += 1
         if w.trajectory:
             if w.kind == "generate" and msg.ok:
@@ -492,6 +510,7 @@ class BrokerState:
             self.stats["stale_results"] += 1
             return
         sess.held.discard(w.work_id)
+        self._release_cores(w, sess)
         self.stats["handbacks"] += 1
         self._requeue(w, now, out, f"handback: {msg.reason}", count_failure=False, front=True)
         self._fill_actor(sess, now, out)
@@ -523,6 +542,7 @@ class BrokerState:
                 holder = self.actors.get(w.actor) if w.actor else None
                 if holder is not None:
                     holder.held.discard(wid)
+                    self._release_cores(w, holder)
                     out.append(Send(holder.peer, m.Revoke(wid, lease, "lease expired")))
                 self._requeue(w, now, out, "lease expired", count_failure=True)
                 if holder is not None:
@@ -533,6 +553,35 @@ class BrokerState:
         return out
 
     # ------------------------------------------------------------------ matching
+    def _release_cores(self, w: Work, sess: ActorSession) -> None:
+        if self.actions is not None and w.kind == "action":
+            sess.cores_used = max(0, sess.cores_used - self.actions.unstarted(w.work_id))
+
+    def _schedule_actions(self, now: float, out: list[Command]) -> None:
+        """Let the action policy start queued actions (see ``broker/actions.py``).
+
+        One round per action actor, most free cores first: the policy decides over that actor's free
+        cores and the actions it serves, so every grant of the round fits on it jointly.
+        """
+        assert self.actions is not None
+        eligible = [s for s in self.actors.values() if "action" in s.accepting and s.free > 0
+                    and s.cores > s.cores_used]
+        if not eligible or not any(q for (k, _), q in self.queues.items() if k == "action"):
+            return
+        for sess in sorted(eligible, key=lambda s: (s.cores_used - s.cores, s.actor_id)):
+            queued = sorted((self.works[wid] for (k, name), q in self.queues.items()
+                             if k == "action" and sess.serves(k, name) for wid in q), key=lambda w: w.seq)[:512]
+            if not queued:
+                continue
+            specs = [self.actions.spec(w.work_id, w.trajectory, w.name, w.submitted_at) for w in queued]
+            for wid, cores in self.actions.decide(specs, sess.cores - sess.cores_used, now):
+                if sess.free <= 0:
+                    break  # out of work slots: the rest stays queued
+                w = self.works[wid]
+                self.queues[w.key].remove(wid)
+                w.route = {"cores": cores}
+                self._assign(w, sess, now, out)
+
     def _best_actor(self, key: tuple[str, str]) -> ActorSession | None:
         best: ActorSession | None = None
         best_free = 0
@@ -544,12 +593,14 @@ class BrokerState:
 
     def _fill_actor(self, sess: ActorSession, now: float, out: list[Command]) -> None:
         """Give ``sess`` the oldest queued work it can serve until its credit runs out."""
+        if self.actions is not None and "action" in sess.accepting:
+            self._schedule_actions(now, out)
         while sess.free > 0:
             best_q: deque[str] | None = None
             best_seq = 0
             best_i = 0
             for key, q in self.queues.items():
-                if q and sess.serves(*key):
+                if q and sess.serves(*key) and not (key[0] == "action" and self.actions is not None):
                     i = 0
                     if key[0] == "generate":  # sticky turns wait for their own instance
                         i = next((j for j, wid in enumerate(q)
@@ -579,6 +630,10 @@ class BrokerState:
         if w.lease_expires < w.deadline:
             heapq.heappush(self._leases, (w.lease_expires, w.lease, w.work_id))
         sess.held.add(w.work_id)
+        if w.kind == "action" and self.actions is not None:
+            cores = int(w.route.get("cores", 1))
+            sess.cores_used += cores
+            self.actions.started(w.work_id, cores, now)
         sess.last_sent = now
         out.append(Send(sess.peer, m.Assign(w.work_id, w.lease, w.attempt, w.kind, w.name, w.args,
                                             w.trajectory, max(0.0, w.deadline - now), w.route)))
@@ -597,7 +652,7 @@ class BrokerState:
         self.stats["requeued"] += 1
         if w.kind == "generate" and w.trajectory:
             self.rollout.requeue_target_lost(w.trajectory)
-        sess = self._best_actor(w.key)
+        sess = None if (w.kind == "action" and self.actions is not None) else self._best_actor(w.key)
         if sess is not None:
             self._assign(w, sess, now, out)
             return
@@ -610,6 +665,8 @@ class BrokerState:
                 items = sorted(q, key=lambda x: self.works[x].seq)
                 q.clear()
                 q.extend(items)
+        if w.kind == "action" and self.actions is not None:
+            self._schedule_actions(now, out)
 
     def _fail(self, w: Work, now: float, out: list[Command], code: ErrorCode, why: str) -> None:
         if w.state is WorkState.QUEUED:
@@ -626,6 +683,7 @@ class BrokerState:
             holder = self.actors.get(w.actor)
             if holder is not None:
                 holder.held.discard(w.work_id)
+                self._release_cores(w, holder)
                 out.append(Send(holder.peer, m.Revoke(w.work_id, w.lease, code.value)))
                 self._fill_actor(holder, now, out)
         w.move(WorkState.FAILED, code.value)
@@ -635,6 +693,8 @@ class BrokerState:
     def _finish(self, w: Work, reply: m.Reply, out: list[Command]) -> None:
         """Send the one Reply for ``w`` and forget the work, remembering the reply for resubmits."""
         del self.works[w.work_id]
+        if self.actions is not None and w.kind == "action":
+            self.actions.ended(w.work_id)
         cs = self.clients.get(w.client)
         client_id = cs.client_id if cs else ""
         if cs is not None:
