@@ -16,9 +16,13 @@ policy's completion-time model; actual durations come from the actors.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from libra.policies.actions import ActionSpec, Amdahl, ElasticSpec, RunningView, make_action_scheduler
+
+if TYPE_CHECKING:
+    from .events import Command
+    from .state import BrokerState
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,3 +83,29 @@ class ActionPlacement:
 
     def trajectory_finished(self, trajectory: str, now: float) -> None:
         self.scheduler.trajectory_finished(trajectory, now)
+
+
+def schedule_actions(self: BrokerState, now: float, out: list[Command]) -> None:
+    """Let the action policy start queued actions (see ``broker/actions.py``).
+
+    One round per action actor, most free cores first: the policy decides over that actor's free
+    cores and the actions it serves, so every grant of the round fits on it jointly.
+    """
+    assert self.actions is not None
+    eligible = [s for s in self.actors.values() if "action" in s.accepting and s.free > 0
+                and s.cores > s.cores_used]
+    if not eligible or not any(q for (k, _), q in self.queues.items() if k == "action"):
+        return
+    for sess in sorted(eligible, key=lambda s: (s.cores_used - s.cores, s.actor_id)):
+        queued = sorted((self.works[wid] for (k, name), q in self.queues.items()
+                         if k == "action" and sess.serves(k, name) for wid in q), key=lambda w: w.seq)[:512]
+        if not queued:
+            continue
+        specs = [self.actions.spec(w.work_id, w.trajectory, w.name, w.submitted_at) for w in queued]
+        for wid, cores in self.actions.decide(specs, sess.cores - sess.cores_used, now):
+            if sess.free <= 0:
+                break  # out of work slots: the rest stays queued
+            w = self.works[wid]
+            self.queues[w.key].remove(wid)
+            w.route = {"cores": cores}
+            self._assign(w, sess, now, out)

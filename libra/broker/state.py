@@ -32,9 +32,10 @@ from libra.protocol.errors import ErrorCode, ProtocolCode
 from libra.policies.routing import BucketSpec
 
 from . import views
-from .actions import ActionPlacement
+from . import planning
+from .actions import ActionPlacement, schedule_actions
 from .events import BadFrame, Command, Event, PeerMessage, Send, Tick
-from .pools import GpuSlot, PlanApplier, Role, bucket_specs, layout_roles
+from .pools import GpuSlot, PlanApplier
 from .rollout import RolloutRouting
 from .work import Work, WorkState
 
@@ -210,33 +211,11 @@ class BrokerState:
 
     def gpu_slots(self) -> list[GpuSlot]:
         """The connected GPU actors as plan slots (labels ``slot_kind == "gpu"``, slot ``gpuN``)."""
-        out = []
-        for sess in self.actors.values():
-            if sess.labels.get("slot_kind") == "gpu" and sess.slot[3:].isdigit():
-                out.append(GpuSlot(sess.actor_id, sess.host, int(sess.slot[3:])))
-        return out
+        return planning.gpu_slots(self)
 
     def apply_plan(self, plan: Any, now: float) -> list[Command]:
-        """Move GPU actors to the roles of ``plan`` (a planner ``Plan``) without stopping anything.
-
-        Lays the plan out on the connected GPU actors (raises ``PlanError`` if it does not fit), sets
-        the rollout buckets, and sends the first wave of directives; later waves follow as actors
-        finish switching, ordered so that a complete training replica stays active throughout.
-        """
-        current: dict[str, Role] = {}
-        for slot in self.gpu_slots():
-            cfg = self._actor_by_id(slot.actor_id).directive_config  # type: ignore[union-attr]
-            keys = ("tp", "group", "bucket", "rank", "size")
-            current[slot.actor_id] = (Role(cfg["role"], **{k: cfg[k] for k in keys if k in cfg})
-                                      if cfg.get("role") in ("train", "rollout") else Role("idle"))
-        self._plan_generation += 1
-        target = layout_roles(plan, self.gpu_slots(), current, self._plan_generation)
-        self.plan_applier = PlanApplier(current, target)
-        self.rollout.set_buckets(bucket_specs(plan))
-        out: list[Command] = []
-        for aid, role in self.plan_applier.start():
-            out.extend(self.direct(aid, role.kinds, now, "finish", role.config())[1])
-        return out
+        """Move GPU actors to the roles of ``plan`` without stopping anything (see ``planning.apply_plan``)."""
+        return planning.apply_plan(self, plan, now)
 
     # ------------------------------------------------------------------ sessions
     def _on_actor_hello(self, peer: bytes, msg: m.ActorHello, now: float, out: list[Command]) -> None:
@@ -558,29 +537,7 @@ class BrokerState:
             sess.cores_used = max(0, sess.cores_used - self.actions.unstarted(w.work_id))
 
     def _schedule_actions(self, now: float, out: list[Command]) -> None:
-        """Let the action policy start queued actions (see ``broker/actions.py``).
-
-        One round per action actor, most free cores first: the policy decides over that actor's free
-        cores and the actions it serves, so every grant of the round fits on it jointly.
-        """
-        assert self.actions is not None
-        eligible = [s for s in self.actors.values() if "action" in s.accepting and s.free > 0
-                    and s.cores > s.cores_used]
-        if not eligible or not any(q for (k, _), q in self.queues.items() if k == "action"):
-            return
-        for sess in sorted(eligible, key=lambda s: (s.cores_used - s.cores, s.actor_id)):
-            queued = sorted((self.works[wid] for (k, name), q in self.queues.items()
-                             if k == "action" and sess.serves(k, name) for wid in q), key=lambda w: w.seq)[:512]
-            if not queued:
-                continue
-            specs = [self.actions.spec(w.work_id, w.trajectory, w.name, w.submitted_at) for w in queued]
-            for wid, cores in self.actions.decide(specs, sess.cores - sess.cores_used, now):
-                if sess.free <= 0:
-                    break  # out of work slots: the rest stays queued
-                w = self.works[wid]
-                self.queues[w.key].remove(wid)
-                w.route = {"cores": cores}
-                self._assign(w, sess, now, out)
+        schedule_actions(self, now, out)
 
     def _best_actor(self, key: tuple[str, str]) -> ActorSession | None:
         best: ActorSession | None = None

@@ -1,0 +1,43 @@
+"""Applying a planner's plan to the live broker: GPU actors → roles → directives (friend functions of
+:class:`~libra.broker.state.BrokerState`; pure like it). The layout and ordering rules are in ``pools``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .events import Command
+from .pools import GpuSlot, PlanApplier, Role, bucket_specs, layout_roles
+
+if TYPE_CHECKING:
+    from .state import BrokerState
+
+
+def gpu_slots(self: BrokerState) -> list[GpuSlot]:
+    """The connected GPU actors as plan slots (labels ``slot_kind == "gpu"``, slot ``gpuN``)."""
+    out = []
+    for sess in self.actors.values():
+        if sess.labels.get("slot_kind") == "gpu" and sess.slot[3:].isdigit():
+            out.append(GpuSlot(sess.actor_id, sess.host, int(sess.slot[3:])))
+    return out
+
+def apply_plan(self: BrokerState, plan: Any, now: float) -> list[Command]:
+    """Move GPU actors to the roles of ``plan`` (a planner ``Plan``) without stopping anything.
+
+    Lays the plan out on the connected GPU actors (raises ``PlanError`` if it does not fit), sets
+    the rollout buckets, and sends the first wave of directives; later waves follow as actors
+    finish switching, ordered so that a complete training replica stays active throughout.
+    """
+    current: dict[str, Role] = {}
+    for slot in self.gpu_slots():
+        cfg = self._actor_by_id(slot.actor_id).directive_config  # type: ignore[union-attr]
+        keys = ("tp", "group", "bucket", "rank", "size")
+        current[slot.actor_id] = (Role(cfg["role"], **{k: cfg[k] for k in keys if k in cfg})
+                                  if cfg.get("role") in ("train", "rollout") else Role("idle"))
+    self._plan_generation += 1
+    target = layout_roles(plan, self.gpu_slots(), current, self._plan_generation)
+    self.plan_applier = PlanApplier(current, target)
+    self.rollout.set_buckets(bucket_specs(plan))
+    out: list[Command] = []
+    for aid, role in self.plan_applier.start():
+        out.extend(self.direct(aid, role.kinds, now, "finish", role.config())[1])
+    return out
