@@ -125,7 +125,9 @@ class ActorRuntime:
                                 f"actor {self.state.ident.actor_id} has no handler for {a.kind} {a.name!r}"))
             return
         cancelled = threading.Event()
-        ctx = WorkContext(a.work_id, a.trajectory, a.budget_s, cancelled, self.state.ident.actor_id)
+        cores = a.route.get("cores") if isinstance(a.route, dict) else None
+        ctx = WorkContext(a.work_id, a.trajectory, a.budget_s, cancelled, self.state.ident.actor_id,
+                          cores if type(cores) is int and cores > 0 else 1)
         if getattr(handler, "inline", False):  # constant-time handler: no thread hand-off
             self._execute(self.state.handle(self._call(a, handler, ctx), time.monotonic()))
             return
