@@ -35,6 +35,7 @@ class WorkContext:
     budget_s: float
     cancelled: threading.Event = field(default_factory=threading.Event)
     actor_id: str = ""
+    cores: int = 1  # cores the action scheduler granted this action (sandbox tools pin to this many)
 
 
 Handler = Callable[[Any, WorkContext], Any]
