@@ -10,13 +10,20 @@ socket thread, saving the thread hand-off (``echo`` does; anything that touches 
 a model must not).
 
 Built-ins on every CPU slot: ``echo`` (returns its args) and ``sleep`` (``{"seconds": s}``).
+
+``WorkContext.cores`` is the number of cores the action scheduler granted (default 1); sandbox tools run
+with ``args["cores"]`` when the caller gives one, else ``ctx.cores``, bounded by the pool's cores.
+``reward_model`` (``{"service", "text"}`` -> score; see ``libra.engines.services``) is offered when torch
+is importable; its model is loaded on the first call, not at actor start.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 
 class ToolError(Exception):
@@ -65,14 +72,35 @@ def builtin_tools() -> dict[str, Handler]:
     return {"echo": echo, "sleep": sleep}
 
 
-def action_tools(enable_sandbox: bool = True, allow_unisolated: bool = False) -> dict[str, Handler]:
+def action_tools(enable_sandbox: bool = True, allow_unisolated: bool = False,
+                 enable_services: bool = True) -> dict[str, Handler]:
     """All tools a CPU slot offers: the built-ins, plus sandboxed ``python``/``bash``/``pytest`` when
-    the sandbox engine is available on this host."""
+    the sandbox engine is available on this host, plus ``reward_model`` when torch is importable."""
     tools = builtin_tools()
     if enable_sandbox:
-        try:
-            from libra.engines.sandbox_tools import sandbox_tools  # optional until the sandbox lands
+        try:  # the sandbox engine is optional
+            from libra.engines.sandbox_tools import sandbox_tools
         except ImportError:
-            return tools
-        tools.update(sandbox_tools(allow_unisolated=allow_unisolated))
+            pass
+        else:
+            tools.update(sandbox_tools(allow_unisolated=allow_unisolated))
+    if enable_services and importlib.util.find_spec("torch") is not None:
+        tools["reward_model"] = _lazy_reward_model()
     return tools
+
+
+def _lazy_reward_model() -> Handler:
+    """``reward_model`` without importing torch at actor start: the engine loads on the first call."""
+    lock = threading.Lock()
+    box: dict[str, Handler] = {}
+
+    def reward_model(args: Any, ctx: WorkContext) -> Any:
+        with lock:
+            if "fn" not in box:
+                from libra.engines.services import service_tools
+
+                box["fn"] = service_tools()["reward_model"]
+        return box["fn"](args, ctx)
+
+    reward_model.__doc__ = "Score args['text'] with model service args['service'] (libra.engines.services)."
+    return reward_model

@@ -10,7 +10,9 @@ BENCHMARKS = {
     "broker": ("libra.bench.broker", "broker round trip and throughput vs raw pyzmq"),
     "planner": ("libra.bench.planner", "GRP planner search time with and without memoisation"),
     "sandbox": ("libra.bench.sandbox", "warm sandbox dispatch vs plain subprocess"),
-    "actions": ("libra.bench.actions_sched", "action scheduling: decision latency, ACT and cores/GPUs in the simulator"),
+    "actions": ("libra.bench.actions", "actions end to end: sandbox dispatch vs subprocess, decision latency, sim ACT/cores/GPUs"),
+    "actions_sched": ("libra.bench.actions_sched", "action scheduling: latency sweep, ACT and cores/GPUs in the simulator"),
+    "metrics": ("libra.bench.metrics", "broker Prometheus hook cost vs no metrics"),
     "engines": ("libra.bench.engines", "HF rollout engine and GRPO trainer vs plain transformers/torch"),
     "routing": ("libra.bench.routing", "rollout routers compared on the same traces"),
 }

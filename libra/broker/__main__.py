@@ -6,8 +6,8 @@ import argparse
 import dataclasses
 import sys
 
-from libra.config import ConfigError, from_mapping, load_section
 from libra import sdnotify
+from libra.config import ConfigError, from_mapping, load_section
 from libra.logging import configure, get_logger
 
 from .server import BrokerServer

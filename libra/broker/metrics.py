@@ -22,15 +22,23 @@ Policy lag appears as ``policy_lag`` once the broker core reports it in ``stats`
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from libra.protocol import messages as m
+
+from .events import PeerMessage
 
 if TYPE_CHECKING:
     from .state import BrokerState
@@ -46,17 +54,11 @@ _PENDING_SLACK_S = 60.0  # a request whose reply went elsewhere (resubmitted fro
 class _Hist:
     """Fixed-bucket histogram owned by the loop thread (no locks; copied into snapshots)."""
 
-    __slots__ = ("counts", "total", "n")
+    __slots__ = ("counts", "total")
 
     def __init__(self, nbuckets: int) -> None:
-        self.counts = [0] * (nbuckets + 1)  # last slot: +Inf
+        self.counts = [0] * (nbuckets + 1)  # counts[i]: observations <= bounds[i]; last slot: +Inf
         self.total = 0.0
-        self.n = 0
-
-    def add(self, bounds: tuple[float, ...], v: float) -> None:
-        self.counts[bisect.bisect_left(bounds, v)] += 1
-        self.total += v
-        self.n += 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +91,7 @@ def actor_role(kinds: frozenset[str] | set[str] | list[str]) -> str:
 class BrokerMetrics:
     """Collects broker metrics from the loop thread and exposes them as a Prometheus collector."""
 
-    def __init__(self, state: "BrokerState", *, snapshot_s: float = 0.5, window_s: float = 10.0,
+    def __init__(self, state: BrokerState, *, snapshot_s: float = 0.5, window_s: float = 10.0,
                  buckets: tuple[float, ...] = LATENCY_BUCKETS) -> None:
         self.state = state
         self.snapshot_s = snapshot_s
@@ -105,40 +107,38 @@ class BrokerMetrics:
         self._tokens_window: deque[tuple[float, int]] = deque()  # (time, cumulative tokens)
         self._next_snapshot = 0.0
         self._next_prune = 0.0
-        self._snap = Snapshot()
         self.server: Any = None
+        self._snap = self._build(None, 0)  # scrapes before the first tick see real (zero) counters
 
     # ------------------------------------------------------------------ loop thread
     def observe(self, event: Any, cmds: list[Any], now: float) -> None:
         """Account one handled event and its commands (see the module docstring)."""
-        msg = getattr(event, "msg", None)
+        msg = event.msg if type(event) is PeerMessage else None
         if type(msg) is m.Submit:
             self._pending[(event.peer, msg.request_id)] = (msg.kind, now, now + msg.timeout_s + _PENDING_SLACK_S)
         for c in cmds:
-            r = c.msg
-            if type(r) is m.Reply:
-                self._on_reply(c.peer, r, now)
+            if type(c.msg) is m.Reply:
+                self._on_reply(c.peer, c.msg, now)
 
     def _on_reply(self, peer: bytes, r: m.Reply, now: float) -> None:
         rec = self._pending.pop((peer, r.request_id), None)
         if rec is None:  # status/direct replies, or a duplicate answered from the record
             return
-        kind, t0 = rec[0], rec[1]
-        outcome = "ok" if r.ok else (r.error_code or "error")
-        key = (kind, outcome)
-        self._replies[key] = self._replies.get(key, 0) + 1
+        kind = rec[0]
+        key = (kind, "ok" if r.ok else (r.error_code or "error"))
+        replies = self._replies
+        replies[key] = replies.get(key, 0) + 1
         if not r.work_id:  # rejected at the door (busy, unknown tool): no latency to speak of
             return
-        lat = now - t0
-        h = self._latency.get(kind)
-        if h is None:
-            h = self._latency[kind] = _Hist(len(self.buckets))
-        h.add(self.buckets, lat)
-        if r.duration_s > 0:
-            e = self._exec.get(kind)
-            if e is None:
-                e = self._exec[kind] = _Hist(len(self.buckets))
-            e.add(self.buckets, r.duration_s)
+        lat = now - rec[1]
+        h = self._latency.get(kind) or self._latency.setdefault(kind, _Hist(len(self.buckets)))
+        h.counts[bisect_left(self.buckets, lat)] += 1
+        h.total += lat
+        d = r.duration_s
+        if d > 0:
+            e = self._exec.get(kind) or self._exec.setdefault(kind, _Hist(len(self.buckets)))
+            e.counts[bisect_left(self.buckets, d)] += 1
+            e.total += d
         if kind == "action":
             self._act_window.append((now, lat))
 
@@ -154,7 +154,7 @@ class BrokerMetrics:
                 del self._pending[k]
         self._snap = self._build(now, core_errors)
 
-    def _build(self, now: float, core_errors: int) -> Snapshot:
+    def _build(self, now: float | None, core_errors: int) -> Snapshot:
         st = self.state
         actors: dict[tuple[str, str], int] = {}
         cap = load = 0
@@ -165,14 +165,14 @@ class BrokerMetrics:
             load += len(s.held)
         rstats = dict(st.rollout.stats)
         tokens = int(rstats.get("tokens", 0))
-        tw = self._tokens_window
-        tw.append((now, tokens))
-        while len(tw) > 2 and now - tw[1][0] >= self.window_s:
-            tw.popleft()
-        tps = (tw[-1][1] - tw[0][1]) / (tw[-1][0] - tw[0][0]) if tw[-1][0] > tw[0][0] else 0.0
-        aw = self._act_window
-        while aw and now - aw[0][0] > self.window_s:
-            aw.popleft()
+        tw, aw = self._tokens_window, self._act_window
+        if now is not None:  # None: the initial snapshot, before the loop has a clock reading
+            tw.append((now, tokens))
+            while len(tw) > 2 and now - tw[1][0] >= self.window_s:
+                tw.popleft()
+            while aw and now - aw[0][0] > self.window_s:
+                aw.popleft()
+        tps = (tw[-1][1] - tw[0][1]) / (tw[-1][0] - tw[0][0]) if len(tw) > 1 and tw[-1][0] > tw[0][0] else 0.0
         act = sum(v for _, v in aw) / len(aw) if aw else 0.0
         return Snapshot(
             queues={k: len(q) for k, q in st.queues.items()},

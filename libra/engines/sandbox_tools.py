@@ -285,11 +285,17 @@ def sandbox_tools(*, allow_unisolated: bool = False, pool: Any = None, **pool_op
 
     def make(name: str) -> Callable[[Any, Any], Any]:
         def handler(args: Any, ctx: Any) -> Any:
+            cores = getattr(ctx, "cores", 1)
+            if isinstance(args, Mapping) and "cores" in args:
+                args = dict(args)
+                cores = args.pop("cores")
+            if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+                raise ToolError("bad_request", f"{name}: cores must be a positive integer, got {cores!r}")
             if isinstance(args, Mapping) and "timeout_s" not in args and ctx.budget_s and ctx.budget_s > 0:
                 args = {**args, "timeout_s": min(float(ctx.budget_s), pool.limits.max_timeout_s)}
             traj = ctx.trajectory or f"work-{ctx.work_id}"
             try:
-                return pool.run(traj, name, args, cancel=ctx.cancelled)
+                return pool.run(traj, name, args, cores=cores, cancel=ctx.cancelled)  # bounded by the pool
             except SandboxError as exc:
                 raise ToolError(_ACTOR_CODES.get(exc.code, exc.code), str(exc)) from exc
             finally:
