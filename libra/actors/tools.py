@@ -79,11 +79,17 @@ def action_tools(enable_sandbox: bool = True, allow_unisolated: bool = False,
     tools = builtin_tools()
     if enable_sandbox:
         try:  # the sandbox engine is optional
+            from libra.engines.sandbox import SandboxUnavailable
             from libra.engines.sandbox_tools import sandbox_tools
         except ImportError:
             pass
         else:
-            tools.update(sandbox_tools(allow_unisolated=allow_unisolated))
+            try:
+                tools.update(sandbox_tools(allow_unisolated=allow_unisolated))
+            except SandboxUnavailable as exc:  # e.g. no bubblewrap: offer no code tools, say why
+                from libra.logging import get_logger
+
+                get_logger("libra.actor").warning("code_tools_unavailable", reason=str(exc))
     if enable_services and importlib.util.find_spec("torch") is not None:
         tools["reward_model"] = _lazy_reward_model()
     return tools

@@ -51,3 +51,17 @@ def test_bad_cores_are_refused(tools: dict, bad: object) -> None:
     with pytest.raises(ToolError) as ei:
         tools["bash"]({"command": "true", "cores": bad}, WorkContext("w6", None, 10.0))
     assert ei.value.code == "bad_request" and "cores" in ei.value.message
+
+
+def test_actor_without_bubblewrap_offers_builtins_only_and_says_why(monkeypatch) -> None:
+    import shutil
+
+    from structlog.testing import capture_logs
+
+    from libra.actors.tools import action_tools
+
+    monkeypatch.setattr(shutil, "which", lambda *a, **k: None)
+    with capture_logs() as logs:
+        tools = action_tools(enable_services=False)
+    assert sorted(tools) == ["echo", "sleep"]
+    assert any(e["event"] == "code_tools_unavailable" and "bubblewrap" in e["reason"] for e in logs)
