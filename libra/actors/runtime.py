@@ -28,6 +28,7 @@ import zmq
 from libra.logging import bind_context, configure, get_logger
 from libra.protocol import ProtocolError, decode_many, encode_many
 from libra.protocol import messages as m
+from libra.security import CurveClient, apply_client
 from libra.zmqio import NOBLOCK, recv_frames, send_frames
 
 from .state import (ActorIdentity, ActorState, CancelWork, Connect, Note, Received, Reconfigure,
@@ -50,8 +51,9 @@ class ActorRuntime:
     def __init__(self, broker_url: str, ident: ActorIdentity, kinds: list[str], capacity: int,
                  handlers: dict[tuple[str, str], Handler], *, heartbeat_s: float = 1.0, liveness: int = 3,
                  reconfigure: Reconfigurer | None = None, max_frame_bytes: int = 64 * 1024 * 1024,
-                 drain_s: float = 10.0) -> None:
+                 drain_s: float = 10.0, curve: CurveClient | None = None) -> None:
         self.broker_url = broker_url
+        self.curve = curve or CurveClient.from_env()  # CurveZMQ keys (LIBRA_CURVE_SECRET / LIBRA_BROKER_KEY)
         self.handlers = handlers
         self.state = ActorState(ident, kinds, capacity, heartbeat_s=heartbeat_s, liveness=liveness)
         self.reconfigure = reconfigure or (lambda kinds, config: None)
@@ -107,6 +109,8 @@ class ActorRuntime:
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.IDENTITY, b"a-" + uuid.uuid4().bytes)
+        if self.curve is not None:
+            apply_client(s, self.curve)
         s.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)
         s.setsockopt(zmq.SNDHWM, 100_000)
         s.setsockopt(zmq.RCVHWM, 100_000)

@@ -7,6 +7,8 @@ import dataclasses
 import sys
 
 from libra import sdnotify
+from libra.keys import KeyFileError
+from libra.security import CurveServer, InsecureBind, require_curve_or_loopback
 from libra.config import ConfigError, from_mapping, load_section
 from libra.logging import configure, get_logger
 
@@ -31,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve Prometheus metrics on this TCP port at /metrics (default: off; 0: any free port)")
     p.add_argument("--metrics-host", default="0.0.0.0",
                    help="address for the metrics endpoint (default: %(default)s)")
+    p.add_argument("--curve-secret", help="broker key pair (NAME.key_secret from 'python -m libra keys'): "
+                   "encrypt and authenticate every peer with CurveZMQ")
+    p.add_argument("--curve-allow", help="directory of public keys (NAME.key) of actors and clients allowed in")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow plaintext on a non-loopback endpoint (otherwise refused without --curve-secret)")
     return p
 
 
@@ -51,7 +58,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         # systemd Type=notify: READY once bound and serving (a no-op outside systemd)
-        server = BrokerServer(args.bind, config, on_ready=lambda ep: sdnotify.ready(f"listening on {ep}"))
+        curve = None
+        if args.curve_secret or args.curve_allow:
+            if not (args.curve_secret and args.curve_allow):
+                print("libra.broker: --curve-secret and --curve-allow go together", file=sys.stderr)
+                return 2
+            curve = CurveServer.from_files(args.curve_secret, args.curve_allow)
+        require_curve_or_loopback(args.bind, curve is not None, args.insecure)
+    except (KeyFileError, InsecureBind) as exc:
+        print(f"libra.broker: {exc}", file=sys.stderr)
+        return 2
+    try:
+        server = BrokerServer(args.bind, config, curve=curve,
+                              on_ready=lambda ep: sdnotify.ready(f"listening on {ep}"))
     except Exception as exc:  # zmq.ZMQError: address in use, bad endpoint
         log.error("bind_failed", endpoint=args.bind, error=str(exc))
         print(f"libra.broker: cannot bind {args.bind}: {exc}", file=sys.stderr)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable
 import zmq
 
 from libra.logging import get_logger
+from libra.security import Authenticator, CurveServer, apply_server
 from libra.protocol import ProtocolError, decode_many, encode, encode_many
 from libra.zmqio import NOBLOCK, recv_frames, send_frames
 
@@ -33,12 +34,16 @@ class BrokerServer:
     """Runs a :class:`BrokerState` behind a ROUTER socket bound at ``bind``."""
 
     def __init__(self, bind: str, config: BrokerConfig | None = None, *, ctx: zmq.Context | None = None,
-                 max_recv_per_poll: int = 2000, on_ready: Callable[[str], None] | None = None) -> None:
+                 max_recv_per_poll: int = 2000, on_ready: Callable[[str], None] | None = None,
+                 curve: CurveServer | None = None) -> None:
         self.config = config or BrokerConfig()
         self.state = BrokerState(self.config)
         self._ctx = ctx or zmq.Context()
         self._own_ctx = ctx is None
+        self._auth = Authenticator(self._ctx, curve.allow_dir) if curve is not None else None
         self.sock = self._ctx.socket(zmq.ROUTER)
+        if curve is not None:
+            apply_server(self.sock, curve)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
@@ -155,5 +160,7 @@ class BrokerServer:
             self.sock.close(0)
             if self.metrics is not None:
                 self.metrics.close()
+            if self._auth is not None:
+                self._auth.stop()
             if self._own_ctx:
                 self._ctx.term()

@@ -16,20 +16,22 @@ import zmq.asyncio
 from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode_many, encode
 from libra.protocol import messages as m
 
+from libra.security import CurveClient
+
 from .common import REPLY_GRACE_S, RequestIds, ToolResult, configure_socket, new_client_id, result_or_error
 from .errors import BrokerUnreachable, ProtocolRejected, ToolTimeout
 
 
 class AsyncClient:
     def __init__(self, broker_url: str, *, client_id: str | None = None,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, curve: CurveClient | None = None) -> None:
         self.broker_url = broker_url
         self.client_id = client_id or new_client_id()
         self.max_frame_bytes = max_frame_bytes
         self._ids = RequestIds(self.client_id)
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
-        configure_socket(self._sock, max_frame_bytes)
+        configure_socket(self._sock, max_frame_bytes, curve)
         self._sock.connect(broker_url)
         self._pending: dict[str, tuple[asyncio.Future, Any]] = {}
         self._welcomed: asyncio.Event | None = None

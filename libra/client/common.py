@@ -11,6 +11,7 @@ from typing import Any
 import zmq
 
 from libra.protocol import messages as m
+from libra.security import CurveClient, apply_client
 
 from .errors import error_from_reply
 
@@ -44,7 +45,11 @@ def new_client_id() -> str:
     return f"c-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def configure_socket(sock: zmq.Socket, max_frame_bytes: int) -> None:
+def configure_socket(sock: zmq.Socket, max_frame_bytes: int, curve: CurveClient | None = None) -> None:
+    """Socket options every client uses; CURVE keys when ``curve`` (or the LIBRA_CURVE_* env) is set."""
+    curve = curve or CurveClient.from_env()
+    if curve is not None:
+        apply_client(sock, curve)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.IDENTITY, b"c-" + uuid.uuid4().bytes)
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)

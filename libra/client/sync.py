@@ -25,6 +25,8 @@ from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode_many, 
 from libra.protocol import messages as m
 from libra.zmqio import recv_frames, send_frames
 
+from libra.security import CurveClient
+
 from .common import REPLY_GRACE_S, RequestIds, ToolResult, configure_socket, new_client_id, result_or_error
 from .errors import BrokerUnreachable, ProtocolRejected, ToolTimeout
 
@@ -43,14 +45,14 @@ class Client:
     """A connection to a Libra broker. ``connect_timeout=None`` skips waiting for the broker's welcome."""
 
     def __init__(self, broker_url: str, *, client_id: str | None = None, connect_timeout: float | None = 5.0,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, curve: CurveClient | None = None) -> None:
         self.broker_url = broker_url
         self.client_id = client_id or new_client_id()
         self.max_frame_bytes = max_frame_bytes
         self._ids = RequestIds(self.client_id)
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
-        configure_socket(self._sock, max_frame_bytes)
+        configure_socket(self._sock, max_frame_bytes, curve)
         self._sock.connect(broker_url)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)

@@ -1,0 +1,118 @@
+"""CurveZMQ on Libra's sockets: encryption plus a ZAP allow-list of client and actor public keys.
+
+- The broker is a CURVE server (``apply_server``) with a ``zmq.auth`` authenticator whose allow-list is
+  a directory of public key files (``NAME.key``, from ``python -m libra keys``); a peer whose key is not
+  listed, or a plaintext peer, fails the handshake and never reaches ``BrokerState``.
+- Actors and clients are CURVE clients (``apply_client``) with their own key pair and the broker's
+  public key (``CurveClient.from_files`` or the ``LIBRA_CURVE_SECRET``/``LIBRA_BROKER_KEY`` variables).
+- Plaintext is allowed only on loopback (or ipc/inproc); ``require_curve_or_loopback`` refuses a public
+  bind without CURVE unless the operator explicitly passes ``--insecure``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+from libra.keys import KeyFileError, load_keypair
+
+ZAP_DOMAIN = b"libra"
+
+
+class InsecureBind(ValueError):
+    """A non-loopback endpoint without CURVE and without the explicit insecure flag."""
+
+
+def is_local_endpoint(endpoint: str) -> bool:
+    """True for ipc://, inproc:// and tcp on a loopback address."""
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    if not endpoint.startswith("tcp://"):
+        return False
+    host = endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def require_curve_or_loopback(endpoint: str, curve: bool, insecure: bool) -> None:
+    if not curve and not insecure and not is_local_endpoint(endpoint):
+        raise InsecureBind(
+            f"refusing to serve {endpoint} without encryption: create keys with 'python -m libra keys' and pass "
+            "--curve-secret/--curve-allow, or pass --insecure to accept plaintext on this network")
+
+
+@dataclass(frozen=True, slots=True)
+class CurveServer:
+    """The broker's key pair and the directory of public keys allowed to connect."""
+
+    public_key: bytes
+    secret_key: bytes
+    allow_dir: Path
+
+    @classmethod
+    def from_files(cls, secret_file: str | os.PathLike[str], allow_dir: str | os.PathLike[str]) -> "CurveServer":
+        kp = load_keypair(secret_file)
+        if kp.secret_key is None:
+            raise KeyFileError(f"{secret_file} holds no secret key (pass the NAME.key_secret file)")
+        d = Path(allow_dir)
+        if not d.is_dir():
+            raise KeyFileError(f"allow-list {d} is not a directory of public key files")
+        return cls(kp.public_key, kp.secret_key, d)
+
+
+@dataclass(frozen=True, slots=True)
+class CurveClient:
+    """A peer's key pair and the broker's public key."""
+
+    public_key: bytes
+    secret_key: bytes
+    server_key: bytes
+
+    @classmethod
+    def from_files(cls, secret_file: str | os.PathLike[str], broker_key_file: str | os.PathLike[str]) -> "CurveClient":
+        kp = load_keypair(secret_file)
+        if kp.secret_key is None:
+            raise KeyFileError(f"{secret_file} holds no secret key (pass the NAME.key_secret file)")
+        return cls(kp.public_key, kp.secret_key, load_keypair(broker_key_file).public_key)
+
+    @classmethod
+    def from_env(cls) -> "CurveClient | None":
+        """From ``LIBRA_CURVE_SECRET`` and ``LIBRA_BROKER_KEY`` when both are set, else None."""
+        sec, srv = os.environ.get("LIBRA_CURVE_SECRET"), os.environ.get("LIBRA_BROKER_KEY")
+        return cls.from_files(sec, srv) if sec and srv else None
+
+
+def apply_server(sock: zmq.Socket, curve: CurveServer) -> None:
+    sock.curve_server = True
+    sock.curve_publickey = curve.public_key
+    sock.curve_secretkey = curve.secret_key
+    sock.zap_domain = ZAP_DOMAIN
+
+
+def apply_client(sock: zmq.Socket, curve: CurveClient) -> None:
+    sock.curve_publickey = curve.public_key
+    sock.curve_secretkey = curve.secret_key
+    sock.curve_serverkey = curve.server_key
+
+
+class Authenticator:
+    """ZAP handler thread for one context: only keys in ``allow_dir`` pass. ``reload()`` re-reads it."""
+
+    def __init__(self, ctx: zmq.Context, allow_dir: Path) -> None:
+        self._auth = ThreadAuthenticator(ctx)
+        self._allow_dir = allow_dir
+        self._lock = threading.Lock()
+        self._auth.start()
+        self.reload()
+
+    def reload(self) -> None:
+        with self._lock:
+            self._auth.configure_curve(domain=ZAP_DOMAIN.decode(), location=str(self._allow_dir))
+
+    def stop(self) -> None:
+        self._auth.stop()
