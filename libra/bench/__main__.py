@@ -12,6 +12,7 @@ BENCHMARKS = {
     "sandbox": ("libra.bench.sandbox", "warm sandbox dispatch vs plain subprocess"),
     "actions": ("libra.bench.actions", "actions end to end: sandbox dispatch vs subprocess, decision latency, sim ACT/cores/GPUs"),
     "actions_sched": ("libra.bench.actions_sched", "action scheduling: latency sweep, ACT and cores/GPUs in the simulator"),
+    "overload": ("libra.bench.overload", "a 100,000-call burst: completed, Busy, lost (must be 0), peak broker memory"),
     "metrics": ("libra.bench.metrics", "broker Prometheus hook cost vs no metrics"),
     "engines": ("libra.bench.engines", "HF rollout engine and GRPO trainer vs plain transformers/torch"),
     "routing": ("libra.bench.routing", "rollout routers compared on the same traces"),

@@ -51,6 +51,7 @@ class BrokerConfig:
     max_retries: int = 3  # lost assignments (actor death / lease expiry) tolerated per request
     lease_s: float = 3600.0  # longest a single assignment may run without a result
     max_queued_per_key: int = 100_000  # back-pressure: Busy beyond this many waiting per (kind, name)
+    max_inflight_per_client: int = 50_000  # back-pressure: Busy beyond this many unanswered per client
     reply_cache: int = 20_000  # finished requests remembered for idempotent resubmission
     client_idle_s: float = 300.0  # forget silent clients with nothing in flight
     router: str = "cmlfq"  # rollout router for generate turns (libra.policies.routers)
@@ -394,6 +395,12 @@ class BrokerState:
             out.append(Send(peer, m.Reply(msg.request_id, False, None, ErrorCode.BUSY.value,
                                           f"{len(q)} requests already wait for {msg.kind} {msg.name!r}",
                                           retry_after_s=1.0)))
+            return
+        if cs.inflight >= self.config.max_inflight_per_client:
+            self.stats["busy"] += 1
+            out.append(Send(peer, m.Reply(msg.request_id, False, None, ErrorCode.BUSY.value,
+                                          f"this client already has {cs.inflight} unanswered requests",
+                                          retry_after_s=0.5)))
             return
         wid = f"w{next(self._work_ids)}"
         w = Work(wid, msg.request_id, peer, msg.kind, msg.name, msg.args, msg.trajectory,

@@ -73,24 +73,30 @@ def group_advantages(
     one sample has advantage 0. Returns a float32 tensor shaped like ``rewards``. Raises
     ``ValueError`` on mismatched lengths or non-finite rewards.
     """
-    r = torch.as_tensor(rewards, dtype=torch.float32)
+    # float64 statistics: in float32 the mean of identical rewards can miss them by an ulp, and dividing that
+    # by a tiny std gives a constant group a large spurious advantage (found by the property test)
+    r = torch.as_tensor(rewards, dtype=torch.float64)
     g = torch.as_tensor(group_ids)
     if r.ndim != 1 or g.ndim != 1 or r.shape != g.shape:
         raise ValueError(f"rewards {tuple(r.shape)} and group_ids {tuple(g.shape)} must be 1-D of equal length")
     if not bool(torch.isfinite(r).all()):
         raise ValueError("rewards must be finite")
     if r.numel() == 0:
-        return r.clone()
+        return r.to(torch.float32)
     _, inverse = torch.unique(g, return_inverse=True)
     n_groups = int(inverse.max()) + 1
-    count = torch.zeros(n_groups).index_add_(0, inverse, torch.ones_like(r))
-    mean = torch.zeros(n_groups).index_add_(0, inverse, r) / count
+    count = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inverse, torch.ones_like(r))
+    mean = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inverse, r) / count
     centred = r - mean[inverse]
+    # a group whose rewards are all equal carries no signal: exactly zero (not rounding noise / eps)
+    lo = torch.full((n_groups,), float("inf"), dtype=torch.float64).scatter_reduce(0, inverse, r, "amin")
+    hi = torch.full((n_groups,), float("-inf"), dtype=torch.float64).scatter_reduce(0, inverse, r, "amax")
+    centred = torch.where((lo == hi)[inverse], torch.zeros_like(centred), centred)
     if not scale_by_std:
-        return centred
-    sq = torch.zeros(n_groups).index_add_(0, inverse, centred * centred)
+        return centred.to(torch.float32)
+    sq = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inverse, centred * centred)
     std = torch.sqrt(sq / (count - 1).clamp(min=1))  # unbiased; single-sample groups have centred == 0
-    return centred / (std[inverse] + eps)
+    return (centred / (std[inverse] + eps)).to(torch.float32)
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -246,3 +246,13 @@ def test_heartbeats_are_sent_to_quiet_actors(h: Harness) -> None:
     h.msg(A1, m.Heartbeat(), dt=0.5)
     out = h.tick(0.6)
     assert sent(out, m.Heartbeat, A1)
+
+
+def test_busy_when_client_inflight_bound_reached() -> None:
+    h = Harness(max_inflight_per_client=2)
+    h.client()
+    h.actor(A1, "a1", capacity=1)
+    h.submit("r0")
+    h.submit("r1")
+    (r,) = sent(h.submit("r2"), m.Reply)
+    assert r.error_code == "busy" and "unanswered" in r.error and r.retry_after_s > 0

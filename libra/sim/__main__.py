@@ -1,0 +1,114 @@
+"""``python -m libra.sim``: run the discrete-event simulator on a generated workload or a trace file.
+
+``python -m libra.sim --workload r2e|search_r1|dapo_math | --trace FILE --gpus 48 --steps N --router NAME
+--allocation NAME --seed S [--json]`` prints tokens/s, trajectories/s, step time (mean, p50, p99), rollout
+and training time, GPU idle fraction, routing accuracy and migrated-token ratio (``--json``: one object, see
+:mod:`libra.sim.sim_metrics`). Action workloads (``--workload coding|mopd|deepsearch``) are delegated to
+:func:`libra.sim.actions_sim.main` with ``--steps``, ``--seed``, ``--json`` and any options it accepts.
+Exit status 2 on bad arguments or an unreadable trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+from libra.sim.engine import SIM_ROUTERS, SimConfig, Simulator
+from libra.sim.sim_cluster import ALLOCATIONS, SimConfigError
+from libra.sim.trace import TraceError, read_trace
+from libra.sim.workload_profiles import PROFILES, get_profile
+from libra.sim.workloads import generate
+
+ACTION_WORKLOADS = ("coding", "mopd", "deepsearch")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m libra.sim", description=__doc__.splitlines()[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workload", choices=sorted(PROFILES) + list(ACTION_WORKLOADS), help="generated workload")
+    src.add_argument("--trace", help="replay a JSON Lines trace (shared/workloads/README.md format)")
+    p.add_argument("--profile", default="r2e", choices=sorted(PROFILES),
+                   help="with --trace: the workload whose bucket and tool-size thresholds to use (default r2e)")
+    p.add_argument("--gpus", type=int, default=48, help="GPUs in the cluster (default 48)")
+    p.add_argument("--steps", type=int, default=20, help="RL steps (default 20; with --trace: at most this many)")
+    p.add_argument("--prompts", type=int, default=None, help="GRPO groups per step (default gpus/3)")
+    p.add_argument("--group-size", type=int, default=16, help="samples per prompt (default 16)")
+    p.add_argument("--router", default="cmlfq", choices=SIM_ROUTERS)
+    p.add_argument("--allocation", default="hetero", choices=ALLOCATIONS)
+    p.add_argument("--lag", type=int, default=2, help="policy-lag bound: rollout of step s+lag waits for training "
+                                                       "of step s (1 = synchronous; default 2)")
+    p.add_argument("--predictor-noise", type=float, default=2.0,
+                   help="noisy_predictor: sigma of the log-normal error of its T=0 length guess (default 2.0: about 65%% bucket accuracy)")
+    p.add_argument("--cap-metric", default="queued", choices=("queued", "load"),
+                   help="router's per-instance room test: queued turns, or active + queued (default queued)")
+    p.add_argument("--max-queue-length", type=int, default=3, help="router's per-instance cap (default 3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def _delegate(args: argparse.Namespace, extra: list[str]) -> int:
+    from libra.sim import actions_sim
+
+    argv = ["--workload", args.workload, "--steps", str(args.steps), "--seed", str(args.seed), *extra]
+    if args.json:
+        argv.append("--json")
+    return int(actions_sim.main(argv) or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = build_parser()
+    args, extra = p.parse_known_args(argv)
+    if args.workload in ACTION_WORKLOADS:
+        return _delegate(args, extra)
+    if extra:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.steps < 1 or args.group_size < 1:
+        p.error("--steps and --group-size must be >= 1")
+    prof = get_profile(args.workload or args.profile)
+    try:
+        if args.trace:
+            trajs = read_trace(args.trace)
+            keep = sorted({t.step for t in trajs})[: args.steps]
+            trajs = [t for t in trajs if t.step in set(keep)]
+        else:
+            prompts = args.prompts if args.prompts is not None else max(1, args.gpus // 3)
+            trajs = generate(args.workload, args.steps, prompts, args.group_size, args.seed)
+        cfg = SimConfig(router=args.router, allocation=args.allocation, gpus=args.gpus, lag=args.lag, seed=args.seed,
+                        bucket_thresholds=prof.bucket_thresholds, size_thresholds=prof.size_thresholds,
+                        predictor_noise=args.predictor_noise,
+                        router_params={"cap_metric": args.cap_metric, "max_queue_length": args.max_queue_length})
+        t0 = time.perf_counter()
+        res = Simulator(trajs, cfg).run()
+        wall = time.perf_counter() - t0
+    except (OSError, TraceError, SimConfigError, ValueError) as exc:
+        print(f"libra.sim: {exc}", file=sys.stderr)
+        return 2
+    out = res.to_dict()
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    st = res.step_time_s
+    rows = [
+        ("workload", args.trace or args.workload), ("router / allocation", f"{res.router} / {res.allocation}"),
+        ("GPUs (rollout + train)", f"{res.gpus} ({res.rollout_gpus} + {res.train_gpus})"),
+        ("steps / trajectories", f"{res.steps} / {res.trajectories}"),
+        ("tokens/s", f"{res.tokens_per_s:.1f}"), ("trajectories/s", f"{res.trajectories_per_s:.4f}"),
+        ("step time s (mean/p50/p99)", f"{st['mean']:.1f} / {st['p50']:.1f} / {st['p99']:.1f}"),
+        ("rollout time s (mean/step)", f"{res.rollout_time_s:.1f}"), ("train time s (mean/step)", f"{res.train_time_s:.1f}"),
+        ("GPU idle fraction", f"{res.gpu_idle_fraction:.3f}"),
+        ("routing accuracy", f"{res.routing_accuracy:.3f} ({res.routing_decisions} decisions)"),
+        ("migrated-token ratio", (f"{res.migrated_token_ratio:.3f} ({res.migrations} moves: {res.kv_migrations} kv, "
+                                  f"{res.reprefill_migrations} re-prefill)")),
+        ("simulated / wall", f"{res.makespan_s:.0f} s virtual in {wall:.1f} s"),
+    ]
+    for k, v in rows:
+        print(f"{k:<28} {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

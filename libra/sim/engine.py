@@ -1,0 +1,403 @@
+"""Discrete-event simulator of agentic-RL rollout + asynchronous GRPO training, driving the real broker.
+
+Contract: :class:`Simulator` builds a real :class:`~libra.broker.state.BrokerState` (with the real router
+named in :class:`SimConfig`) and feeds it ``PeerMessage``/``Tick`` events on a virtual clock, executing
+every ``Send`` it returns by simulating the receiver:
+
+- rollout actors, one per instance of the :class:`~libra.sim.sim_cluster.Layout` (hello with labels
+  ``{"role": {"bucket": name}}``, capacity = concurrent sequences that fit the KV cache), simulated by
+  :class:`~libra.sim.sim_instance.SimInstance` (continuous batching, prefill, decode vs KV tokens, KV
+  capacity, KV-transfer vs re-prefill migrations), answering ``{"gen_tokens": n}``;
+- one tool actor serving every tool, each call taking its trace ``tool_seconds`` and answering
+  ``{"payload_tokens": n, "status": s}``;
+- one client that replays each trajectory of the trace (generate → action → generate ... →
+  ``EndTrajectory``), submitting generate args ``{prompt_id, prompt_tokens, step, true_remaining}``.
+
+GRPO loop: a step's trajectories (its groups) are released when the policy-lag bound allows (rollout of
+step ``k + lag`` waits for the training of step ``k``; ``lag = 1`` is synchronous); a training step starts
+when its step's trajectories are all done and the previous training step has finished; its time comes
+from :class:`~libra.policies.cost_model.TrainingCostModel` (best TP/PP/DP layout of the training GPUs).
+After training step ``k`` the router hears ``on_step(k + 1)`` (C-MLFQ's tree rebuild).
+
+``noisy_predictor`` is a simulation-only router (research-notes §5.1): the oracle router given the true
+total length times ``exp(predictor_noise · N(0, 1))`` at T=0, never corrected afterwards.
+
+Metrics (:meth:`Simulator.run` returns a :class:`~libra.sim.sim_metrics.SimResult`): see
+``sim_metrics.py``. Deterministic: same trace, config and seed → identical result. No sockets, threads,
+wall clocks or I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from libra.broker.events import PeerMessage, Send, Tick
+from libra.broker.state import BrokerConfig, BrokerState
+from libra.logging import get_logger
+from libra.policies.cost_model import (
+    RolloutCostModel,
+    TrainingCostModel,
+    load_hardware,
+    load_model,
+)
+from libra.policies.cost_model_training import TrainConfig
+from libra.policies.routing import MigrationQuery, bucket_index_for, mode_by_cost
+from libra.protocol import messages as m
+from libra.sim.sim_cluster import InstanceCosts, Layout, SimConfigError, make_layout
+from libra.sim.sim_instance import Seq, SimInstance
+from libra.sim.sim_metrics import SimResult, TrajRecord, summarize
+from libra.sim.trace import TrajectorySpec
+
+__all__ = ["SIM_ROUTERS", "SimConfig", "SimConfigError", "Simulator", "simulate"]
+
+log = get_logger(__name__)
+
+SIM_ROUTERS = ("cmlfq", "round_robin", "least_loaded", "length_aware", "la_mlfq", "predictor", "oracle",
+               "noisy_predictor")
+CLIENT = b"sim-client"
+TOOLS = b"sim-tools"
+_FAR = 1e12
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Simulation settings. ``router_params`` go to the router; ``bucket_thresholds``/``size_thresholds``
+    come from the workload profile (C-MLFQ tool-return size classes, bucket ``max_tokens``)."""
+
+    router: str = "cmlfq"
+    allocation: str = "hetero"
+    gpus: int = 48
+    lag: int = 2
+    seed: int = 0
+    hardware: str = "a800"
+    model: str = "qwen3-14b"
+    router_params: dict[str, Any] = field(default_factory=dict)
+    bucket_thresholds: tuple[int, ...] = (4000, 12000, 30000)
+    size_thresholds: tuple[int, int] | None = None
+    predictor_noise: float = 2.0
+    rebuild_interval: int = 5
+    tick_s: float = 30.0
+    reserve_tokens: int = 8192
+
+
+@dataclass(slots=True)
+class _Traj:
+    spec: TrajectorySpec
+    k: int  # index of its step in the run
+    turn: int = 0
+    gen: int = 0
+    context: int = 0
+    pending_new: int = 0  # tokens not yet in any KV cache (prompt, tool payload)
+    kv_home: str | None = None
+    first_route: str | None = None
+    start: float = 0.0
+    migrated_tokens: int = 0
+    migrations: int = 0
+
+
+class Simulator:
+    """One simulated run (see the module docstring). Call :meth:`run` once."""
+
+    def __init__(self, trajs: Sequence[TrajectorySpec], config: SimConfig | None = None,
+                 layout: Layout | None = None) -> None:
+        self.cfg = cfg = config or SimConfig()
+        if cfg.router not in SIM_ROUTERS:
+            raise SimConfigError(f"unknown router {cfg.router!r} (known: {', '.join(SIM_ROUTERS)})")
+        if isinstance(cfg.lag, bool) or not isinstance(cfg.lag, int) or cfg.lag < 1:
+            raise SimConfigError(f"lag must be an integer >= 1 (1 = synchronous), got {cfg.lag!r}")
+        if not trajs:
+            raise SimConfigError("the trace has no trajectories")
+        self.layout = layout or make_layout(cfg.allocation, cfg.gpus, cfg.bucket_thresholds)
+        self.lag = 1 if self.layout.colocated else cfg.lag
+        hw, model = load_hardware(cfg.hardware), load_model(cfg.model)
+        self.costs = InstanceCosts(RolloutCostModel(hw, model), reserve_tokens=cfg.reserve_tokens)
+        self.train_model = TrainingCostModel(hw, model)
+        self._train_cfg: TrainConfig | None = None
+        self.rng = np.random.default_rng([cfg.seed, 0x51D])
+        self.broker = BrokerState(self._broker_config())
+        self.instances = {i.id.encode(): SimInstance(i, self.costs) for i in self.layout.instances}
+        steps = sorted({t.step for t in trajs})
+        self.step_ids = steps
+        self.by_step: list[list[TrajectorySpec]] = [[t for t in trajs if t.step == s] for s in steps]
+        self.now = 0.0
+        self._heap: list[tuple[float, int, str, Any]] = []
+        self._seq = itertools.count()
+        self._inbox: list[tuple[bytes, Any]] = []
+        self._live: dict[str, _Traj] = {}
+        self._requests: dict[str, tuple[str, str]] = {}  # request id -> (traj id, kind)
+        self._req_ids = itertools.count(1)
+        self.records: list[TrajRecord] = []
+        self._left = [len(b) for b in self.by_step]
+        self.released = 0
+        self.trained = 0
+        self.training = False
+        self.rollout_start: list[float] = [math.nan] * len(steps)
+        self.rollout_end: list[float] = [math.nan] * len(steps)
+        self.train_start: list[float] = [math.nan] * len(steps)
+        self.train_end: list[float] = [math.nan] * len(steps)
+        self.kv_moves = 0
+        self.reprefill_moves = 0
+
+    # ------------------------------------------------------------------ setup
+    def _broker_config(self) -> BrokerConfig:
+        cfg = self.cfg
+        router = "oracle" if cfg.router == "noisy_predictor" else cfg.router
+        params = dict(cfg.router_params)
+        params.setdefault("choose_mode", mode_by_cost(self.costs.kv_seconds, self.costs.reprefill_seconds))
+        if router == "cmlfq":
+            if cfg.size_thresholds is not None:
+                params.setdefault("thresholds", {"small": cfg.size_thresholds[0], "medium": cfg.size_thresholds[1]})
+            params.setdefault("rebuild_interval", cfg.rebuild_interval)
+        buckets = [{"name": b.name, "tp": b.tp, "max_tokens": b.max_tokens} for b in self.layout.buckets]
+        return BrokerConfig(broker_id="libra-sim", heartbeat_s=_FAR, lease_s=_FAR, client_idle_s=_FAR,
+                            router=router,
+                            router_params=params, buckets=buckets, max_queued_per_key=10**9)
+
+    def _push(self, t: float, kind: str, payload: Any = None) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), kind, payload))
+
+    def _send(self, peer: bytes, msg: Any) -> None:
+        self._inbox.append((peer, msg))
+
+    def _pump(self) -> None:
+        """Deliver queued peer messages to the broker and execute what it sends, until quiet."""
+        i = 0
+        while i < len(self._inbox):
+            peer, msg = self._inbox[i]
+            i += 1
+            for cmd in self.broker.handle(PeerMessage(peer, msg), self.now):
+                self._deliver(cmd)
+        self._inbox.clear()
+
+    def _deliver(self, cmd: Send) -> None:
+        msg = cmd.msg
+        if cmd.peer == CLIENT:
+            if isinstance(msg, m.Reply):
+                self._on_reply(msg)
+            elif isinstance(msg, (m.Disconnect, m.Error)):
+                raise RuntimeError(f"simulator: the broker rejected the simulated client: {msg}")
+        elif cmd.peer == TOOLS:
+            if isinstance(msg, m.Assign):
+                self._push(self.now + float(msg.args.get("tool_seconds", 0.0)), "tool", msg)
+        elif isinstance(msg, m.Assign):
+            self._on_generate(self.instances[cmd.peer], msg)
+        elif isinstance(msg, (m.Revoke, m.Disconnect, m.Directive)):
+            raise RuntimeError(f"simulator: unexpected {type(msg).__name__} to {cmd.peer!r}: {msg}")
+
+    def _hello(self) -> None:
+        self._send(CLIENT, m.ClientHello("sim-client", 1))
+        self._send(TOOLS, m.ActorHello("sim-tools", "tools", "cpu", 1, {"action": ["*"]}, ["action"], 1 << 30))
+        for inst in self.instances.values():
+            caps = {"generate": ["*"]}
+            self._send(inst.peer, m.ActorHello(inst.id, inst.spec.node, inst.id, 1, caps, ["generate"],
+                                               inst.capacity, {"role": {"bucket": inst.spec.bucket}}))
+        self._pump()
+
+    # ------------------------------------------------------------------ rollout instances
+    def _on_generate(self, inst: SimInstance, a: m.Assign) -> None:
+        tr = self._live[a.trajectory or ""]
+        inst.advance(self.now)
+        if tr.turn == 1 and tr.first_route is None:
+            tr.first_route = str(a.route.get("bucket", inst.spec.bucket))
+        turn = tr.spec.turns[tr.turn]
+        seq = Seq(tr.spec.id, a.work_id, a.lease, turn.gen_tokens, float(turn.gen_tokens), float(tr.context))
+        new = tr.pending_new
+        delay = 0.0
+        if tr.kv_home is not None and tr.kv_home != inst.id:
+            moved = tr.context - new
+            tr.migrations += 1
+            tr.migrated_tokens += tr.context
+            home = self.instances[tr.kv_home.encode()]
+            if a.route.get("mode") == "kv":
+                self.kv_moves += 1
+                delay = self.costs.kv_seconds(MigrationQuery(moved, home.spec.node == inst.spec.node,
+                                                             home.tp, inst.tp))
+            else:
+                self.reprefill_moves += 1
+                new = tr.context
+        elif tr.kv_home is None:
+            new = tr.context
+        tr.kv_home = inst.id
+        tr.pending_new = 0
+        inst.charge(self.costs.request_overhead_s + self.costs.prefill(inst.tp, new), new)
+        if delay > 0:
+            self._push(self.now + delay, "join", (inst, seq))
+        else:
+            inst.enqueue(seq)
+            inst.admit()
+        self._reschedule(inst)
+
+    def _reschedule(self, inst: SimInstance) -> None:
+        inst.version += 1
+        t = inst.next_event_time(self.now)
+        if t is not None:
+            self._push(t, "inst", (inst, inst.version))
+
+    def _on_instance_event(self, inst: SimInstance, version: int) -> None:
+        if version != inst.version:
+            return
+        inst.advance(self.now)
+        done = inst.pop_finished()
+        inst.admit()
+        for q in done:
+            self._send(inst.peer, m.WorkResult(q.work_id, q.lease, True, {"gen_tokens": q.gen}))
+        self._reschedule(inst)
+
+    # ------------------------------------------------------------------ client (episode runners)
+    def _submit(self, tr: _Traj, kind: str, name: str, args: dict[str, Any]) -> None:
+        rid = f"q{next(self._req_ids)}"
+        self._requests[rid] = (tr.spec.id, kind)
+        self._send(CLIENT, m.Submit(rid, kind, name, args, tr.spec.id, _FAR))
+
+    def _true_remaining(self, tr: _Traj) -> int:
+        return tr.spec.total_gen_tokens - tr.gen
+
+    def _start_traj(self, spec: TrajectorySpec, k: int) -> None:
+        tr = _Traj(spec, k, context=spec.prompt_tokens, pending_new=spec.prompt_tokens, start=self.now)
+        self._live[spec.id] = tr
+        total = spec.total_gen_tokens
+        if self.cfg.router == "noisy_predictor":
+            total = round(total * math.exp(self.cfg.predictor_noise * float(self.rng.standard_normal())))
+        self._submit(tr, "generate", "", {"prompt_id": spec.prompt_id, "prompt_tokens": spec.prompt_tokens,
+                                          "step": spec.step, "true_remaining": max(0, total)})
+
+    def _on_reply(self, r: m.Reply) -> None:
+        tid, kind = self._requests.pop(r.request_id)
+        tr = self._live[tid]
+        if not r.ok and kind == "generate":
+            raise RuntimeError(f"simulator: generate turn of {tid} failed: {r.error_code} {r.error}")
+        turn = tr.spec.turns[tr.turn]
+        if kind == "generate":
+            tr.gen += turn.gen_tokens
+            tr.context += turn.gen_tokens
+            if not turn.has_tool:
+                self._end_traj(tr)
+                return
+            self._submit(tr, "action", turn.tool or "tool", {"payload_tokens": turn.payload_tokens,
+                                                             "status": turn.status,
+                                                             "tool_seconds": turn.tool_seconds})
+            return
+        tr.context += turn.payload_tokens or 0
+        tr.pending_new += turn.payload_tokens or 0
+        tr.turn += 1
+        args: dict[str, Any] = {}
+        if self.cfg.router == "oracle":
+            args["true_remaining"] = self._true_remaining(tr)
+        self._submit(tr, "generate", "", args)
+
+    def _end_traj(self, tr: _Traj) -> None:
+        spec = tr.spec
+        self._send(CLIENT, m.EndTrajectory(spec.id, spec.total_gen_tokens, True))
+        del self._live[spec.id]
+        truth = None
+        if spec.num_tool_calls:
+            truth = self.layout.buckets[bucket_index_for(spec.remaining_gen_after_returns[0],
+                                                         self.layout.buckets)].name
+        self.records.append(TrajRecord(spec.id, tr.k, spec.total_tokens, tr.start, self.now, tr.first_route,
+                                       truth, tr.migrations, tr.migrated_tokens))
+        self._left[tr.k] -= 1
+        if self._left[tr.k] == 0:
+            self.rollout_end[tr.k] = self.now
+            self._maybe_train()
+
+    # ------------------------------------------------------------------ GRPO loop
+    def _release(self) -> None:
+        while self.released < len(self.by_step) and (self.released < self.lag or
+                                                      self.trained > self.released - self.lag):
+            k = self.released
+            self.released += 1
+            self.rollout_start[k] = self.now
+            for spec in self.by_step[k]:
+                self._start_traj(spec, k)
+
+    def _maybe_train(self) -> None:
+        k = self.trained
+        if self.training or k >= len(self.by_step) or self._left[k] > 0:
+            return
+        lengths = [t.total_tokens for t in self.by_step[k]]
+        dur = self.train_time(lengths)
+        self.training = True
+        self.train_start[k] = self.now
+        self._push(self.now + dur, "train", k)
+
+    def _on_trained(self, k: int) -> None:
+        self.training = False
+        self.train_end[k] = self.now
+        self.trained = k + 1
+        self.broker.rollout.on_step(k + 1)  # the router's per-step hook (C-MLFQ tree rebuild)
+        self._release()
+        self._maybe_train()
+
+    def train_time(self, lengths: Sequence[int]) -> float:
+        """Seconds of one GRPO step on ``lengths`` with the training GPUs (best layout, chosen once)."""
+        n = self.layout.train_gpus
+        if self._train_cfg is None:
+            best, best_t = None, math.inf
+            for tp in (8, 4, 2, 1):
+                for pp in (1, 2, 4, 5, 8):
+                    if n % (tp * pp) or tp > min(n, 8):
+                        continue
+                    cfg = TrainConfig(tp=tp, pp=pp, dp=n // (tp * pp), micro_batch=1)
+                    t = self.train_model.step_time(cfg, _pad(lengths, cfg.dp))
+                    if t < best_t:
+                        best, best_t = cfg, t
+            if best is None:
+                raise SimConfigError(f"no training layout of {n} GPUs fits {self.cfg.model} (OOM everywhere)")
+            self._train_cfg = best
+        return float(self.train_model.step_time(self._train_cfg, _pad(lengths, self._train_cfg.dp)))
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> SimResult:
+        """Run the whole trace; returns the metrics. Raises RuntimeError if the run stalls."""
+        self._hello()
+        self._release()
+        self._pump()
+        self._push(self.cfg.tick_s, "tick")
+        while self.trained < len(self.by_step):
+            if not self._heap or (self._heap[0][2] == "tick" and len(self._heap) == 1):
+                raise RuntimeError(f"simulator stalled at t={self.now:.1f}s: {len(self._live)} live trajectories, "
+                                   f"{self.trained}/{len(self.by_step)} steps trained")
+            t, _, kind, payload = heapq.heappop(self._heap)
+            self.now = t
+            if kind == "inst":
+                self._on_instance_event(*payload)
+            elif kind == "tool":
+                a = payload
+                self._send(TOOLS, m.WorkResult(a.work_id, a.lease, True,
+                                               {"payload_tokens": a.args.get("payload_tokens") or 0,
+                                                "status": a.args.get("status") or "success"}))
+            elif kind == "join":
+                inst, seq = payload
+                inst.advance(self.now)
+                inst.enqueue(seq)
+                inst.admit()
+                self._reschedule(inst)
+            elif kind == "train":
+                self._on_trained(payload)
+            elif kind == "tick":
+                for cmd in self.broker.handle(Tick(), self.now):
+                    self._deliver(cmd)
+                if self.trained < len(self.by_step):
+                    self._push(self.now + self.cfg.tick_s, "tick")
+            self._pump()
+        self.broker.validate()
+        return summarize(self)
+
+
+def _pad(lengths: Sequence[int], dp: int) -> list[int]:
+    """Pad a batch with empty sequences so that it splits evenly over ``dp`` replicas."""
+    out = list(lengths)
+    out.extend([1] * ((-len(out)) % dp))
+    return out
+
+
+def simulate(trajs: Sequence[TrajectorySpec], **config: Any) -> SimResult:
+    """Shorthand: ``Simulator(trajs, SimConfig(**config)).run()``."""
+    return Simulator(trajs, SimConfig(**config)).run()
