@@ -27,8 +27,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-sandbox", action="store_true", help="CPU slots offer only echo/sleep")
     p.add_argument("--allow-unisolated", action="store_true",
                    help="run code tools without bubblewrap (NOT safe for untrusted code)")
+    p.add_argument("--roles", default=None,
+                   help="engine roles per CPU slot, e.g. 'rollout=2,train=2,action=1' (slots in that order; "
+                        "sets --cpu-slots to the total). Default: every slot is an action slot")
+    p.add_argument("--model-dir", default=None, help="transformers checkpoint for rollout/train slots")
+    p.add_argument("--run-dir", default=None, help="job run directory shared by rollout/train slots")
+    p.add_argument("--torch-threads", type=int, default=0, help="torch CPU threads per engine slot (0: default)")
+    p.add_argument("--rollout-batch", type=int, default=32, help="max turns a rollout slot decodes together")
     p.add_argument("--log-level", default=None)
     return p
+
+
+def parse_roles(spec: str) -> list[str]:
+    """``'rollout=2,train=1'`` → ``['rollout', 'rollout', 'train']``; raises ValueError with the reason."""
+    out: list[str] = []
+    for part in filter(None, (x.strip() for x in spec.split(","))):
+        name, _, count = part.partition("=")
+        if name not in ("action", "rollout", "train"):
+            raise ValueError(f"--roles: unknown role {name!r} (known: action, rollout, train)")
+        try:
+            n = int(count or "1")
+        except ValueError:
+            raise ValueError(f"--roles: count for {name!r} must be an integer, got {count!r}") from None
+        if n < 0:
+            raise ValueError(f"--roles: count for {name!r} must be >= 0")
+        out += [name] * n
+    if not out:
+        raise ValueError("--roles names no slots")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     configure(args.log_level, cache=True)
     log = get_logger("libra.actors")
     try:
+        roles = parse_roles(args.roles) if args.roles else None
+        if roles is not None:
+            args.cpu_slots = len(roles)
         slots, gpu_reason = resolve_slots(args.cpu_slots, args.gpu_slots)
     except ValueError as exc:
         print(f"libra.actors: {exc}", file=sys.stderr)
@@ -55,7 +84,16 @@ def main(argv: list[str] | None = None) -> int:
         extra.append("--allow-unisolated")
     if args.log_level:
         extra += ["--log-level", args.log_level]
-    sup = Supervisor(args.broker, slots, capacity=args.capacity, restart=not args.no_restart, extra_args=extra)
+    for flag, value in (("--model-dir", args.model_dir), ("--run-dir", args.run_dir)):
+        if value:
+            extra += [flag, value]
+    extra += ["--torch-threads", str(args.torch_threads), "--rollout-batch", str(args.rollout_batch)]
+    slot_args: dict[str, list[str]] = {}
+    if roles is not None:
+        cpu = [s for s in slots if s.startswith("cpu")]
+        slot_args = {s: ["--role", r] for s, r in zip(cpu, roles)}
+    sup = Supervisor(args.broker, slots, capacity=args.capacity, restart=not args.no_restart, extra_args=extra,
+                     slot_args=slot_args)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sup.stop())
     return sup.run()

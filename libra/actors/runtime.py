@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import zmq
 
+from libra import sdnotify
 from libra.logging import bind_context, configure, get_logger
 from libra.protocol import ProtocolError, decode_many, encode_many
 from libra.protocol import messages as m
@@ -70,6 +71,7 @@ class ActorRuntime:
         self._cancel: dict[str, threading.Event] = {}
         self._outbuf: list[Any] = []
         self._stop = threading.Event()
+        self._ready_sent = False
         self.log = log.bind(actor=ident.actor_id)
 
     # ------------------------------------------------------------------ commands
@@ -181,6 +183,7 @@ class ActorRuntime:
             while True:
                 if self._stop.is_set() and stop_deadline is None:
                     stop_deadline = mono() + self.drain_s
+                    sdnotify.stopping()
                     self.log.info("actor_draining_for_exit", running=len(st.running))
                 if stop_deadline is not None and (not st.running or mono() >= stop_deadline):
                     self._execute(st.handle(Stop(), mono()))
@@ -233,6 +236,9 @@ class ActorRuntime:
                 self.log.warning("bad_frame_from_broker", code=err.code.value, error=err.message)
                 continue
             for d in decoded:
+                if not self._ready_sent and type(d.msg) is m.Welcome:  # systemd Type=notify: first handshake
+                    self._ready_sent = True
+                    sdnotify.ready(f"connected to {self.broker_url}")
                 self._execute(st.handle(Received(d.msg), time.monotonic()))
                 if self.sock is not sock:  # reconnected while handling: stop reading the old socket
                     return
@@ -253,6 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-sandbox", action="store_true", help="offer only the built-in echo/sleep tools")
     p.add_argument("--allow-unisolated", action="store_true",
                    help="run code tools without bubblewrap isolation (NOT safe for untrusted code)")
+    p.add_argument("--role", default="action", choices=["action", "rollout", "train"],
+                   help="what this slot runs: tool calls (action), generate turns (rollout) or GRPO steps (train)")
+    p.add_argument("--model-dir", default=None, help="transformers checkpoint for the rollout/train roles")
+    p.add_argument("--run-dir", default=None, help="job run directory (weights, batches, actor status files)")
+    p.add_argument("--torch-threads", type=int, default=0, help="torch CPU threads for engine roles (0: torch's default)")
+    p.add_argument("--rollout-batch", type=int, default=32, help="max turns decoded together by a rollout slot")
     p.add_argument("--log-level", default=None)
     return p
 
@@ -264,14 +276,29 @@ def main(argv: list[str] | None = None) -> int:
     actor_id = args.actor_id or f"{host}/{args.slot}"
     if args.slot.startswith("gpu"):
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", args.slot[3:])
-    tools = action_tools(enable_sandbox=not args.no_sandbox, allow_unisolated=args.allow_unisolated)
-    handlers = handlers_for_tools(tools)
-    ident = ActorIdentity(actor_id, host, args.slot, os.getpid(), {"action": sorted(tools)},
-                          {"slot_kind": "gpu" if args.slot.startswith("gpu") else "cpu"})
-    rt = ActorRuntime(args.broker, ident, ["action"], args.capacity, handlers, heartbeat_s=args.heartbeat_s)
+    labels = {"slot_kind": "gpu" if args.slot.startswith("gpu") else "cpu", "engine_role": args.role}
+    if args.role == "action":
+        tools = action_tools(enable_sandbox=not args.no_sandbox, allow_unisolated=args.allow_unisolated)
+        handlers = handlers_for_tools(tools)
+        kinds, caps, capacity = ["action"], {"action": sorted(tools)}, args.capacity
+    else:
+        from .roles import role_handlers
+
+        try:
+            kinds, caps, handlers = role_handlers(args.role, args.model_dir, args.run_dir, args.slot,
+                                                  max_batch=args.rollout_batch, torch_threads=args.torch_threads)
+        except (ValueError, FileNotFoundError) as exc:
+            print(f"libra.actors.runtime: {exc}", file=sys.stderr)
+            return 2
+        tools = {}
+        # a trainer rank holds one step at a time; a rollout slot batches many concurrent turns
+        capacity = 1 if args.role == "train" else max(args.capacity, args.rollout_batch)
+    ident = ActorIdentity(actor_id, host, args.slot, os.getpid(), caps, labels)
+    rt = ActorRuntime(args.broker, ident, kinds, capacity, handlers, heartbeat_s=args.heartbeat_s)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: rt.stop())
-    log.info("actor_starting", actor=actor_id, broker=args.broker, tools=sorted(tools), capacity=args.capacity)
+    log.info("actor_starting", actor=actor_id, broker=args.broker, role=args.role, tools=sorted(tools),
+             capacity=capacity)
     rt.run()
     return 0
 

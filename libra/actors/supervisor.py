@@ -33,13 +33,14 @@ class _Child:
 
 class Supervisor:
     def __init__(self, broker: str, slots: list[str], *, capacity: int = 4, restart: bool = True,
-                 extra_args: list[str] | None = None, grace_s: float = 10.0) -> None:
+                 extra_args: list[str] | None = None, grace_s: float = 10.0,
+                 slot_args: dict[str, list[str]] | None = None) -> None:
         self.restart = restart
         self.grace_s = grace_s
         self._stop = threading.Event()
         self.children = [
             _Child(slot, [sys.executable, "-m", "libra.actors.runtime", "--broker", broker, "--slot", slot,
-                          "--capacity", str(capacity), *(extra_args or [])])
+                          "--capacity", str(capacity), *(extra_args or []), *(slot_args or {}).get(slot, [])])
             for slot in slots
         ]
 

@@ -79,6 +79,13 @@ class AsyncClient:
             raise value
         return value
 
+    async def end_trajectory(self, trajectory: str, total_output_tokens: int = 0, ok: bool = True) -> None:
+        """Tell the broker ``trajectory`` is finished (the rollout router learns from its length) or
+        abandoned (``ok=False``). Fire and forget: there is no reply."""
+        if self._reader is None:
+            await self.connect()
+        await self._sock.send_multipart(encode(m.EndTrajectory(trajectory, max(0, int(total_output_tokens)), ok)))
+
     async def status(self, timeout: float = 5.0) -> m.StatusReply:
         if self._reader is None:
             await self.connect()

@@ -129,6 +129,11 @@ class Client:
             out.append(exc if exc is not None else fut.result())
         return out
 
+    def end_trajectory(self, trajectory: str, total_output_tokens: int = 0, ok: bool = True) -> None:
+        """Tell the broker ``trajectory`` is finished (the rollout router learns from its length) or
+        abandoned (``ok=False``). Fire and forget: there is no reply."""
+        self._send(m.EndTrajectory(trajectory, max(0, int(total_output_tokens)), ok))
+
     def status(self, timeout: float = 5.0) -> m.StatusReply:
         """A cluster snapshot (actors, queues, counters)."""
         rid = self._ids.next()

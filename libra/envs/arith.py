@@ -1,0 +1,158 @@
+"""Arithmetic word problems with an optional sandboxed ``python`` tool: a multi-turn tool-use environment.
+
+Tasks come from a seeded generator of our own (:func:`make_problems`): two-operand word problems
+("Mia has 12 marbles and finds 7 more. How many marbles does Mia have now?"), operators from
+``ops``, operands in ``[1, max_operand]``, answers never negative. Same seed, same problems.
+
+The episode (:func:`episode`) is an async function over an :class:`~libra.rl.episode.EpisodeSession`:
+
+1. the model gets the system + user prompt (:func:`messages`), which says it may run Python by writing
+   a fenced ``python`` block and must finish with ``Answer: <integer>``;
+2. if a turn contains a python block (:func:`parse_tool_call`) and turns remain, the code runs through
+   the broker on a CPU actor's sandbox (``call_tool("python")``), its stdout/stderr is appended as a
+   user message, and the model takes another turn;
+3. otherwise the last turn is scored (:func:`score`): ``1.0`` for the right integer after ``Answer:``,
+   plus ``format_reward`` for any well-formed ``Answer: <integer>`` line (so a wrong but well-formed
+   answer earns only the format reward).
+
+Writing your own environment: provide ``make_problems(n, seed, **options)`` returning objects with a
+``prompt`` (chat messages), and ``async def episode(session, problem, cfg) -> (reward, info)`` that
+calls ``session.generate()``, ``session.call_tool(...)`` and ``session.add_user(...)``; every one of
+those goes through the broker, so the rollout router and the action scheduler see every turn.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "ANSWER_HINT",
+    "SYSTEM_PROMPT",
+    "Problem",
+    "episode",
+    "make_problems",
+    "messages",
+    "parse_answer",
+    "parse_tool_call",
+    "score",
+]
+
+SYSTEM_PROMPT = (
+    "Solve the math problem. To compute, you may write Python in a ```python block and you will see "
+    "what it prints. Finish with a line 'Answer: <number>'."
+)
+ANSWER_HINT = "Give a short reply that ends with 'Answer: <number>'."
+
+_NAMES = ["Mia", "Tom", "Ava", "Leo", "Zoe", "Sam", "Ivy", "Max", "Ana", "Ben"]
+_ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "shells", "cards"]
+_TEMPLATES = {
+    "+": "{n} has {a} {it} and gets {b} more. How many {it} does {n} have now?",
+    "-": "{n} has {a} {it} and gives away {b}. How many {it} does {n} have left?",
+    "*": "{n} has {a} boxes with {b} {it} in each box. How many {it} does {n} have?",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    pid: str
+    question: str
+    answer: int
+
+    @property
+    def prompt(self) -> list[dict[str, str]]:
+        return messages(self.question)
+
+
+def messages(question: str) -> list[dict[str, str]]:
+    """The chat prompt for one question."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": f"{question}\n{ANSWER_HINT}"}]
+
+
+def make_problems(n: int, seed: int = 0, *, max_operand: int = 20, ops: list[str] | tuple[str, ...] = ("+", "-"),
+                  **_: Any) -> list[Problem]:
+    """``n`` problems from a private ``random.Random(seed)``; deterministic, no global state touched."""
+    if max_operand < 1:
+        raise ValueError(f"max_operand must be >= 1, got {max_operand}")
+    bad = [o for o in ops if o not in _TEMPLATES]
+    if bad or not ops:
+        raise ValueError(f"ops must be a non-empty subset of {sorted(_TEMPLATES)}, got {list(ops)}")
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        op = rng.choice(list(ops))
+        a, b = rng.randint(1, max_operand), rng.randint(1, max_operand)
+        if op == "-" and b > a:
+            a, b = b, a
+        ans = a + b if op == "+" else a - b if op == "-" else a * b
+        q = _TEMPLATES[op].format(n=rng.choice(_NAMES), a=a, b=b, it=rng.choice(_ITEMS))
+        out.append(Problem(f"arith-{seed}-{i}", q, ans))
+    return out
+
+
+_CODE_RE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)(?:```|$)", re.DOTALL)
+_ANSWER_RE = re.compile(r"Answer(?:\s*:|\s+is\s*:?|\s*=)\s*\$?\s*(-?\d[\d,]*)", re.IGNORECASE)
+
+
+def parse_tool_call(text: str) -> str | None:
+    """The code of the first fenced python block in ``text`` (an unclosed block runs to the end), or None."""
+    mt = _CODE_RE.search(text)
+    if mt is None:
+        return None
+    code = mt.group(1).strip()
+    return code or None
+
+
+def parse_answer(text: str) -> int | None:
+    """The integer after the last ``Answer:`` (or ``answer is`` / ``answer =``) in ``text``, or None."""
+    found = _ANSWER_RE.findall(text)
+    if not found:
+        return None
+    try:
+        return int(found[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def score(text: str, problem: Problem, format_reward: float = 0.1,
+          digit_reward: float = 0.0) -> tuple[float, dict[str, Any]]:
+    """``(reward, info)`` for the final turn ``text``: 1 if correct, plus ``format_reward`` if well-formed,
+    plus ``digit_reward`` per digit character in ``text`` (at most 5 counted): a shaping term that only
+    the untrained tiny test model needs, so that its groups have reward variance (off by default)."""
+    got = parse_answer(text)
+    correct = got is not None and got == problem.answer
+    reward = (1.0 if correct else 0.0) + (format_reward if got is not None else 0.0)
+    if digit_reward:
+        reward += digit_reward * min(5, sum(ch.isdigit() for ch in text))
+    return reward, {"correct": correct, "formatted": got is not None, "answer": got}
+
+
+def format_tool_output(out: dict[str, Any], limit: int = 300) -> str:
+    """What the model sees after its code ran."""
+    if out.get("error"):
+        return f"Tool error: {str(out['error'])[:limit]}"
+    stdout = str(out.get("stdout", ""))[:limit]
+    stderr = str(out.get("stderr", ""))[-limit:]
+    text = f"Output:\n{stdout}" if stdout.strip() else "Output: (nothing printed)"
+    if stderr.strip():
+        text += f"\nErrors:\n{stderr}"
+    return text
+
+
+async def episode(session: Any, problem: Problem, cfg: Any) -> tuple[float, dict[str, Any]]:
+    """Run one episode (see the module docstring); ``cfg`` is the job's ``[env]`` table."""
+    text = ""
+    for turn in range(cfg.max_turns):
+        text = await session.generate()
+        code = parse_tool_call(text)
+        if code is None or turn == cfg.max_turns - 1 or parse_answer(text) is not None:
+            break
+        out = await session.call_tool("python", {"code": code, "timeout_s": cfg.tool_timeout_s},
+                                      timeout=cfg.tool_timeout_s + 30.0)
+        session.add_user(format_tool_output(out))
+    reward, info = score(text, problem, cfg.format_reward, cfg.digit_reward)
+    info["turns"] = len(session.versions)
+    info["tool_calls"] = session.tool_calls
+    return reward, info

