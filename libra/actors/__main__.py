@@ -43,8 +43,8 @@ def parse_roles(spec: str) -> list[str]:
     out: list[str] = []
     for part in filter(None, (x.strip() for x in spec.split(","))):
         name, _, count = part.partition("=")
-        if name not in ("action", "rollout", "train"):
-            raise ValueError(f"--roles: unknown role {name!r} (known: action, rollout, train)")
+        if name not in ("action", "rollout", "train", "hybrid"):
+            raise ValueError(f"--roles: unknown role {name!r} (known: action, rollout, train, hybrid)")
         try:
             n = int(count or "1")
         except ValueError:

@@ -49,7 +49,7 @@ from libra.logging import get_logger
 
 from .tools import Handler, ToolError, WorkContext
 
-__all__ = ["RolloutRole", "TrainRole", "read_weights_file", "role_handlers", "write_weights_file"]
+__all__ = ["HybridRole", "RolloutRole", "TrainRole", "read_weights_file", "role_handlers", "write_weights_file"]
 
 log = get_logger("libra.roles")
 
@@ -107,6 +107,7 @@ class RolloutRole:
         self._q: queue.SimpleQueue[tuple[dict[str, Any], Future]] = queue.SimpleQueue()
         self._loads = 0
         self.idle_poll_s = 0.25
+        self._stopped = threading.Event()
         self._write_status(0.0)
         threading.Thread(target=self._loop, name="libra-rollout-batcher", daemon=True).start()
 
@@ -127,8 +128,14 @@ class RolloutRole:
         self._q.put(({"req": req, "weights": args.get("weights")}, fut))
         return fut.result()
 
+    def close(self) -> None:
+        """Stop the batcher after its current batch and release the engine (turns must be drained first)."""
+        self._stopped.set()
+
     def _take_batch(self) -> list[tuple[dict[str, Any], Future]]:
         while True:
+            if self._stopped.is_set():
+                return []
             try:
                 batch = [self._q.get(timeout=self.idle_poll_s)]
                 break
@@ -146,6 +153,9 @@ class RolloutRole:
     def _loop(self) -> None:
         while True:
             batch = self._take_batch()
+            if not batch:
+                self.engine = None  # type: ignore[assignment]  # closed: free the model
+                return
             try:
                 load_s = self._maybe_load([item["weights"] for item, _ in batch])
                 results = self.engine.generate([item["req"] for item, _ in batch])
@@ -267,6 +277,51 @@ class TrainRole:
         return h.hexdigest()
 
 
+class HybridRole:
+    """A slot that can be a rollout instance or a trainer rank, switched by broker directives (the Elastic
+    Hybrid Pool's worker, and how a plan moves GPUs between roles without restarting processes).
+
+    Each engine is created on the first work of its kind; ``reconfigure(kinds, config)`` (called by the
+    runtime after the actor drained for a directive) closes the engine of a kind no longer accepted and
+    returns the capacity for the new role: 1 as a trainer rank, ``max_batch`` as a rollout instance.
+    """
+
+    def __init__(self, model_dir: str, run_dir: str | None, slot: str, *, max_batch: int = 32,
+                 torch_threads: int = 0) -> None:
+        self.model_dir, self.run_dir, self.slot = model_dir, run_dir, slot
+        self.max_batch, self.torch_threads = max_batch, torch_threads
+        self._lock = threading.Lock()
+        self.rollout: RolloutRole | None = None
+        self.trainer: TrainRole | None = None
+        self.switches = 0
+
+    def generate(self, args: Any, ctx: WorkContext) -> dict[str, Any]:
+        with self._lock:
+            if self.rollout is None:
+                self.rollout = RolloutRole(self.model_dir, self.run_dir, self.slot, max_batch=self.max_batch,
+                                           torch_threads=self.torch_threads)
+            r = self.rollout
+        return r.generate(args, ctx)
+
+    def train(self, args: Any, ctx: WorkContext) -> dict[str, Any]:
+        with self._lock:
+            if self.trainer is None:
+                self.trainer = TrainRole(self.model_dir, self.run_dir, self.slot, torch_threads=self.torch_threads)
+            t = self.trainer
+        return t.train(args, ctx)
+
+    def reconfigure(self, kinds: list[str], config: dict[str, Any]) -> int:
+        with self._lock:
+            self.switches += 1
+            if "generate" not in kinds and self.rollout is not None:
+                self.rollout.close()
+                self.rollout = None
+            if "train" not in kinds and self.trainer is not None:
+                self.trainer = None  # its process group is left to the job; weights were published
+            log.info("role_switched", kinds=kinds, role=config.get("role"), switches=self.switches)
+            return 1 if "train" in kinds and "generate" not in kinds else self.max_batch
+
+
 def role_handlers(role: str, model_dir: str | None, run_dir: str | None, slot: str, *, max_batch: int = 32,
                   torch_threads: int = 0) -> tuple[list[str], dict[str, list[str]], dict[tuple[str, str], Handler]]:
     """``(kinds, capabilities, handlers)`` for an engine role (``rollout`` or ``train``)."""
@@ -278,4 +333,4 @@ def role_handlers(role: str, model_dir: str | None, run_dir: str | None, slot: s
     if role == "train":
         t = TrainRole(model_dir, run_dir, slot, torch_threads=torch_threads)
         return ["train"], {"train": ["grpo"]}, {("train", "grpo"): t.train}
-    raise ValueError(f"unknown role {role!r} (known: action, rollout, train)")
+    raise ValueError(f"unknown role {role!r} (known: action, rollout, train, hybrid)")

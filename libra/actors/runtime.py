@@ -38,7 +38,7 @@ from .tools import Handler, ToolError, WorkContext, action_tools
 
 log = get_logger("libra.actor")
 
-Reconfigurer = Callable[[list[str], dict[str, Any]], None]
+Reconfigurer = Callable[[list[str], dict[str, Any]], "int | None"]  # returns the new capacity, if changed
 
 
 class ActorRuntime:
@@ -159,8 +159,8 @@ class ActorRuntime:
 
     def _run_reconfigure(self, c: Reconfigure) -> None:
         try:
-            self.reconfigure(c.kinds, c.config)
-            self._post(Reconfigured(c.directive_id))
+            cap = self.reconfigure(c.kinds, c.config)
+            self._post(Reconfigured(c.directive_id, capacity=cap if type(cap) is int else None))
         except Exception as exc:
             self._post(Reconfigured(c.directive_id, False, f"{type(exc).__name__}: {exc}"))
 
@@ -259,8 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-sandbox", action="store_true", help="offer only the built-in echo/sleep tools")
     p.add_argument("--allow-unisolated", action="store_true",
                    help="run code tools without bubblewrap isolation (NOT safe for untrusted code)")
-    p.add_argument("--role", default="action", choices=["action", "rollout", "train"],
-                   help="what this slot runs: tool calls (action), generate turns (rollout) or GRPO steps (train)")
+    p.add_argument("--role", default="action", choices=["action", "rollout", "train", "hybrid"],
+                   help="what this slot runs: tool calls (action), generate turns (rollout), GRPO steps (train), "
+                        "or either of the last two as the broker directs (hybrid; starts as rollout)")
     p.add_argument("--model-dir", default=None, help="transformers checkpoint for the rollout/train roles")
     p.add_argument("--run-dir", default=None, help="job run directory (weights, batches, actor status files)")
     p.add_argument("--torch-threads", type=int, default=0, help="torch CPU threads for engine roles (0: torch's default)")
@@ -281,6 +282,17 @@ def main(argv: list[str] | None = None) -> int:
         tools = action_tools(enable_sandbox=not args.no_sandbox, allow_unisolated=args.allow_unisolated)
         handlers = handlers_for_tools(tools)
         kinds, caps, capacity = ["action"], {"action": sorted(tools)}, args.capacity
+    elif args.role == "hybrid":
+        from .roles import HybridRole
+
+        if args.model_dir is None:
+            print("libra.actors.runtime: role 'hybrid' needs --model-dir", file=sys.stderr)
+            return 2
+        hybrid = HybridRole(args.model_dir, args.run_dir, args.slot, max_batch=args.rollout_batch,
+                            torch_threads=args.torch_threads)
+        kinds, caps, capacity = ["generate"], {"generate": ["default"], "train": ["grpo"]}, args.rollout_batch
+        handlers = {("generate", "*"): hybrid.generate, ("train", "grpo"): hybrid.train}
+        tools = {}
     else:
         from .roles import role_handlers
 
@@ -294,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         # a trainer rank holds one step at a time; a rollout slot batches many concurrent turns
         capacity = 1 if args.role == "train" else max(args.capacity, args.rollout_batch)
     ident = ActorIdentity(actor_id, host, args.slot, os.getpid(), caps, labels)
-    rt = ActorRuntime(args.broker, ident, kinds, capacity, handlers, heartbeat_s=args.heartbeat_s)
+    rt = ActorRuntime(args.broker, ident, kinds, capacity, handlers, heartbeat_s=args.heartbeat_s,
+                      reconfigure=hybrid.reconfigure if args.role == "hybrid" else None)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: rt.stop())
     log.info("actor_starting", actor=actor_id, broker=args.broker, role=args.role, tools=sorted(tools),

@@ -76,6 +76,7 @@ class Reconfigured:
     directive_id: int
     ok: bool = True
     error: str = ""
+    capacity: int | None = None  # the engine's capacity in its new role, when it changed
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +276,8 @@ class ActorState:
             return  # a stale reconfiguration (we reconnected meanwhile)
         if ev.ok:
             self.kinds = [k for k in d.kinds if k in self.ident.capabilities]
+            if ev.capacity is not None and ev.capacity > 0:
+                self.capacity = ev.capacity
         else:
             out.append(Note("reconfigure_failed", {"directive": d.directive_id, "error": ev.error}))
         self.directive = None

@@ -381,8 +381,11 @@ class BrokerState:
                                           f"timeout_s must be > 0, got {msg.timeout_s}")))
             return
         key = (msg.kind, msg.name)
+        if msg.kind == "generate" and not msg.trajectory:  # no trajectory: any instance of the named bucket
+            known = [b.name for b in self.rollout.buckets]
+            key = (msg.kind, msg.name if msg.name in known else known[0])
         names = self._offers.get(msg.kind, frozenset())
-        if self.actors and msg.name not in names and "*" not in names:
+        if self.actors and (not names if msg.kind == "generate" else msg.name not in names and "*" not in names):
             self.stats["unknown_tool"] += 1
             offered = sorted(names)
             out.append(Send(peer, m.Reply(
@@ -403,7 +406,7 @@ class BrokerState:
                                           retry_after_s=0.5)))
             return
         wid = f"w{next(self._work_ids)}"
-        w = Work(wid, msg.request_id, peer, msg.kind, msg.name, msg.args, msg.trajectory,
+        w = Work(wid, msg.request_id, peer, msg.kind, key[1], msg.args, msg.trajectory,
                  now, now + msg.timeout_s, next(self._seq))
         w.story.append("queued:submit")
         self.works[wid] = w
