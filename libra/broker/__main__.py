@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--curve-secret", help="broker key pair (NAME.key_secret from 'python -m libra keys'): "
                    "encrypt and authenticate every peer with CurveZMQ")
     p.add_argument("--curve-allow", help="directory of public keys (NAME.key) of actors and clients allowed in")
+    p.add_argument("--journal", help="SQLite file journaling accepted work and replies: after a crash and restart, "
+                   "unanswered work is re-queued and retried request ids get their original reply")
     p.add_argument("--insecure", action="store_true",
                    help="allow plaintext on a non-loopback endpoint (otherwise refused without --curve-secret)")
     return p
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"libra.broker: {exc}", file=sys.stderr)
         return 2
     try:
-        server = BrokerServer(args.bind, config, curve=curve,
+        server = BrokerServer(args.bind, config, curve=curve, journal=args.journal,
                               on_ready=lambda ep: sdnotify.ready(f"listening on {ep}"))
     except Exception as exc:  # zmq.ZMQError: address in use, bad endpoint
         log.error("bind_failed", endpoint=args.bind, error=str(exc))

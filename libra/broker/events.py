@@ -47,4 +47,15 @@ class Send:
     buffers: tuple[bytes, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Journal:
+    """Record for durability: ``op`` is ``accept`` (a request was accepted: ``data`` has its fields) or
+    ``done`` (its one reply was produced: ``data`` is the Reply's fields). Ignored without a journal."""
+
+    op: str
+    client_id: str
+    request_id: str
+    data: dict[str, Any]
+
+
 Command = Send

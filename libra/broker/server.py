@@ -22,6 +22,7 @@ from libra.protocol import ProtocolError, decode_many, encode, encode_many
 from libra.zmqio import NOBLOCK, recv_frames, send_frames
 
 from .events import BadFrame, Command, PeerMessage, Tick
+from .journal import BrokerJournal
 from .state import BrokerConfig, BrokerState
 
 if TYPE_CHECKING:  # prometheus-client is only imported when metrics are switched on
@@ -35,7 +36,7 @@ class BrokerServer:
 
     def __init__(self, bind: str, config: BrokerConfig | None = None, *, ctx: zmq.Context | None = None,
                  max_recv_per_poll: int = 2000, on_ready: Callable[[str], None] | None = None,
-                 curve: CurveServer | None = None) -> None:
+                 curve: CurveServer | None = None, journal: str | None = None) -> None:
         self.config = config or BrokerConfig()
         self.state = BrokerState(self.config)
         self._ctx = ctx or zmq.Context()
@@ -59,6 +60,13 @@ class BrokerServer:
         self.core_errors = 0
         self._on_ready = on_ready
         self._outq: dict[bytes, list] = {}
+        self._ticks = 0
+        self.journal = BrokerJournal(journal, self.config.reply_cache) if journal else None
+        if self.journal is not None:
+            accepted, done = self.journal.load()
+            self.state.restore(accepted, done, time.monotonic())
+            self.state.journaling = True
+            log.info("journal_restored", path=journal, requeued=len(self.state.works), replies=len(done))
         self.metrics: BrokerMetrics | None = None  # optional Prometheus hook (set by __main__ / tests)
 
     def stop(self) -> None:
@@ -80,6 +88,8 @@ class BrokerServer:
                 outq.setdefault(c.peer, []).append(c.msg)
 
     def _flush(self) -> None:
+        if self.journal is not None:
+            self.journal.commit()  # durable before any reply of this pass is sent
         outq, self._outq = self._outq, {}
         for peer, msgs in outq.items():
             self._flush_peer(peer, msgs)
@@ -106,6 +116,10 @@ class BrokerServer:
             return
         if self.metrics is not None:
             self.metrics.observe(event, cmds, now)
+        if self.journal is not None and self.state.journal_out:
+            recs, self.state.journal_out = self.state.journal_out, []
+            for r in recs:
+                (self.journal.accept if r.op == "accept" else self.journal.done)(r.client_id, r.request_id, r.data)
         if cmds:
             self._execute(cmds)
 
@@ -151,6 +165,9 @@ class BrokerServer:
                 now = mono()
                 if now >= next_tick:
                     self._handle(Tick(), now)
+                    self._ticks += 1
+                    if self.journal is not None and self._ticks % 240 == 0:
+                        self.journal.prune()
                     self._flush()
                     if self.metrics is not None:
                         self.metrics.tick(now, self.core_errors)
@@ -162,5 +179,7 @@ class BrokerServer:
                 self.metrics.close()
             if self._auth is not None:
                 self._auth.stop()
+            if self.journal is not None:
+                self.journal.close()
             if self._own_ctx:
                 self._ctx.term()

@@ -34,7 +34,7 @@ from libra.policies.routing import BucketSpec
 from . import views
 from . import planning
 from .actions import ActionPlacement, schedule_actions
-from .events import BadFrame, Command, Event, PeerMessage, Send, Tick
+from .events import BadFrame, Command, Event, Journal, PeerMessage, Send, Tick
 from .pools import GpuSlot, PlanApplier
 from .rollout import RolloutRouting
 from .work import Work, WorkState
@@ -139,6 +139,8 @@ class BrokerState:
         self._directives = itertools.count(1)
         self._sessions = itertools.count(1)
         self.plan_applier: PlanApplier | None = None
+        self.journaling = False  # the shell turns this on and drains ``journal_out`` after every event
+        self.journal_out: list[Journal] = []
         self._plan_generation = 0
         self.stats: dict[str, int] = dict.fromkeys(
             ("submitted", "completed", "failed", "requeued", "stale_results", "bad_frames", "timeouts",
@@ -254,9 +256,10 @@ class BrokerState:
             return
         cs = self.clients.get(peer)
         if cs is None:
-            self.clients[peer] = ClientSession(peer, msg.client_id, now)
+            cs = self.clients[peer] = ClientSession(peer, msg.client_id, now)
         else:
             cs.client_id = msg.client_id
+        cs.inflight = sum(1 for (cid, _), _ in self._by_request.items() if cid == msg.client_id)
         out.append(Send(peer, self._welcome()))
 
     def _welcome(self) -> m.Welcome:
@@ -407,7 +410,10 @@ class BrokerState:
             return
         wid = f"w{next(self._work_ids)}"
         w = Work(wid, msg.request_id, peer, msg.kind, key[1], msg.args, msg.trajectory,
-                 now, now + msg.timeout_s, next(self._seq))
+                 now, now + msg.timeout_s, next(self._seq), client_id=cs.client_id, timeout_s=msg.timeout_s)
+        self._journal(Journal("accept", cs.client_id, msg.request_id, {
+            "kind": msg.kind, "name": msg.name, "args": msg.args, "trajectory": msg.trajectory,
+            "timeout_s": msg.timeout_s}))
         w.story.append("queued:submit")
         self.works[wid] = w
         self._by_request[rkey] = wid
@@ -454,6 +460,33 @@ class BrokerState:
             self.rollout.end(msg.trajectory, msg.total_output_tokens, msg.ok)
             if self.actions is not None:
                 self.actions.trajectory_finished(msg.trajectory, now)
+
+    def _journal(self, rec: Journal) -> None:
+        if self.journaling:
+            self.journal_out.append(rec)
+
+    def restore(self, accepted: list[tuple[str, str, dict[str, Any]]],
+                done: list[tuple[str, str, dict[str, Any]]], now: float) -> None:
+        """Rebuild after a restart from a journal: ``done`` replies answer resubmissions of their request
+        ids; ``accepted`` requests without a reply are queued again with their full timeout (their
+        clients re-attach by resubmitting the same request id). Call before serving."""
+        for client_id, rid, reply in done[-self.config.reply_cache:]:
+            self._replies[(client_id, rid)] = m.Reply(rid, **reply)
+        for client_id, rid, d in accepted:
+            if (client_id, rid) in self._replies or (client_id, rid) in self._by_request:
+                continue
+            wid = f"w{next(self._work_ids)}"
+            w = Work(wid, rid, b"", d["kind"], d["name"], d["args"], d["trajectory"], now, now + d["timeout_s"],
+                     next(self._seq), client_id=client_id, timeout_s=d["timeout_s"])
+            if w.kind == "generate" and not w.trajectory:
+                known = [b.name for b in self.rollout.buckets]
+                w.name = w.name if w.name in known else known[0]
+            w.story.append("queued:restored")
+            self.works[wid] = w
+            self._by_request[(client_id, rid)] = wid
+            heapq.heappush(self._deadlines, (w.deadline, w.seq, wid))
+            self.queues.setdefault(w.key, deque()).append(wid)
+            self.stats["restored"] = self.stats.get("restored", 0) + 1
 
     def _on_cancel(self, peer: bytes, msg: m.CancelRequest, now: float, out: list[Command]) -> None:
         cs = self.clients.get(peer)
@@ -662,11 +695,14 @@ class BrokerState:
         del self.works[w.work_id]
         if self.actions is not None and w.kind == "action":
             self.actions.ended(w.work_id)
-        cs = self.clients.get(w.client)
-        client_id = cs.client_id if cs else ""
+        cs = self.clients.get(w.client) or next(
+            (c for c in self.clients.values() if c.client_id == w.client_id), None)
         if cs is not None:
-            cs.inflight -= 1
-        rkey = (client_id, w.request_id)
+            cs.inflight = max(0, cs.inflight - 1)
+        rkey = (w.client_id, w.request_id)
+        self._journal(Journal("done", w.client_id, w.request_id, {
+            f: getattr(reply, f) for f in ("ok", "output", "error_code", "error", "work_id", "attempts",
+                                           "actor_id", "duration_s", "retry_after_s", "tool_code")}))
         if self._by_request.get(rkey) == w.work_id:
             del self._by_request[rkey]
             self._replies[rkey] = reply

@@ -57,6 +57,8 @@ class Work:
     actor: bytes | None = None  # session holding the current lease
     lease_expires: float = 0.0
     target: bytes | None = None  # generate: the instance the router chose (sticky prefix cache)
+    client_id: str = ""  # the client's stable id (its socket ``client`` may change on reconnect)
+    timeout_s: float = 0.0
     route: dict[str, Any] = field(default_factory=dict)
     story: list[str] = field(default_factory=list)
 

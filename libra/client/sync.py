@@ -64,6 +64,9 @@ class Client:
         self._outbox: deque[Any] = deque()  # messages; flushed as batches
         self._pending: dict[str, _Pending] = {}
         self._welcomed = threading.Event()
+        self._last_rx = time.monotonic()
+        self._last_ping = 0.0
+        self._ping_s = 1.0  # while requests wait, ping the broker this often if it is silent
         self._closed = False
         self._send(m.ClientHello(self.client_id, os.getpid()))
         if connect_timeout is not None:
@@ -242,6 +245,13 @@ class Client:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
+                    now = time.monotonic()
+                    if self._pending and now - self._last_rx > self._ping_s and now - self._last_ping > self._ping_s:
+                        # A restarted broker does not know us; our ping makes it say Disconnect, and we then
+                        # say hello again and resend every unanswered request (same ids: never run twice).
+                        self._last_ping = now
+                        self._outbox.append(m.Heartbeat())
+                        self._flush()
                     for sock, _ in self._poller.poll(min(50, max(1, int(remaining * 1000)))):
                         if sock is self._sock:
                             self._drain()
@@ -269,6 +279,7 @@ class Client:
                 decoded = decode_many(frames, self.max_frame_bytes)
             except ProtocolError:
                 continue  # a broker never sends garbage; a mismatched version is reported on timeout
+            self._last_rx = time.monotonic()
             for d in decoded:
                 self._dispatch(d.msg)
 
