@@ -36,6 +36,8 @@ class AsyncClient:
         self._pending: dict[str, tuple[asyncio.Future, Any]] = {}
         self._welcomed: asyncio.Event | None = None
         self._reader: asyncio.Task | None = None
+        self._last_rx = 0.0
+        self._ping_s = 1.0  # while requests wait, ping a silent broker this often (detects a restart)
 
     async def connect(self, timeout: float = 5.0) -> "AsyncClient":
         """Say hello and wait for the broker's welcome; raise BrokerUnreachable after ``timeout``."""
@@ -68,8 +70,19 @@ class AsyncClient:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending[rid] = (fut, msg)
         await self._sock.send_multipart(encode(msg))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout + REPLY_GRACE_S
         try:
-            value = await asyncio.wait_for(fut, timeout + REPLY_GRACE_S)
+            while True:
+                try:
+                    value = await asyncio.wait_for(asyncio.shield(fut), min(self._ping_s, max(0.0, deadline - loop.time())))
+                    break
+                except asyncio.TimeoutError:
+                    if loop.time() >= deadline:
+                        raise
+                    if loop.time() - self._last_rx > self._ping_s:
+                        # a restarted broker answers with Disconnect; we then say hello and resend
+                        await self._sock.send_multipart(encode(m.Heartbeat()))
         except asyncio.TimeoutError:
             self._pending.pop(rid, None)
             if self._welcomed is None or not self._welcomed.is_set():
@@ -107,6 +120,7 @@ class AsyncClient:
                 frames = await sock.recv_multipart()
             except (zmq.ContextTerminated, zmq.ZMQError, asyncio.CancelledError):
                 return
+            self._last_rx = asyncio.get_running_loop().time()
             try:
                 decoded = decode_many(frames, self.max_frame_bytes)
             except ProtocolError:

@@ -61,3 +61,36 @@ def test_broker_kill9_restart_loses_and_duplicates_nothing(tmp_path) -> None:
     assert 0 < before < N and completed == N and all(v == {"slept": 0.3} for v in answers.values())
     assert requeued >= 1  # unanswered work survived the crash in the journal
     assert len(actors) == 2  # both actors found the new broker by themselves
+
+
+def test_async_client_reattaches_after_broker_restart(tmp_path) -> None:
+    import asyncio
+
+    from libra.client.aio import AsyncClient
+
+    journal = tmp_path / "broker.sqlite"
+    args = ["--heartbeat-s", "0.3", "--journal", str(journal)]
+    cluster = LocalCluster(cpu_slots=1, broker_args=args, actor_args=["--no-sandbox", "--capacity", "2"])
+    cluster.start()
+    restarted: subprocess.Popen | None = None
+
+    async def go() -> list:
+        nonlocal restarted
+        async with AsyncClient(cluster.url) as c:
+            tasks = [asyncio.ensure_future(c.call_tool("sleep", {"seconds": 0.3}, timeout=120)) for _ in range(12)]
+            await asyncio.sleep(1.0)
+            cluster.broker.send_signal(signal.SIGKILL)
+            cluster.broker.wait()
+            restarted = subprocess.Popen([sys.executable, "-m", "libra.broker", "--bind", cluster.url,
+                                          "--log-level", "warning", *args])
+            return await asyncio.gather(*tasks)
+
+    try:
+        results = asyncio.run(go())
+    finally:
+        if restarted is not None:
+            restarted.send_signal(signal.SIGTERM)
+            restarted.wait(15)
+        cluster.broker = None
+        cluster.stop()
+    assert [r.output for r in results] == [{"slept": 0.3}] * 12
