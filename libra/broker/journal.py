@@ -9,11 +9,20 @@ gets the original answer instead of a second execution). Payloads are msgpack, n
 
 from __future__ import annotations
 
+import heapq
 import sqlite3
+from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
+
+from libra.protocol import messages as m
+
+from .work import Work
+
+if TYPE_CHECKING:
+    from .state import BrokerState
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS accepted (client_id TEXT, request_id TEXT, body BLOB, PRIMARY KEY (client_id, request_id));
@@ -66,3 +75,27 @@ class BrokerJournal:
         self.commit()
         self.db.execute("COMMIT")
         self.db.close()
+
+
+def restore(self: BrokerState, accepted: list[tuple[str, str, dict[str, Any]]],
+            done: list[tuple[str, str, dict[str, Any]]], now: float) -> None:
+    """Rebuild after a restart from a journal: ``done`` replies answer resubmissions of their request
+    ids; ``accepted`` requests without a reply are queued again with their full timeout (their
+    clients re-attach by resubmitting the same request id). Call before serving."""
+    for client_id, rid, reply in done[-self.config.reply_cache:]:
+        self._replies[(client_id, rid)] = m.Reply(rid, **reply)
+    for client_id, rid, d in accepted:
+        if (client_id, rid) in self._replies or (client_id, rid) in self._by_request:
+            continue
+        wid = f"w{next(self._work_ids)}"
+        w = Work(wid, rid, b"", d["kind"], d["name"], d["args"], d["trajectory"], now, now + d["timeout_s"],
+                 next(self._seq), client_id=client_id, timeout_s=d["timeout_s"])
+        if w.kind == "generate" and not w.trajectory:
+            known = [b.name for b in self.rollout.buckets]
+            w.name = w.name if w.name in known else known[0]
+        w.story.append("queued:restored")
+        self.works[wid] = w
+        self._by_request[(client_id, rid)] = wid
+        heapq.heappush(self._deadlines, (w.deadline, w.seq, wid))
+        self.queues.setdefault(w.key, deque()).append(wid)
+        self.stats["restored"] = self.stats.get("restored", 0) + 1

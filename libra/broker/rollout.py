@@ -16,11 +16,17 @@ What the broker tells the router:
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from libra.policies.routers import make_router
 from libra.policies.routing import BucketSpec, ClusterView, InstanceView, RouteDecision, ToolReturn, TrajectoryInfo
+
+if TYPE_CHECKING:
+    from .events import Command
+    from .state import BrokerState
+    from .work import Work
 
 DEFAULT_BUCKETS: tuple[BucketSpec, ...] = (BucketSpec("default", 1, 1 << 30),)
 
@@ -146,3 +152,23 @@ def _nonneg(x: Any) -> int:
 
 def _opt_nonneg(x: Any) -> int | None:
     return x if type(x) is int and x >= 0 else None
+
+
+def rollout_instances(self: BrokerState) -> list[tuple[str, str, int, int, str]]:
+    return [(s.actor_id, s.bucket, len(s.held), s.targeted, s.host)
+            for s in self.actors.values() if "generate" in s.accepting and s.directive is None]
+
+def route_generate(self: BrokerState, w: Work, now: float, out: list[Command]) -> None:
+    """Ask the rollout router where this turn runs; stick to that instance or queue for it."""
+    view = self.rollout.view(rollout_instances(self))
+    d, _ = self.rollout.route(w.trajectory or "", w.args, view)
+    w.route = {"bucket": d.bucket, "reason": d.reason, "migrated": d.migrated, "mode": d.migrate_mode}
+    target = self._actor_by_id(d.instance_id) if d.instance_id else None
+    w.name = target.bucket if target is not None else (d.placed_bucket or d.bucket)
+    if target is not None and target.free > 0:
+        self._assign(w, target, now, out)
+        return
+    if target is not None:
+        w.target = target.peer
+        target.targeted += 1
+    self.queues.setdefault(w.key, deque()).append(w.work_id)

@@ -32,11 +32,11 @@ from libra.protocol.errors import ErrorCode, ProtocolCode
 from libra.policies.routing import BucketSpec
 
 from . import views
-from . import planning
+from . import journal, planning
 from .actions import ActionPlacement, schedule_actions
 from .events import BadFrame, Command, Event, Journal, PeerMessage, Send, Tick
 from .pools import GpuSlot, PlanApplier
-from .rollout import RolloutRouting
+from .rollout import RolloutRouting, route_generate
 from .work import Work, WorkState
 
 
@@ -436,24 +436,8 @@ class BrokerState:
         else:
             self.queues.setdefault(key, deque()).append(wid)
 
-    def _rollout_instances(self) -> list[tuple[str, str, int, int, str]]:
-        return [(s.actor_id, s.bucket, len(s.held), s.targeted, s.host)
-                for s in self.actors.values() if "generate" in s.accepting and s.directive is None]
-
     def _route_generate(self, w: Work, now: float, out: list[Command]) -> None:
-        """Ask the rollout router where this turn runs; stick to that instance or queue for it."""
-        view = self.rollout.view(self._rollout_instances())
-        d, _ = self.rollout.route(w.trajectory or "", w.args, view)
-        w.route = {"bucket": d.bucket, "reason": d.reason, "migrated": d.migrated, "mode": d.migrate_mode}
-        target = self._actor_by_id(d.instance_id) if d.instance_id else None
-        w.name = target.bucket if target is not None else (d.placed_bucket or d.bucket)
-        if target is not None and target.free > 0:
-            self._assign(w, target, now, out)
-            return
-        if target is not None:
-            w.target = target.peer
-            target.targeted += 1
-        self.queues.setdefault(w.key, deque()).append(w.work_id)
+        route_generate(self, w, now, out)
 
     def _on_end_trajectory(self, peer: bytes, msg: m.EndTrajectory, now: float, out: list[Command]) -> None:
         if peer in self.clients:
@@ -467,26 +451,8 @@ class BrokerState:
 
     def restore(self, accepted: list[tuple[str, str, dict[str, Any]]],
                 done: list[tuple[str, str, dict[str, Any]]], now: float) -> None:
-        """Rebuild after a restart from a journal: ``done`` replies answer resubmissions of their request
-        ids; ``accepted`` requests without a reply are queued again with their full timeout (their
-        clients re-attach by resubmitting the same request id). Call before serving."""
-        for client_id, rid, reply in done[-self.config.reply_cache:]:
-            self._replies[(client_id, rid)] = m.Reply(rid, **reply)
-        for client_id, rid, d in accepted:
-            if (client_id, rid) in self._replies or (client_id, rid) in self._by_request:
-                continue
-            wid = f"w{next(self._work_ids)}"
-            w = Work(wid, rid, b"", d["kind"], d["name"], d["args"], d["trajectory"], now, now + d["timeout_s"],
-                     next(self._seq), client_id=client_id, timeout_s=d["timeout_s"])
-            if w.kind == "generate" and not w.trajectory:
-                known = [b.name for b in self.rollout.buckets]
-                w.name = w.name if w.name in known else known[0]
-            w.story.append("queued:restored")
-            self.works[wid] = w
-            self._by_request[(client_id, rid)] = wid
-            heapq.heappush(self._deadlines, (w.deadline, w.seq, wid))
-            self.queues.setdefault(w.key, deque()).append(wid)
-            self.stats["restored"] = self.stats.get("restored", 0) + 1
+        """Rebuild after a restart from a journal (see ``journal.restore``). Call before serving."""
+        journal.restore(self, accepted, done, now)
 
     def _on_cancel(self, peer: bytes, msg: m.CancelRequest, now: float, out: list[Command]) -> None:
         cs = self.clients.get(peer)

@@ -99,7 +99,8 @@ class StickyRouter:
     # -- subclass hooks ---------------------------------------------------------------------------
 
     def _initial_bucket(self, traj: TrajectoryInfo, view: ClusterView) -> tuple[int, str]:
-        raise NotImplementedError
+        """Bucket index and reason for a new trajectory; the default is the smallest bucket."""
+        return 0, "initial"
 
     def _decide(self, track: Track, ret: ToolReturn, view: ClusterView) -> tuple[int, str]:
         """Target bucket index and reason after a tool return; the default keeps the current bucket."""

@@ -76,8 +76,9 @@ class _InstanceFirstRouter(StickyRouter):
     """A router that picks an instance directly at ``start``; its logical bucket is that instance's bucket."""
 
     def _pick(self, view: ClusterView, ready: list[InstanceView]) -> InstanceView | None:
-        """The instance for a new trajectory (``ready`` is non-empty); ``None`` queues it."""
-        raise NotImplementedError
+        """The instance for a new trajectory (``ready`` is non-empty); ``None`` queues it. The default is
+        the least-loaded ready instance (ties by id)."""
+        return min(ready, key=lambda i: (i.load, i.id))
 
     def start(self, traj: TrajectoryInfo, view: ClusterView) -> RouteDecision:
         if traj.traj_id in self._tracks:
