@@ -14,6 +14,7 @@ BENCHMARKS = {
     "actions_sched": ("libra.bench.actions_sched", "action scheduling: latency sweep, ACT and cores/GPUs in the simulator"),
     "overload": ("libra.bench.overload", "a 100,000-call burst: completed, Busy, lost (must be 0), peak broker memory"),
     "metrics": ("libra.bench.metrics", "broker Prometheus hook cost vs no metrics"),
+    "rollout": ("libra.bench.rollout", "HF rollout engine behind Libra vs called directly (tokens/s)"),
     "engines": ("libra.bench.engines", "HF rollout engine and GRPO trainer vs plain transformers/torch"),
     "routing": ("libra.bench.routing", "rollout routers compared on the same traces"),
 }
