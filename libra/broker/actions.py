@@ -15,7 +15,9 @@ policy's completion-time model; actual durations come from the actors.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from libra.policies.actions import ActionSpec, Amdahl, ElasticSpec, RunningView, make_action_scheduler
@@ -97,8 +99,9 @@ def schedule_actions(self: BrokerState, now: float, out: list[Command]) -> None:
     if not eligible or not any(q for (k, _), q in self.queues.items() if k == "action"):
         return
     for sess in sorted(eligible, key=lambda s: (s.cores_used - s.cores, s.actor_id)):
-        queued = sorted((self.works[wid] for (k, name), q in self.queues.items()
-                         if k == "action" and sess.serves(k, name) for wid in q), key=lambda w: w.seq)[:512]
+        # each queue is FCFS already: merge their heads instead of sorting everything queued (hot under load)
+        queues = [q for (k, name), q in self.queues.items() if k == "action" and q and sess.serves(k, name)]
+        queued = list(islice(heapq.merge(*((self.works[wid] for wid in q) for q in queues), key=lambda w: w.seq), 512))
         if not queued:
             continue
         specs = [self.actions.spec(w.work_id, w.trajectory, w.name, w.submitted_at) for w in queued]

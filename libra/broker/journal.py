@@ -9,7 +9,6 @@ gets the original answer instead of a second execution). Payloads are msgpack, n
 
 from __future__ import annotations
 
-import heapq
 import sqlite3
 from collections import deque
 from pathlib import Path
@@ -18,8 +17,6 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from libra.protocol import messages as m
-
-from .work import Work
 
 if TYPE_CHECKING:
     from .state import BrokerState
@@ -87,15 +84,8 @@ def restore(self: BrokerState, accepted: list[tuple[str, str, dict[str, Any]]],
     for client_id, rid, d in accepted:
         if (client_id, rid) in self._replies or (client_id, rid) in self._by_request:
             continue
-        wid = f"w{next(self._work_ids)}"
-        w = Work(wid, rid, b"", d["kind"], d["name"], d["args"], d["trajectory"], now, now + d["timeout_s"],
-                 next(self._seq), client_id=client_id, timeout_s=d["timeout_s"])
-        if w.kind == "generate" and not w.trajectory:
-            known = [b.name for b in self.rollout.buckets]
-            w.name = w.name if w.name in known else known[0]
-        w.story.append("queued:restored")
-        self.works[wid] = w
-        self._by_request[(client_id, rid)] = wid
-        heapq.heappush(self._deadlines, (w.deadline, w.seq, wid))
-        self.queues.setdefault(w.key, deque()).append(wid)
+        name = self.rollout.bucket_named(d["name"]) if d["kind"] == "generate" and not d["trajectory"] else d["name"]
+        w = self._admit(client_id, rid, b"", d["kind"], name, d["args"], d["trajectory"], d["timeout_s"], now,
+                        "restored")
+        self.queues.setdefault(w.key, deque()).append(w.work_id)
         self.stats["restored"] = self.stats.get("restored", 0) + 1

@@ -61,10 +61,12 @@ class RolloutRouting:
         """Replace the bucket layout (the planner's re-plan); live trajectories are re-mapped by the router."""
         self.buckets = tuple(sorted(buckets, key=lambda b: b.max_tokens)) or DEFAULT_BUCKETS
 
+    def bucket_named(self, name: Any) -> str:
+        """``name`` if it is a current bucket, else the first (smallest) bucket."""
+        return name if isinstance(name, str) and any(b.name == name for b in self.buckets) else self.buckets[0].name
+
     def bucket_of_actor(self, role: dict[str, Any]) -> str:
-        name = role.get("bucket")
-        names = {b.name for b in self.buckets}
-        return name if isinstance(name, str) and name in names else self.buckets[0].name
+        return self.bucket_named(role.get("bucket"))
 
     def view(self, instances: list[tuple[str, str, int, int, str]]) -> ClusterView:
         """``instances``: (actor id, bucket, active, queued, host) for every ready rollout actor."""

@@ -299,8 +299,12 @@ class BrokerState:
             self._release_cores(self.works[wid], sess)
             self._requeue(self.works[wid], now, out, why, count_failure=lost)
         sess.held.clear()
-        for other in list(self.actors.values()):  # released turns may fit an idle instance now
-            if other.free > 0:
+        self._refill_others(None, now, out)  # released turns may fit an idle instance now
+
+    def _refill_others(self, skip: ActorSession | None, now: float, out: list[Command]) -> None:
+        """Offer queued work to every actor with free credit except ``skip``."""
+        for other in list(self.actors.values()):
+            if other is not skip and other.free > 0:
                 self._fill_actor(other, now, out)
 
     def _release_targets(self, peer: bytes) -> None:
@@ -338,9 +342,7 @@ class BrokerState:
         bucket = self.rollout.bucket_of_actor(sess.directive_config)
         if bucket != sess.bucket or "generate" not in sess.accepting:
             self._release_targets(peer)
-            for other in list(self.actors.values()):
-                if other is not sess and other.free > 0:
-                    self._fill_actor(other, now, out)
+            self._refill_others(sess, now, out)
         sess.bucket = bucket
         self._fill_actor(sess, now, out)
 
@@ -385,8 +387,7 @@ class BrokerState:
             return
         key = (msg.kind, msg.name)
         if msg.kind == "generate" and not msg.trajectory:  # no trajectory: any instance of the named bucket
-            known = [b.name for b in self.rollout.buckets]
-            key = (msg.kind, msg.name if msg.name in known else known[0])
+            key = (msg.kind, self.rollout.bucket_named(msg.name))
         names = self._offers.get(msg.kind, frozenset())
         if self.actors and (not names if msg.kind == "generate" else msg.name not in names and "*" not in names):
             self.stats["unknown_tool"] += 1
@@ -408,21 +409,14 @@ class BrokerState:
                                           f"this client already has {cs.inflight} unanswered requests",
                                           retry_after_s=0.5)))
             return
-        wid = f"w{next(self._work_ids)}"
-        w = Work(wid, msg.request_id, peer, msg.kind, key[1], msg.args, msg.trajectory,
-                 now, now + msg.timeout_s, next(self._seq), client_id=cs.client_id, timeout_s=msg.timeout_s)
+        w = self._admit(cs.client_id, msg.request_id, peer, msg.kind, key[1], msg.args, msg.trajectory,
+                        msg.timeout_s, now, "submit")
+        wid = w.work_id
         self._journal(Journal("accept", cs.client_id, msg.request_id, {
             "kind": msg.kind, "name": msg.name, "args": msg.args, "trajectory": msg.trajectory,
             "timeout_s": msg.timeout_s}))
-        w.story.append("queued:submit")
-        self.works[wid] = w
-        self._by_request[rkey] = wid
         cs.inflight += 1
         self.stats["submitted"] += 1
-        heapq.heappush(self._deadlines, (w.deadline, w.seq, wid))
-        if len(self._deadlines) > 2 * len(self.works) + 1024:  # bound memory: drop finished entries
-            self._deadlines = [e for e in self._deadlines if e[2] in self.works]
-            heapq.heapify(self._deadlines)
         if msg.kind == "generate" and msg.trajectory:
             self._route_generate(w, now, out)
             return
@@ -435,6 +429,21 @@ class BrokerState:
             self._assign(w, sess, now, out)
         else:
             self.queues.setdefault(key, deque()).append(wid)
+
+    def _admit(self, client_id: str, request_id: str, peer: bytes, kind: str, name: str, args: Any,
+               trajectory: str | None, timeout_s: float, now: float, why: str) -> Work:
+        """Create and index a new piece of work (not yet queued or assigned)."""
+        wid = f"w{next(self._work_ids)}"
+        w = Work(wid, request_id, peer, kind, name, args, trajectory, now, now + timeout_s, next(self._seq),
+                 client_id=client_id, timeout_s=timeout_s)
+        w.story.append(f"queued:{why}")
+        self.works[wid] = w
+        self._by_request[(client_id, request_id)] = wid
+        heapq.heappush(self._deadlines, (w.deadline, w.seq, wid))
+        if len(self._deadlines) > 2 * len(self.works) + 1024:  # bound memory: drop finished entries
+            self._deadlines = [e for e in self._deadlines if e[2] in self.works]
+            heapq.heapify(self._deadlines)
+        return w
 
     def _route_generate(self, w: Work, now: float, out: list[Command]) -> None:
         route_generate(self, w, now, out)
