@@ -3,38 +3,60 @@
 Role: turn an actor slot into a rollout instance or a GRPO trainer rank, behind the same
 ``ActorRuntime(handlers={(kind, name): fn(args, ctx)})`` interface as the tools.
 
-On one host, bulk data goes through the run directory, never through the broker: the driver writes a
-training batch to ``RUN/batches/stepN.json`` and passes the path; trainer rank 0 writes weights version
-``v`` to ``RUN/weights/v{v}.libra`` (``libra.engines.weights`` format: u64 header length, msgpack
-header, CRC-checked chunk stream; written to a temporary name and renamed, so a reader never sees a
-partial file) and returns the path; generate requests carry the newest ``{"version", "path"}``.
+Bulk data never goes through the broker or the run directory: it moves over the data plane
+(``libra.dataplane``), peer to peer. The broker only carries refs ``{"endpoint", "name", "version",
+"server_key", "bytes"}``. Trainer rank 0 runs a :class:`~libra.dataplane.DataPlaneServer` and publishes
+weights version ``v`` there after each step; the job driver serves each rank's training shard from its
+own server.
 
 ``rollout`` contracts:
 - ``generate`` args: ``prompt_ids``, ``max_new_tokens``, ``temperature``, ``top_p``, ``stop_token_ids``,
-  optional ``seed`` and ``weights``. Concurrent turns are batched: one thread drains the queue of
-  waiting turns (up to ``max_batch``) and runs one engine call for all of them.
+  optional ``seed`` and ``weights`` (a data-plane ref with an int ``version``). Concurrent turns are
+  batched: one thread drains the queue of waiting turns (up to ``max_batch``) and runs one engine call
+  for all of them.
 - Weights are loaded only between engine calls, never mid-turn: before a batch, if any waiting turn
-  names a newer version than the engine's, that version is loaded first. Every reply carries the
-  ``weights_version`` that produced all of its tokens, ``gen_tokens``, ``token_ids``, ``logprobs``,
-  ``finish_reason`` and ``load_s`` (seconds spent loading weights for this batch, 0 if none).
-- The instance records its current version in ``RUN/actors/<slot>.json`` after every load. While idle
-  (no turn waiting for ``idle_poll_s``) it also loads the newest ``RUN/weights/v*.libra`` on its own, so
-  an idle instance is already up to date when the next turn comes (still never mid-turn: the batcher
-  thread is the only one that generates or loads).
+  names a newer version than the engine's, that version is fetched from the trainer over the data
+  plane (chunked, CRC-checked) and loaded first. Every reply carries the ``weights_version`` that
+  produced all of its tokens, ``gen_tokens``, ``token_ids``, ``logprobs``, ``finish_reason``, ``load_s``
+  (seconds spent fetching + loading weights for this batch, 0 if none), ``fetch_s`` (the data-plane
+  part of it), ``weights_via`` (``"dataplane"``, ``"file"`` or None when nothing was loaded) and
+  ``weights_error`` (None, or why a wanted version could not be had).
+- A failed fetch (trainer dead mid-transfer: :class:`~libra.dataplane.PeerLost`; corrupted:
+  :class:`~libra.dataplane.TransferCorrupted`; superseded: :class:`~libra.dataplane.ObjectNotFound`)
+  never fails the turn: the instance keeps its old version, generates with it, reports the error in the
+  reply and its status file, and does not retry that version for a back-off period (2 s, doubling to 30 s).
+- While idle (no turn waiting for ``idle_poll_s``) the instance asks the last trainer endpoint it was
+  told about for the newest ``weights`` object and loads it, so it is already up to date when the next
+  turn comes (still never mid-turn: the batcher thread is the only one that generates or loads).
+- The instance records its state in ``RUN/actors/<slot>.json`` after every load or failure:
+  ``weights_version``, ``loads``, ``dataplane_loads``, ``file_loads``, ``bytes_fetched``,
+  ``last_load_s``, ``last_fetch_s``, ``fetch_errors``, ``last_error`` and ``fetches`` (the last 50
+  ``{"version", "via", "fetch_s", "load_s", "bytes"}``).
+- Fallback (documented, not used by ``python -m libra run``): a ``weights`` mapping with a ``path``
+  instead of an ``endpoint`` is read from a :func:`write_weights_file` file, for weights on shared
+  storage (e.g. a checkpoint) when no data-plane route to a trainer exists.
 
 ``train`` contracts:
-- args: ``batch_path``, ``world_size``, ``rank``, ``master_port``, ``grpo`` (GRPOConfig fields),
-  ``checkpoint`` (path or None). The first ``train`` work fixes this actor's rank (``rank``) and joins
-  the gloo group; later works use that rank whatever their ``rank`` says (the driver submits one work
-  per rank per step, and a trainer holds one at a time, so each rank gets exactly one).
-- Each rank trains on its token-balanced shard (``TrainBatch.shard``); rank 0 publishes the weights.
-  The reply: ``rank``, ``metrics``, ``weights_version``, ``weights_path`` (rank 0), ``checksum`` (sha256
-  over all parameters: equal on every rank), ``publish_s``.
+- args: ``shards`` (one data-plane ref per rank, from the dispatch plan), ``world_size``, ``rank``,
+  ``master_port``, ``grpo`` (GRPOConfig fields), ``checkpoint`` (path or None). The first ``train``
+  work fixes this actor's rank (``rank``) and joins the gloo group; later works use that rank whatever
+  their ``rank`` says (the driver submits one work per rank per step, and a trainer holds one at a
+  time, so each rank gets exactly one) and the rank fetches ``shards[its rank]``.
+- Each rank trains on its shard with the shard's micro-batch plan; rank 0 publishes the weights on its
+  data-plane server (the newest two versions stay fetchable). The reply: ``rank``, ``metrics``,
+  ``weights_version``, ``weights`` (rank 0: the ref rollout instances fetch), ``checksum`` (sha256 over
+  all parameters: equal on every rank), ``publish_s`` (serialise + register), ``shard_fetch_s``,
+  ``shard_bytes``, ``shard_tokens``. A shard that cannot be fetched fails the work with
+  ``ToolError("shard_fetch_failed", ...)``.
+- Data-plane host and security: ``$LIBRA_DATAPLANE_HOST`` (default ``127.0.0.1``); CURVE when
+  ``LIBRA_CURVE_SECRET`` is set (the actor's own key pair); a non-loopback host without keys is refused
+  unless ``LIBRA_DATAPLANE_INSECURE=1`` (see ``libra.dataplane``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import queue
@@ -94,8 +116,12 @@ def _set_threads(n: int) -> None:
 class RolloutRole:
     """An HF rollout engine with a turn batcher (see the module contracts)."""
 
+    BACKOFF_S = (2.0, 30.0)  # first retry delay after a failed fetch, and its cap (doubling in between)
+
     def __init__(self, model_dir: str, run_dir: str | None, slot: str, *, max_batch: int = 32,
-                 window_s: float = 0.02, torch_threads: int = 0) -> None:
+                 window_s: float = 0.02, torch_threads: int = 0, fetch_timeout_s: float = 10.0,
+                 fetcher: Any = None) -> None:
+        from libra.dataplane import DataPlaneKeys, DataPlaneWeightFetcher
         from libra.engines.hf_rollout import HFRolloutEngine
 
         _set_threads(torch_threads)
@@ -104,11 +130,17 @@ class RolloutRole:
         self.slot = slot
         self.max_batch = max_batch
         self.window_s = window_s
+        self.keys = DataPlaneKeys.from_env()
+        self.fetcher = fetcher or DataPlaneWeightFetcher(keys=self.keys, idle_timeout_s=fetch_timeout_s)
         self._q: queue.SimpleQueue[tuple[dict[str, Any], Future]] = queue.SimpleQueue()
-        self._loads = 0
+        self.stats: dict[str, Any] = {"loads": 0, "dataplane_loads": 0, "file_loads": 0, "bytes_fetched": 0,
+                                      "last_load_s": 0.0, "last_fetch_s": 0.0, "fetch_errors": 0, "last_error": None,
+                                      "fetches": []}
+        self._source: dict[str, Any] | None = None  # the newest trainer ref seen: where idle polls ask
+        self._backoff: dict[tuple[str, int], tuple[float, float]] = {}  # (source, version) -> (retry_at, delay)
         self.idle_poll_s = 0.25
         self._stopped = threading.Event()
-        self._write_status(0.0)
+        self._write_status()
         threading.Thread(target=self._loop, name="libra-rollout-batcher", daemon=True).start()
 
     def generate(self, args: Any, ctx: WorkContext) -> dict[str, Any]:
@@ -157,7 +189,7 @@ class RolloutRole:
                 self.engine = None  # type: ignore[assignment]  # closed: free the model
                 return
             try:
-                load_s = self._maybe_load([item["weights"] for item, _ in batch])
+                sync = self._maybe_load([item["weights"] for item, _ in batch])
                 results = self.engine.generate([item["req"] for item, _ in batch])
             except Exception as exc:  # noqa: BLE001  (deliver the failure to every waiting turn)
                 for _, fut in batch:
@@ -166,67 +198,125 @@ class RolloutRole:
             for (_, fut), r in zip(batch, results):
                 fut.set_result({"token_ids": r.token_ids, "logprobs": r.logprobs, "finish_reason": r.finish_reason,
                                 "weights_version": r.weights_version, "gen_tokens": len(r.token_ids),
-                                "load_s": load_s, "batch": len(batch)})
+                                **sync, "batch": len(batch)})
 
-    def _maybe_load(self, wanted: list[Any]) -> float:
+    @staticmethod
+    def _source_of(w: dict[str, Any]) -> str:
+        return str(w.get("endpoint") or w.get("path"))
+
+    def _maybe_load(self, wanted: list[Any]) -> dict[str, Any]:
+        """Load the newest version any of ``wanted`` names, if newer than the engine's. Returns the reply
+        fields ``load_s``, ``fetch_s``, ``weights_via`` (``dataplane``/``file``/None) and ``weights_error``;
+        on failure the engine keeps its version (see the module contracts)."""
+        from libra.dataplane import DataPlaneError
+
         best = None
         for w in wanted:
-            if (isinstance(w, dict) and isinstance(w.get("version"), int) and isinstance(w.get("path"), str)
+            if (isinstance(w, dict) and type(w.get("version")) is int
+                    and (isinstance(w.get("endpoint"), str) or isinstance(w.get("path"), str))
                     and (best is None or w["version"] > best["version"])):
                 best = w
-        if best is None or best["version"] <= self.engine.weights_version:
-            return 0.0
+        nothing = {"load_s": 0.0, "fetch_s": 0.0, "weights_via": None, "weights_error": None}
+        if best is None:
+            return nothing
+        if best.get("endpoint") and (self._source is None or best["version"] >= (self._source.get("version") or 0)):
+            self._source = best
+        if best["version"] <= self.engine.weights_version:
+            return nothing
+        key = (self._source_of(best), best["version"])
+        now = time.monotonic()
+        retry = self._backoff.get(key)
+        if retry is not None and now < retry[0]:
+            return {**nothing, "weights_error": self.stats["last_error"]}
         t0 = time.perf_counter()
-        sd, version = read_weights_file(best["path"])
-        self.engine.load_weights(version, sd)
+        try:
+            if best.get("endpoint"):
+                sd, version, fs = self.fetcher.fetch(best)
+                via, fetch_s, nbytes = "dataplane", fs.seconds, fs.nbytes
+            else:
+                sd, version = read_weights_file(best["path"])
+                via, fetch_s, nbytes = "file", time.perf_counter() - t0, 0
+            self.engine.load_weights(version, sd)
+        except (DataPlaneError, ValueError, OSError) as exc:
+            delay = min(self.BACKOFF_S[1], retry[1] * 2) if retry else self.BACKOFF_S[0]
+            self._backoff[key] = (now + delay, delay)
+            error = f"{type(exc).__name__}: {exc}"
+            self.stats["fetch_errors"] += 1
+            self.stats["last_error"] = error
+            self._write_status()
+            log.warning("weights_fetch_failed", version=best["version"], source=key[0], error=error,
+                        kept_version=self.engine.weights_version, retry_in_s=delay)
+            return {**nothing, "load_s": time.perf_counter() - t0, "weights_error": error}
+        self._backoff.pop(key, None)
         load_s = time.perf_counter() - t0
-        self._loads += 1
-        self._write_status(load_s)
-        log.info("weights_loaded", version=version, load_s=round(load_s, 4))
-        return load_s
+        st = self.stats
+        st["loads"] += 1
+        st[f"{via}_loads"] += 1
+        st["bytes_fetched"] += nbytes
+        st["last_load_s"], st["last_fetch_s"], st["last_error"] = load_s, fetch_s, None
+        st["fetches"] = [*st["fetches"][-49:], {"version": version, "via": via, "fetch_s": fetch_s, "load_s": load_s,
+                                                "bytes": nbytes}]
+        self._write_status()
+        log.info("weights_loaded", version=version, via=via, load_s=round(load_s, 4), fetch_s=round(fetch_s, 4))
+        return {"load_s": load_s, "fetch_s": fetch_s, "weights_via": via, "weights_error": None}
 
     def _poll_published(self) -> None:
-        """Load the newest ``RUN/weights/v*.libra`` if it is newer than the engine's weights."""
-        if self.run_dir is None:
-            return
-        best = -1
-        for f in (self.run_dir / "weights").glob("v*.libra"):
-            try:
-                best = max(best, int(f.stem[1:]))
-            except ValueError:
-                continue
-        if best > self.engine.weights_version:
-            try:
-                self._maybe_load([{"version": best, "path": str(self.run_dir / "weights" / f"v{best}.libra")}])
-            except (FileNotFoundError, ValueError) as exc:  # superseded and removed meanwhile: next poll
-                log.info("weights_poll_skipped", version=best, error=str(exc))
+        """Ask the last known trainer endpoint for its newest weights; load them if newer (idle only)."""
+        from libra.dataplane import DataPlaneError, latest
 
-    def _write_status(self, load_s: float) -> None:
+        src = self._source
+        if src is None or self.engine is None:
+            return
+        key = (self._source_of(src), -1)
+        now = time.monotonic()
+        retry = self._backoff.get(key)
+        if retry is not None and now < retry[0]:
+            return
+        try:
+            ref = latest(src["endpoint"], "weights", server_key=src.get("server_key"), keys=self.keys, timeout_s=1.0)
+        except DataPlaneError as exc:
+            delay = min(self.BACKOFF_S[1], retry[1] * 2) if retry else self.BACKOFF_S[0]
+            self._backoff[key] = (now + delay, delay)
+            log.info("weights_poll_failed", endpoint=src["endpoint"], error=str(exc), retry_in_s=delay)
+            return
+        self._backoff.pop(key, None)
+        if ref is not None and ref.version is not None and ref.version > self.engine.weights_version:
+            self._maybe_load([ref.to_wire()])
+
+    def _write_status(self) -> None:
         if self.run_dir is None:
             return
         d = self.run_dir / "actors"
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f".{self.slot}.json.tmp"
         tmp.write_text(json.dumps({"slot": self.slot, "role": "rollout", "weights_version": self.engine.weights_version,
-                                   "loads": self._loads, "last_load_s": load_s, "pid": os.getpid()}))
+                                   "pid": os.getpid(), **self.stats}))
         os.replace(tmp, d / f"{self.slot}.json")
 
 
 class TrainRole:
     """A GRPO trainer rank, created on the first ``train`` work (see the module contracts)."""
 
-    def __init__(self, model_dir: str, run_dir: str | None, slot: str, *, torch_threads: int = 0) -> None:
+    def __init__(self, model_dir: str, run_dir: str | None, slot: str, *, torch_threads: int = 0,
+                 fetch_timeout_s: float = 60.0) -> None:
         _set_threads(torch_threads)
-        import libra.engines.trainer  # noqa: F401  (pay the torch/transformers import before bidding)
+        from libra.dataplane import DataPlaneKeys
+
+        importlib.import_module("libra.engines.trainer")  # pay the torch/transformers import before bidding
 
         self.model_dir = model_dir
         self.run_dir = Path(run_dir) if run_dir else None
         self.slot = slot
         self.trainer: Any = None
         self.rank: int | None = None
+        self.keys = DataPlaneKeys.from_env()
+        self.fetch_timeout_s = fetch_timeout_s
+        self.server: Any = None  # rank 0's DataPlaneServer, created with the trainer
+        self.publisher: Any = None
         self._lock = threading.Lock()
 
     def _ensure(self, args: dict[str, Any]) -> Any:
+        from libra.dataplane import DataPlaneServer, DataPlaneWeightPublisher
         from libra.engines.trainer import DistConfig, GRPOConfig, GRPOTrainer
 
         if self.trainer is not None:
@@ -235,39 +325,56 @@ class TrainRole:
         dist = DistConfig("127.0.0.1", int(args["master_port"]), rank, ws) if ws > 1 else None
         opts: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in (args.get("grpo") or {}).items()}
         cfg = GRPOConfig(**opts)
+        if rank == 0:  # before the (slow) model load, so a refused bind fails fast with its own message
+            self.server = DataPlaneServer(keys=self.keys)
+            self.publisher = DataPlaneWeightPublisher(self.server, keep=2)
         self.trainer = GRPOTrainer(self.model_dir, cfg, dist_config=dist)
         self.rank = rank
-        log.info("trainer_ready", rank=rank, world_size=ws, slot=self.slot)
+        log.info("trainer_ready", rank=rank, world_size=ws, slot=self.slot,
+                 dataplane=self.server.endpoint if self.server else None)
         return self.trainer
 
     def train(self, args: Any, ctx: WorkContext) -> dict[str, Any]:
-        from libra.engines.grpo import TrainBatch
+        from libra.dataplane import DataPlaneError, InsecureDataPlane, ObjectRef, fetch_state_dict
+        from libra.rl.shards import decode_shard
 
-        if not isinstance(args, dict) or not isinstance(args.get("batch_path"), str):
-            raise ToolError("bad_request", "train needs args {'batch_path': str, 'world_size': n, 'rank': r, ...}")
+        if not isinstance(args, dict) or not isinstance(args.get("shards"), list) or not args["shards"]:
+            raise ToolError("bad_request", "train needs args {'shards': [data-plane ref per rank], 'world_size': n, "
+                                           "'rank': r, 'master_port': p, ...}")
         with self._lock:
-            trainer = self._ensure(args)
-            raw = json.loads(Path(args["batch_path"]).read_text())
-            batch = TrainBatch(raw["input_ids"], raw["loss_mask"], raw["rollout_logprobs"], raw["advantages"])
-            shard = batch.shard(trainer.rank, trainer.world_size)
-            metrics = trainer.train_step(shard)
+            try:
+                trainer = self._ensure(args)
+            except InsecureDataPlane as exc:
+                raise ToolError("insecure_dataplane", str(exc)) from None
+            if len(args["shards"]) != trainer.world_size:
+                raise ToolError("bad_request", f"train names {len(args['shards'])} shards for a world of "
+                                               f"{trainer.world_size} ranks")
+            try:
+                ref = ObjectRef.from_wire(args["shards"][trainer.rank])
+                sd, hdr, fs = fetch_state_dict(ref, keys=self.keys, idle_timeout_s=self.fetch_timeout_s)
+                shard, micro = decode_shard(sd, hdr.metadata)
+            except (DataPlaneError, ValueError) as exc:
+                raise ToolError("shard_fetch_failed", f"rank {trainer.rank}: {type(exc).__name__}: {exc}") from None
+            metrics = trainer.train_step(shard, micro_batches=micro)
             version = trainer.weights_version
             out: dict[str, Any] = {"rank": trainer.rank, "metrics": metrics, "weights_version": version,
                                    "checksum": self.checksum(), "shard_sequences": len(shard), "publish_s": 0.0,
-                                   "weights_path": None}
-            if trainer.rank == 0 and self.run_dir is not None:
+                                   "weights": None, "shard_fetch_s": fs.seconds, "shard_bytes": fs.nbytes,
+                                   "shard_tokens": sum(shard.lengths())}
+            if trainer.rank == 0:
                 t0 = time.perf_counter()
-                path = write_weights_file(self.run_dir / "weights" / f"v{version}.libra",
-                                          trainer.state_dict_for_sync(), version)
+                out["weights"] = self.publisher.publish(version, trainer.state_dict_for_sync())
                 out["publish_s"] = time.perf_counter() - t0
-                out["weights_path"] = str(path)
-                old = self.run_dir / "weights" / f"v{version - 2}.libra"
-                if old.exists():
-                    old.unlink()
                 if args.get("checkpoint"):
                     trainer.save_checkpoint(args["checkpoint"])
                     out["checkpoint"] = args["checkpoint"]
             return out
+
+    def close(self) -> None:
+        """Stop serving weights (rollouts that have not fetched the newest version keep theirs)."""
+        if self.server is not None:
+            self.server.close()
+            self.server = None
 
     def checksum(self) -> str:
         h = hashlib.sha256()
@@ -317,7 +424,8 @@ class HybridRole:
                 self.rollout.close()
                 self.rollout = None
             if "train" not in kinds and self.trainer is not None:
-                self.trainer = None  # its process group is left to the job; weights were published
+                self.trainer.close()  # stops serving weights; its process group is left to the job
+                self.trainer = None
             log.info("role_switched", kinds=kinds, role=config.get("role"), switches=self.switches)
             return 1 if "train" in kinds and "generate" not in kinds else self.max_batch
 

@@ -23,7 +23,8 @@ Contracts:
   resumed run continues bit-identically (tested).
 
 Not in this module: the GRPO formula (``grpo.py``), deciding batches or staleness (the broker's job
-state), moving weights to rollout engines (``weights.py`` and the actor runtime).
+state), which rank trains on what (``libra.policies.dispatch``), moving weights to rollout engines and
+shards to ranks (``libra.dataplane``, driven by ``libra.actors.roles``).
 """
 
 from __future__ import annotations
@@ -246,10 +247,13 @@ class GRPOTrainer:
 
     # -- training -------------------------------------------------------------------------------
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch, micro_batches: Sequence[Sequence[int]] | None = None) -> dict[str, float]:
         """One optimisation step on this rank's shard ``batch`` (may be empty on some ranks).
 
-        Every rank of the group must call it the same number of times. Returns global metrics
+        ``micro_batches`` (indices into ``batch``, each exactly once; e.g. a dispatch plan's
+        length-aware packing) replaces the default :func:`partition_by_tokens` split; the gradient is the
+        same either way (the global token normaliser makes micro-batching exact). Raises ``ValueError`` if
+        it is not a partition of the batch. Every rank of the group must call it the same number of times. Returns global metrics
         (identical on all ranks): ``loss`` (the objective before the update), ``grad_norm`` (before
         clipping), ``clip_frac`` (fraction of tokens where the clip was active), ``ratio_mean``,
         ``kl_mean``, ``num_tokens``, ``num_sequences``, ``micro_batches`` (this rank's), ``step``,
@@ -270,7 +274,12 @@ class GRPOTrainer:
         for p in self._params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        micro = partition_by_tokens(batch.lengths(), c.micro_batch_tokens)
+        if micro_batches is None:
+            micro = partition_by_tokens(batch.lengths(), c.micro_batch_tokens)
+        else:
+            micro = [list(mb) for mb in micro_batches if len(mb)]
+            if sorted(i for mb in micro for i in mb) != list(range(len(batch))):
+                raise ValueError(f"micro_batches must cover the batch's {len(batch)} sequences exactly once")
         sums = torch.zeros(4, dtype=torch.float64)  # loss, clipped tokens, ratio sum, kl sum
         self.model.train()
         try:

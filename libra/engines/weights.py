@@ -20,7 +20,9 @@ Contracts: ``unpack_state_dict(*pack_state_dict(sd))`` returns tensors equal bit
 (same names, order, dtypes, shapes), on CPU and contiguous. Any inconsistency raises
 :class:`WeightsFormatError` (a ``ValueError``) naming what is wrong.
 
-Not in this module: sockets, and deciding who sends to whom (the actor runtime does that).
+Not in this module: sockets and deciding who sends to whom: ``libra.dataplane`` serves these streams
+peer to peer (chunk by chunk, credit-based) and ``libra.actors.roles`` decides what is published and
+fetched.
 """
 
 from __future__ import annotations

@@ -11,11 +11,19 @@ How the pieces meet:
   ``episode`` function). Every model turn is ``generate`` work and every tool call ``action`` work, both
   submitted to the broker with the trajectory id, so C-MLFQ and the action scheduler see every turn.
 - :class:`~libra.rl.job.JobState` (pure) decides admission under the policy-lag bound and cuts batches.
-- A batch is written to ``RUN/batches/stepN.json``; one ``train`` work per trainer rank is submitted;
-  the ranks train their token-balanced shards with gloo DP; rank 0 writes ``RUN/weights/vN.libra``.
-  The broker only carries paths. New generate turns then name version N and its file, and rollout
-  actors load it between turns.
-- Per step, ``RUN/metrics.jsonl`` gets one record; at the end ``reward.png``/``throughput.png`` are
+- A cut batch is split over the trainer ranks by the dispatch policy (``libra.policies.dispatch``,
+  ``[job] dispatch``; default ``lpt``: the largest per-rank token count is minimised, and each rank's
+  share is packed into length-sorted micro-batches). Each rank's shard is published on the driver's
+  data-plane server (``libra.dataplane``) and one ``train`` work per rank names all shards' refs; each
+  rank fetches its own straight from the driver (the broker carries refs, never bytes, and nothing is
+  written to the run directory). The ranks train with gloo DP; rank 0 then publishes the new weights
+  version on *its* data-plane server and returns the ref. New generate turns name ``{version,
+  endpoint, ...}`` and rollout actors fetch it from trainer rank 0 between turns (idle ones poll it).
+- Per step, ``RUN/metrics.jsonl`` gets one record (including ``dispatch_imbalance`` vs
+  ``dispatch_imbalance_round_robin``, ``shard_fetch_s``, and the weight sync of the version the
+  previous step published, as the rollout actors report it: ``weight_fetch_s`` (slowest data-plane
+  transfer), ``weight_load_s`` (transfer + copy into the engine), ``sync_time_s`` (its publish + load),
+  ``weight_loads_dataplane``); at the end ``reward.png``/``throughput.png`` are
   drawn and ``summary.json`` written. ``RUN/samples.jsonl`` keeps a few transcripts per step.
 """
 
@@ -30,11 +38,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from libra.dataplane import DataPlaneKeys, DataPlaneServer
 from libra.logging import get_logger
+from libra.policies.dispatch import plan_dispatch
 from libra.rl.config import JobConfig
 from libra.rl.episode import EpisodeSession, SamplingParams
 from libra.rl.job import Group, JobState, Trajectory
 from libra.rl.metrics import MetricsWriter, plot_run, read_metrics, summarize
+from libra.rl.shards import encode_shard
 
 __all__ = ["JobFailed", "resolve_model", "run_job", "run_job_async"]
 
@@ -97,6 +108,7 @@ class _Driver:
         self.master_port = free_port()
         self.expected_rollouts = cfg.actors.rollout
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
+        self._publish_s: dict[int, float] = {}  # weights version -> rank 0's publish seconds
         self.samples = (run_dir / "samples.jsonl").open("a", encoding="utf-8")
 
     # ------------------------------------------------------------------ episodes
@@ -129,30 +141,42 @@ class _Driver:
         # (e.g. 3 x 5.85 gives 0.30): such a group carries no signal, so its advantages are exactly 0.
         flat = {g.gid for g in batch if len({t.reward for t in g.trajs}) == 1}
         adv = [0.0 if t.group in flat else a for t, a in zip(trajs, adv)]
-        path = self.run_dir / "batches" / f"step{step}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"input_ids": [t.input_ids for t in trajs], "loss_mask": [t.loss_mask for t in trajs],
-                                    "rollout_logprobs": [t.rollout_logprobs for t in trajs], "advantages": adv}))
+        ws = self.cfg.actors.trainer
+        plan = plan_dispatch([len(t.input_ids) for t in trajs], ws, micro_batch_tokens=self.cfg.grpo.micro_batch_tokens,
+                             strategy=self.cfg.job.dispatch)
+        naive = plan_dispatch([len(t.input_ids) for t in trajs], ws, strategy="round_robin")
+        refs = []
+        for r, idx in enumerate(plan.assignment):
+            sub = [trajs[i] for i in idx]
+            tensors, meta = encode_shard([t.input_ids for t in sub], [t.loss_mask for t in sub],
+                                         [t.rollout_logprobs for t in sub], [adv[i] for i in idx], traj_index=idx,
+                                         micro_batches=plan.micro_batches[r], step=step, rank=r)
+            refs.append(self.dp.publish_state_dict(f"batch/step{step}/rank{r}", tensors, version=step,
+                                                   metadata=meta).to_wire())
         every = self.cfg.job.checkpoint_every
         ckpt = str(self.run_dir / "checkpoints" / f"step{step}") if (step == self.cfg.job.steps or
                                                                   (every and step % every == 0)) else None
         g = self.cfg.grpo
         grpo = {"lr": g.lr, "clip_low": g.clip, "kl_coef": g.kl_coef, "max_grad_norm": g.max_grad_norm,
                 "micro_batch_tokens": g.micro_batch_tokens}
-        ws = self.cfg.actors.trainer
         t0 = time.monotonic()
-        replies = await asyncio.gather(*[
-            client.request("train", "grpo", {"batch_path": str(path), "world_size": ws, "rank": r,
-                                             "master_port": self.master_port, "grpo": grpo, "checkpoint": ckpt},
-                           timeout=3600.0) for r in range(ws)])
+        try:
+            replies = await asyncio.gather(*[
+                client.request("train", "grpo", {"shards": refs, "world_size": ws, "rank": r, "step": step,
+                                                 "master_port": self.master_port, "grpo": grpo, "checkpoint": ckpt},
+                               timeout=3600.0) for r in range(ws)])
+        finally:
+            for r in range(ws):
+                self.dp.retire(f"batch/step{step}/rank{r}")
         outs = sorted((r.output for r in replies), key=lambda o: o["rank"])
-        return {"outs": outs, "train_time_s": time.monotonic() - t0, "trajs": trajs}
+        return {"outs": outs, "train_time_s": time.monotonic() - t0, "trajs": trajs, "plan": plan, "naive": naive}
 
     # ------------------------------------------------------------------ loop
     async def run(self) -> dict[str, Any]:
         from libra.client.aio import AsyncClient
 
         client = await AsyncClient(self.url).connect(10.0)
+        self.dp = DataPlaneServer(keys=DataPlaneKeys.from_env())
         st = self.state
         pending: dict[asyncio.Task, tuple[str, int]] = {}
         train_task: asyncio.Task | None = None
@@ -191,8 +215,8 @@ class _Driver:
                         now = time.monotonic()
                         rec = self._record(res, lag, versions, now - t_last, self.live.gen_tokens - tokens_last)
                         st.step_done(new_v)
-                        if res["outs"][0].get("weights_path"):
-                            self.weights = {"version": new_v, "path": res["outs"][0]["weights_path"]}
+                        if isinstance(res["outs"][0].get("weights"), dict):
+                            self.weights = res["outs"][0]["weights"]  # a data-plane ref on trainer rank 0
                         self.metrics.write(rec)
                         t_last, tokens_last = now, self.live.gen_tokens
                         if bar is not None:
@@ -217,13 +241,14 @@ class _Driver:
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
             await client.close()
+            self.dp.close()
             self.metrics.close()
             self.samples.close()
         rollout_versions = await self._await_rollout_sync(st.version)
         recs = read_metrics(self.run_dir)
         summary = {**summarize(recs), "job": self.cfg.job.name, "total_wall_s": time.monotonic() - t_job,
                    "final_version": st.version, "dropped_groups": st.dropped_groups,
-                   "rollout_versions": rollout_versions}
+                   "rollout_versions": rollout_versions, "rollout_sync": self._rollout_sync_stats()}
         try:
             summary["plots"] = [str(p) for p in plot_run(self.run_dir)]
         except ImportError as exc:  # matplotlib is in the 'train' extra
@@ -248,13 +273,38 @@ class _Driver:
                 return seen
             await asyncio.sleep(0.1)
 
+    def _rollout_sync_stats(self) -> dict[str, Any]:
+        """Weight loads the rollout actors report in their status files: how many came over the data plane
+        (vs the file fallback), failures, and the data-plane fetch / fetch+load seconds of each."""
+        fetches: list[dict[str, Any]] = []
+        out: dict[str, Any] = {"dataplane_loads": 0, "file_loads": 0, "fetch_errors": 0, "bytes_fetched": 0}
+        for f in sorted((self.run_dir / "actors").glob("*.json")):
+            try:
+                st = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            for k in out:
+                out[k] += int(st.get(k, 0))
+            fetches += [dict(x, slot=f.stem) for x in st.get("fetches", [])]
+        dp = [x for x in fetches if x.get("via") == "dataplane"]
+        out["fetch_s_mean"] = statistics.fmean(x["fetch_s"] for x in dp) if dp else None
+        out["load_s_mean"] = statistics.fmean(x["load_s"] for x in dp) if dp else None
+        out["fetches"] = fetches
+        return out
+
     def _record(self, res: dict[str, Any], lag: list[int], versions: list[int], step_s: float,
                 tokens: int) -> dict[str, Any]:
         trajs: list[Trajectory] = res["trajs"]
         outs = res["outs"]
         rewards = [t.reward for t in trajs]
         m = outs[0]["metrics"]
-        load_s = max((0.0, *[float(x) for x in self._load_times(trajs)]))
+        wait_s = max((0.0, *[float(x) for x in self._load_times(trajs)]))
+        prev = self.state.version  # published by the previous step, fetched by rollouts during this one
+        loads = [x for x in self._rollout_sync_stats()["fetches"] if x["version"] == prev and x["via"] == "dataplane"]
+        load_s = max((float(x["load_s"]) for x in loads), default=0.0)
+        publish_prev = self._publish_s.get(prev, 0.0)
+        self._publish_s[int(outs[0]["weights_version"])] = float(outs[0].get("publish_s", 0.0))
+        plan, naive = res["plan"], res["naive"]
         rec = {
             "step": self.state.steps_done + 1, "weights_version": int(outs[0]["weights_version"]),
             "reward_mean": statistics.fmean(rewards), "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
@@ -267,8 +317,16 @@ class _Driver:
             "step_time_s": step_s,
             "rollout_time_s": max(t.info["end"] for t in trajs) - min(t.info["start"] for t in trajs),
             "train_time_s": res["train_time_s"],
-            "weight_publish_s": float(outs[0].get("publish_s", 0.0)), "weight_load_s": load_s,
-            "sync_time_s": float(outs[0].get("publish_s", 0.0)) + load_s,
+            "weight_publish_s": float(outs[0].get("publish_s", 0.0)), "weight_sync_version": prev,
+            "weight_fetch_s": max((float(x["fetch_s"]) for x in loads), default=0.0), "weight_load_s": load_s,
+            "sync_time_s": publish_prev + load_s if loads else 0.0, "weight_loads_dataplane": len(loads),
+            "turn_weight_wait_s": wait_s,
+            "weights_bytes": int((outs[0].get("weights") or {}).get("bytes", 0)),
+            "dispatch": plan.strategy, "rank_tokens": list(plan.rank_tokens),
+            "dispatch_imbalance": plan.imbalance, "dispatch_imbalance_round_robin": naive.imbalance,
+            "rank_padded_tokens": list(plan.rank_padded_tokens), "micro_batches": [len(m) for m in plan.micro_batches],
+            "shard_fetch_s": max(float(o.get("shard_fetch_s", 0.0)) for o in outs),
+            "shard_bytes": sum(int(o.get("shard_bytes", 0)) for o in outs),
             "policy_lag_mean": statistics.fmean(lag), "policy_lag_max": max(lag), "versions_seen": versions,
             "turn_versions": [t.versions for t in trajs],
             "loss": m["loss"], "grad_norm": m["grad_norm"], "clip_frac": m["clip_frac"], "kl_mean": m["kl_mean"],

@@ -11,7 +11,8 @@ An environment author writes::
 
 The session keeps the whole trajectory as token ids: the chat-templated prompt and every environment
 message get loss mask 0; every generated token gets mask 1 and its rollout log-prob. Each ``generate``
-sends the full token sequence so far (``prompt_ids``) and the newest published weights (version + file),
+sends the full token sequence so far (``prompt_ids``) and the newest published weights (a data-plane ref:
+version + trainer endpoint),
 and records the weights version the rollout actor actually used. Tokenisation happens here, in the
 driver; the rollout actors see token ids only.
 
@@ -57,7 +58,7 @@ class EpisodeSession:
     trajectory: str
     prompt_ids: list[int]
     params: SamplingParams
-    weights: Callable[[], dict[str, Any] | None]  # newest published weights {"version", "path"}
+    weights: Callable[[], dict[str, Any] | None]  # newest published weights: a data-plane ref {"version", "endpoint", ...}
     stop_token_ids: list[int]
     seed: int | None = None
     input_ids: list[int] = field(default_factory=list)
@@ -68,7 +69,7 @@ class EpisodeSession:
     tool_calls: int = 0
     finished: bool = False
     gen_tokens: int = 0
-    load_s: list[float] = field(default_factory=list)  # weights-load seconds the rollout paid before each turn
+    load_s: list[float] = field(default_factory=list)  # weights fetch+load seconds the rollout paid before each turn
 
     def __post_init__(self) -> None:
         self.input_ids = list(self.prompt_ids)

@@ -1,5 +1,6 @@
 """The RL job end to end on real processes: broker + 2 rollout + 2 trainer (gloo) + 1 action actor on
-loopback, the tiny random model, three GRPO steps through ``run_job``."""
+loopback, the tiny random model, three GRPO steps through ``run_job``. Weights and training shards move
+over the data plane (peer to peer), never through files or the broker."""
 
 from __future__ import annotations
 
@@ -76,3 +77,20 @@ def test_rollout_actors_report_the_new_version(tiny_run: tuple[dict, Path]) -> N
     for f in (run / "actors").glob("*.json"):
         st = json.loads(f.read_text())
         assert st["role"] == "rollout" and st["weights_version"] == 3 and st["loads"] >= 1
+
+
+def test_weights_and_batches_moved_over_the_data_plane(tiny_run: tuple[dict, Path]) -> None:
+    summary, run = tiny_run
+    assert not (run / "weights").exists() and not (run / "batches").exists()  # no file in the path
+    sync = summary["rollout_sync"]
+    assert sync["file_loads"] == 0 and sync["fetch_errors"] == 0
+    assert sync["dataplane_loads"] >= 2  # each rollout actor loaded at least version 3 over the data plane
+    assert {x["version"] for x in sync["fetches"] if x["via"] == "dataplane"} >= {3}
+    assert all(x["bytes"] > 0 for x in sync["fetches"])
+    for f in (run / "actors").glob("*.json"):
+        st = json.loads(f.read_text())
+        assert st["dataplane_loads"] == st["loads"] >= 1 and st["file_loads"] == 0
+    for r in read_metrics(run):
+        assert r["weights_bytes"] > 0 and r["weight_publish_s"] > 0
+        assert r["shard_bytes"] > 0 and sum(r["rank_tokens"]) > 0 and len(r["rank_tokens"]) == 2
+        assert r["dispatch"] == "lpt" and r["dispatch_imbalance"] <= r["dispatch_imbalance_round_robin"]

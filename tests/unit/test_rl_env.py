@@ -132,6 +132,7 @@ def test_example_job_files_load() -> None:
     ({"jobs": {}}, "unknown table"),
     ({"env": {"ops": ["/"]}}, "ops"),
     ({"job": {"max_policy_lag": -1}}, "max_policy_lag"),
+    ({"job": {"dispatch": "random"}}, "dispatch must be one of lpt, round_robin, contiguous"),
 ])
 def test_bad_job_files_say_what_is_wrong(data: dict, msg: str) -> None:
     with pytest.raises(ConfigError, match=msg):

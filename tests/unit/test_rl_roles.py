@@ -1,5 +1,6 @@
-"""Engine-backed actor roles on the real tiny model: the weights file, the rollout batcher and its
-version loading, a single-rank train step publishing weights; and ``--roles`` parsing."""
+"""Engine-backed actor roles on the real tiny model: the rollout batcher and its version loading over the
+data plane (and the file fallback), a dead trainer mid-fetch, a single-rank train step that fetches its
+shard and publishes weights over the data plane; and ``--roles`` parsing."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from libra.actors.roles import (
     write_weights_file,
 )
 from libra.actors.tools import ToolError, WorkContext
+from libra.dataplane import DataPlaneServer, DataPlaneWeightFetcher, DataPlaneWeightPublisher
 from libra.engines.tiny_model import ensure_tiny_model
+from libra.rl.shards import encode_shard
 
 
 @pytest.fixture(scope="module")
@@ -48,57 +51,112 @@ def test_weights_file_round_trips_bit_exact(tmp_path: Path) -> None:
     assert not list((tmp_path / "w").glob(".*"))  # no temporary file left behind
 
 
-def test_rollout_batches_concurrent_turns_and_loads_versions_between_batches(tiny: Path, tmp_path: Path) -> None:
+def status(run: Path, slot: str) -> dict:
+    return json.loads((run / "actors" / f"{slot}.json").read_text())
+
+
+def test_rollout_batches_turns_and_fetches_versions_over_the_data_plane(tiny: Path, tmp_path: Path) -> None:
     role = RolloutRole(str(tiny), str(tmp_path), "cpu9", max_batch=8, window_s=0.2)
     with ThreadPoolExecutor(4) as pool:
         outs = list(pool.map(lambda i: role.generate(gen_args(i), ctx()), range(4)))
     assert all(o["weights_version"] == 0 and o["gen_tokens"] == len(o["token_ids"]) == len(o["logprobs"]) == 6
                for o in outs)
     assert max(o["batch"] for o in outs) > 1  # concurrent turns shared an engine call
-    # publish version 1 (perturbed weights): the next turn that names it runs on it
     sd = {k: v + 0.01 for k, v in role.engine.model.state_dict().items()}
-    path = write_weights_file(tmp_path / "weights" / "v1.libra", sd, 1)
-    before = role.generate(gen_args(0), ctx())
-    assert before["weights_version"] in (0, 1)  # idle polling may already have loaded it
-    out = role.generate(gen_args(0, {"version": 1, "path": str(path)}), ctx())
-    assert out["weights_version"] == 1
-    assert out["logprobs"] != outs[0]["logprobs"]  # same prompt and seed, different weights
-    status = json.loads((tmp_path / "actors" / "cpu9.json").read_text())
-    assert status["weights_version"] == 1 and status["loads"] == 1
-    # an idle instance picks up a newer published version on its own
-    write_weights_file(tmp_path / "weights" / "v2.libra", sd, 2)
-    deadline = time.monotonic() + 30
-    while json.loads((tmp_path / "actors" / "cpu9.json").read_text())["weights_version"] != 2:
-        assert time.monotonic() < deadline, "idle rollout instance never loaded v2"
-        time.sleep(0.05)
+    with DataPlaneServer() as trainer:  # what trainer rank 0 runs
+        pub = DataPlaneWeightPublisher(trainer, keep=2, chunk_size=64 * 1024)
+        ref1 = pub.publish(1, sd)
+        out = role.generate(gen_args(0, ref1), ctx())
+        assert out["weights_version"] == 1 and out["weights_via"] == "dataplane" and out["weights_error"] is None
+        assert out["load_s"] >= out["fetch_s"] > 0
+        assert out["logprobs"] != outs[0]["logprobs"]  # same prompt and seed, different weights
+        assert all(torch.equal(role.engine.model.state_dict()[k], v) for k, v in sd.items())
+        st = status(tmp_path, "cpu9")
+        assert st["weights_version"] == 1 and st["dataplane_loads"] == 1 and st["file_loads"] == 0
+        assert st["bytes_fetched"] == ref1["bytes"] and st["fetches"][0]["via"] == "dataplane"
+        # an idle instance asks the trainer it last heard of for newer weights and loads them on its own
+        pub.publish(2, sd)
+        deadline = time.monotonic() + 60
+        while status(tmp_path, "cpu9")["weights_version"] != 2:
+            assert time.monotonic() < deadline, "idle rollout instance never loaded v2"
+            time.sleep(0.05)
+    assert not (tmp_path / "weights").exists()  # nothing went through files
     with pytest.raises(ToolError, match="prompt_ids"):
         role.generate({"max_new_tokens": 3}, ctx())
     with pytest.raises(ToolError, match="bad generate args"):
         role.generate({"prompt_ids": [], "max_new_tokens": 3}, ctx())
+    role.close()
 
 
-def test_single_rank_train_step_publishes_the_weights_it_checksums(tiny: Path, tmp_path: Path) -> None:
+def test_trainer_gone_mid_fetch_keeps_the_old_version_and_reports(tiny: Path, tmp_path: Path) -> None:
+    role = RolloutRole(str(tiny), str(tmp_path), "cpu7", max_batch=4, window_s=0.0, fetch_timeout_s=1.0)
+    sd = {k: v * 1.5 for k, v in role.engine.model.state_dict().items()}
+    trainer = DataPlaneServer()
+    ref = DataPlaneWeightPublisher(trainer, chunk_size=4096).publish(1, sd)
+    before = role.generate(gen_args(1), ctx())
+
+    class DiesMidTransfer(DataPlaneWeightFetcher):  # the trainer process dies after the first chunks arrived
+        def fetch(self, r):
+            from libra.dataplane import ObjectRef, fetch
+
+            fetch(ObjectRef.from_wire(r), window=1, batch=1, idle_timeout_s=1.0,
+                  on_chunk=lambda i, n: trainer.close() if i == 2 else None)
+            raise AssertionError("the transfer cannot complete")
+
+    role.fetcher = DiesMidTransfer()
+    out = role.generate(gen_args(1, ref), ctx())
+    assert out["weights_version"] == 0 and out["token_ids"] == before["token_ids"]  # the turn ran on v0
+    assert out["weights_error"].startswith("PeerLost") and "after 2/" in out["weights_error"]
+    st = status(tmp_path, "cpu7")
+    assert st["weights_version"] == 0 and st["fetch_errors"] == 1 and st["loads"] == 0
+    assert st["last_error"].startswith("PeerLost")
+    again = role.generate(gen_args(1, ref), ctx())  # within the back-off: no new attempt, same report
+    assert again["weights_version"] == 0 and again["weights_error"] == out["weights_error"]
+    assert status(tmp_path, "cpu7")["fetch_errors"] == 1
+    role.close()
+
+
+def test_the_weights_file_fallback_still_loads(tiny: Path, tmp_path: Path) -> None:
+    role = RolloutRole(str(tiny), None, "cpu6", max_batch=2, window_s=0.0)
+    sd = {k: v + 0.02 for k, v in role.engine.model.state_dict().items()}
+    path = write_weights_file(tmp_path / "v4.libra", sd, 4)
+    out = role.generate(gen_args(0, {"version": 4, "path": str(path)}), ctx())
+    assert out["weights_version"] == 4 and out["weights_via"] == "file" and role.stats["file_loads"] == 1
+    role.close()
+
+
+def shard_refs(server: DataPlaneServer, seqs: list[list[int]], step: int) -> list[dict]:
+    tensors, meta = encode_shard(seqs, [[0, 0, 0] + [1] * (len(s) - 3) for s in seqs],
+                                 [[0.0, 0.0, 0.0] + [-3.0] * (len(s) - 3) for s in seqs], [1.0, -1.0, 0.5, -0.5],
+                                 traj_index=list(range(len(seqs))), micro_batches=[[0, 2], [1, 3]], step=step, rank=0)
+    return [server.publish_state_dict(f"batch/step{step}/rank0", tensors, version=step, metadata=meta).to_wire()]
+
+
+def test_single_rank_train_step_fetches_its_shard_and_publishes_weights(tiny: Path, tmp_path: Path) -> None:
     role = TrainRole(str(tiny), str(tmp_path), "cpu8")
-    seqs = [[5, 6, 7, 8, 9, 10], [5, 6, 7, 11, 12], [5, 6, 13, 14, 15, 16], [5, 6, 17]]
-    batch = {"input_ids": seqs, "loss_mask": [[0, 0, 0] + [1] * (len(s) - 3) for s in seqs],
-             "rollout_logprobs": [[0.0, 0.0, 0.0] + [-3.0] * (len(s) - 3) for s in seqs],
-             "advantages": [1.0, -1.0, 0.5, -0.5]}
-    bp = tmp_path / "b.json"
-    bp.write_text(json.dumps(batch))
-    out = role.train({"batch_path": str(bp), "world_size": 1, "rank": 0, "master_port": 1, "grpo": {"lr": 1e-3},
-                      "checkpoint": None}, ctx())
-    assert out["weights_version"] == 1 and out["rank"] == 0 and out["metrics"]["grad_norm"] > 0
-    sd, version = read_weights_file(out["weights_path"])
-    assert version == 1
-    own = role.trainer.model.state_dict()
-    assert all(torch.equal(sd[k], own[k]) for k in own)
-    first = out["checksum"]
-    out2 = role.train({"batch_path": str(bp), "world_size": 1, "rank": 0, "master_port": 1, "grpo": {"lr": 1e-3},
-                       "checkpoint": str(tmp_path / "ck")}, ctx())
-    assert out2["weights_version"] == 2 and out2["checksum"] != first
-    assert (tmp_path / "ck" / "trainer_state.json").is_file()
-    with pytest.raises(ToolError, match="batch_path"):
+    seqs = [[5, 6, 7, 8, 9, 10], [5, 6, 7, 11, 12], [5, 6, 13, 14, 15, 16], [5, 6, 17, 3]]
+    with DataPlaneServer() as driver:
+        args = {"shards": shard_refs(driver, seqs, 1), "world_size": 1, "rank": 0, "master_port": 1,
+                "grpo": {"lr": 1e-3}, "checkpoint": None}
+        out = role.train(args, ctx())
+        assert out["weights_version"] == 1 and out["rank"] == 0 and out["metrics"]["grad_norm"] > 0
+        assert out["metrics"]["micro_batches"] == 2.0  # the shard's micro-batch plan was used
+        assert out["shard_tokens"] == sum(map(len, seqs)) and out["shard_bytes"] > 0
+        assert out["weights"]["version"] == 1 and out["weights"]["endpoint"] == role.server.endpoint
+        sd, version, _ = DataPlaneWeightFetcher().fetch(out["weights"])
+        assert version == 1
+        own = role.trainer.model.state_dict()
+        assert all(torch.equal(sd[k], own[k]) for k in own)
+        first = out["checksum"]
+        out2 = role.train({**args, "shards": shard_refs(driver, seqs, 2), "checkpoint": str(tmp_path / "ck")}, ctx())
+        assert out2["weights_version"] == 2 and out2["checksum"] != first
+        assert (tmp_path / "ck" / "trainer_state.json").is_file()
+        with pytest.raises(ToolError, match="shard_fetch_failed|not"):
+            role.train({**args, "shards": [{**args["shards"][0], "name": "batch/gone"}]}, ctx())
+    assert not (tmp_path / "weights").exists() and not (tmp_path / "batches").exists()
+    with pytest.raises(ToolError, match="shards"):
         role.train({}, ctx())
+    role.close()
 
 
 def test_role_handlers_and_roles_spec() -> None:

@@ -110,6 +110,21 @@ def test_micro_batching_does_not_change_the_gradient(model_dir, batch):
         assert torch.allclose(p1.grad, p2.grad, atol=1e-6, rtol=1e-5)
 
 
+def test_a_given_micro_batch_plan_is_used_and_exact(model_dir, batch):
+    from libra.policies.dispatch import pack_micro_batches
+
+    default = GRPOTrainer(model_dir, lr=1e-3, micro_batch_tokens=10_000)
+    planned = GRPOTrainer(model_dir, lr=1e-3, micro_batch_tokens=10_000)
+    plan = pack_micro_batches(batch.lengths(), 24)  # the dispatch policy's length-aware packing
+    m1, m2 = default.train_step(batch), planned.train_step(batch, micro_batches=plan)
+    assert m1["micro_batches"] == 1 and m2["micro_batches"] == len(plan) > 1
+    assert m2["loss"] == pytest.approx(m1["loss"], abs=1e-6)
+    for p1, p2 in zip(default.model.parameters(), planned.model.parameters()):
+        assert torch.allclose(p1.grad, p2.grad, atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="exactly once"):
+        planned.train_step(batch, micro_batches=[[0]])
+
+
 def test_two_steps_decrease_loss_and_sync_to_rollout(model_dir, batch):
     trainer = GRPOTrainer(model_dir, lr=2e-3, micro_batch_tokens=40)
     first = trainer.train_step(batch)
