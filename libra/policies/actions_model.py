@@ -179,8 +179,14 @@ class ActionSpec:
     ``demand`` holds minimum units per resource (for the elastic resource: the minimum DoP).
     ``base_duration`` is ``T_ori``: the duration with **one** unit of the elastic resource, or simply the
     duration of a non-elastic action. ``service`` names the GPU service an action runs on (evict-on-execution),
-    if any. Derived fields (``key``, ``min_units``, ``max_units``, ``items``, ``durations``, ``gains``,
-    ``neg_gains``, ``convex``) are computed once at construction for the scheduler's hot path.
+    if any. Derived fields (``key``, ``min_units``, ``max_units``, ``span``, ``part``, ``items``,
+    ``durations``, ``min_duration``, ``gains``, ``neg_gains``, ``convex``) are computed once at construction
+    for the scheduler's hot path: ``span = max_units - min_units`` (0: not elastic in practice), ``part``
+    the resource a scheduler partitions the action under (its key elastic resource when ``span > 0``, else
+    its first demanded resource, ``None`` for an empty demand) and ``part_units = demand[part]``, ``durations[m]`` the duration table by unit
+    count (``inf`` where ``m`` is not allowed), ``min_duration == durations[min_units]`` (the duration of a
+    non-elastic action), ``gains[i]`` the time saved by unit ``min_units + i + 1`` (non-increasing when
+    ``convex``) and ``neg_gains`` their negations (ascending when ``convex``).
 
     Raises :class:`ActionModelError` for a bad field (the message names it).
     """
@@ -196,8 +202,12 @@ class ActionSpec:
     key: str | None = field(init=False)
     min_units: int = field(init=False)
     max_units: int = field(init=False)
+    span: int = field(init=False)
+    part: str | None = field(init=False)
+    part_units: int = field(init=False)
     items: tuple[tuple[str, int], ...] = field(init=False)
     durations: tuple[float, ...] = field(init=False)
+    min_duration: float = field(init=False)
     gains: tuple[float, ...] = field(init=False)
     neg_gains: tuple[float, ...] = field(init=False)
     convex: bool = field(init=False)
@@ -246,8 +256,14 @@ class ActionSpec:
         setattr_(self, "key", key)
         setattr_(self, "min_units", lo)
         setattr_(self, "max_units", hi)
-        setattr_(self, "items", tuple(demand.items()))
+        items = tuple(demand.items())
+        setattr_(self, "items", items)
+        setattr_(self, "span", hi - lo)
+        part = key if hi > lo else (items[0][0] if items else None)
+        setattr_(self, "part", part)
+        setattr_(self, "part_units", 0 if part is None else demand[part])
         setattr_(self, "durations", durations)
+        setattr_(self, "min_duration", durations[lo])
         setattr_(self, "gains", gains)
         setattr_(self, "neg_gains", tuple(-g for g in gains))
         setattr_(self, "convex", convex)

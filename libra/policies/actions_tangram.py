@@ -27,8 +27,25 @@ Exactness of the split: for convex duration curves (Amdahl, convex tables, no si
 ``L`` largest marginal gains is optimal for this separable convex problem, so :func:`split_units` does that
 in O(N log N) over the first ``L + freed`` gains of each candidate; otherwise it runs the DP over unit
 counts (O(k·L·m)) on the first ``dp_top`` candidates (later ones get their minimum). Both are checked
-against brute force in the tests. Bounded work per decision: ``max_scan`` queue entries, ``window``
-candidates, ``depth + 1`` estimates of at most ``lookahead + depth`` waiting actions each.
+against brute force in the tests.
+
+Incremental evaluation (the decision hot path). An eviction trial differs from the previous one by one
+candidate and a few freed units, so nothing is rebuilt per trial:
+
+- the candidates' marginal gains are sorted once (capped at ``L + freed`` per candidate); a trial finds its
+  threshold by walking past the evicted candidates' gains in that list and re-sums only its prefix;
+- the candidates' projected releases are sorted once; a trial copies the list and moves the few entries
+  whose units changed (the evicted candidate's and those that received freed units);
+- the running actions' releases come pre-sorted from :class:`~libra.policies.actions_views.RunningSet`
+  (kept sorted on ``add`` / ``remove``), so the completion-time "heap" is a merge of two sorted lists and a
+  small heap of the releases the estimate itself pushes: the estimate costs O(releases it pops), not
+  O(running + candidates).
+
+The decisions are identical to the first implementation, kept verbatim as
+:class:`libra.policies.actions_tangram_ref.ReferenceElasticScheduler` (same grants and units in the same
+order, same floating-point arithmetic): ``tests/unit/test_actions_tangram_equiv.py`` checks that on
+randomised instances. Bounded work per decision: ``max_scan`` queue entries, ``window`` candidates,
+``depth + 1`` estimates of at most ``lookahead + depth`` waiting actions each.
 
 Pure: ``schedule`` reads its arguments and returns grants; the scheduler holds only its parameters.
 """
@@ -37,21 +54,32 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_left, bisect_right
-from collections.abc import Mapping, Sequence
-from itertools import chain
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Iterable, Mapping, Sequence
+from functools import partial, reduce
+from itertools import chain, compress, repeat
+from operator import add, attrgetter, getitem, le, ne as ne_, not_
 
 from libra.policies.actions_model import ActionSpec, Grant
-from libra.policies.actions_views import RunningView, release_list, scan_order
+from libra.policies.actions_views import RunningView, scan_order, sorted_releases
 
 __all__ = ["ElasticScheduler", "split_units", "split_units_dp"]
 
 _INF = math.inf
-
-
-def _split_greedy(specs: Sequence[ActionSpec], leftover: int) -> tuple[list[int], float]:
-    """Exact split for convex curves: the ``leftover`` largest marginal gains (ties to the earliest action)."""
-    return _ConvexSplit(specs).solve(leftover)
+# Column accessors: the hot path extracts one field of every candidate with C-level ``map`` calls.
+_convex = attrgetter("convex")
+_demand = attrgetter("demand")
+_durations = attrgetter("durations")
+_id = attrgetter("id")
+_max_units = attrgetter("max_units")
+_min_duration = attrgetter("min_duration")
+_min_units = attrgetter("min_units")
+_neg_gains = attrgetter("neg_gains")
+_part = attrgetter("part")
+_part_units = attrgetter("part_units")
+_span = attrgetter("span")
+# Grant((id, units, unit_ids)) without the NamedTuple's Python-level __new__.
+_grant_of = partial(tuple.__new__, Grant)
 
 
 def split_units_dp(specs: Sequence[ActionSpec], leftover: int, dp_top: int = 32) -> tuple[list[int], float]:
@@ -109,7 +137,51 @@ def split_units(specs: Sequence[ActionSpec], leftover: int, dp_top: int = 32) ->
     for s in specs:
         if not s.convex:
             return split_units_dp(specs, leftover, dp_top)
-    return _split_greedy(specs, leftover)
+    base = 0.0
+    for s in specs:
+        base += s.durations[s.min_units]
+    neg = sorted(chain.from_iterable(s.neg_gains for s in specs))
+    return _convex_extras(specs, neg, leftover, None), _convex_cost(base, neg, leftover)
+
+
+def _convex_extras(specs: Sequence[ActionSpec], neg: list[float], leftover: int, cap: int | None) -> list[int]:
+    """Extra units per action when ``leftover`` units go to the largest marginal gains (ties to the earliest
+    action). ``neg`` is every action's first ``cap`` gains (all if ``cap`` is ``None``), negated, ascending."""
+    if leftover <= 0:
+        return [0] * len(specs)
+    if leftover >= len(neg):
+        return [len(s.gains) if cap is None else min(len(s.gains), cap) for s in specs]
+    return _extras_at(specs, neg[leftover - 1], leftover)
+
+
+def _extras_at(specs: Sequence[ActionSpec], thr: float, leftover: int) -> list[int]:
+    """Extras for threshold ``thr`` (the ``leftover``-th smallest negated gain): every gain strictly above
+    it, then the gains equal to it, earliest action first, until ``leftover`` units are used."""
+    negs = list(map(_neg_gains, specs))
+    extras = list(map(bisect_left, negs, repeat(thr)))  # gains strictly above the threshold
+    rest = leftover - sum(extras)
+    if rest > 0:
+        upto = list(map(bisect_right, negs, repeat(thr)))
+        if sum(upto) == leftover:
+            return upto  # exactly enough ties: every action takes all of its own
+        for i in range(len(specs)):
+            ties = upto[i] - extras[i]
+            if ties > 0:
+                take = ties if ties < rest else rest
+                extras[i] += take
+                rest -= take
+                if rest == 0:
+                    break
+    return extras
+
+
+def _convex_cost(base: float, neg: list[float], leftover: int) -> float:
+    """``Σ duration`` of the split: the minimum-DoP durations (``base``) minus the ``leftover`` largest gains."""
+    if leftover <= 0:
+        return base
+    if leftover >= len(neg):
+        return base + sum(neg)
+    return base + sum(neg[:leftover])
 
 
 class ElasticScheduler:
@@ -161,271 +233,510 @@ class ElasticScheduler:
         """Decide which queued actions start now and with how many units.
 
         ``queue`` is read once in FCFS order; ``free`` is what no running action holds; ``running`` gives
-        projected release times (a :class:`~libra.policies.actions_views.RunningSet` makes that O(k)).
+        projected release times (a :class:`~libra.policies.actions_views.RunningSet` makes that O(1)).
         Returns grants in queue order; every grant fits ``free`` jointly.
         """
         avail = dict(free)
-        cands: list[tuple[int, ActionSpec]] = []
+        cand: list[ActionSpec] = []
+        cpos: list[int] = []
         waiting: dict[str, list[tuple[int, ActionSpec]]] = {}
         window, lookahead = self.window, self.lookahead
         limit = self.max_scan
-        extra_reads = -1  # counts reads after the window filled
+        it = scan_order(queue, free)
         pos = -1
-        for spec in scan_order(queue, free):
+        full = False
+        # Phase 1: fill the window; actions that do not fit are waiting.
+        for spec in it:
             pos += 1
             if pos >= limit:
                 break
-            if extra_reads < 0:
-                items = spec.items
+            items = spec.items
+            if len(items) == 1:
+                r, u = items[0]
+                a = avail.get(r, 0)
+                if a >= u:
+                    avail[r] = a - u
+                    cand.append(spec)
+                    cpos.append(pos)
+                    if len(cand) >= window:
+                        full = True
+                        break
+                    continue
+            else:
                 for r, u in items:
                     if avail.get(r, 0) < u:
                         break
                 else:
                     for r, u in items:
                         avail[r] -= u
-                    cands.append((pos, spec))
-                    if len(cands) >= window:
-                        extra_reads = 0
+                    cand.append(spec)
+                    cpos.append(pos)
+                    if len(cand) >= window:
+                        full = True
+                        break
                     continue
-            else:
-                extra_reads += 1
-                if extra_reads > lookahead:
-                    break
             if lookahead:
-                k = spec.key
-                if k is not None:
-                    w = waiting.get(k)
-                    if w is None:
-                        waiting[k] = [(pos, spec)]
-                    elif len(w) < lookahead:
-                        w.append((pos, spec))
-                else:
-                    for r, _u in spec.items:
-                        w = waiting.get(r)
-                        if w is None:
-                            waiting[r] = [(pos, spec)]
-                        elif len(w) < lookahead:
-                            w.append((pos, spec))
-        if not cands:
+                _note_waiting(waiting, pos, spec, lookahead)
+        # Phase 2: up to ``lookahead`` more reads, all waiting.
+        if full and lookahead:
+            reads = 0
+            for spec in it:
+                pos += 1
+                reads += 1
+                if pos >= limit or reads > lookahead:
+                    break
+                _note_waiting(waiting, pos, spec, lookahead)
+        if not cand:
             return []
 
-        # Partition: an elastic action by its key resource, any other action by its first resource. Only a
-        # partition with an elastic candidate has anything to decide.
-        parts: dict[str, list[tuple[int, ActionSpec]]] = {}
-        elastic_parts: set[str] = set()
-        for pc in cands:
-            s = pc[1]
-            if s.max_units > s.min_units:
-                k = s.key
-                elastic_parts.add(k)  # type: ignore[arg-type]
-            elif s.items:
-                k = s.items[0][0]
-            else:
+        # Partition: an elastic action by its key resource, any other action by its first resource
+        # (``ActionSpec.part``). Only a partition with an elastic candidate has anything to decide.
+        n = len(cand)
+        keys = list(map(_part, cand))
+        k0 = keys[0]
+        groups: dict[str | None, list[int] | None]
+        if keys.count(k0) == n:
+            groups = {k0: None}  # None: the whole window, in order
+        else:
+            groups = {}
+            for i, k in enumerate(keys):
+                g = groups.get(k)
+                if g is None:
+                    groups[k] = [i]
+                else:
+                    g.append(i)
+        units: list[Mapping[str, int]] = list(map(_demand, cand))
+        drop: list[int] = []
+        for r, idx in groups.items():
+            if r is None:
                 continue
-            g = parts.get(k)  # type: ignore[arg-type]
-            if g is None:
-                parts[k] = [pc]  # type: ignore[index]
+            if idx is None:
+                gspecs, gpos = cand, cpos
             else:
-                g.append(pc)
-        units_of: dict[str, int] = {}
-        evicted: set[str] = set()
-        for r in elastic_parts:
-            self._decide_partition(r, parts[r], avail.get(r, 0), waiting.get(r, ()), running, now, units_of, evicted)
-
-        grants: list[Grant] = []
-        for _pos, s in cands:
-            if s.id in evicted:
+                gspecs = [cand[i] for i in idx]
+                gpos = [cpos[i] for i in idx]
+            spans = list(map(_span, gspecs))
+            if not any(spans):
                 continue
-            if s.key is None or s.max_units == s.min_units:
-                grants.append(Grant(s.id, s.demand))
-            else:
-                u = dict(s.demand)
-                u[s.key] = units_of[s.id]
-                grants.append(Grant(s.id, u))
-        return grants
+            k, ms = self._decide_partition(r, gspecs, gpos, spans, avail.get(r, 0), waiting.get(r, ()), running, now)
+            if k < len(gspecs):
+                drop.extend(range(k, len(gspecs)) if idx is None else idx[k:])
+            # The elastic candidates kept are the first len(ms) elastic ones of the partition.
+            for gi, m in zip(compress(range(len(gspecs)), spans), ms):
+                ci = gi if idx is None else idx[gi]
+                s = gspecs[gi]
+                if len(s.items) == 1:
+                    units[ci] = {r: m}
+                else:
+                    u = dict(s.demand)
+                    u[r] = m
+                    units[ci] = u
+        ids: Iterable[str] = map(_id, cand)
+        if drop:
+            keep = [True] * n
+            for i in drop:
+                keep[i] = False
+            ids, units = compress(ids, keep), list(compress(units, keep))  # type: ignore[assignment]
+        return list(map(_grant_of, zip(ids, units, repeat(None))))
 
     # ----------------------------------------------------------------------------------------- internals
 
     def _decide_partition(
         self,
         r: str,
-        group: list[tuple[int, ActionSpec]],
+        gspecs: list[ActionSpec],
+        gpos: list[int],
+        spans: list[int],
         leftover: int,
         waiting: Sequence[tuple[int, ActionSpec]],
         running: Sequence[RunningView],
         now: float,
-        units_of: dict[str, int],
-        evicted: set[str],
-    ) -> None:
-        """Split ``leftover`` units of ``r`` over ``group`` (FCFS order; elastic and fixed actions) and evict
-        trailing candidates while the estimated Σ ACT improves. Writes ``units_of`` and ``evicted``."""
-        need = 0
-        convex = True
-        for _p, s in group:
-            need += s.max_units - s.min_units
-            if not s.convex:
-                convex = False
-        if leftover >= need:
-            for _p, s in group:
-                units_of[s.id] = s.max_units
-            return
+    ) -> tuple[int, list[int]]:
+        """Split ``leftover`` units of ``r`` over the partition ``gspecs`` (FCFS order, queue positions
+        ``gpos``, ``spans[i] = max - min``; elastic and fixed actions) and evict trailing candidates while the
+        estimated Σ ACT improves.
+
+        Returns ``(k, ms)``: the first ``k`` candidates start (the rest are evicted) and ``ms`` lists the
+        units of ``r`` for the elastic ones among them, in order."""
+        if leftover >= sum(spans):
+            return len(gspecs), list(map(_max_units, compress(gspecs, spans)))
+        convex = all(map(_convex, gspecs))
         # Elastic candidates get the split; fixed ones contribute a constant duration and release.
-        el: list[ActionSpec] = []
-        is_el: list[bool] = []
-        fixed_rel: list[tuple[float, int]] = []
-        fixed_dur: list[float] = []
-        for _p, s in group:
-            if s.max_units > s.min_units:
-                el.append(s)
-                is_el.append(True)
+        el = list(compress(gspecs, spans))
+        if len(el) == len(gspecs):
+            fixed: list[ActionSpec] = []
+            fixed_dur: list[float] = []
+        else:
+            fixed = list(compress(gspecs, map(not_, spans)))
+            fixed_dur = list(map(_min_duration, fixed))
+        depth = self.depth
+        if not depth:
+            if convex:
+                neg = _gather(list(map(_neg_gains, el)), spans, leftover)
+                neg.sort()
+                extras = _convex_extras(el, neg, leftover, leftover)
             else:
-                d = s.durations[0] if s.key is None else s.durations[s.min_units]
-                fixed_dur.append(d)
-                fixed_rel.append((now + d, s.demand.get(r, 0)))
-                is_el.append(False)
+                extras, _cost = split_units_dp(el, leftover, self.dp_top)
+            return len(gspecs), list(map(add, map(_min_units, el), extras))
         fixed_cost = sum(fixed_dur)
         # Evictions free at most the demand of the last ``depth`` candidates.
-        cap = leftover + sum(s.demand.get(r, 0) for _p, s in group[max(0, len(group) - self.depth) :]) if self.depth else leftover
-        splitter = _ConvexSplit(el, cap) if convex else None
-        extras, cost = splitter.solve(leftover) if splitter else split_units_dp(el, leftover, self.dp_top)
-        k, ne, nf = len(group), len(el), len(fixed_rel)
-        if self.depth:
-            base = release_list(running, r)  # a fresh list: heapified in place, never mutated afterwards
-            heapq.heapify(base)
-            j = cost + fixed_cost + _waiting_cost(r, el, extras, fixed_rel, leftover, (), waiting, base, now)
-            freed = leftover
-            floor = 1 if self.keep_head else 0
-            for _ in range(self.depth):
-                if k <= floor:
-                    break
-                k2 = k - 1
-                last = group[k2][1]
-                freed2 = freed + last.demand.get(r, 0)
-                ne2, nf2, fixed2 = ne, nf, fixed_cost
-                if is_el[k2]:
-                    ne2 -= 1
-                    if splitter is not None:
-                        splitter.drop_last()
-                else:
-                    nf2 -= 1
-                    fixed2 -= fixed_dur[nf2]
-                if splitter is not None:
-                    ext2, cost2 = splitter.solve(freed2)
-                else:
-                    ext2, cost2 = split_units_dp(el[:ne2], freed2, self.dp_top)
-                cost2 += fixed2
-                # Only an improvement matters: the estimate stops once it cannot beat j.
-                j2 = cost2 + _waiting_cost(
-                    r, el[:ne2], ext2, fixed_rel[:nf2], freed2, group[k2:], waiting, base, now, j - cost2
-                )
-                if j2 < j - 1e-9:
-                    k, j, extras, freed, ne, nf, fixed_cost = k2, j2, ext2, freed2, ne2, nf2, fixed2
-                else:
-                    break
-            for _p, s in group[k:]:
-                evicted.add(s.id)
-        for s, e in zip(el[:ne], extras):
-            units_of[s.id] = s.min_units + e
-
-
-class _ConvexSplit:
-    """Exact unit split for convex duration curves, supporting removal of the last action (eviction).
-
-    Holds every marginal gain of every action, negated and sorted ascending (largest gain first).
-    """
-
-    __slots__ = ("specs", "neg", "base", "cap")
-
-    def __init__(self, specs: Sequence[ActionSpec], cap: int | None = None) -> None:
-        # Only an action's first ``cap`` gains can be among the ``cap`` largest of all (each action's gains
-        # are non-increasing), so a split of at most ``cap`` units needs no more.
-        self.specs = list(specs)
-        self.cap = cap
-        if cap is None:
-            self.neg = sorted(chain.from_iterable(s.neg_gains for s in specs))
+        cap = leftover
+        for s in gspecs[max(0, len(gspecs) - depth):]:
+            cap += s.demand.get(r, 0)
+        if convex:
+            k, extras = self._evict_convex(r, gspecs, gpos, spans, el, fixed, fixed_dur, leftover, cap, fixed_cost,
+                                           waiting, running, now)
         else:
-            self.neg = sorted(chain.from_iterable(s.neg_gains[:cap] for s in specs))
-        base = 0.0
-        for s in specs:
-            base += s.durations[s.min_units]
-        self.base = base
+            k, extras = self._evict_dp(r, gspecs, gpos, el, fixed, fixed_dur, leftover, fixed_cost, waiting, running, now)
+        return k, list(map(add, map(_min_units, el), extras))
 
-    def drop_last(self) -> None:
-        s = self.specs.pop()
-        neg = self.neg
-        for g in s.neg_gains[: self.cap]:
-            del neg[bisect_left(neg, g)]
-        self.base -= s.durations[s.min_units]
+    def _evict_convex(
+        self,
+        r: str,
+        gspecs: list[ActionSpec],
+        gpos: list[int],
+        spans: list[int],
+        el: list[ActionSpec],
+        fixed: list[ActionSpec],
+        fixed_dur: list[float],
+        leftover: int,
+        cap: int,
+        fixed_cost: float,
+        waiting: Sequence[tuple[int, ActionSpec]],
+        running: Sequence[RunningView],
+        now: float,
+    ) -> tuple[int, list[int]]:
+        """Greedy eviction with the convex split, evaluated incrementally (see the module docstring).
 
-    def solve(self, leftover: int) -> tuple[list[int], float]:
-        """Extras per action and ``Σ duration`` for ``leftover`` units (``leftover <= cap`` when capped)."""
-        specs, neg = self.specs, self.neg
-        if self.cap is not None and leftover > self.cap:
-            raise ValueError(f"split of {leftover} units asked of a splitter capped at {self.cap}")
-        if leftover <= 0:
-            return [0] * len(specs), self.base
-        if leftover >= len(neg):
-            cap = self.cap
-            return [len(s.gains) if cap is None else min(len(s.gains), cap) for s in specs], self.base + sum(neg)
-        thr = neg[leftover - 1]
-        extras = [bisect_left(s.neg_gains, thr) for s in specs]  # gains strictly above the threshold
-        rest = leftover - sum(extras)
-        if rest > 0:
-            for i, s in enumerate(specs):
-                ties = bisect_right(s.neg_gains, thr) - extras[i]
-                if ties > 0:
-                    take = ties if ties < rest else rest
-                    extras[i] += take
-                    rest -= take
-                    if rest == 0:
-                        break
-        return extras, self.base + sum(neg[:leftover])
+        Returns ``(k, extras)``: the first ``k`` candidates stay, and ``extras`` gives the extra units of the
+        elastic ones among them (in order; as long as the number of elastic candidates kept)."""
+        ng, ne = len(gspecs), len(el)
+        floor = 1 if self.keep_head else 0
+        nev = min(self.depth, ng - floor)  # trailing candidates an eviction trial may remove
+        # ---- trial 0: the split of ``leftover`` units over every candidate
+        negs = list(map(_neg_gains, el))
+        neg = _gather(negs, spans, cap)
+        neg.sort()
+        n_all = len(neg)
+        base = reduce(add, map(_min_duration, el), 0.0)  # left to right, as Σ over the candidates
+        L = leftover
+        if L <= 0:
+            extras = [0] * ne
+            cost = base
+        elif L >= n_all:
+            extras = [sp if sp < cap else cap for sp in map(_span, el)]
+            cost = base + sum(neg)
+        else:
+            thr = neg[L - 1]
+            extras = list(map(bisect_right, negs, repeat(thr)))
+            if sum(extras) != L:  # more ties at the threshold than units: the tie rule decides
+                extras = _extras_at(el, thr, L)
+            cost = base + sum(neg[:L])
+        # ---- the candidates' releases an estimate can reach
+        brel = sorted_releases(running, r)
+        horizon = _release_horizon(r, brel, waiting, gspecs[ng - nev:] if nev > 0 else ())
+        fdem = list(map(_part_units, fixed))  # a fixed candidate's units of ``r`` (its partition resource)
+        if fdem and min(fdem) < 1:
+            horizon = _INF  # a zero-unit release breaks the pop bound behind the horizon
+        ms = list(map(add, map(_min_units, el), extras))
+        times = list(map(add, repeat(now), map(getitem, map(_durations, el), ms)))
+        if horizon == _INF:
+            crel = list(zip(times, ms))
+            if fixed:
+                crel += zip(map(add, repeat(now), fixed_dur), fdem)
+        else:
+            crel = list(compress(zip(times, ms), map(le, times, repeat(horizon))))
+            if fixed:
+                ftimes = list(map(add, repeat(now), fixed_dur))
+                crel += compress(zip(ftimes, fdem), map(le, ftimes, repeat(horizon)))
+        crel.sort()
+        j = cost + fixed_cost + _estimate(r, crel, brel, L - sum(extras), waiting, now, _INF)
+        if nev <= 0:
+            return ng, extras
+        # ---- eviction trials. A trial keeps a prefix of the elastic candidates and splits ``freed2 >= L`` units:
+        # the (value, owner)-ordered gains it takes are those of trial 0 (minus the evicted owners') followed by
+        # the next ones after trial 0's, found by repeatedly taking the smallest "next gain" of a kept owner.
+        nxt0: list[float] | None = None
+        if L < n_all:
+            nxt0 = [g[e] if e < len(g) and e < cap else _INF for g, e in zip(negs, extras)]
+        extras0 = extras
+        touched: list[int] | None = []  # owners whose extras differ from ``extras0`` (None: any may)
+        k, freed = ng, L
+        removed: list[float] = []  # every capped negated gain of the evicted elastic candidates
+        for _ in range(nev):
+            k2 = k - 1
+            last = gspecs[k2]
+            freed2 = freed + last.demand.get(r, 0)
+            crel2 = crel[:]
+            if last.span:
+                ne2 = ne - 1
+                base2 = base - last.min_duration
+                fixed2 = fixed_cost
+                removed2 = removed + list(negs[ne2][:cap])
+                m = last.min_units + extras[ne2]
+                tr = now + last.durations[m]
+                if tr <= horizon:
+                    del crel2[bisect_left(crel2, (tr, m))]
+            else:
+                ne2, base2, removed2 = ne, base, removed
+                fixed2 = fixed_cost - last.min_duration
+                tr = now + last.min_duration
+                if tr <= horizon:
+                    del crel2[bisect_left(crel2, (tr, last.demand.get(r, 0)))]
+            # The split of ``freed2`` units over the ``ne2`` elastic candidates left.
+            touched2: list[int] | None = []
+            if freed2 <= 0:
+                ext2 = [0] * ne2
+                cost2 = base2
+                touched2 = None
+            elif nxt0 is None or freed2 >= n_all - len(removed2):
+                ext2 = [sp if sp < cap else cap for sp in map(_span, el[:ne2])]
+                rest = neg[:]
+                for v in removed2:
+                    del rest[bisect_left(rest, v)]
+                cost2 = base2 + sum(rest)
+                touched2 = None
+            else:
+                ext2 = extras0[:ne2]
+                prefix = neg[:L]
+                want = freed2 - L
+                for o in range(ne2, len(extras0)):
+                    e0 = extras0[o]
+                    if e0:
+                        want += e0
+                        for v in negs[o][:e0]:
+                            del prefix[bisect_left(prefix, v)]
+                if want > 0:
+                    nx = nxt0[:ne2]
+                    while want:
+                        v = min(nx)
+                        o = nx.index(v)  # the earliest owner on equal gains
+                        e = ext2[o] + 1
+                        ext2[o] = e
+                        prefix.append(v)
+                        touched2.append(o)  # type: ignore[union-attr]
+                        g = negs[o]
+                        nx[o] = g[e] if e < len(g) and e < cap else _INF
+                        want -= 1
+                cost2 = base2 + sum(prefix)
+            # Move the releases of the kept candidates whose units changed.
+            if touched is None or touched2 is None:
+                diff: Iterable[int] = compress(range(ne2), map(ne_, extras, ext2))
+            else:
+                diff = [o for o in set(touched).union(touched2) if o < ne2 and extras[o] != ext2[o]]
+            for i in diff:
+                s = el[i]
+                d = s.durations
+                m = s.min_units + extras[i]
+                tr = now + d[m]
+                if tr <= horizon:
+                    del crel2[bisect_left(crel2, (tr, m))]
+                m = s.min_units + ext2[i]
+                tr = now + d[m]
+                if tr <= horizon:
+                    insort(crel2, (tr, m))
+            cost2 += fixed2
+            # Only an improvement matters: the estimate stops once it cannot beat j.
+            order = _merge_pos(list(zip(gpos[k2:], gspecs[k2:])), waiting)
+            j2 = cost2 + _estimate(r, crel2, brel, freed2 - sum(ext2), order, now, j - cost2)
+            if j2 < j - 1e-9:
+                k, j, extras, freed, ne, base, fixed_cost, removed, crel, touched = (
+                    k2, j2, ext2, freed2, ne2, base2, fixed2, removed2, crel2, touched2)
+            else:
+                break
+        return k, extras
+
+    def _evict_dp(
+        self,
+        r: str,
+        gspecs: list[ActionSpec],
+        gpos: list[int],
+        el: list[ActionSpec],
+        fixed: list[ActionSpec],
+        fixed_dur: list[float],
+        leftover: int,
+        fixed_cost: float,
+        waiting: Sequence[tuple[int, ActionSpec]],
+        running: Sequence[RunningView],
+        now: float,
+    ) -> tuple[int, list[int]]:
+        """Greedy eviction with the DP split (non-convex curves or size restrictions); the DP is re-run per
+        trial. Returns ``(k, extras)`` like :meth:`_evict_convex`."""
+        frel = [(now + d, s.demand.get(r, 0)) for s, d in zip(fixed, fixed_dur)]
+        extras, cost = split_units_dp(el, leftover, self.dp_top)
+        brel = sorted_releases(running, r)
+        crel = sorted(frel + [(now + s.durations[s.min_units + e], s.min_units + e) for s, e in zip(el, extras)])
+        j = cost + fixed_cost + _estimate(r, crel, brel, leftover - sum(extras), waiting, now, _INF)
+        k, ne, nf, freed = len(gspecs), len(el), len(frel), leftover
+        floor = 1 if self.keep_head else 0
+        for _ in range(self.depth):
+            if k <= floor:
+                break
+            k2 = k - 1
+            last = gspecs[k2]
+            freed2 = freed + last.demand.get(r, 0)
+            ne2, nf2, fixed2 = ne, nf, fixed_cost
+            if last.span:
+                ne2 -= 1
+            else:
+                nf2 -= 1
+                fixed2 -= fixed_dur[nf2]
+            ext2, cost2 = split_units_dp(el[:ne2], freed2, self.dp_top)
+            cost2 += fixed2
+            crel2 = sorted(frel[:nf2] + [(now + s.durations[s.min_units + e], s.min_units + e)
+                                         for s, e in zip(el[:ne2], ext2)])
+            order = _merge_pos(list(zip(gpos[k2:], gspecs[k2:])), waiting)
+            j2 = cost2 + _estimate(r, crel2, brel, freed2 - sum(ext2), order, now, j - cost2)
+            if j2 < j - 1e-9:
+                k, j, extras, freed, ne, nf, fixed_cost = k2, j2, ext2, freed2, ne2, nf2, fixed2
+            else:
+                break
+        return k, extras
 
 
-def _waiting_cost(
+def _gather(negs: list[tuple[float, ...]], spans: list[int], cap: int) -> list[float]:
+    """The first ``cap`` entries of every negated-gain tuple in ``negs``, concatenated (unsorted); ``spans``
+    bounds their lengths."""
+    if cap < max(spans):
+        return list(chain.from_iterable(map(getitem, negs, repeat(slice(None, cap)))))
+    return list(chain.from_iterable(negs))
+
+
+def _release_horizon(
     r: str,
-    sched: Sequence[ActionSpec],
-    extras: Sequence[int],
-    fixed_rel: list[tuple[float, int]],
-    leftover: int,
-    evicted: Sequence[tuple[int, ActionSpec]],
+    brel: list[tuple[float, int]],
     waiting: Sequence[tuple[int, ActionSpec]],
-    base: list[tuple[float, int]],
-    now: float,
-    bound: float = _INF,
+    evictable: Sequence[ActionSpec],
     max_wait_pops: int = 4,
 ) -> float:
-    """Completion-time-heap estimate of ``Σ (completion - now)`` over the evicted + waiting actions.
+    """A time after which no candidate release can matter to any estimate of this decision.
 
-    Projected releases ``(time, units)`` come from the running actions (``base``, already a heap; a release
-    overdue at ``now`` counts as ``now``), the scheduled candidates (``fixed_rel`` for the fixed ones,
-    ``sched``/``extras`` for the elastic ones), and each waiting action once the estimate starts it. Waiting actions start in FCFS order: a fixed one as soon as its demand is free; an
-    elastic one at the release (among the next ``max_wait_pops`` after it first fits) that gives it the
-    earliest completion, taking what is free then up to its maximum. Returns early (a value ``>= bound``)
-    once the sum reaches ``bound``: every term is non-negative.
-    """
-    if not evicted and not waiting:
-        return 0.0
-    if evicted and waiting:
-        order = sorted(chain(evicted, waiting), key=_pos)
+    An estimate pops releases (each worth >= 1 unit) only while a waiting action lacks units, plus at most
+    ``max_wait_pops`` look-ahead pops per elastic waiting action, so it pops at most
+    ``X = Σ (need + max_wait_pops·elastic)`` releases of the running actions and candidates over every
+    action it may place (the waiting ones and the evictable candidates). Running releases win ties, so a
+    candidate release later than the ``X``-th running release is never popped. ``inf`` when fewer than
+    ``X`` running releases exist."""
+    x = 0
+    for w in chain((w for _p, w in waiting), evictable):
+        x += w.demand.get(r, 0)
+        if w.key == r and w.span:
+            x += max_wait_pops
+    if x < 1 or x > len(brel):
+        return _INF
+    return brel[x - 1][0]
+
+
+def _convex_after_removal(
+    specs: Sequence[ActionSpec], neg: list[float], removed: list[float], leftover: int, cap: int, base: float
+) -> tuple[list[int], float]:
+    """The convex split of ``leftover`` units over ``specs`` whose capped negated gains are ``neg`` minus the
+    multiset ``removed`` (both ascending), without building that difference in full.
+
+    The ``leftover``-th smallest remaining value sits at position ``p = leftover - 1 + c`` of ``neg``, where
+    ``c`` counts the removed values ``<= neg[p]``; the cost sums the same values in the same order as a
+    split over the reduced list would."""
+    if leftover <= 0:
+        return [0] * len(specs), base
+    nrem = len(removed)
+    if leftover >= len(neg) - nrem:
+        rest = neg[:]
+        for v in removed:
+            del rest[bisect_left(rest, v)]
+        return [min(len(s.gains), cap) for s in specs], base + sum(rest)
+    p = leftover - 1
+    c = 0
+    while c < nrem and removed[c] <= neg[p]:
+        c += 1
+        p += 1
+    thr = neg[p]
+    prefix = neg[: p + 1]
+    for v in removed[:c]:
+        del prefix[bisect_left(prefix, v)]
+    return _extras_at(specs, thr, leftover), base + sum(prefix)
+
+
+def _note_waiting(waiting: dict[str, list[tuple[int, ActionSpec]]], pos: int, spec: ActionSpec, lookahead: int) -> None:
+    """File a queued action that is not a candidate under the resources whose estimate it enters (its key
+    elastic resource, else each resource it demands), at most ``lookahead`` per resource."""
+    k = spec.key
+    if k is not None:
+        w = waiting.get(k)
+        if w is None:
+            waiting[k] = [(pos, spec)]
+        elif len(w) < lookahead:
+            w.append((pos, spec))
     else:
-        order = evicted or waiting
-    # Two heaps: the running actions' (copied: only popped entries cost anything) and a small one for the
-    # candidates and the waiting actions the estimate starts.
-    bheap = base[:]
-    heap = fixed_rel + [(now + s.durations[s.min_units + e], s.min_units + e) for s, e in zip(sched, extras)]
-    heapq.heapify(heap)
-    pool = leftover - sum(extras)
+        for r, _u in spec.items:
+            w = waiting.get(r)
+            if w is None:
+                waiting[r] = [(pos, spec)]
+            elif len(w) < lookahead:
+                w.append((pos, spec))
+
+
+def _merge_pos(
+    a: Sequence[tuple[int, ActionSpec]], b: Sequence[tuple[int, ActionSpec]]
+) -> Sequence[tuple[int, ActionSpec]]:
+    """``a`` and ``b`` (each ascending by queue position, positions unique) merged by position."""
+    if not b:
+        return a
+    if not a:
+        return b
+    return sorted(chain(a, b), key=_pos)
+
+
+def _estimate(
+    r: str,
+    crel: list[tuple[float, int]],
+    brel: list[tuple[float, int]],
+    pool: int,
+    order: Sequence[tuple[int, ActionSpec]],
+    now: float,
+    bound: float,
+    max_wait_pops: int = 4,
+) -> float:
+    """Completion-time-heap estimate of ``Σ (completion - now)`` over the waiting actions ``order`` (FCFS).
+
+    Projected releases ``(time, units)`` come from the running actions (``brel``, ascending), the scheduled
+    candidates (``crel``, ascending) and each waiting action once the estimate starts it (a small heap);
+    they are consumed in time order (a release overdue at ``now`` counts as ``now``), running releases first
+    on equal times. ``pool`` units are free at ``now``. Waiting actions start in FCFS order: a fixed one as
+    soon as its demand is free; an elastic one at the release (among the next ``max_wait_pops`` after it
+    first fits) that gives it the earliest completion, taking what is free then up to its maximum. Returns
+    early (a value ``>= bound``) once the sum reaches ``bound``: every term is non-negative. Neither list
+    is modified.
+    """
+    if not order:
+        return 0.0
+    ci, nc = 0, len(crel)
+    bi, nb = 0, len(brel)
+    ph: list[tuple[float, int]] = []  # releases pushed by the estimate (and popped-then-unused ones)
+    pop, push = heapq.heappop, heapq.heappush
     t = now
     total = 0.0
-    pop, push = heapq.heappop, heapq.heappush
     for _p, w in order:
         need = w.demand.get(r, 0)
         while pool < need:
-            if bheap and (not heap or bheap[0][0] <= heap[0][0]):
-                tr, u = pop(bheap)
-            elif heap:
-                tr, u = pop(heap)
+            # The next release: the earliest of the candidates' head and the pushed heap's top (as one heap),
+            # then against the running actions' head by time, running first on a tie.
+            if ph:
+                if ci < nc and crel[ci] <= ph[0]:
+                    ch, src = crel[ci], 1
+                else:
+                    ch, src = ph[0], 2
+            elif ci < nc:
+                ch, src = crel[ci], 1
+            else:
+                ch, src = None, 0
+            if bi < nb and (src == 0 or brel[bi][0] <= ch[0]):  # type: ignore[index]
+                tr, u = brel[bi]
+                bi += 1
+            elif src == 1:
+                tr, u = ch  # type: ignore[misc]
+                ci += 1
+            elif src == 2:
+                tr, u = pop(ph)
             else:
                 break
             if tr > t:
@@ -444,10 +755,23 @@ def _waiting_cost(
                 extra: list[tuple[float, int]] = []
                 p, tt = pool, t
                 for _ in range(max_wait_pops):
-                    if bheap and (not heap or bheap[0][0] <= heap[0][0]):
-                        rel = pop(bheap)
-                    elif heap:
-                        rel = pop(heap)
+                    if ph:
+                        if ci < nc and crel[ci] <= ph[0]:
+                            ch, src = crel[ci], 1
+                        else:
+                            ch, src = ph[0], 2
+                    elif ci < nc:
+                        ch, src = crel[ci], 1
+                    else:
+                        ch, src = None, 0
+                    if bi < nb and (src == 0 or brel[bi][0] <= ch[0]):  # type: ignore[index]
+                        rel = brel[bi]
+                        bi += 1
+                    elif src == 1:
+                        rel = ch  # type: ignore[assignment]
+                        ci += 1
+                    elif src == 2:
+                        rel = pop(ph)
                     else:
                         break
                     extra.append(rel)
@@ -466,7 +790,7 @@ def _waiting_cost(
                     if p >= hi:
                         break
                 for rel in extra[used:]:
-                    push(heap, rel)
+                    push(ph, rel)
                 t, pool = best_t, best_pool
                 m = pool if pool < hi else hi
                 while d[m] == _INF and m > lo:
@@ -474,13 +798,13 @@ def _waiting_cost(
             dur = d[m]
         else:
             m = need
-            dur = w.durations[0] if w.key is None else w.durations[w.min_units]
+            dur = w.min_duration
         total += (t - now) + dur
         if total >= bound:
             return total
         if m:
             pool -= m
-            push(heap, (t + dur, m))
+            push(ph, (t + dur, m))
     return total
 
 

@@ -2,7 +2,8 @@
 
 - :class:`RunningView`: one running action (the units it holds, its projected release time);
 - :class:`RunningSet`: a ``Sequence[RunningView]`` indexed by resource and trajectory, so
-  :func:`release_list` / :func:`held_units` cost O(actions on that resource) or O(1);
+  :func:`release_list` / :func:`held_units` cost O(actions on that resource) or O(1), and
+  :func:`sorted_releases` costs O(1) (a per-resource list kept sorted on ``add`` / ``remove``);
 - :class:`ActionQueue`: a ``Sequence[ActionSpec]`` in FCFS order indexed by each action's primary resource,
   so :func:`scan_order` can skip whole classes of actions whose primary resource has nothing free.
 
@@ -13,12 +14,24 @@ cheaper. Pure data structures: no I/O, clocks or threads. Mutation rule: only ``
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, insort
 from collections.abc import Iterator, Mapping, Sequence
+from operator import itemgetter
 from typing import NamedTuple, overload
 
 from libra.policies.actions_model import ActionModelError, ActionSpec, resource_kind
 
-__all__ = ["ActionQueue", "RunningSet", "RunningView", "held_units", "release_list", "scan_order"]
+_second = itemgetter(1)
+
+__all__ = [
+    "ActionQueue",
+    "RunningSet",
+    "RunningView",
+    "held_units",
+    "release_list",
+    "scan_order",
+    "sorted_releases",
+]
 
 
 class RunningView(NamedTuple):
@@ -33,17 +46,19 @@ class RunningView(NamedTuple):
 class RunningSet(Sequence[RunningView]):
     """The running actions, indexed by resource so :func:`release_list` costs O(actions on that resource).
 
-    Mutation rule: only :meth:`add` and :meth:`remove` change it; both are O(resources of the action).
-    Iteration order is insertion order.
+    Mutation rule: only :meth:`add` and :meth:`remove` change it; both are O(resources of the action) plus
+    an O(log k) search and a memmove into that resource's sorted release list. Iteration order is
+    insertion order.
     """
 
-    __slots__ = ("_by_id", "_by_res", "_by_traj", "_held")
+    __slots__ = ("_by_id", "_by_res", "_by_traj", "_held", "_sorted")
 
     def __init__(self, views: Sequence[RunningView] = ()) -> None:
         self._by_id: dict[str, RunningView] = {}
         self._by_res: dict[str, dict[str, tuple[float, int]]] = {}
         self._by_traj: dict[str, int] = {}
         self._held: dict[str, int] = {}
+        self._sorted: dict[str, list[tuple[float, int]]] = {}
         for v in views:
             self.add(v)
 
@@ -54,8 +69,14 @@ class RunningSet(Sequence[RunningView]):
         self._by_id[view.action_id] = view
         for r, u in view.units.items():
             if u > 0:
-                self._by_res.setdefault(r, {})[view.action_id] = (view.expected_end, u)
+                rel = (view.expected_end, u)
+                self._by_res.setdefault(r, {})[view.action_id] = rel
                 self._held[r] = self._held.get(r, 0) + u
+                lst = self._sorted.get(r)
+                if lst is None:
+                    self._sorted[r] = [rel]
+                else:
+                    insort(lst, rel)
         self._by_traj[view.trajectory] = self._by_traj.get(view.trajectory, 0) + 1
 
     def remove(self, action_id: str) -> RunningView:
@@ -63,8 +84,12 @@ class RunningSet(Sequence[RunningView]):
         view = self._by_id.pop(action_id)
         for r, u in view.units.items():
             d = self._by_res.get(r)
-            if d is not None and d.pop(action_id, None) is not None:
-                self._held[r] -= u
+            if d is not None:
+                rel = d.pop(action_id, None)
+                if rel is not None:
+                    self._held[r] -= u
+                    lst = self._sorted[r]
+                    del lst[bisect_left(lst, rel)]
         n = self._by_traj[view.trajectory] - 1
         if n:
             self._by_traj[view.trajectory] = n
@@ -84,6 +109,14 @@ class RunningSet(Sequence[RunningView]):
         """``(expected_end, units)`` of every running action holding ``resource`` (unordered, a fresh list)."""
         d = self._by_res.get(resource)
         return list(d.values()) if d else []
+
+    def sorted_releases(self, resource: str) -> list[tuple[float, int]]:
+        """``(expected_end, units)`` of every running action holding ``resource``, ascending (O(1)).
+
+        The list is the set's own index: callers must not mutate it, and it changes on the next
+        :meth:`add` / :meth:`remove`.
+        """
+        return self._sorted.get(resource) or []
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -165,19 +198,19 @@ class ActionQueue(Sequence[ActionSpec]):
         if not open_:
             return iter(())
         if len(open_) == 1:
-            return (e[1] for e in open_[0].values())
+            return map(_second, open_[0].values())
         if 2 * n_open >= len(self._by_id):
             # Mostly open: filtering the global FCFS order is cheaper than merging many sub-queues.
             primary = self.primary
             return (e[1] for e in self._by_id.values() if primary(e[1]) not in closed) if closed else iter(self)
         # (seq, spec) entries: seqs are unique, so the merge never compares specs.
-        return (e[1] for e in heapq.merge(*(d.values() for d in open_)))
+        return map(_second, heapq.merge(*(d.values() for d in open_)))
 
     def __len__(self) -> int:
         return len(self._by_id)
 
     def __iter__(self) -> Iterator[ActionSpec]:
-        return (e[1] for e in self._by_id.values())
+        return map(_second, self._by_id.values())
 
     def __contains__(self, item: object) -> bool:
         if isinstance(item, ActionSpec):
@@ -212,6 +245,16 @@ def release_list(running: Sequence[RunningView], resource: str) -> list[tuple[fl
         u = v.units.get(resource, 0)
         if u > 0:
             out.append((v.expected_end, u))
+    return out
+
+
+def sorted_releases(running: Sequence[RunningView], resource: str) -> list[tuple[float, int]]:
+    """``(expected_end, units)`` of the running actions holding ``resource`` in ascending order: the set's
+    own index for a :class:`RunningSet` (O(1); read-only), a sorted fresh list otherwise."""
+    if isinstance(running, RunningSet):
+        return running.sorted_releases(resource)
+    out = release_list(running, resource)
+    out.sort()
     return out
 
 

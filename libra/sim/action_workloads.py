@@ -11,8 +11,12 @@ calibration guess ([G]) aimed at the paper's reported aggregates ([W]):
   mean ``1.0 · (1/0.47 − 1)`` s so the environment is busy ≈ 47 % of a trajectory's life at base DoP.
 - ``mopd`` (multi-teacher on-policy distillation): GRPO groups of 16 share a prompt and therefore a teacher
   (9 teachers, Zipf s=1 popularity). Each trajectory makes 1–2 teacher log-prob calls after long
-  generations (group-correlated lognormal think, mean 600 s); each call holds a TP-4 replica (4 GPUs) for
-  0.6–0.7 s. Teacher checkpoints are 40 GB in host RAM (restore ≈ 0.4 s at 25 GB/s per GPU).
+  generations (group-correlated lognormal think, mean 600 s in total); each call holds a TP-4 replica (4 GPUs)
+  for 0.6–0.7 s. Teacher checkpoints are 40 GB in host RAM (restore ≈ 0.4 s at 25 GB/s per GPU). The think
+  time sets the load; 600 s is the value that reproduces the reported shape at batch 2,048 (research-notes
+  §2.6 [W]): tangram on 36 GPUs ≈ 18× lower mean ACT than the static deployment, and a pool whose
+  queueing is small at batch 2,048 (≈ 0.05 s, paper 0.08 s) explodes at 3,072 (paper 15 s). (The code
+  default had drifted to 1,200 s, halving the load and hiding the static baseline's queueing.)
 - ``deepsearch``: 2–8 web-search calls per trajectory through a 200 rps API quota (latency lognormal mean
   1.2 s), think gaps lognormal mean 15 s, and a final GPU reward-model call (2 GPUs, 0.35 s) whose arrivals
   are bursty because the 16 samples of a group finish close together.
@@ -159,7 +163,7 @@ def mopd(
     teachers: int = 9,
     zipf_s: float = 1.0,
     tp: int = 4,
-    think_mean_s: float = 1200.0,
+    think_mean_s: float = 600.0,
     calls: tuple[int, int] = (1, 2),
     exec_s: tuple[float, float] = (0.6, 0.7),
     checkpoint_gb: float = 40.0,
