@@ -8,8 +8,11 @@ the ``hetero`` layout (48 GPUs: 2 rollout nodes of [TP1, TP1, TP2, TP4], 32 trai
 one table: tokens/s, routing accuracy, migrated-token ratio, mean step time, and each router's tokens/s
 and step time relative to C-MLFQ (the baseline of the comparison is every other router).
 
-``python -m libra.bench routing [--workloads r2e,search_r1] [--steps 20] [--gpus 48] [--cap-metric queued|load]
-[--max-queue-length N] [--jobs 2] [--json]``; the cap options go to every router alike.
+``python -m libra.bench routing [--workloads r2e,search_r1] [--steps 20] [--gpus 48] [--cap-metric load|queued]
+[--max-queue-length N] [--jobs 2] [--json]``; the cap options go to every router alike. The default cap is
+Libra's 48-GPU config: an instance has room while ``active + queued < 3`` (research-notes §1.4.3), then the
+other buckets, then the globally least-loaded instance. Lengths (bucket thresholds, routing accuracy) are
+response tokens: generated plus tool-returned.
 Targets (issue #3): C-MLFQ accuracy >= 0.91 with <= 0.08 of tokens migrated, and throughput above every
 non-oracle router. The benchmark reports what it measures; it does not assert the targets.
 """
@@ -58,9 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--predictor-noise", type=float, default=2.0,
                    help="noisy_predictor log-normal sigma (default %(default)s: about 65%% accuracy on R2E)")
-    p.add_argument("--cap-metric", default="queued", choices=("queued", "load"),
-                   help="every router's per-instance room test: queued turns, or active + queued (Libra's "
-                        "'active < max_queue_length'); default %(default)s")
+    p.add_argument("--cap-metric", default="load", choices=("queued", "load"),
+                   help="every router's per-instance room test: active + queued turns (Libra's "
+                        "'active < max_queue_length', research-notes §1.4.3), or queued turns only; "
+                        "default %(default)s")
     p.add_argument("--max-queue-length", type=int, default=3, help="every router's per-instance cap (default 3)")
     p.add_argument("--jobs", type=int, default=2, help="parallel simulations (default %(default)s)")
     p.add_argument("--json", action="store_true")

@@ -9,9 +9,10 @@ instance the router chose (its prefix cache lives there) until the router migrat
 What the broker tells the router:
 - first ``generate`` of a trajectory → ``start`` (prompt id/tokens/step come from the Submit's args);
 - an ``action`` reply for a trajectory → a pending :class:`ToolReturn` (tool, payload size, status,
-  the generated-token position) consumed by ``on_tool_return`` before the next turn;
+  the generated-token position and the response position: generated + tool-returned tokens) consumed
+  by ``on_tool_return`` before the next turn;
 - a ``generate`` reply → ``on_turn_end`` with the cumulative generated tokens (``output["gen_tokens"]``);
-- ``EndTrajectory`` → ``finish`` (learning) or ``discard``.
+- ``EndTrajectory`` → ``finish`` with the response length (learning) or ``discard``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class TrajRoute:
     bucket: str = ""
     generated: int = 0  # cumulative generated tokens
     context: int = 0  # prompt + generated + tool payload tokens
+    prompt: int = 0  # prompt tokens (context - prompt = response tokens so far)
     pending_return: ToolReturn | None = None
     turns: int = 0
     migrations: int = 0
@@ -77,7 +79,8 @@ class RolloutRouting:
         tr = self.trajs.get(traj_id)
         a = args if isinstance(args, dict) else {}
         if tr is None:
-            tr = TrajRoute(context=int(a.get("prompt_tokens", 0) or 0))
+            prompt = _nonneg(a.get("prompt_tokens"))
+            tr = TrajRoute(context=prompt, prompt=prompt)
             self.trajs[traj_id] = tr
             info = TrajectoryInfo(traj_id, a.get("prompt_id") if isinstance(a.get("prompt_id"), str) else None,
                                   _nonneg(a.get("prompt_tokens")), _nonneg(a.get("step")),
@@ -132,14 +135,22 @@ class RolloutRouting:
         status = None if ok else ("timeout" if error_code == "timeout" else "failure")
         tr.context += payload_tokens if payload_tokens is not None else chars // 4
         tr.pending_return = ToolReturn(tool, tr.generated, tr.context, output=output, status=status,
-                                       payload_tokens=payload_tokens, payload_chars=chars)
+                                       payload_tokens=payload_tokens, payload_chars=chars,
+                                       response_tokens=tr.context - tr.prompt)
 
     def end(self, traj_id: str, total_output_tokens: int, ok: bool) -> TrajRoute | None:
+        """Finish (``ok``: the router learns) or discard a trajectory.
+
+        The router learns the response length from the broker's own bookkeeping (generated + tool-returned
+        tokens, the unit of its tool-return positions), plus any generated tokens the client reports that
+        the broker did not see.
+        """
         tr = self.trajs.pop(traj_id, None)
         if tr is None:
             return None
         if ok:
-            self.router.finish(traj_id, max(0, total_output_tokens or tr.generated))
+            unseen = max(0, _nonneg(total_output_tokens) - tr.generated)
+            self.router.finish(traj_id, tr.context - tr.prompt + unseen)
         else:
             self.router.discard(traj_id)
         return tr

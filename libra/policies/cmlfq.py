@@ -14,7 +14,8 @@ Levels are rollout *buckets* (instances of one TP degree, each with a ``max_toke
 4. on a migration picks KV transfer or re-prefill with ``choose_mode`` (default: Libra's heuristic, re-prefill
    up to 4096 tokens same-node / 2048 cross-node, else KV; :func:`libra.policies.routing.mode_by_cost` builds
    a chooser from two cost functions);
-5. at ``finish`` inserts the trajectory (states, positions ``p_i``, total output tokens) into the tree, and at
+5. at ``finish`` inserts the trajectory (states, response positions ``p_i``, total response tokens -- generated
+   plus tool-returned, the unit of the bucket thresholds) into the tree, and at
    ``on_step`` rebuilds the tree every ``rebuild_interval`` steps from the last ``history_size`` trajectories.
 
 Pure: no I/O, clocks or threads. The tree can be shared with (or loaded from) other ranks via
@@ -102,6 +103,7 @@ class CMLFQRouter(StickyRouter):
     """
 
     name = "cmlfq"
+    commit_when_full = True
 
     def __init__(
         self,

@@ -15,9 +15,12 @@ Contracts:
 - **Insertion** happens once, at trajectory end (:meth:`CausalPrefixTree.record`): the root of both trees gets
   ``total_output_tokens``; for the i-th tool return at generated-token position ``p_i`` the node reached after
   i returns gets ``total_output_tokens - p_i``.
-- **Lookup** (:meth:`CausalPrefixTree.lookup`) walks the prompt's tree when the prompt is known, else the global
-  tree, to the deepest prefix whose node has at least ``min_visits`` visits (the "fall back to parent
-  statistics" rule). It returns ``None`` when not even the root qualifies.
+- **Lookup** (:meth:`CausalPrefixTree.lookup`) walks the prompt's tree (when the prompt is known) and the global
+  tree to the deepest prefix whose node has at least ``min_visits`` visits, and answers from the *deeper* match,
+  the prompt's tree on a tie. "Fall back to parent statistics" applies when the tool-state node is unseen: a
+  prompt tree that lacks the node does not override a global node that has it, since the tool-return states are
+  the causal signal and a prompt's tree mostly holds the group-mates that finished first, i.e. the short ones
+  (research-notes §1.4.1-§1.4.2). It returns ``None`` when neither root qualifies.
 - **Drift**: every ``rebuild_interval`` steps both forests are rebuilt from the last ``history_size`` (default
   5000) finished trajectories (:meth:`CausalPrefixTree.maybe_rebuild`).
 - **Persistence**: :meth:`to_dict`/:meth:`from_dict` (and :meth:`save`/:meth:`load`) use versioned JSON;
@@ -338,13 +341,13 @@ class CausalPrefixTree:
         ``None`` means no statistics: the consulted tree has fewer than ``min_visits`` samples at its root.
         """
         _check_int("min_visits", min_visits, 1)
+        found = self.global_tree.deepest(states, min_visits)
         source: Literal["prompt", "global"] = "global"
-        tree = self.global_tree
         if prompt_id is not None and prompt_id in self._prompts:
-            tree = self._prompts[prompt_id]
             self._prompts.move_to_end(prompt_id)
-            source = "prompt"
-        found = tree.deepest(states, min_visits)
+            mine = self._prompts[prompt_id].deepest(states, min_visits)
+            if mine is not None and (found is None or mine[1] >= found[1]):
+                found, source = mine, "prompt"
         if found is None:
             return None
         stats, depth = found

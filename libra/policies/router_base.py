@@ -34,6 +34,7 @@ from libra.policies.routing import (
     heuristic_migrate_mode,
     least_loaded,
     place,
+    response_position,
 )
 
 __all__ = ["StickyRouter", "Track"]
@@ -46,8 +47,12 @@ class Track:
     ``bucket``/``bucket_max``: logical bucket and its threshold (to re-map it when a re-plan removes the
     bucket); ``instance``: the instance holding (or about to hold) its context, ``None`` before its first
     placement; ``queued``: its last decision was "queue"; ``states``/``positions``: tool-return keys and
-    ``p_i`` seen so far; ``generated``: cumulative generated tokens reported so far; ``context``: the latest
-    known context size (what a move has to transfer or recompute).
+    response positions ``p_i`` (generated + tool-returned tokens, see
+    :func:`libra.policies.routing.response_position`) seen so far; ``generated``: cumulative generated tokens
+    reported so far; ``payload``: tool-returned tokens so far; ``context``: the latest known context size (what
+    a move has to transfer or recompute); ``pending_move``: the logical bucket changed but that bucket had no
+    room, so the context still waits on its old instance; ``tool_position``: generated tokens at the latest
+    tool return (positions may not go backwards).
     """
 
     info: TrajectoryInfo
@@ -56,9 +61,17 @@ class Track:
     instance: str | None = None
     queued: bool = False
     generated: int = 0
+    payload: int = 0
     context: int = 0
     states: list[str] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
+    pending_move: bool = False
+    tool_position: int = 0
+
+    @property
+    def response(self) -> int:
+        """Response tokens so far (generated + tool-returned): the unit of bucket thresholds."""
+        return self.generated + self.payload
 
     def set_bucket(self, spec: BucketSpec) -> None:
         self.bucket, self.bucket_max = spec.name, spec.max_tokens
@@ -70,12 +83,15 @@ class StickyRouter:
     Subclasses implement :meth:`_initial_bucket` (logical bucket and reason at ``start``) and may override
     :meth:`_decide` (target bucket and reason after a tool return; default: stay), :meth:`_learn` and
     :meth:`on_step`. A migration goes only into the target bucket itself: when that bucket has no room the
-    request stays where its cache is (reason ``target_bucket_full``) and the decision is retried at the next
-    tool return. Raises :class:`ClusterViewError` for bad parameters and :class:`RoutingError` for unknown or
+    request stays where its cache is (reason ``target_bucket_full``); a subclass with :attr:`commit_when_full`
+    (C-MLFQ) still takes the target as its logical bucket (``RouteDecision.bucket``, what routing accuracy
+    scores) and retries the move at the next tool return, the others keep their bucket and decide again then. Raises :class:`ClusterViewError` for bad parameters and :class:`RoutingError` for unknown or
     duplicate trajectory ids and backwards tool positions.
     """
 
     name = "sticky"
+    #: Whether a decision whose target bucket is full still changes the logical bucket (and retries the move).
+    commit_when_full = False
 
     def __init__(
         self,
@@ -131,17 +147,22 @@ class StickyRouter:
         return decision
 
     def on_tool_return(self, traj_id: str, ret: ToolReturn, view: ClusterView) -> RouteDecision:
-        """Record the tool return, decide the target bucket, and place the next turn."""
+        """Record the tool return (the track's position, generated, payload and context are updated before
+        :meth:`_decide` sees it), decide the target bucket, and place the next turn."""
         track = self._track(traj_id)
-        if track.positions and ret.position < track.positions[-1]:
+        if ret.position < track.tool_position:
             raise RoutingError(
-                f"trajectory {traj_id!r}: tool return position {ret.position} < previous {track.positions[-1]}"
+                f"trajectory {traj_id!r}: tool return position {ret.position} < previous {track.tool_position}"
             )
+        track.tool_position = ret.position
+        generated = max(track.generated, ret.position)
+        resp = max(response_position(ret, track.info.prompt_tokens, track.payload), generated + track.payload)
         self._sync_bucket(track, view)
+        track.positions.append(resp)
+        track.generated = generated
+        track.payload = resp - generated
+        track.context = max(ret.context_tokens, track.info.prompt_tokens + track.response)
         target, reason = self._decide(track, ret, view)
-        track.positions.append(ret.position)
-        track.generated = max(track.generated, ret.position)
-        track.context = max(ret.context_tokens, track.info.prompt_tokens + track.generated)
         return self._move_or_stay(track, target, reason, track.context, view)
 
     def on_turn_end(self, traj_id: str, generated_tokens: int) -> None:
@@ -149,14 +170,21 @@ class StickyRouter:
         track = self._track(traj_id)
         check_int(f"trajectory {traj_id!r}: generated_tokens", generated_tokens, 0, RoutingError)
         track.generated = max(track.generated, generated_tokens)
-        track.context = max(track.context, track.info.prompt_tokens + track.generated)
+        track.context = max(track.context, track.info.prompt_tokens + track.response)
 
     def finish(self, traj_id: str, total_output_tokens: int) -> None:
-        """Forget a finished trajectory after letting the router learn from it."""
+        """Forget a finished trajectory after letting the router learn from it.
+
+        ``total_output_tokens`` is its response length (generated + tool-returned tokens); :meth:`_learn`
+        gets it raised to at least the response tokens this router saw, so it is never below a position.
+        """
         track = self._tracks.pop(traj_id, None)
         if track is None:
             raise RoutingError(f"unknown trajectory {traj_id!r} (not started, or already finished)")
-        self._learn(track, total_output_tokens)
+        total = total_output_tokens
+        if not isinstance(total, bool) and isinstance(total, int) and total >= 0:
+            total = max(total, track.response, track.positions[-1] if track.positions else 0)
+        self._learn(track, total)
 
     def discard(self, traj_id: str) -> None:
         """Forget a trajectory without learning from it; unknown ids are ignored."""
@@ -216,18 +244,33 @@ class StickyRouter:
                              placed_bucket=dst.bucket)
 
     def _move_or_stay(self, track: Track, target: int, reason: str, seq_len: int, view: ClusterView) -> RouteDecision:
+        """Apply a bucket decision; the context moves only into the target bucket itself.
+
+        When the target bucket has no room the context stays on its home instance (reason
+        ``target_bucket_full``). With :attr:`commit_when_full` the logical bucket still becomes the target and
+        the move is retried at the next tool return (``pending_move``); without it the logical bucket stays and
+        the router decides afresh at the next tool return.
+        """
         home = view.instance(track.instance) if track.instance is not None else None
         home_usable = home is not None and home.ready
-        if target != view.bucket_index(track.bucket):
-            if home_usable:
-                dst = self._room_in(view, target)
-                if dst is None:
-                    assert home is not None
-                    return self._assign(track, home, "target_bucket_full", seq_len, view)
-            else:
-                dst = self._place(view, target)
-            track.set_bucket(view.buckets[target])
-            return self._assign(track, dst, reason, seq_len, view, migrated=True)
-        if home_usable:
+        changed = target != view.bucket_index(track.bucket)
+        if not home_usable:
+            if changed:
+                track.set_bucket(view.buckets[target])
+            track.pending_move = False
+            return self._assign(track, self._place(view, target), reason, seq_len, view, migrated=changed)
+        assert home is not None
+        if not changed and (home.bucket == track.bucket or not track.pending_move):
+            track.pending_move = False
             return self._assign(track, home, reason, seq_len, view)
-        return self._assign(track, self._place(view, target), reason, seq_len, view)
+        dst = self._room_in(view, target)
+        if dst is None:
+            if changed and self.commit_when_full:
+                track.set_bucket(view.buckets[target])
+                track.pending_move = True
+            return self._assign(track, home, "target_bucket_full", seq_len, view,
+                                migrated=changed and self.commit_when_full)
+        deferred = track.pending_move and not changed
+        track.set_bucket(view.buckets[target])
+        track.pending_move = False
+        return self._assign(track, dst, "migrate" if deferred else reason, seq_len, view, migrated=True)

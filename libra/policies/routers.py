@@ -10,13 +10,14 @@ every comparison is one name in :func:`make_router`:
   long, else extra_long) with preferred TP lists (``[1,2]``, ``[2,4]``, ``[4,8]``, ``[8,4]``); re-checked at
   each tool return on the grown context, moving only when the current TP is not preferred.
 - ``la_mlfq``: classic length-threshold MLFQ. Starts in the smallest bucket; at every turn boundary, once the
-  generated tokens exceed the current bucket's ``max_tokens``, it demotes **one** level (each demotion moves
+  response tokens so far (generated + tool-returned, the unit of the bucket thresholds) exceed the current
+  bucket's ``max_tokens``, it demotes **one** level (each demotion moves
   the whole context). Optional prompt-history table (``history_ttl_steps``) starts a prompt seen in the last
   steps in the bucket it ended in last time.
-- ``predictor``: online ridge regression of ``log1p(total output tokens)`` on prompt features (bias,
+- ``predictor``: online ridge regression of ``log1p(total response tokens)`` on prompt features (bias,
   ``log1p(prompt_tokens)``, ``step / step_scale``, a one-hot of a stable hash of the prompt id); its
   prediction at T=0 picks the bucket once. It never sees tool returns.
-- ``oracle`` (simulator only): given ``TrajectoryInfo.true_remaining``, starts in the true bucket; with
+- ``oracle`` (simulator only): given ``TrajectoryInfo.true_remaining`` (response tokens), starts in the true bucket; with
   ``follow=True`` it also moves to ``bucket(ToolReturn.true_remaining)`` after each tool return.
 - ``cmlfq``: :class:`libra.policies.cmlfq.CMLFQRouter`.
 
@@ -202,8 +203,8 @@ class LAMLFQRouter(StickyRouter):
 
     def _decide(self, track: Track, ret: ToolReturn, view: ClusterView) -> tuple[int, str]:
         current = view.bucket_index(track.bucket)
-        generated = max(track.generated, ret.position)
-        if generated > view.buckets[current].max_tokens and current < len(view.buckets) - 1:
+        # Lengths are response tokens (generated + tool-returned), the unit of the bucket thresholds.
+        if track.response > view.buckets[current].max_tokens and current < len(view.buckets) - 1:
             return current + 1, "demote"
         return current, "within_threshold"
 

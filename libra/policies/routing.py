@@ -6,7 +6,8 @@ implements :class:`Router`. The broker (over ZeroMQ) and the discrete-event simu
 1. ``start(traj, view)`` before a trajectory's first generation turn;
 2. ``on_tool_return(traj_id, ret, view)`` after each tool call, before the next turn;
 3. ``on_turn_end(traj_id, generated_tokens)`` after each turn (cumulative generated tokens so far);
-4. ``finish(traj_id, total_output_tokens)`` once the trajectory is done (the learning hook), or
+4. ``finish(traj_id, total_output_tokens)`` once the trajectory is done (the learning hook; the total is
+   the *response* length, generated plus tool-returned tokens), or
    ``discard(traj_id)`` to forget it without learning (failed, aborted);
 5. ``reroute(traj_id, view)`` to place again a trajectory whose last decision was "queue" or whose
    instance left the view;
@@ -21,10 +22,16 @@ Contracts:
 - A trajectory sticks to its instance (its prefix/KV cache lives there) until the router *migrates* it to
   another bucket. If its instance is gone or not ready, it is placed again inside its bucket and the decision
   says ``migrate_mode="reprefill"`` with ``migrated=False``. A migration goes only into the target bucket
-  itself; when that bucket has no room the request stays put (reason ``target_bucket_full``) and the router
-  decides again at the next tool return.
+  itself; when that bucket has no room the request stays put (reason ``target_bucket_full``). C-MLFQ
+  (``commit_when_full``) then already takes the target as its logical bucket (research-notes §1.4.3: the next
+  call is routed to the target bucket, with fallbacks) and retries the move at the next tool return; the
+  baselines keep their bucket and decide again at the next tool return.
 - Buckets are ordered by ascending ``max_tokens``; ``bucket_for(x)`` is the first bucket with ``x <= max_tokens``,
   else the last.
+- Lengths are *response* tokens: generated plus tool-returned (everything after the prompt), the unit in which
+  bucket thresholds, the 40,960-token model cap and R2E's 30K new-token budget are stated (research-notes
+  §1.4.1, §1.5). A tool return's position ``p_i`` (:func:`response_position`) includes its own payload, so
+  ``total - p_i`` is what is still to come once the trajectory is routed again.
 - Placement inside a bucket is least-loaded (``active + queued``; across TP degrees normalised by ``tp``) among
   ready instances with room (``queued < max_queue_length``, or ``active + queued`` with ``cap_metric="load"``),
   then the other buckets nearest first, then, when everything is full, by ``when_full``: ``"overflow"``
@@ -59,6 +66,7 @@ __all__ = [
     "least_loaded",
     "mode_by_cost",
     "place",
+    "response_position",
 ]
 
 MigrateMode = Literal["kv", "reprefill"]
@@ -215,11 +223,14 @@ class TrajectoryInfo:
 class ToolReturn:
     """One tool return, reported before the trajectory's next turn.
 
-    ``position``: tokens the trajectory had generated when it called the tool (``p_i``);
+    ``position``: tokens the trajectory had generated when it called the tool;
     ``context_tokens``: total context now (prompt + generated + payloads), the size a migration moves (when
     left 0, routers use prompt tokens + ``position``);
+    ``response_tokens``: the *response position* ``p_i`` -- response tokens so far, generated plus
+    tool-returned with this return's payload included -- in the unit of the buckets' ``max_tokens`` (see
+    :func:`response_position` for the fallback when it is ``None``);
     ``output``/``status``/``payload_tokens``/``payload_chars``: what the tool-state extractor reads;
-    ``true_remaining``: remaining generated tokens from here (oracle and simulator only).
+    ``true_remaining``: remaining response tokens from here (oracle and simulator only).
     """
 
     tool: str | None
@@ -230,10 +241,29 @@ class ToolReturn:
     payload_tokens: int | None = None
     payload_chars: int | None = None
     true_remaining: int | None = None
+    response_tokens: int | None = None
 
     def __post_init__(self) -> None:
         check_int("tool return: position", self.position, 0, RoutingError)
         check_int("tool return: context_tokens", self.context_tokens, 0, RoutingError)
+        if self.response_tokens is not None:
+            check_int("tool return: response_tokens", self.response_tokens, 0, RoutingError)
+
+
+def response_position(ret: ToolReturn, prompt_tokens: int, payload_so_far: int = 0) -> int:
+    """Response tokens (generated + tool-returned, this return included) once ``ret`` is in the context.
+
+    ``ret.response_tokens`` when given; else ``ret.context_tokens - prompt_tokens`` when the context is
+    known; else ``ret.position + payload_so_far + ret.payload_tokens`` (``payload_so_far``: tool-returned
+    tokens of the earlier returns). Never below ``ret.position``.
+    """
+    if ret.response_tokens is not None:
+        resp = ret.response_tokens
+    elif ret.context_tokens > 0:
+        resp = ret.context_tokens - prompt_tokens
+    else:
+        resp = ret.position + payload_so_far + (ret.payload_tokens or 0)
+    return max(resp, ret.position)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +272,8 @@ class RouteDecision:
 
     ``instance_id`` is ``None`` when the request must wait (``queued``). ``bucket`` is the trajectory's
     logical bucket after this decision; ``placed_bucket`` the bucket of the chosen instance (differs after a
-    fallback). ``migrated`` is true when the router moved it to another bucket; ``migrate_mode`` says how the
+    fallback). ``migrated`` is true when the decision moved it to another logical bucket (even if
+    the context waits on its old instance, ``target_bucket_full``) or carries out such a deferred move; ``migrate_mode`` says how the
     context moves whenever it changes instance (``"kv"`` or ``"reprefill"``), else ``None``. ``reason`` is a
     static snake_case word (``initial``, ``migrate``, ``mean_p90_disagree``, ...).
     """

@@ -11,7 +11,8 @@ Definitions (``makespan`` = virtual time when the last training step ends):
   (GPUs × makespan); an instance is busy while it decodes or prefills;
 - ``routing_accuracy``: over trajectories with at least one tool call, the share whose logical bucket
   chosen at the first tool return (the ``Assign.route`` bucket of the turn after it) equals the bucket of
-  the true remaining generated tokens at that point (``total − p_1``);
+  the true remaining *response* tokens at that point (generated + tool-returned tokens still to come,
+  ``TrajectorySpec.remaining_response_after_returns[0]``; bucket thresholds are in that unit);
 - ``migrated_token_ratio``: context tokens moved or recomputed because a trajectory changed instance
   (counted once per move, whole context) / Σ trajectory tokens.
 

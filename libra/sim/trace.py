@@ -17,7 +17,8 @@ Contracts:
 - The dataclasses are frozen; ``demand`` mappings must be treated as read-only.
 
 Derived quantities (token totals, the generated-token position ``p_i`` of each tool return, the
-remaining generated tokens after it, a decode-work proxy) are properties computed from the turns.
+remaining generated tokens after it, the response-token position and remaining response length
+(generated + tool-returned tokens), a decode-work proxy) are properties computed from the turns.
 No I/O happens outside :func:`read_trace` and :func:`write_trace`.
 """
 
@@ -333,6 +334,32 @@ class TrajectorySpec:
         """``total_gen_tokens - p_i`` for each tool return: what the C-MLFQ prefix tree learns."""
         total = self.total_gen_tokens
         return tuple(total - p for p in self.tool_return_positions)
+
+    @property
+    def total_response_tokens(self) -> int:
+        """Σ generated + Σ tool-returned tokens: the response length (everything after the prompt).
+
+        This is the length C-MLFQ's buckets are sized on: their ``max_tokens`` thresholds and the
+        40,960-token model cap count the whole sequence an instance serves, tool observations included
+        (research-notes §1.4.1, §1.5), not only the decoded tokens.
+        """
+        return self.total_gen_tokens + self.total_payload_tokens
+
+    @property
+    def response_positions(self) -> tuple[int, ...]:
+        """Response tokens (generated + tool-returned) once the i-th tool return is in the context."""
+        out, acc = [], 0
+        for t in self.tool_turns:
+            acc += t.gen_tokens + (t.payload_tokens or 0)
+            out.append(acc)
+        return tuple(out)
+
+    @property
+    def remaining_response_after_returns(self) -> tuple[int, ...]:
+        """``total_response_tokens`` minus :attr:`response_positions`: the true remaining length at each
+        tool return (what routing accuracy is scored against and what the prefix tree learns)."""
+        total = self.total_response_tokens
+        return tuple(total - p for p in self.response_positions)
 
     @property
     def context_before_turns(self) -> tuple[int, ...]:

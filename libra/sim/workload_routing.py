@@ -2,7 +2,7 @@
 
 :func:`routing_accuracy` replays a trace step by step and scores three simple length routers on the
 tool-return decisions, so a workload generator can be checked for the property C-MLFQ relies on: the
-tool-return-state prefix predicts the remaining generated length, the prompt's own features do not.
+tool-return-state prefix predicts the remaining response length, the prompt's own features do not.
 These are calibration diagnostics, not the routers themselves (those live in ``libra/policies/``).
 Pure functions: no I/O, no randomness, no clocks.
 """
@@ -63,14 +63,14 @@ class _Replay:
 
     def learn(self, batch: Sequence[TrajectorySpec]) -> None:
         for traj in batch:
-            values = (traj.total_gen_tokens, *traj.remaining_gen_after_returns)
+            values = (traj.total_response_tokens, *traj.remaining_response_after_returns)
             for depth, (key, value) in enumerate(zip(self.keys(traj), values)):
                 self.global_tree[key].append(value)
                 self.prompt_tree[(traj.prompt_id, *key)].append(value)
                 if depth:
                     self.depth_tree[depth - 1].append(value)
             self.hist_prompt.append(traj.prompt_tokens)
-            self.hist_total.append(traj.total_gen_tokens)
+            self.hist_total.append(traj.total_response_tokens)
 
     def _prompt_predictor(self) -> Any:
         ptoks = np.asarray(self.hist_prompt, dtype=float)
@@ -103,13 +103,15 @@ class _Replay:
         out = []
         for members in groups.values():
             keys = [self.keys(t) for t in members]
-            own = [dict(zip(k, (t.total_gen_tokens, *t.remaining_gen_after_returns))) for k, t in zip(keys, members)]
+            own = [dict(zip(k, (t.total_response_tokens, *t.remaining_response_after_returns)))
+                   for k, t in zip(keys, members)]
             for j, traj in enumerate(members):
                 pred_total = predict_total(traj.prompt_tokens)
                 cur_prefix = cur_depth = 0
-                for i, (p_i, remaining) in enumerate(zip(traj.tool_return_positions, traj.remaining_gen_after_returns)):
+                returns = zip(traj.tool_return_positions, traj.response_positions, traj.remaining_response_after_returns)
+                for i, (g_i, p_i, remaining) in enumerate(returns):
                     # A mate that generated G tokens in all has finished once this one has generated G.
-                    mates = [own[m] for m, t in enumerate(members) if m != j and t.total_gen_tokens <= p_i]
+                    mates = [own[m] for m, t in enumerate(members) if m != j and t.total_gen_tokens <= g_i]
                     values = self._lookup(traj, keys[j], i + 1, mates)
                     if values:
                         cur_prefix = self.cmlfq(cur_prefix, values)
@@ -131,14 +133,15 @@ def routing_accuracy(
     Predictors for step ``t`` learn only from steps ``< t`` (plus, for the prefix router, group-mates
     that have already finished); the first step is not scored. A *decision* is the i-th tool return
     of a trajectory; it is correct when the router's bucket equals the bucket of the true remaining
-    generated tokens ``total - p_i`` (bucket = first threshold ``>=`` the value, else the last).
+    response tokens ``total - p_i`` (generated + tool-returned, ``p_i`` counting the i-th payload; bucket =
+    first threshold ``>=`` the value, else the last).
 
     - ``prefix``: C-MLFQ on causal prefix trees keyed by the ``(tool, size class, status)`` sequence,
       each node holding the last 200 remaining lengths. If the prompt has data (earlier steps, or
       group-mates with ``G`` generated tokens once this trajectory has generated ``G``) its tree's
       deepest matching prefix is used, else the global tree's. A trajectory starts in bucket 0 and
       moves iff ``bucket(mean) == bucket(p90) != current``.
-    - ``prompt``: a T=0 predictor from prompt features: mean total generated tokens of earlier
+    - ``prompt``: a T=0 predictor from prompt features: mean total response tokens of earlier
       trajectories in the same prompt-token decile, minus ``p_i``.
     - ``depth``: C-MLFQ's rule on nodes keyed by the tool-return index only (no states): what the
       router would do without the causal signal.

@@ -118,3 +118,24 @@ def test_instance_death_releases_its_queued_turns_to_the_bucket() -> None:
     assert w.state is WorkState.QUEUED and w.target is None or blocker.work_id in moved
     assert all(x.target is None or x.target in s.actors for x in s.works.values())
     assert all(x.actor in s.actors for x in s.works.values() if x.actor)
+
+
+def test_rollout_bookkeeping_reports_response_positions_and_learns_the_response_length() -> None:
+    """The router sees positions and totals in response tokens (generated + tool-returned), the unit of the
+    bucket thresholds; the broker counts them itself (research-notes §1.4.1-§1.4.2)."""
+    from libra.broker.rollout import RolloutRouting
+    from libra.policies.routing import BucketSpec
+
+    rr = RolloutRouting("cmlfq", [BucketSpec("short", 1, 4000), BucketSpec("long", 4, 40960)])
+    view = rr.view([("s1", "short", 0, 0, "h"), ("l1", "long", 0, 0, "h")])
+    rr.route("t1", {"prompt_id": "p1", "prompt_tokens": 100}, view)
+    rr.turn_done("t1", {"gen_tokens": 300})
+    rr.tool_returned("t1", "bash", True, {"payload_tokens": 2000}, "")
+    ret = rr.trajs["t1"].pending_return
+    assert ret is not None and (ret.position, ret.context_tokens, ret.response_tokens) == (300, 2400, 2300)
+    rr.route("t1", {}, view)
+    rr.turn_done("t1", {"gen_tokens": 200})
+    rr.end("t1", 500, True)  # the client counts generated tokens only
+    (learned,) = rr.router.tree.history  # type: ignore[attr-defined]
+    assert learned.positions == (2300,) and learned.total_output_tokens == 2500
+    assert learned.remaining() == (200,)

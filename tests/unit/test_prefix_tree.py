@@ -120,9 +120,12 @@ def test_prompt_tree_first_then_global_for_unknown_prompts() -> None:
     tree = CausalPrefixTree()
     tree.record(traj("p1", [A], [100], 10_100))  # p1: A leaves 10_000
     tree.record(traj("p2", [A, B], [100, 200], 1_200))  # p2: A leaves 1_100, then B leaves 1_000
-    # p1 is known: its own tree answers, even though the global tree has a deeper A->B node.
-    est = tree.lookup("p1", [A, B])
+    # p1 is known and matches A as deep as the global tree does: its own tree answers the tie.
+    est = tree.lookup("p1", [A])
     assert est is not None and est.source == "prompt" and est.depth == 1 and est.mean == 10_000
+    # For A->B p1's tree stops at A, the global tree has the deeper A->B node: the deeper match answers.
+    est = tree.lookup("p1", [A, B])
+    assert est is not None and est.source == "global" and est.depth == 2 and est.mean == 1_000
     # An unknown prompt and a missing prompt id use the global tree (both trajectories pass through A).
     for pid in ("p-unknown", None):
         est = tree.lookup(pid, [A])
@@ -272,3 +275,19 @@ def test_bad_parameters_are_rejected() -> None:
         CausalPrefixTree(window_size=0)
     with pytest.raises(PrefixTreeError, match="min_visits"):
         CausalPrefixTree().lookup(None, [], min_visits=0)
+
+
+def test_prompt_tree_missing_the_state_does_not_hide_the_global_node() -> None:
+    # Survivorship bias: the group-mate that finished first was short and never saw a failure. A sample of
+    # the same prompt that now fails must get the global failure statistics, not the prompt's root.
+    tree = CausalPrefixTree()
+    tree.record(traj("p1", [B], [300], 1_000))  # mate: success, short
+    for i in range(5):
+        tree.record(traj(f"q{i}", [A], [300], 20_300))  # other prompts: failure leaves 20_000
+    est = tree.lookup("p1", [A])
+    assert est is not None and est.source == "global" and est.depth == 1 and est.mean == 20_000
+    est = tree.lookup("p1", [B])
+    assert est is not None and est.source == "prompt" and est.depth == 1 and est.mean == 700
+    # With min_visits the prompt's sparse node counts as unseen and the global node answers.
+    tree.record(traj("p2", [B], [300], 2_300))
+    assert tree.lookup("p1", [B], min_visits=2).source == "global"  # type: ignore[union-attr]

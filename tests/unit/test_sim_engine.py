@@ -83,6 +83,14 @@ def test_accuracy_and_migration_metrics_on_a_hand_built_trace() -> None:
     assert follow.kv_migrations + follow.reprefill_migrations == 1
 
 
+def test_routing_accuracy_scores_the_remaining_response_tokens() -> None:
+    """Truth = bucket of the response tokens still to come after the first tool return, tool payloads
+    included: 1,000 + 6,000 + 100 = 7,100 -> medium, although only 1,100 generated tokens remain."""
+    e = _traj("e", [(100, 100), (1000, 6000), (100, None)])
+    res = Simulator([e], _cfg(gpus=16, router="oracle", lag=1)).run()
+    assert res.routing_decisions == 1 and res.routing_accuracy == 1.0  # the oracle starts it in medium
+
+
 def test_kv_transfer_cost_matches_the_paper_bounds_and_layouts_are_checked() -> None:
     sim = Simulator(HAND, _cfg(gpus=16))
     assert sim.costs.kv_seconds(MigrationQuery(40_000, True, 1, 4)) < 0.33

@@ -195,3 +195,11 @@ def test_elastic_amdahl_speedup_and_duration() -> None:
     assert spec.duration(10.0, 2) == pytest.approx(10.0 * (0.25 + 0.375))
     with pytest.raises(ValueError, match="units must be >= 1"):
         spec.speedup(0)
+
+
+def test_response_lengths_of_readme_example() -> None:
+    """Response tokens count tool payloads too; a tool return's response position includes its payload."""
+    (traj,) = _parse(README_EXAMPLE)
+    assert traj.total_response_tokens == 1335 + 14900
+    assert traj.response_positions == (420 + 900, 420 + 900 + 615 + 14000)
+    assert traj.remaining_response_after_returns == (615 + 14000 + 300, 300)

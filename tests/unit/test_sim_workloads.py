@@ -198,7 +198,8 @@ def test_tool_state_prefix_routes_better_than_prompt_features(r2e_stats: dict) -
         r2e_stats["routing_prefix_single_shot_late"],
         r2e_stats["routing_prompt_single_shot_late"],
     )
-    assert 0.8 < ss_prefix < 0.97  # informative, not perfect
+    # Scored on remaining *response* tokens (tool payloads included), the unit of the bucket thresholds.
+    assert 0.75 < ss_prefix < 0.97  # informative, not perfect
     assert ss_prefix > ss_prompt + 0.03
     assert late_prefix > late_prompt + 0.05
     assert late_prefix > r2e_stats["routing_depth_single_shot_late"] + 0.05  # the states, not the depth
