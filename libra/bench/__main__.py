@@ -17,6 +17,7 @@ BENCHMARKS = {
     "rollout": ("libra.bench.rollout", "HF rollout engine behind Libra vs called directly (tokens/s)"),
     "engines": ("libra.bench.engines", "HF rollout engine and GRPO trainer vs plain transformers/torch"),
     "routing": ("libra.bench.routing", "rollout routers compared on the same traces"),
+    "ablation": ("libra.bench.ablation", "Libra ablation ladder (planner, hetero TP, C-MLFQ, EHP) and the EARL selector, simulated"),
     "dataplane": ("libra.bench.dataplane", "weights over the data plane vs the file path; dispatch imbalance vs round robin"),
 }
 

@@ -8,8 +8,15 @@ hold the same role so that as few actors as possible switch. Unused slots are ``
 
 :class:`PlanApplier` sequences the switch so that the cluster is never without a complete training
 replica and no slot is ever in two roles: actors *joining* training switch first; actors *leaving*
-training switch only while another complete replica stays active; every other change goes at once. Each
-step is a Directive to one actor; the broker feeds back which actors finished switching.
+training switch only while another complete replica stays active until a new one is up (one the target
+keeps, or one that no new replica still to come needs); likewise for actors leaving a rollout instance.
+A group with no such partner waits while some new group of its kind can come up without its GPUs, and
+goes otherwise (then waiting could never end); every other change goes at once. When the waits form a
+cycle that no order avoids, the waiting training replicas go first (``gaps`` counts it: training pauses
+briefly, rollout keeps an instance).
+So a plan never leaves the cluster without a training replica, nor (while the target has rollout
+instances) without a rollout instance to route to. Each step is a Directive to one actor; the broker feeds
+back which actors finished switching.
 
 The Elastic Hybrid Pool's join protocol is in ``libra.broker.hybrid``.
 """
@@ -182,6 +189,8 @@ class PlanApplier:
     active: dict[str, Role] = field(init=False)
     pending: dict[str, Role] = field(init=False)  # not yet directed
     switching: set[str] = field(init=False, default_factory=set)
+    gaps: int = field(init=False, default=0)  # cycles broken by letting a training replica go first
+    _force_train: bool = field(init=False, default=False, repr=False)
 
     def __post_init__(self) -> None:
         if set(self.current) != set(self.target):
@@ -193,39 +202,75 @@ class PlanApplier:
     def done(self) -> bool:
         return not self.pending and not self.switching
 
-    def _complete_replicas(self, exclude: set[str]) -> int:
-        """Training replicas whose every member is active in training (ignoring ``exclude``)."""
+    def _complete_replicas(self, exclude: set[str], kind: str = "train") -> int:
+        """Groups of ``kind`` (training replicas by default) whose every member is active in that role
+        (ignoring ``exclude``)."""
         members: dict[str, int] = defaultdict(int)
         size: dict[str, int] = {}
         for aid, r in self.active.items():
-            if r.kind == "train" and aid not in exclude:
+            if r.kind == kind and aid not in exclude:
                 members[r.group] += 1
                 size[r.group] = r.size
         return sum(1 for g, n in members.items() if n == size[g])
+
+    def _groups(self, roles: dict[str, Role], kind: str) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = defaultdict(set)
+        for aid, r in roles.items():
+            if r.kind == kind:
+                out[r.group].add(aid)
+        return out
+
+    def _may_leave(self, kind: str, mates: set[str]) -> bool:
+        """Whether the ``kind`` group made of ``mates`` may leave now (see the module docstring).
+
+        It may when another complete active group of that kind stays up until the new layout has one:
+        a group that the target keeps, or one that some new group still to come does not need. With no
+        such group it waits, as long as some new group still to come needs none of its GPUs (so the
+        wait ends); otherwise it goes (the layout leaves no way to overlap them)."""
+        if not any(r.kind == kind for r in self.target.values()):
+            return True
+        coming = [ms for ms in self._groups(self.target, kind).values()
+                  if any(a in self.pending or a in self.switching for a in ms)]
+        for g, ms in self._groups(self.active, kind).items():
+            if ms & mates or len(ms) != self.active[next(iter(ms))].size:
+                continue
+            if all(self.target[a] == self.active[a] for a in ms) or any(not (t & ms) for t in coming):
+                return True
+        return not any(not (t & mates) for t in coming)
 
     def _next(self) -> list[tuple[str, Role]]:
         out = []
         for aid, role in sorted(self.pending.items(), key=lambda kv: (self.active.get(kv[0], Role("idle")).kind == "train", kv[0])):
             cur = self.active.get(aid, Role("idle"))
             leaving_train = cur.kind == "train" and (role.kind != "train" or role.group != cur.group)
-            if leaving_train:
-                cur_group = self.active[aid].group
-                others = {a for a, r in self.active.items() if r.kind == "train" and r.group == cur_group}
-                if self._complete_replicas(exclude=others) == 0 and any(
-                        r.kind == "train" for r in self.target.values()):
-                    continue  # wait until another complete replica is active
+            if leaving_train or cur.kind == "rollout":
+                mates = {a for a, r in self.current.items() if r.kind == cur.kind and r.group == cur.group}
+                if not (self._force_train and leaving_train) and not self._may_leave(cur.kind, mates):
+                    continue  # wait until another complete group of its kind is up
             out.append((aid, role))
             self.pending.pop(aid)
             self.active.pop(aid, None)  # from now on it holds no role until it has switched
             self.switching.add(aid)
         return out
 
+    def _progress(self) -> list[tuple[str, Role]]:
+        """The next wave; if every remaining move waits on another (a cycle no order can avoid, e.g. a new
+        replica that needs the rollout node while the new rollout instance needs the last old replica),
+        the waiting training replicas go first: a short pause of training, counted in ``gaps``."""
+        out = self._next()
+        if not out and not self.switching and self.pending:
+            self.gaps += 1
+            self._force_train = True
+            out = self._next()
+            self._force_train = False
+        return out
+
     def start(self) -> list[tuple[str, Role]]:
-        return self._next()
+        return self._progress()
 
     def on_switched(self, actor_id: str) -> list[tuple[str, Role]]:
         if actor_id not in self.switching:
             return []
         self.switching.discard(actor_id)
         self.active[actor_id] = self.target[actor_id]
-        return self._next()
+        return self._progress()

@@ -13,7 +13,10 @@ Allocators (all pure; the stateful ones keep only what the policy needs):
 - ``static_uniform``: half the GPUs train (the tree's best layout), half serve with one fixed TP;
 - ``static_best``: the GRP plan of the first workload it sees, frozen (AReaL-Static-Optimal);
 - ``greedy``: starts uniform and moves ``increment`` GPUs toward the slower stage whenever one stage is
-  more than ``tolerance`` slower than the other (homogeneous rollout TP).
+  more than ``tolerance`` slower than the other (homogeneous rollout TP);
+- ``colocated``: time-sharing (verl's colocated mode): every GPU rolls out as homogeneous TP-``rollout_tp``
+  instances, then every GPU trains (the tree's best layout for the largest feasible ``n_train <= N``);
+  the plan is marked ``colocated`` and its objective is ``t_rollout + t_train``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from libra.policies.planner_types import (
 __all__ = [
     "ALLOCATORS",
     "Allocator",
+    "Colocated",
     "EhpSignal",
     "GlobalResourcePlanner",
     "Plan",
@@ -178,8 +182,43 @@ class Greedy(_Base):
         return self.last
 
 
+class Colocated(_Base):
+    """``colocated``: all GPUs roll out, then all GPUs train (time-sharing; see the module docstring)."""
+
+    name = "colocated"
+
+    def __init__(self, planner: GlobalResourcePlanner, rollout_tp: int = 2) -> None:
+        super().__init__(planner)
+        if rollout_tp < 1 or planner.config.n_gpus // rollout_tp < 1:
+            raise PlannerError(f"colocated: rollout_tp={rollout_tp} does not fit {planner.config.n_gpus} GPUs")
+        self.rollout_tp = rollout_tp
+
+    def _plan(self, wl: Workload, train: Any = None) -> Plan:
+        n = self.planner.config.n_gpus
+        if train is None:
+            for n_train in range(n, 0, -1):
+                choice = self.planner.best_training(wl, n_train)
+                if choice is not None:
+                    train, t_train = choice.config, choice.time
+                    break
+            else:
+                raise PlannerError(f"colocated: no feasible training layout on at most {n} GPUs")
+        else:
+            t_train = float(self.planner.train_model.step_time(train, wl.training_lengths(self.planner.config.global_batch)))
+        roll = self.planner.plan_fixed(wl, 0, (self.rollout_tp,) * (n // self.rollout_tp), allocator=self.name)
+        return Plan(n, train.n_gpus, train, roll.rollout, t_train, roll.t_rollout, allocator=self.name, colocated=True)
+
+    def propose(self, workload: Workload, current: Plan | None = None) -> Plan:
+        """The time-sharing plan for ``workload``."""
+        return self._plan(as_workload(workload))
+
+    def evaluate(self, plan: Plan, workload: Workload) -> Plan:
+        """``plan``'s training layout and rollout TP re-scored on ``workload`` (still time-sharing)."""
+        return self._plan(as_workload(workload), plan.train)
+
+
 #: Allocator names known to :func:`make_allocator`.
-ALLOCATORS = ("greedy", "grp", "grp_homogeneous", "static_best", "static_uniform")
+ALLOCATORS = ("colocated", "greedy", "grp", "grp_homogeneous", "static_best", "static_uniform")
 
 _CONFIG_FIELDS = {f.name for f in fields(PlannerConfig)}
 _EXTRA = {
@@ -188,6 +227,7 @@ _EXTRA = {
     "static_best": set(),
     "static_uniform": {"rollout_tp"},
     "greedy": {"increment", "tolerance", "rollout_tp"},
+    "colocated": {"rollout_tp"},
 }
 
 
@@ -217,7 +257,7 @@ def make_allocator(name: str, **params: Any) -> Allocator:
 
     Parameters: ``config`` (a :class:`PlannerConfig`) or its fields (``n_gpus``, ``global_batch``,
     ...); ``rollout_model`` and ``train_model`` or ``hardware`` and ``model`` profile names;
-    ``memoize``; and the allocator's own knobs (``rollout_tp`` for static_uniform/greedy,
+    ``memoize``; and the allocator's own knobs (``rollout_tp`` for static_uniform/greedy/colocated,
     ``increment`` and ``tolerance`` for greedy). Raises ``ValueError`` for an unknown name or
     parameter, :class:`PlannerError` for bad values.
     """
@@ -244,4 +284,6 @@ def make_allocator(name: str, **params: Any) -> Allocator:
         return StaticUniform(planner, **extra)
     if name == "static_best":
         return StaticBest(planner)
+    if name == "colocated":
+        return Colocated(planner, **extra)
     return Greedy(planner, **extra)

@@ -108,15 +108,21 @@ class Replanner:
         self.min_gain_ratio = min_gain_ratio
         self.min_history = min_history
         self.warmup_steps = warmup_steps
-        self.history: deque[tuple[float, float]] = deque(maxlen=max_history)
+        self.history: deque[tuple[float, ...]] = deque(maxlen=max_history)
         self.last_replan: int | None = None
         self.last_rejected = 0
 
-    def observe(self, prompt_len: float, output_len: float) -> None:
-        """Record one completed request's lengths. Raises :class:`PlannerError` if invalid."""
+    def observe(self, prompt_len: float, output_len: float, turns: int | None = None) -> None:
+        """Record one completed request's lengths (and, for a multi-turn request, its serving calls;
+        give ``turns`` always or never). Raises :class:`PlannerError` if invalid."""
         if not (prompt_len >= 0 and output_len >= 0 and prompt_len + output_len > 0):
             raise PlannerError(f"observe: invalid lengths prompt_len={prompt_len!r} output_len={output_len!r}")
-        self.history.append((float(prompt_len), float(output_len)))
+        if turns is None:
+            self.history.append((float(prompt_len), float(output_len)))
+            return
+        if turns < 1:
+            raise PlannerError(f"observe: turns must be >= 1, got {turns!r}")
+        self.history.append((float(prompt_len), float(output_len), float(turns)))
 
     def observe_many(self, pairs: Iterable[tuple[float, float]]) -> None:
         """Record several completed requests."""

@@ -10,7 +10,8 @@ Contracts:
 
 - :class:`RolloutSample` sorts the requests by total length and keeps at most ``max_requests`` of them
   at evenly spaced quantiles, each standing for ``batch / k`` requests; segment sums come from prefix
-  sums, so ``Cost`` is O(1) (and whole cost matrices are built at once with numpy).
+  sums, so ``Cost`` is O(1) (and whole cost matrices are built at once with numpy). A multi-turn
+  request (``Workload.turns``) pays the cost model's per-request serving overhead once per turn.
 - :class:`RolloutTable` runs the DP for every budget ``0..G`` in one pass: the table for budget ``G``
   answers every smaller budget too (the planner's per-budget memo). The inner ``min over j`` is one
   vectorised numpy reduction per ``(g, tp)``.
@@ -45,6 +46,7 @@ class RolloutSample:
     prompt: np.ndarray
     gen: np.ndarray
     weight: np.ndarray
+    calls: np.ndarray | None = None  # serving calls per item (multi-turn requests); None = 1 each
 
     @classmethod
     def from_workload(cls, workload: Workload, batch: int | None = None, max_requests: int = 64) -> RolloutSample:
@@ -55,13 +57,15 @@ class RolloutSample:
             raise PlannerError(f"max_requests must be >= 1, got {max_requests}")
         order = np.argsort(workload.totals, kind="stable")
         prompt, gen = workload.prompt_tokens[order], workload.gen_tokens[order]
+        calls = workload.turns[order] if workload.turns is not None else None
         n = prompt.size
         if n > max_requests:
             idx = np.unique(np.round(np.linspace(0, n - 1, max_requests)).astype(int))
             prompt, gen = prompt[idx], gen[idx]
+            calls = calls[idx] if calls is not None else None
         total = float(batch if batch is not None else n)
         weight = np.full(prompt.size, total / prompt.size)
-        return cls(prompt + gen, prompt, gen, weight)
+        return cls(prompt + gen, prompt, gen, weight, calls)
 
     @property
     def size(self) -> int:
@@ -89,10 +93,14 @@ def cost_matrices(cm: RolloutCostModel, sample: RolloutSample, tps: tuple[int, .
     j, i = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
     valid = j < i
     jj, ii = j[valid], i[valid]
+    extra = 0.0
+    if sample.calls is not None:  # every serving call beyond the first pays the per-request overhead too
+        C = np.concatenate([np.zeros(1), np.cumsum((sample.calls - 1.0) * sample.weight)])
+        extra = (C[ii] - C[jj]) * float(cm.cal.per_request_overhead_s)
     out: dict[int, np.ndarray] = {}
     for tp in tps:
         c = np.full((n + 1, n + 1), np.inf)
-        c[valid] = cm.segment_cost(tp, P[ii] - P[jj], G[ii] - G[jj], W[ii] - W[jj], sample.lengths[ii - 1])
+        c[valid] = cm.segment_cost(tp, P[ii] - P[jj], G[ii] - G[jj], W[ii] - W[jj], sample.lengths[ii - 1]) + extra
         out[tp] = c
     return out
 

@@ -187,7 +187,7 @@ class GlobalResourcePlanner:
             raise PlannerError(f"n_train={n_train} + rollout {rollout_tps} exceeds n_gpus={cfg.n_gpus}")
         ctx = self._context(wl)
         if train is None:
-            choice = ctx.train.best(n_train)
+            choice = ctx.train.best(n_train) if n_train > 0 else None
             train_cfg, t_train = (choice.config, choice.time) if choice else (None, math.inf)
         else:
             train_cfg, t_train = train, self.train_model.step_time(train, ctx.train.lengths)

@@ -24,32 +24,46 @@ class PlannerError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """Observed request lengths: ``prompt_tokens[i]`` and ``gen_tokens[i]`` of request ``i``.
+    """Observed request lengths: ``prompt_tokens[i]`` and ``gen_tokens[i]`` of request ``i``, and
+    ``turns[i]``: how many serving calls it makes (a multi-turn agentic trajectory is one request of
+    the planner with one call per generate turn, each paying the serving overhead; 1 by default).
 
     Build with :meth:`from_pairs`; arrays are read-only float64.
     """
 
     prompt_tokens: np.ndarray
     gen_tokens: np.ndarray
+    turns: np.ndarray | None = None
 
     @classmethod
-    def from_pairs(cls, pairs: Iterable[tuple[float, float]]) -> Workload:
-        """From ``(prompt_len, output_len)`` pairs. Raises :class:`PlannerError` on an empty list or
-        a negative / non-finite / all-zero entry (naming its index)."""
+    def from_pairs(cls, pairs: Iterable[tuple[float, ...]]) -> Workload:
+        """From ``(prompt_len, output_len)`` pairs or ``(prompt_len, output_len, turns)`` triples.
+        Raises :class:`PlannerError` on an empty list, a negative / non-finite / all-zero entry or
+        ``turns < 1`` (naming its index)."""
         rows = [tuple(p) for p in pairs]
         if not rows:
             raise PlannerError("workload is empty: need at least one (prompt_len, output_len) pair")
+        width = len(rows[0])
         for i, row in enumerate(rows):
-            if len(row) != 2:
-                raise PlannerError(f"workload[{i}] must be (prompt_len, output_len), got {row!r}")
-            p, g = row
+            if len(row) not in (2, 3) or len(row) != width:
+                raise PlannerError(f"workload[{i}] must be (prompt_len, output_len[, turns]) like the rest, got {row!r}")
+            p, g = row[0], row[1]
             if not (math.isfinite(p) and math.isfinite(g)) or p < 0 or g < 0 or p + g <= 0:
                 raise PlannerError(f"workload[{i}] has invalid lengths {row!r} (need finite, >= 0, total > 0)")
+            if width == 3 and not (math.isfinite(row[2]) and row[2] >= 1):
+                raise PlannerError(f"workload[{i}] has invalid turns {row[2]!r} (need >= 1)")
         arr = np.asarray(rows, dtype=float)
         prompt, gen = arr[:, 0].copy(), arr[:, 1].copy()
-        prompt.setflags(write=False)
-        gen.setflags(write=False)
-        return cls(prompt, gen)
+        turns = arr[:, 2].copy() if width == 3 else None
+        for a in (prompt, gen, turns):
+            if a is not None:
+                a.setflags(write=False)
+        return cls(prompt, gen, turns)
+
+    @property
+    def calls(self) -> np.ndarray:
+        """Serving calls per request (``turns``, or ones)."""
+        return self.turns if self.turns is not None else np.ones_like(self.prompt_tokens)
 
     @property
     def size(self) -> int:
@@ -150,7 +164,11 @@ class RolloutBucket:
 @dataclass(frozen=True, slots=True)
 class Plan:
     """A GPU allocation: ``n_train`` training GPUs with layout ``train``, rollout instances, and the
-    predicted stage times. ``objective = max(t_train, t_rollout)``."""
+    predicted stage times. ``objective = max(t_train, t_rollout)`` (the stages overlap).
+
+    ``colocated``: time-sharing (verl's colocated mode): the same GPUs first roll out, then train, so
+    ``n_train`` and the rollout instances may each cover every GPU and ``objective = t_train +
+    t_rollout``."""
 
     n_gpus: int
     n_train: int
@@ -159,10 +177,13 @@ class Plan:
     t_train: float
     t_rollout: float
     allocator: str = "grp"
+    colocated: bool = False
 
     @property
     def objective(self) -> float:
-        """Predicted iteration time ``max(t_train, t_rollout)``."""
+        """Predicted iteration time: ``max(t_train, t_rollout)``, or their sum when colocated."""
+        if self.colocated:
+            return self.t_train + self.t_rollout
         return max(self.t_train, self.t_rollout)
 
     @property
@@ -178,11 +199,13 @@ class Plan:
     @property
     def n_idle(self) -> int:
         """GPUs the plan leaves unused (more would not lower the objective; the EHP can borrow them)."""
+        if self.colocated:
+            return self.n_gpus - max(self.n_train, self.n_rollout)
         return self.n_gpus - self.n_train - self.n_rollout
 
-    def layout_key(self) -> tuple[int, TrainConfig | None, tuple[int, ...]]:
-        """What a reconfiguration changes: ``(n_train, train layout, rollout TP multiset)``."""
-        return (self.n_train, self.train, self.rollout_tps)
+    def layout_key(self) -> tuple[int, TrainConfig | None, tuple[int, ...], bool]:
+        """What a reconfiguration changes: ``(n_train, train layout, rollout TP multiset, colocated)``."""
+        return (self.n_train, self.train, self.rollout_tps, self.colocated)
 
     def same_layout(self, other: Plan | None) -> bool:
         """True iff ``other`` deploys the same layout (times may differ)."""

@@ -5,6 +5,10 @@
 and training time, GPU idle fraction, routing accuracy and migrated-token ratio (``--json``: one object, see
 :mod:`libra.sim.sim_metrics`). Action workloads (``--workload coding|mopd|deepsearch``) are delegated to
 :func:`libra.sim.actions_sim.main` with ``--steps``, ``--seed``, ``--json`` and any options it accepts.
+Allocations: static ``static_uniform``, ``hetero``, ``colocated``; planner-driven (initial plan from the
+first steps, online re-planning, transitions charged in virtual time; :mod:`libra.sim.sim_planner`)
+``grp_homogeneous``, ``grp``, ``grp_ehp`` (+ Elastic Hybrid Pool), ``static_best``, ``greedy``; these add a
+``planner`` object (plans applied, decisions, switches, seconds charged) to ``--json``.
 Exit status 2 on bad arguments or an unreadable trace.
 """
 
@@ -17,7 +21,7 @@ import time
 from collections.abc import Sequence
 
 from libra.sim.engine import SIM_ROUTERS, SimConfig, Simulator
-from libra.sim.sim_cluster import ALLOCATIONS, SimConfigError
+from libra.sim.sim_cluster import ALLOCATIONS, PLANNER_ALLOCATIONS, SimConfigError
 from libra.sim.trace import TraceError, read_trace
 from libra.sim.workload_profiles import PROFILES, get_profile
 from libra.sim.workloads import generate
@@ -37,7 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=int, default=None, help="GRPO groups per step (default gpus/3)")
     p.add_argument("--group-size", type=int, default=16, help="samples per prompt (default 16)")
     p.add_argument("--router", default="cmlfq", choices=SIM_ROUTERS)
-    p.add_argument("--allocation", default="hetero", choices=ALLOCATIONS)
+    p.add_argument("--allocation", default="hetero", choices=ALLOCATIONS,
+                   help="static: static_uniform, hetero, colocated; planner-driven: grp_homogeneous, grp, "
+                        "grp_ehp (GRP + Elastic Hybrid Pool), static_best, greedy (default hetero)")
+    p.add_argument("--plan-search", default="fixed", choices=("fixed", "measured"),
+                   help="planner allocations: charge each planner search a fixed time (reproducible) or its "
+                        "measured wall time (default fixed)")
+    p.add_argument("--plan-search-s", type=float, default=2.0,
+                   help="planner allocations: the fixed search charge in virtual seconds (default 2.0)")
+    p.add_argument("--plan-interval", type=int, default=5,
+                   help="planner allocations: re-plan every N steps besides the pressure triggers (default 5)")
     p.add_argument("--lag", type=int, default=2, help="policy-lag bound: rollout of step s+lag waits for training "
                                                        "of step s (1 = synchronous; default 2)")
     p.add_argument("--predictor-noise", type=float, default=2.0,
@@ -80,14 +93,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = SimConfig(router=args.router, allocation=args.allocation, gpus=args.gpus, lag=args.lag, seed=args.seed,
                         bucket_thresholds=prof.bucket_thresholds, size_thresholds=prof.size_thresholds,
                         predictor_noise=args.predictor_noise,
-                        router_params={"cap_metric": args.cap_metric, "max_queue_length": args.max_queue_length})
+                        router_params={"cap_metric": args.cap_metric, "max_queue_length": args.max_queue_length},
+                        allocation_params=({"search": args.plan_search, "search_s": args.plan_search_s,
+                                            "plan_interval": args.plan_interval}
+                                           if args.allocation in PLANNER_ALLOCATIONS else {}))
         t0 = time.perf_counter()
-        res = Simulator(trajs, cfg).run()
+        sim = Simulator(trajs, cfg)
+        res = sim.run()
         wall = time.perf_counter() - t0
     except (OSError, TraceError, SimConfigError, ValueError) as exc:
         print(f"libra.sim: {exc}", file=sys.stderr)
         return 2
     out = res.to_dict()
+    report = sim.alloc.report() if sim.alloc is not None else None
+    if report is not None:
+        out["planner"] = report
     if args.json:
         print(json.dumps(out))
         return 0
@@ -105,6 +125,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   f"{res.reprefill_migrations} re-prefill)")),
         ("simulated / wall", f"{res.makespan_s:.0f} s virtual in {wall:.1f} s"),
     ]
+    if report is not None:
+        fp = report["final_plan"]
+        rows += [("plans applied / switches", f"{report['plans_applied']} / {sum(report['switches'].values())}"),
+                 ("final plan", f"train {fp['n_train']} GPUs {fp['train']}, rollout TP {fp['rollout_tps']}"),
+                 ("charged s (switch / search)", f"{report['transition_s']:.1f} / {report['search_s']:.1f}")]
     for k, v in rows:
         print(f"{k:<28} {v}")
     return 0

@@ -53,6 +53,7 @@ from libra.protocol import messages as m
 from libra.sim.sim_cluster import InstanceCosts, Layout, SimConfigError, make_layout
 from libra.sim.sim_instance import Seq, SimInstance
 from libra.sim.sim_metrics import SimResult, TrajRecord, summarize
+from libra.sim.sim_planner import PlannerAllocation, is_planner_allocation
 from libra.sim.trace import TrajectorySpec
 
 __all__ = ["SIM_ROUTERS", "SimConfig", "SimConfigError", "Simulator", "simulate"]
@@ -83,8 +84,10 @@ class SimConfig:
     size_thresholds: tuple[int, int] | None = None
     predictor_noise: float = 2.0
     rebuild_interval: int = 5
+    min_visits: int = 10  # C-MLFQ: samples a prefix node needs before its mean/P90 count (P90 needs >= 10)
     tick_s: float = 30.0
     reserve_tokens: int = 8192
+    allocation_params: dict[str, Any] = field(default_factory=dict)  # planner allocations (sim_planner.py)
 
 
 @dataclass(slots=True)
@@ -114,7 +117,9 @@ class Simulator:
             raise SimConfigError(f"lag must be an integer >= 1 (1 = synchronous), got {cfg.lag!r}")
         if not trajs:
             raise SimConfigError("the trace has no trajectories")
-        self.layout = layout or make_layout(cfg.allocation, cfg.gpus, cfg.bucket_thresholds)
+        self.alloc = PlannerAllocation(trajs, cfg) if is_planner_allocation(cfg.allocation) else None
+        self.layout = layout or (self.alloc.layout if self.alloc is not None else
+                                 make_layout(cfg.allocation, cfg.gpus, cfg.bucket_thresholds))
         self.lag = 1 if self.layout.colocated else cfg.lag
         hw, model = load_hardware(cfg.hardware), load_model(cfg.model)
         self.costs = InstanceCosts(RolloutCostModel(hw, model), reserve_tokens=cfg.reserve_tokens)
@@ -155,6 +160,7 @@ class Simulator:
             if cfg.size_thresholds is not None:
                 params.setdefault("thresholds", {"small": cfg.size_thresholds[0], "medium": cfg.size_thresholds[1]})
             params.setdefault("rebuild_interval", cfg.rebuild_interval)
+            params.setdefault("min_visits", cfg.min_visits)
         buckets = [{"name": b.name, "tp": b.tp, "max_tokens": b.max_tokens} for b in self.layout.buckets]
         return BrokerConfig(broker_id="libra-sim", heartbeat_s=_FAR, lease_s=_FAR, client_idle_s=_FAR,
                             router=router,
@@ -188,13 +194,17 @@ class Simulator:
                 self._push(self.now + float(msg.args.get("tool_seconds", 0.0)), "tool", msg)
         elif isinstance(msg, m.Assign):
             self._on_generate(self.instances[cmd.peer], msg)
+        elif isinstance(msg, m.Directive) and self.alloc is not None:
+            self.alloc.on_directive(cmd.peer, msg)  # a planner re-plan: the GPU actor switches roles
         elif isinstance(msg, (m.Revoke, m.Disconnect, m.Directive)):
             raise RuntimeError(f"simulator: unexpected {type(msg).__name__} to {cmd.peer!r}: {msg}")
 
     def _hello(self) -> None:
         self._send(CLIENT, m.ClientHello("sim-client", 1))
         self._send(TOOLS, m.ActorHello("sim-tools", "tools", "cpu", 1, {"action": ["*"]}, ["action"], 1 << 30))
-        for inst in self.instances.values():
+        if self.alloc is not None:
+            self.alloc.hello(self)  # one actor per GPU, in the plan's roles
+        for inst in (self.instances.values() if self.alloc is None else ()):
             caps = {"generate": ["*"]}
             self._send(inst.peer, m.ActorHello(inst.id, inst.spec.node, inst.id, 1, caps, ["generate"],
                                                inst.capacity, {"role": {"bucket": inst.spec.bucket}}))
@@ -257,12 +267,13 @@ class Simulator:
         self._send(CLIENT, m.Submit(rid, kind, name, args, tr.spec.id, _FAR))
 
     def _true_remaining(self, tr: _Traj) -> int:
-        return tr.spec.total_gen_tokens - tr.gen
+        # Response tokens (generated + tool-returned) still to come: the unit of the bucket thresholds.
+        return tr.spec.total_response_tokens - (tr.context - tr.spec.prompt_tokens)
 
     def _start_traj(self, spec: TrajectorySpec, k: int) -> None:
         tr = _Traj(spec, k, context=spec.prompt_tokens, pending_new=spec.prompt_tokens, start=self.now)
         self._live[spec.id] = tr
-        total = spec.total_gen_tokens
+        total = spec.total_response_tokens
         if self.cfg.router == "noisy_predictor":
             total = round(total * math.exp(self.cfg.predictor_noise * float(self.rng.standard_normal())))
         self._submit(tr, "generate", "", {"prompt_id": spec.prompt_id, "prompt_tokens": spec.prompt_tokens,
@@ -298,7 +309,7 @@ class Simulator:
         del self._live[spec.id]
         truth = None
         if spec.num_tool_calls:
-            truth = self.layout.buckets[bucket_index_for(spec.remaining_gen_after_returns[0],
+            truth = self.layout.buckets[bucket_index_for(spec.remaining_response_after_returns[0],
                                                          self.layout.buckets)].name
         self.records.append(TrajRecord(spec.id, tr.k, spec.total_tokens, tr.start, self.now, tr.first_route,
                                        truth, tr.migrations, tr.migrated_tokens))
@@ -321,6 +332,8 @@ class Simulator:
         k = self.trained
         if self.training or k >= len(self.by_step) or self._left[k] > 0:
             return
+        if self.alloc is not None and not self.alloc.can_train():
+            return  # a re-plan left no complete training replica yet: the allocation calls back
         lengths = [t.total_tokens for t in self.by_step[k]]
         dur = self.train_time(lengths)
         self.training = True
@@ -332,11 +345,15 @@ class Simulator:
         self.train_end[k] = self.now
         self.trained = k + 1
         self.broker.rollout.on_step(k + 1)  # the router's per-step hook (C-MLFQ tree rebuild)
+        if self.alloc is not None:
+            self.alloc.on_trained(k)  # planner allocations: re-plan / EHP at the step boundary
         self._release()
         self._maybe_train()
 
     def train_time(self, lengths: Sequence[int]) -> float:
         """Seconds of one GRPO step on ``lengths`` with the training GPUs (best layout, chosen once)."""
+        if self.alloc is not None:
+            return self.alloc.train_time(lengths)  # the deployed plan's complete training replicas
         n = self.layout.train_gpus
         if self._train_cfg is None:
             best, best_t = None, math.inf
@@ -381,6 +398,8 @@ class Simulator:
                 self._reschedule(inst)
             elif kind == "train":
                 self._on_trained(payload)
+            elif kind == "call":
+                payload()  # a scheduled hook (planner allocations: plan application, role switches)
             elif kind == "tick":
                 for cmd in self.broker.handle(Tick(), self.now):
                     self._deliver(cmd)
@@ -388,7 +407,7 @@ class Simulator:
                     self._push(self.now + self.cfg.tick_s, "tick")
             self._pump()
         self.broker.validate()
-        return summarize(self)
+        return summarize(self) if self.alloc is None else self.alloc.summarize()
 
 
 def _pad(lengths: Sequence[int], dp: int) -> list[int]:

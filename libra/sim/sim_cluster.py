@@ -4,7 +4,7 @@ Role: turn an allocation policy name and a GPU count into a static :class:`Layou
 with their bucket, TP degree and node; training GPUs; whether rollout and training time-share the same
 GPUs), and give the simulator fast scalar versions of the cost model's rollout quantities.
 
-Allocation policies (static here; the planner issue adds dynamic ones):
+Allocation policies. Static layouts, built here:
 
 - ``static_uniform``: half the GPUs train, half serve as homogeneous TP-2 instances in one bucket;
 - ``hetero``: the Libra 48-GPU R2E layout scaled to the cluster: a third of the GPUs (whole 8-GPU nodes,
@@ -12,6 +12,10 @@ Allocation policies (static here; the planner issue adds dynamic ones):
   TP4 long, thresholds from the workload); the rest train;
 - ``colocated``: every GPU serves (homogeneous TP-2, one bucket) and then trains, synchronously (verl's
   colocated mode; the simulator forces a policy lag of 1).
+
+Planner-driven allocations (:data:`PLANNER_ALLOCATIONS`: ``grp_homogeneous``, ``grp``, ``grp_ehp``,
+``static_best``, ``greedy``) start from a plan and re-plan online; their layouts come from
+:mod:`libra.sim.sim_planner`, not from :func:`make_layout`.
 
 :class:`InstanceCosts` wraps :class:`~libra.policies.cost_model.RolloutCostModel`: for a dense model the
 decode step is exactly linear in running sequences and KV tokens, so it is fitted once per TP degree
@@ -29,9 +33,11 @@ from typing import Final
 from libra.policies.cost_model import RolloutCostModel
 from libra.policies.routing import BucketSpec, MigrationQuery
 
-__all__ = ["ALLOCATIONS", "InstanceCosts", "Layout", "RolloutInstanceSpec", "SimConfigError", "make_layout"]
+__all__ = ["ALLOCATIONS", "PLANNER_ALLOCATIONS", "STATIC_ALLOCATIONS", "InstanceCosts", "Layout", "RolloutInstanceSpec", "SimConfigError", "make_layout"]
 
-ALLOCATIONS: Final = ("static_uniform", "hetero", "colocated")
+STATIC_ALLOCATIONS: Final = ("static_uniform", "hetero", "colocated")
+PLANNER_ALLOCATIONS: Final = ("grp_homogeneous", "grp", "grp_ehp", "static_best", "greedy")
+ALLOCATIONS: Final = STATIC_ALLOCATIONS + PLANNER_ALLOCATIONS
 NODE_GPUS: Final = 8
 HETERO_NODE: Final = (1, 1, 2, 4)
 
@@ -104,6 +110,8 @@ def make_layout(allocation: str, gpus: int, bucket_thresholds: tuple[int, ...] =
                 insts.append(RolloutInstanceSpec(f"r{node}-{k}-tp{tp}", f"n{node}", by_tp[tp], tp))
         return Layout(allocation, gpus, tuple(insts), buckets, gpus - nodes * NODE_GPUS, False,
                       {"node": "[TP1, TP1, TP2, TP4]"})
+    if allocation in PLANNER_ALLOCATIONS:
+        raise SimConfigError(f"allocation {allocation!r} is planner-driven: its layout comes from libra.sim.sim_planner")
     raise SimConfigError(f"unknown allocation {allocation!r} (known: {', '.join(ALLOCATIONS)})")
 
 

@@ -324,9 +324,9 @@ def _alloc(name: str, **kw: object):
 
 
 def test_registry_names_and_errors() -> None:
-    assert set(ALLOCATORS) == {"grp", "grp_homogeneous", "static_uniform", "static_best", "greedy"}
-    with pytest.raises(ValueError, match=r"unknown allocator: 'colocated' \(known: greedy, grp, "):
-        make_allocator("colocated", hardware="a800", model="qwen3-14b", n_gpus=8, global_batch=16)
+    assert set(ALLOCATORS) == {"grp", "grp_homogeneous", "static_uniform", "static_best", "greedy", "colocated"}
+    with pytest.raises(ValueError, match=r"unknown allocator: 'verl' \(known: colocated, greedy, grp, "):
+        make_allocator("verl", hardware="a800", model="qwen3-14b", n_gpus=8, global_batch=16)
     with pytest.raises(ValueError, match="unknown parameter"):
         _alloc("grp", increment=3)
     with pytest.raises(PlannerError, match="needs rollout_model"):
@@ -335,13 +335,25 @@ def test_registry_names_and_errors() -> None:
 
 def test_grp_is_never_worse_than_the_baselines() -> None:
     reqs = _requests(400, 21)
-    plans = {name: _alloc(name).propose(Workload.from_pairs(reqs)) for name in ALLOCATORS}
+    plans = {name: _alloc(name).propose(Workload.from_pairs(reqs)) for name in ALLOCATORS if name != "colocated"}
     for name, plan in plans.items():
         assert isinstance(plan, Plan) and plan.allocator == name
         assert plan.n_train + plan.n_rollout <= 48
         assert plans["grp"].objective <= plan.objective + 1e-9, name
     assert len(set(plans["grp_homogeneous"].rollout_tps)) == 1
     assert set(plans["static_uniform"].rollout_tps) == {2} and plans["static_uniform"].n_train <= 24
+
+
+def test_colocated_time_shares_every_gpu() -> None:
+    wl = Workload.from_pairs(_requests(300, 5))
+    alloc = _alloc("colocated")
+    plan = alloc.propose(wl)
+    assert plan.colocated and plan.allocator == "colocated" and plan.n_idle == 0
+    assert plan.n_rollout == 48 and set(plan.rollout_tps) == {2} and 0 < plan.n_train <= 48
+    assert plan.objective == pytest.approx(plan.t_train + plan.t_rollout)
+    again = alloc.evaluate(plan, wl)
+    assert again.same_layout(plan) and again.objective == pytest.approx(plan.objective)
+    assert not plan.same_layout(_alloc("grp").propose(wl))
 
 
 def test_static_best_freezes_and_greedy_moves_toward_the_slower_stage() -> None:

@@ -1,0 +1,251 @@
+"""Benchmark: the Libra ablation ladder and the EARL parallelism selector, in the simulator, in one run.
+
+Part 1, the ladder (research-notes §1.5, R2E-Gym ablation; §5.1): one generated R2E-like trace (48 GPUs,
+20 steps, ``gpus / 3`` GRPO groups of 16 per step by default) is replayed by the discrete-event simulator
+(:mod:`libra.sim.engine`: the real ``BrokerState``, the real routers, the real planner and plan
+application) under each rung, cumulatively:
+
+1. ``static_uniform``: half the GPUs train, half serve as TP-2 instances; simple router (``least_loaded``);
+2. ``+ homogeneous planner``: ``grp_homogeneous`` (GRP with one rollout TP, online re-planning);
+3. ``+ heterogeneous TP``: ``grp`` (heterogeneous TP buckets);
+4. ``+ C-MLFQ``: ``grp`` with the ``cmlfq`` router;
+5. ``+ elastic pool (EHP)``: ``grp_ehp`` with ``cmlfq``: full Libra;
+
+plus the baselines ``verl-colocated`` (``colocated``: all GPUs roll out, then all train, synchronously)
+and ``static_best`` (AReaL-Static-Optimal: the GRP plan of the first 5 steps, frozen). Every rung sees the
+same trace and seed. The table: tokens/s, mean step time, GPU idle fraction, and the ratios to
+static uniform and to colocated; planner rungs add plans applied and the transition seconds charged.
+
+Part 2, EARL (research-notes §3.2.1, §5.3): a context-growth run (the mean context rises geometrically
+from 1K to 32K tokens over ``--earl-points`` steps, at a fixed number of concurrent
+responses: 32 and 64) on 16 GPUs. At each point the selector (:func:`libra.policies.parallelism.make_selector`,
+cost-model profile table, OOM guard) picks the rollout TP; every fixed TP is measured too. Throughput
+(tokens per GPU per second) is measured by simulating the batch on :class:`~libra.sim.sim_instance.SimInstance`
+instances (continuous batching: prefill, then decode with growing KV; responses dealt round-robin); a TP
+is OOM when its share of the responses does not fit the instance's KV cache at once. "Never OOM" counts
+the points where some fixed TP fits (where none does, no choice avoids it).
+
+``python -m libra.bench ablation [--steps 20] [--gpus 48] [--prompts N] [--seed 0] [--base-router least_loaded]
+[--jobs 1] [--quick] [--json]``. ``--quick``: 16 GPUs, 3 steps, 2 groups per step, 6 EARL points (for tests).
+Targets (issue #4): each rung at least as fast as the one below, full Libra >= 1.8x static uniform and
+>= 3x colocated; the EARL selector at least as good as the best fixed TP at every point, never OOM. The
+benchmark reports what it measures and whether each target holds; it does not assert them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+
+__all__ = ["RUNGS", "earl_run", "main", "measure_tgs", "run", "run_rung"]
+
+#: (key, label, allocation, router or None for the base router); the ladder first, then the baselines.
+RUNGS: tuple[tuple[str, str, str, str | None], ...] = (
+    ("static_uniform", "static uniform", "static_uniform", None),
+    ("homogeneous", "+ homogeneous planner", "grp_homogeneous", None),
+    ("heterogeneous", "+ heterogeneous TP", "grp", None),
+    ("cmlfq", "+ C-MLFQ", "grp", "cmlfq"),
+    ("ehp", "+ elastic pool (EHP) = Libra", "grp_ehp", "cmlfq"),
+    ("colocated", "verl-colocated", "colocated", None),
+    ("static_best", "static_best (AReaL)", "static_best", None),
+)
+LADDER = ("static_uniform", "homogeneous", "heterogeneous", "cmlfq", "ehp")
+
+
+def run_rung(job: tuple[str, str, str, int, int, int, int, dict[str, Any]]) -> dict[str, Any]:
+    """Simulate one rung: ``(key, allocation, router, steps, prompts, gpus, seed, allocation_params)``."""
+    from libra.sim.engine import SimConfig, Simulator
+    from libra.sim.workload_profiles import get_profile
+    from libra.sim.workloads import generate
+
+    key, allocation, router, steps, prompts, gpus, seed, params = job
+    prof = get_profile("r2e")
+    trajs = generate("r2e", steps, prompts, 16, seed)
+    cfg = SimConfig(router=router, allocation=allocation, gpus=gpus, seed=seed,
+                    bucket_thresholds=prof.bucket_thresholds, size_thresholds=prof.size_thresholds,
+                    allocation_params=dict(params) if allocation.startswith(("grp", "static_best")) else {})
+    t0 = time.perf_counter()
+    sim = Simulator(trajs, cfg)
+    res = sim.run().to_dict()
+    res["wall_s"] = round(time.perf_counter() - t0, 2)
+    res["key"] = key
+    if sim.alloc is not None:
+        rep = sim.alloc.report()
+        res["planner"] = {k: rep[k] for k in ("initial_plan", "final_plan", "plans_applied", "switches",
+                                               "transition_s", "search_s", "regroup_pauses", "core_swaps")}
+        res["planner"]["decisions"] = dict(rep["decisions"])
+        res["planner"]["ehp_signals"] = dict(rep["ehp_signals"])
+    return res
+
+
+# ---------------------------------------------------------------------------------------------- EARL
+def measure_tgs(costs: Any, tp: int, context: float, load: int, n_gpus: int,
+                prompt_fraction: float = 0.1) -> tuple[float, bool]:
+    """Simulated ``(tokens per GPU per second, oom)`` of ``load`` responses of ``context`` tokens on
+    ``n_gpus // tp`` TP-``tp`` instances (round-robin; each response prefills ``prompt_fraction`` of its
+    context, then decodes the rest). OOM: an instance cannot hold its responses' KV at once."""
+    from libra.sim.sim_cluster import RolloutInstanceSpec
+    from libra.sim.sim_instance import Seq, SimInstance
+
+    n_inst = n_gpus // tp
+    if n_inst < 1:
+        return 0.0, True
+    per = math.ceil(load / n_inst)
+    if per * context > costs.token_capacity(tp):
+        return 0.0, True
+    prompt = max(1, round(context * prompt_fraction))
+    gen = max(1, round(context) - prompt)
+    inst = SimInstance(RolloutInstanceSpec("earl", "n0", "all", tp), costs)  # the busiest instance
+    for i in range(per):
+        inst.charge(costs.request_overhead_s + costs.prefill(tp, prompt), prompt)
+        inst.enqueue(Seq(f"s{i}", f"w{i}", 1, gen, float(gen), float(prompt)))
+    inst.admit()
+    now = 0.0
+    while inst.load:
+        t = inst.next_event_time(now)
+        if t is None:
+            break
+        now = t
+        inst.advance(now)
+        inst.pop_finished()
+        inst.admit()
+    return (load * context / now / n_gpus if now > 0 else 0.0), False
+
+
+def earl_run(points: int = 12, min_context: float = 1024.0, max_context: float = 32768.0,
+             loads: Sequence[int] = (32, 64), n_gpus: int = 16, configs: Sequence[int] = (1, 2, 4, 8),
+             hardware: str = "a800", model: str = "qwen3-14b") -> dict[str, Any]:
+    """The EARL context-growth comparison (see the module docstring). One row per (load, point)."""
+    from libra.policies.cost_model import RolloutCostModel, load_hardware, load_model
+    from libra.policies.parallelism import make_selector
+    from libra.sim.sim_cluster import InstanceCosts
+
+    cm = RolloutCostModel(load_hardware(hardware), load_model(model))
+    costs = InstanceCosts(cm)
+    contexts = np.geomspace(min_context, max_context, points)
+    rows = []
+    for load in loads:
+        sel = make_selector(cm, n_gpus, configs=tuple(configs))
+        for step, ctx in enumerate(contexts):
+            pick = sel.select(float(ctx), load)
+            fixed = {tp: measure_tgs(costs, tp, float(ctx), load, n_gpus) for tp in configs}
+            ok = {tp: v for tp, (v, oom) in fixed.items() if not oom}
+            best_tp = max(ok, key=lambda t: (ok[t], -t)) if ok else None
+            chosen, chosen_oom = fixed[pick.tp]
+            rows.append({"load": load, "step": step, "context": round(float(ctx)), "selected_tp": pick.tp,
+                         "reason": pick.reason, "selected_tgs": chosen, "selected_oom": chosen_oom,
+                         "best_fixed_tp": best_tp, "best_fixed_tgs": ok.get(best_tp, 0.0) if best_tp else 0.0,
+                         "fixed": {str(tp): (None if oom else v) for tp, (v, oom) in fixed.items()}})
+    never_oom = all(not r["selected_oom"] or r["best_fixed_tp"] is None for r in rows)
+    as_good = all(r["selected_tgs"] >= r["best_fixed_tgs"] * (1 - 1e-9) for r in rows)
+    worst = min((r["selected_tgs"] / r["best_fixed_tgs"] for r in rows if r["best_fixed_tgs"] > 0), default=1.0)
+    return {"n_gpus": n_gpus, "configs": list(configs), "rows": rows, "never_oom": never_oom,
+            "as_good_as_best_fixed": as_good, "worst_ratio_to_best_fixed": worst}
+
+
+# ---------------------------------------------------------------------------------------------- run
+def run(steps: int = 20, gpus: int = 48, prompts: int | None = None, seed: int = 0, base_router: str = "least_loaded",
+        jobs: int = 1, earl_points: int = 12, allocation_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run both parts; returns the JSON-ready result (rows, ratios, target checks, EARL rows)."""
+    prompts = prompts if prompts is not None else max(1, gpus // 3)
+    params = dict(allocation_params or {})
+    jobs_list = [(key, alloc, router or base_router, steps, prompts, gpus, seed, params)
+                 for key, _, alloc, router in RUNGS]
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            results = list(pool.map(run_rung, jobs_list))
+    else:
+        results = [run_rung(j) for j in jobs_list]
+    by = {r["key"]: r for r in results}
+    su, co = by["static_uniform"]["tokens_per_s"], by["colocated"]["tokens_per_s"]
+    rows = []
+    for (key, label, alloc, _), r in zip(RUNGS, results):
+        rows.append({"key": key, "label": label, "allocation": alloc, "router": r["router"],
+                     "tokens_per_s": r["tokens_per_s"], "step_time_s": r["step_time_s"]["mean"],
+                     "gpu_idle_fraction": r["gpu_idle_fraction"],
+                     "vs_static_uniform": r["tokens_per_s"] / su if su else math.nan,
+                     "vs_colocated": r["tokens_per_s"] / co if co else math.nan,
+                     "routing_accuracy": r["routing_accuracy"], "planner": r.get("planner"), "wall_s": r["wall_s"]})
+    ladder = [by[k]["tokens_per_s"] for k in LADDER]
+    libra = by["ehp"]["tokens_per_s"]
+    targets = {
+        "each_rung_at_least_previous": all(b >= a for a, b in zip(ladder, ladder[1:])),
+        "libra_vs_static_uniform_ge_1.8": libra / su >= 1.8 if su else False,
+        "libra_vs_colocated_ge_3": libra / co >= 3.0 if co else False,
+    }
+    earl = earl_run(points=earl_points)
+    targets["earl_as_good_as_best_fixed"] = earl["as_good_as_best_fixed"]
+    targets["earl_never_oom"] = earl["never_oom"]
+    return {"workload": "r2e", "gpus": gpus, "steps": steps, "prompts": prompts, "group_size": 16, "seed": seed,
+            "base_router": base_router, "rows": rows, "libra_vs_static_uniform": libra / su if su else math.nan,
+            "libra_vs_colocated": libra / co if co else math.nan, "targets": targets, "earl": earl}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m libra.bench ablation", description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=None, help="RL steps (default 20; --quick 3)")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs, whole 8-GPU nodes (default 48; --quick 16)")
+    p.add_argument("--prompts", type=int, default=None, help="GRPO groups of 16 per step (default gpus/3; --quick 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--base-router", default="least_loaded", help="router of the rungs below C-MLFQ (default %(default)s)")
+    p.add_argument("--jobs", type=int, default=1, help="parallel simulations (default %(default)s)")
+    p.add_argument("--earl-points", type=int, default=None, help="context-growth points (default 12; --quick 6)")
+    p.add_argument("--quick", action="store_true", help="a tiny configuration (16 GPUs, 3 steps) for smoke tests")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def _fmt(out: dict[str, Any]) -> str:
+    lines = [f"Libra ablation, R2E-like trace: {out['gpus']} GPUs, {out['steps']} steps, {out['prompts']} groups x 16 "
+             f"per step, seed {out['seed']} (base router {out['base_router']})", "",
+             f"{'rung':<32} {'allocation / router':<28} {'tok/s':>8} {'step s':>8} {'idle':>6} {'x uniform':>9} "
+             f"{'x coloc':>8} {'plans':>5} {'switch s':>8}"]
+    for r in out["rows"]:
+        pl = r["planner"] or {}
+        lines.append(f"{r['label']:<32} {r['allocation'] + ' / ' + r['router']:<28} {r['tokens_per_s']:>8.1f} "
+                     f"{r['step_time_s']:>8.1f} {r['gpu_idle_fraction']:>6.3f} {r['vs_static_uniform']:>9.3f} "
+                     f"{r['vs_colocated']:>8.3f} {pl.get('plans_applied', '-')!s:>5} {pl.get('transition_s', '-')!s:>8}")
+    e = out["earl"]
+    lines += ["", f"EARL selector, context growth on {e['n_gpus']} GPUs (tokens/GPU/s; OOM = does not fit):",
+              f"{'load':>5} {'context':>8} {'pick':>5} {'pick TGS':>9} {'best fixed':>11} " +
+              " ".join(f"{'TP' + str(t):>8}" for t in e["configs"])]
+    for r in e["rows"]:
+        fixed = " ".join(f"{'OOM' if r['fixed'][str(t)] is None else format(r['fixed'][str(t)], '.1f'):>8}"
+                         for t in e["configs"])
+        lines.append(f"{r['load']:>5} {r['context']:>8} {'TP' + str(r['selected_tp']):>5} "
+                     f"{r['selected_tgs']:>9.1f} {'TP' + str(r['best_fixed_tp']):>11} {fixed}")
+    lines += ["", f"Libra / static uniform = {out['libra_vs_static_uniform']:.3f}x (target >= 1.8); "
+                  f"Libra / colocated = {out['libra_vs_colocated']:.3f}x (target >= 3)",
+              "targets: " + ", ".join(f"{k}={'met' if v else 'MISSED'}" for k, v in out["targets"].items())]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    steps = args.steps if args.steps is not None else (3 if args.quick else 20)
+    gpus = args.gpus if args.gpus is not None else (16 if args.quick else 48)
+    prompts = args.prompts if args.prompts is not None else (2 if args.quick else None)
+    points = args.earl_points if args.earl_points is not None else (6 if args.quick else 12)
+    if steps < 1 or gpus < 16 or gpus % 8:
+        print("--steps must be >= 1 and --gpus a multiple of 8, at least 16")
+        return 2
+    t0 = time.perf_counter()
+    out = run(steps, gpus, prompts, args.seed, args.base_router, args.jobs, points)
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    if args.json:
+        print(json.dumps(out, default=lambda o: None if isinstance(o, float) and not math.isfinite(o) else o))
+    else:
+        print(_fmt(out))
+        print(f"(wall {out['wall_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,487 @@
+"""Planner-driven allocations in the simulator: GRP plans, online re-planning and the Elastic Hybrid Pool.
+
+Role: the allocation policy of a :class:`~libra.sim.engine.Simulator` whose ``SimConfig.allocation`` is
+one of :data:`PLANNER_ALLOCATIONS`. It drives the real planner (:mod:`libra.policies.planner`) and the
+real broker plan application (:meth:`BrokerState.apply_plan`, directives) on the simulated GPU fleet
+(:mod:`libra.sim.sim_gpus`, which charges the transition costs in virtual time).
+
+Allocations (name -> planner allocator):
+
+- ``grp_homogeneous``: GRP with one rollout TP degree per plan (one bucket);
+- ``grp``: the full GRP (heterogeneous TP buckets);
+- ``grp_ehp``: ``grp`` plus the Elastic Hybrid Pool (below);
+- ``static_best``: the GRP plan of the profiled steps, frozen (AReaL-Static-Optimal; profiles 5 steps);
+- ``greedy``: the greedy heuristic, moving GPUs toward the slower stage at each re-plan.
+
+Contract of one run:
+
+1. **Initial plan**: the allocator's proposal for the workload statistics of the first ``profile_steps``
+   steps of the trace (a profiling pass before launch: ``(prompt + tool payload, generated)`` tokens
+   and the generate turns of each trajectory, each turn paying the serving overhead). The cluster
+   starts in that layout (no transition cost).
+2. **Online re-planning** at every training-step boundary: a
+   :class:`~libra.policies.planner_online.Replanner` over the history the simulator has observed (the
+   last ``history_steps`` steps of finished trajectories), with its triggers (interval
+   ``plan_interval``, queue pressure, active pressure, rollout/train imbalance, cooldown) and its rule
+   (apply iff the layout differs, net gain over ``reconfig_cost_s`` > 0 and gain ratio >=
+   ``min_gain_ratio``). Pressures: queued generate turns / (instances × ``max_queue_length``), running
+   turns / Σ instance credits; stage times: the last finished rollout and training step.
+3. **Search charge**: an applied plan reaches the broker ``search_s`` virtual seconds after the decision
+   (``search="fixed"``, the default: deterministic) or after the measured wall time of the planner call
+   (``search="measured"``: not reproducible). The GPUs keep working under the old plan meanwhile.
+4. **Application**: ``BrokerState.apply_plan`` lays the plan out on the GPU actors and sends directives
+   in waves; the fleet drains, pays the transition (10.8 s into rollout, 3.6 + 4.4 s into training)
+   and bids again. Without the EHP a change of the set of training replicas also pauses core training
+   once by ``regroup_s`` (the process groups are rebuilt and the state re-aligned; [G]). One
+   application at a time: a decision while one is in flight is skipped (``reason="busy"``).
+5. **EHP** (``grp_ehp``): new training replicas join as whole DP replicas through the hybrid join
+   protocol (:class:`~libra.broker.hybrid.HybridReplica`: fetch the snapshot in the background, one
+   zero-gradient core step, activation at a step boundary) and core training never pauses; after each
+   step :func:`~libra.policies.planner_online.ehp_signal` sets the number of hybrid replicas (whole
+   ``tp × pp`` replicas borrowed from the rollout pool when training is the bottleneck, released when
+   rollout is) and the rollout pool is re-planned by the GRP DP for the GPUs left.
+
+Deterministic for a seed with ``search="fixed"``. Results: :meth:`PlannerAllocation.summarize` (the
+engine's :class:`~libra.sim.sim_metrics.SimResult` with the GPU idle fraction over every instance that
+ever ran and the real training GPU-seconds) and :meth:`PlannerAllocation.report` (plans, decisions,
+switches, charges).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from libra.broker.hybrid import HybridReplica, JoinState
+from libra.broker.pools import GpuSlot, Role, bucket_specs, layout_roles
+from libra.policies.cost_model import RolloutCostModel, TrainingCostModel, load_hardware, load_model
+from libra.policies.cost_model_training import TrainConfig
+from libra.policies.planner import Plan, PlannerConfig, PressureSnapshot, Replanner, Workload, make_allocator
+from libra.policies.planner_online import ehp_signal
+from libra.policies.routing import BucketSpec
+from libra.protocol import messages as m
+from libra.sim import sim_cluster
+from libra.sim.sim_cluster import Layout, RolloutInstanceSpec, SimConfigError
+from libra.sim.sim_gpus import GpuFleet, TransitionCosts, gpu_id
+from libra.sim.sim_metrics import SimResult, summarize
+from libra.sim.trace import TrajectorySpec
+
+if TYPE_CHECKING:
+    from libra.sim.engine import SimConfig, Simulator
+
+__all__ = ["PLANNER_ALLOCATIONS", "PlannerAllocation", "PlannerSimParams", "is_planner_allocation"]
+
+#: simulator allocation name -> (planner allocator, elastic hybrid pool)
+PLANNER_ALLOCATIONS: dict[str, tuple[str, bool]] = {
+    "grp_homogeneous": ("grp_homogeneous", False),
+    "grp": ("grp", False),
+    "grp_ehp": ("grp", True),
+    "static_best": ("static_best", False),
+    "greedy": ("greedy", False),
+}
+
+
+assert tuple(PLANNER_ALLOCATIONS) == sim_cluster.PLANNER_ALLOCATIONS
+
+
+def is_planner_allocation(name: str) -> bool:
+    """True iff ``name`` is simulated by :class:`PlannerAllocation`."""
+    return name in PLANNER_ALLOCATIONS
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerSimParams:
+    """Knobs of a planner-driven allocation (``SimConfig.allocation_params``; see the module docstring).
+    ``profile_steps`` None means 1 (5 for ``static_best``, research-notes §5.1). The search space follows
+    the reference's 48-GPU R2E config [C]: whole 8-GPU steps, at least 8 training and 8 rollout GPUs."""
+
+    plan_interval: int = 5
+    cooldown_steps: int = 1
+    online: bool = True
+    reconfig_cost_s: float = 15.0
+    min_gain_ratio: float = 0.05
+    profile_steps: int | None = None
+    history_steps: int = 2
+    search: str = "fixed"
+    search_s: float = 2.0
+    to_rollout_s: float = 10.8
+    snapshot_s: float = 3.6
+    restore_s: float = 4.4
+    regroup_s: float = 4.4
+    max_queue_length: int = 3
+    rollout_tps: tuple[int, ...] = (1, 2, 4, 8)
+    granularity: int = 8
+    min_train_gpus: int = 8
+    min_rollout_gpus: int = 8
+    ehp_min_rollout_gpus: int = 8
+    ehp_borrow_ratio: float = 1.15
+    ehp_release_ratio: float = 0.90
+    ehp_protect_pressure: float = 0.8
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PlannerSimParams:
+        """Build from a dict; raises :class:`SimConfigError` naming an unknown key or a bad value."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        bad = sorted(set(d) - known)
+        if bad:
+            raise SimConfigError(f"unknown allocation parameter(s) {bad} (known: {', '.join(sorted(known))})")
+        p = cls(**d)
+        if p.search not in ("fixed", "measured"):
+            raise SimConfigError(f"allocation parameter search must be 'fixed' or 'measured', got {p.search!r}")
+        if p.search_s < 0 or p.history_steps < 1 or p.plan_interval < 1:
+            raise SimConfigError("search_s must be >= 0, history_steps and plan_interval >= 1")
+        return p
+
+
+def workload_of(trajs: Sequence[TrajectorySpec]) -> Workload:
+    """Planner workload of trajectories: (prompt + tool payload, generated tokens, generate turns) each."""
+    return Workload.from_pairs((t.prompt_tokens + t.total_payload_tokens, max(1, t.total_gen_tokens), t.num_turns)
+                               for t in trajs)
+
+
+def _group_size(trajs: Sequence[TrajectorySpec]) -> int:
+    sizes = Counter(t.group for t in trajs)
+    return min(sizes.values()) if sizes else 1
+
+
+def _slots(gpus: int) -> list[GpuSlot]:
+    return [GpuSlot(gpu_id(i // 8, i % 8), f"n{i // 8}", i % 8) for i in range(gpus)]
+
+
+class PlannerAllocation:
+    """A planner-driven allocation of one simulated run (see the module docstring)."""
+
+    def __init__(self, trajs: Sequence[TrajectorySpec], cfg: SimConfig) -> None:
+        if cfg.allocation not in PLANNER_ALLOCATIONS:
+            raise SimConfigError(f"{cfg.allocation!r} is not a planner allocation ({', '.join(PLANNER_ALLOCATIONS)})")
+        self.name = cfg.allocation
+        allocator_name, self.ehp = PLANNER_ALLOCATIONS[cfg.allocation]
+        self.params = p = PlannerSimParams.from_dict(dict(cfg.allocation_params))
+        self.gpus = cfg.gpus
+        if cfg.gpus < 8 or cfg.gpus % 8:
+            raise SimConfigError(f"planner allocations need whole 8-GPU nodes, got --gpus {cfg.gpus}")
+        steps = sorted({t.step for t in trajs})
+        first = [t for t in trajs if t.step == steps[0]]
+        self.batch = len(first)
+        group = _group_size(first)
+        hw, model = load_hardware(cfg.hardware), load_model(cfg.model)
+        self.train_model = TrainingCostModel(hw, model)
+        self.planner_config = PlannerConfig(n_gpus=cfg.gpus, global_batch=self.batch, group_size=group,
+                                            rollout_tps=tuple(p.rollout_tps), granularity=p.granularity,
+                                            min_train_gpus=p.min_train_gpus, min_rollout_gpus=p.min_rollout_gpus)
+        self.allocator = make_allocator(allocator_name, rollout_model=RolloutCostModel(hw, model),
+                                        train_model=self.train_model, config=self.planner_config)
+        self.replanner = Replanner(self.allocator, plan_interval=p.plan_interval, cooldown_steps=p.cooldown_steps,
+                                   online=p.online, reconfig_cost_s=p.reconfig_cost_s,
+                                   min_gain_ratio=p.min_gain_ratio, max_history=p.history_steps * self.batch)
+        profile = p.profile_steps if p.profile_steps is not None else (5 if self.name == "static_best" else 1)
+        self.profile = [t for t in trajs if t.step in set(steps[:max(1, profile)])]
+        self.specs = {t.id: t for t in trajs}
+        self.search_seconds: list[float] = []
+        t0 = time.perf_counter()
+        self.core = self.allocator.propose(workload_of(self.profile), None)
+        self._charge(time.perf_counter() - t0)
+        self.replanner.last_replan = 0
+        self.initial = self.plan = self.core
+        self.roles = layout_roles(self.plan, _slots(cfg.gpus))
+        self.layout = self._layout(self.plan, self.roles)
+        self.sim: Simulator | None = None
+        self.fleet: GpuFleet | None = None
+        self.decisions: list[dict[str, Any]] = []
+        self.applied: list[dict[str, Any]] = []
+        self._pending_apply = False
+        self._seen = 0
+        self._last_replicas: frozenset[str] | None = None
+        self.regroup_pauses = 0
+        self.train_waits = 0
+        self.core_swaps = 0
+        self.hybrids: dict[str, HybridReplica] = {}
+        self.n_hybrid = 0
+        self.ehp_signals: list[dict[str, Any]] = []
+        self.train_layouts: list[TrainConfig] = []
+
+    # ------------------------------------------------------------------ layouts
+    def _layout(self, plan: Plan, roles: dict[str, Role]) -> Layout:
+        insts = tuple(RolloutInstanceSpec(aid, aid.split("/")[0], r.bucket, r.tp)
+                      for aid, r in sorted(roles.items()) if r.kind == "rollout" and r.rank == 0)
+        return Layout(self.name, self.gpus, insts, tuple(bucket_specs(plan)), plan.n_train, False,
+                      {"plan": f"train {plan.train} rollout {list(plan.rollout_tps)}"})
+
+    def _charge(self, measured: float) -> float:
+        s = measured if self.params.search == "measured" else self.params.search_s
+        self.search_seconds.append(s)
+        return s
+
+    # ------------------------------------------------------------------ engine hooks
+    def hello(self, sim: Simulator) -> None:
+        """Bind to the simulator and connect the GPU actors in the initial layout."""
+        self.sim = sim
+        p = self.params
+        self.fleet = GpuFleet(sim, self.gpus, TransitionCosts(p.to_rollout_s, p.snapshot_s, p.restore_s),
+                              on_switched=self.rehome_orphans)
+        sim.instances.clear()
+        self.fleet.hello(self.roles)
+
+    def on_directive(self, peer: bytes, d: m.Directive) -> None:
+        """A broker directive to a GPU actor."""
+        assert self.fleet is not None
+        self.fleet.on_directive(peer, d)
+
+    def train_time(self, lengths: Sequence[int]) -> float:
+        """Start a training step now on the complete active core (and active hybrid) replicas."""
+        assert self.fleet is not None and self.sim is not None
+        use = None
+        if self.ehp:
+            live = self.fleet.replicas()
+            use = [g for g in live if g not in self.hybrids or self.hybrids[g].state is JoinState.ACTIVE]
+            if not use:  # the whole core was replaced: the joined replicas are the core now (cluster swap)
+                for g in live:
+                    self.hybrids.pop(g, None)
+                self.core_swaps += 1
+                use = list(live)
+        micro = self.plan.train.micro_batch if self.plan.train is not None else 1
+        shape = (self.plan.train.tp, self.plan.train.pp) if self.plan.train is not None else (0, 0)
+        t, cfg, groups = self.fleet.train_step(lengths, self.train_model, lambda tp, pp: micro if (tp, pp) == shape else 1,
+                                               use)
+        self.train_layouts.append(cfg)
+        if not self.ehp and self._last_replicas is not None and groups != self._last_replicas:
+            t += self.params.regroup_s
+            self.fleet.train_gpu_seconds += self.params.regroup_s * len(self.fleet.step.members)
+            self.regroup_pauses += 1
+        self._last_replicas = groups
+        return t
+
+    def can_train(self) -> bool:
+        """Whether a training step can start now (some complete training replica is active)."""
+        assert self.fleet is not None
+        if self.fleet.replicas():
+            return True
+        self.train_waits += 1
+        return False
+
+    def on_trained(self, k: int) -> None:
+        """Training step ``k`` ended: free waiting GPUs, advance hybrid joins, maybe re-plan."""
+        assert self.fleet is not None and self.sim is not None
+        self.fleet.step_done()
+        self._observe()
+        if self.ehp:
+            self._advance_joins(k)
+        busy = self._pending_apply or (self.sim.broker.plan_applier is not None and not self.sim.broker.plan_applier.done)
+        snap = self._snapshot(k + 1)
+        if busy:
+            self.decisions.append({"step": k + 1, "t": self.sim.now, "apply": False, "reason": "busy"})
+            return
+        t0 = time.perf_counter()
+        dec = self.replanner.step(snap, self.core)
+        wall = time.perf_counter() - t0
+        self.decisions.append({"step": dec.step, "t": round(self.sim.now, 3), "apply": dec.apply, "reason": dec.reason,
+                               "trigger": dec.trigger, "current_s": dec.current_time, "candidate_s": dec.candidate_time})
+        if dec.trigger is not None:
+            delay = self._charge(wall)
+            if dec.apply and dec.plan is not None:
+                self.core = dec.plan
+                self.n_hybrid = 0
+                self._schedule(dec.plan, delay, dec.reason)
+                return
+        if self.ehp:
+            self._ehp_step(k + 1, snap)
+
+    def summarize(self) -> SimResult:
+        """The run's metrics (see the module docstring)."""
+        sim, fleet = self.sim, self.fleet
+        assert sim is not None and fleet is not None
+        fleet.check()
+        names = {b.name for b in sim.layout.buckets}
+        extra = [BucketSpec(i.spec.bucket, i.tp, 1 << 30) for i in sim.instances.values() if i.spec.bucket not in names]
+        if extra:  # an application still in flight at the end: keep summarize's bucket table complete
+            sim.layout = replace(sim.layout, buckets=(*sim.layout.buckets, *dict.fromkeys(extra)))
+        res = summarize(sim)
+        busy = fleet.rollout_gpu_seconds() + fleet.train_gpu_seconds
+        idle = 1.0 - busy / (self.gpus * res.makespan_s) if res.makespan_s > 0 else 0.0
+        return replace(res, allocation=self.name, gpu_idle_fraction=max(0.0, idle),
+                       rollout_gpus=self.plan.n_rollout, train_gpus=self.plan.n_train)
+
+    def report(self) -> dict[str, Any]:
+        """Plans applied, decisions, switches and the virtual seconds charged (JSON-ready)."""
+        fleet = self.fleet
+        sw = fleet.switches if fleet is not None else []
+        by_kind = Counter(f"{s.old}->{s.new}" for s in sw)
+        return {
+            "allocation": self.name,
+            "initial_plan": _plan_dict(self.initial),
+            "plans_applied": len(self.applied),
+            "applied": list(self.applied),
+            "decisions": Counter(d["reason"] for d in self.decisions),
+            "switches": dict(by_kind),
+            "transition_s": round(sum(s.cost_s for s in sw), 3),
+            "search_s": round(sum(self.search_seconds), 3),
+            "searches": len(self.search_seconds),
+            "regroup_pauses": self.regroup_pauses,
+            "core_swaps": self.core_swaps,
+            "train_waits": self.train_waits,
+            "ehp_signals": Counter(s["reason"] for s in self.ehp_signals),
+            "final_plan": _plan_dict(self.plan),
+        }
+
+    # ------------------------------------------------------------------ internals
+    def _observe(self) -> None:
+        sim = self.sim
+        assert sim is not None
+        for rec in sim.records[self._seen:]:
+            spec = self.specs[rec.id]
+            self.replanner.observe(spec.prompt_tokens + spec.total_payload_tokens, max(1, spec.total_gen_tokens),
+                                   spec.num_turns)
+        self._seen = len(sim.records)
+
+    def _snapshot(self, step: int) -> PressureSnapshot:
+        sim = self.sim
+        assert sim is not None
+        leaders = [s for s in sim.broker.actors.values() if "generate" in s.accepting and s.directive is None]
+        credit = sum(s.capacity for s in leaders) or 1
+        running = sum(len(s.held) for s in leaders)
+        queued = sum(len(q) for key, q in sim.broker.queues.items() if key[0] == "generate")
+        qp = min(1.0, queued / max(1, len(leaders) * self.params.max_queue_length))
+        k = sim.trained - 1
+        roll = [e - s for s, e in zip(sim.rollout_start, sim.rollout_end) if not (math.isnan(s) or math.isnan(e))]
+        train = sim.train_end[k] - sim.train_start[k] if k >= 0 else None
+        return PressureSnapshot(step, qp, min(1.0, running / credit), 0, roll[-1] if roll else None, train)
+
+    def _schedule(self, plan: Plan, delay: float, reason: str) -> None:
+        sim = self.sim
+        assert sim is not None
+        self._pending_apply = True
+        sim._push(sim.now + delay, "call", lambda: self.apply(plan, reason))
+
+    def apply(self, plan: Plan, reason: str = "forced") -> None:
+        """Deploy ``plan`` now through ``BrokerState.apply_plan`` (tests may call it directly)."""
+        sim, fleet = self.sim, self.fleet
+        assert sim is not None and fleet is not None
+        self._pending_apply = False
+        cmds = sim.broker.apply_plan(plan, sim.now)
+        self.plan = plan
+        assert sim.broker.plan_applier is not None
+        self.roles = dict(sim.broker.plan_applier.target)
+        if self.ehp:
+            self._register_joins()
+        sim.layout = self._layout(plan, self.roles)
+        self.applied.append({"t": round(sim.now, 3), "reason": reason, "n_train": plan.n_train,
+                             "train": _train_str(plan.train), "rollout_tps": list(plan.rollout_tps),
+                             "directives": sum(isinstance(c.msg, m.Directive) for c in cmds)})
+        for c in cmds:
+            sim._deliver(c)
+        self.rehome_orphans()
+
+    def rehome_orphans(self) -> None:
+        """Map what still refers to a bucket the new plan removed onto the nearest bucket by TP degree.
+
+        ``BrokerState.apply_plan`` replaces the bucket list at once, but rollout instances that keep
+        serving until their replacement is up still carry their old bucket, and queued turns stay
+        under their old bucket name, which no instance would serve any more (a broker gap this
+        simulator works around): both move to the nearest current bucket by TP degree."""
+        sim = self.sim
+        assert sim is not None
+        b = sim.broker
+        names = {x.name: x.tp for x in b.rollout.buckets}
+
+        def nearest(bucket: str) -> str:
+            tp = int(bucket[2:]) if bucket.startswith("tp") and bucket[2:].isdigit() else 1
+            return min(names, key=lambda n: (abs(math.log2(names[n]) - math.log2(tp)), -names[n]))
+
+        if not sim.training:
+            sim._maybe_train()  # a training step that waited for a replica may start now
+        for sess in b.actors.values():
+            if "generate" in sess.accepting and sess.bucket not in names:
+                sess.bucket = nearest(sess.bucket)
+        moved = False
+        for key in [k for k in b.queues if k[0] == "generate" and k[1] not in names and b.queues[k]]:
+            dst = nearest(key[1])
+            q = b.queues[key]
+            for wid in list(q):
+                w = b.works[wid]
+                q.remove(wid)
+                w.name = dst
+                b.queues.setdefault(w.key, type(q)()).append(wid)
+                moved = True
+        if moved:
+            for dq in b.queues.values():
+                if len(dq) > 1:
+                    items = sorted(dq, key=lambda x: b.works[x].seq)
+                    dq.clear()
+                    dq.extend(items)
+            out: list[Any] = []
+            b._refill_others(None, sim.now, out)
+            for c in out:
+                sim._deliver(c)
+
+    # ------------------------------------------------------------------ EHP
+    def _register_joins(self) -> None:
+        """Training replicas that are new in this application join through the hybrid protocol."""
+        assert self.fleet is not None
+        live = set(self.fleet.replicas())
+        groups: dict[str, list[str]] = {}
+        for aid, r in self.roles.items():
+            if r.kind == "train":
+                groups.setdefault(r.group, []).append(aid)
+        for g, members in groups.items():
+            if g not in live and g not in self.hybrids:
+                rep = HybridReplica(tuple(sorted(members)))
+                gen = rep.request()
+                rep.begin_fetch(gen)
+                self.hybrids[g] = rep
+        for g in list(self.hybrids):
+            if g not in groups:
+                rep = self.hybrids.pop(g)
+                rep.cancel(rep.generation, "released")
+
+    def _advance_joins(self, k: int) -> None:
+        """At the boundary after step ``k``: fetched replicas zero-sync, zero-synced ones activate."""
+        assert self.fleet is not None
+        live = self.fleet.replicas()
+        for g, rep in self.hybrids.items():
+            gen = rep.generation
+            if rep.state is JoinState.FETCHING_STATE and g in live:
+                rep.state_fetched(gen, k)
+            elif rep.state is JoinState.ZERO_SYNC:
+                rep.zero_step(gen, k)
+                rep.activate(gen)
+                rep.activated(gen, k + 1, k + 1)
+
+    def _ehp_step(self, step: int, snap: PressureSnapshot) -> None:
+        plan = self.core
+        if (plan.train is None or snap.rollout_time is None or snap.train_time is None
+                or len(self.replanner.history) < self.replanner.min_history):
+            return
+        replica = plan.train.tp * plan.train.pp
+        sig = ehp_signal(step=step, train_time=snap.train_time, rollout_time=snap.rollout_time,
+                         queue_pressure=snap.queue_pressure, active_pressure=snap.active_pressure,
+                         rollout_gpus=plan.n_rollout, min_rollout_gpus=self.params.ehp_min_rollout_gpus,
+                         replica_gpus=replica, current_replicas=self.n_hybrid,
+                         borrow_ratio=self.params.ehp_borrow_ratio, release_ratio=self.params.ehp_release_ratio,
+                         protect_pressure=self.params.ehp_protect_pressure)
+        self.ehp_signals.append({"step": step, "desired": sig.desired_replicas, "reason": sig.reason})
+        if sig.desired_replicas == self.n_hybrid:
+            return
+        n = sig.desired_replicas
+        train = replace(plan.train, dp=plan.train.dp + n)
+        target = self.allocator.planner.plan_fixed(self.replanner.workload(), plan.n_train + n * replica, None, train,
+                                                   allocator=plan.allocator)
+        if not math.isfinite(target.objective):
+            return
+        self.n_hybrid = n
+        self._schedule(target, 0.0, f"ehp_{sig.reason}")
+
+
+def _train_str(t: TrainConfig | None) -> str:
+    return "none" if t is None else f"tp{t.tp}/pp{t.pp}/dp{t.dp}/mb{t.micro_batch}"
+
+
+def _plan_dict(plan: Plan | None) -> dict[str, Any] | None:
+    if plan is None:
+        return None
+    return {"n_train": plan.n_train, "train": _train_str(plan.train), "rollout_tps": list(plan.rollout_tps),
+            "t_train_s": round(plan.t_train, 3), "t_rollout_s": round(plan.t_rollout, 3)}
