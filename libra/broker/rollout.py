@@ -17,17 +17,29 @@ What the broker tells the router:
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from libra.logging import get_logger
 from libra.policies.routers import make_router
-from libra.policies.routing import BucketSpec, ClusterView, InstanceView, RouteDecision, ToolReturn, TrajectoryInfo
+from libra.policies.routing import (
+    BucketSpec,
+    ClusterView,
+    InstanceView,
+    RouteDecision,
+    RoutingError,
+    ToolReturn,
+    TrajectoryInfo,
+)
 
 if TYPE_CHECKING:
     from .events import Command
     from .state import BrokerState
     from .work import Work
+
+log = get_logger(__name__)
 
 DEFAULT_BUCKETS: tuple[BucketSpec, ...] = (BucketSpec("default", 1, 1 << 30),)
 
@@ -75,7 +87,19 @@ class RolloutRouting:
         return ClusterView(self.buckets, tuple(InstanceView(i, b, a, q, True, h) for i, b, a, q, h in instances))
 
     def route(self, traj_id: str, args: Any, view: ClusterView) -> tuple[RouteDecision, TrajRoute]:
-        """Decide where this generate turn of ``traj_id`` runs."""
+        """Decide where this generate turn of ``traj_id`` runs. Raises ``RoutingError`` (no ready instance can
+        take it); a trajectory that was never placed is then forgotten, so its next turn starts it afresh."""
+        fresh = traj_id not in self.trajs
+        try:
+            return self._route(traj_id, args, view)
+        except RoutingError:
+            if fresh:  # never placed: forget it, so its next turn starts it afresh
+                self.trajs.pop(traj_id, None)
+                with contextlib.suppress(RoutingError):
+                    self.router.discard(traj_id)
+            raise
+
+    def _route(self, traj_id: str, args: Any, view: ClusterView) -> tuple[RouteDecision, TrajRoute]:
         tr = self.trajs.get(traj_id)
         a = args if isinstance(args, dict) else {}
         if tr is None:
@@ -174,7 +198,17 @@ def rollout_instances(self: BrokerState) -> list[tuple[str, str, int, int, str]]
 def route_generate(self: BrokerState, w: Work, now: float, out: list[Command]) -> None:
     """Ask the rollout router where this turn runs; stick to that instance or queue for it."""
     view = self.rollout.view(rollout_instances(self))
-    d, _ = self.rollout.route(w.trajectory or "", w.args, view)
+    try:
+        d, _ = self.rollout.route(w.trajectory or "", w.args, view)
+    except RoutingError as exc:  # no ready rollout instance (yet): queue it; any instance may take it
+        log.info("generate turn queued: no rollout instance can take it now", work_id=w.work_id,
+                 trajectory=w.trajectory, why=str(exc))
+        bucket = self.rollout.buckets[0].name
+        w.route = {"bucket": bucket, "reason": "no_instance", "migrated": False, "mode": None}
+        w.name = bucket
+        self.queues.setdefault(w.key, deque()).append(w.work_id)
+        self._refill_others(None, now, out)  # an instance of another bucket may be idle
+        return
     w.route = {"bucket": d.bucket, "reason": d.reason, "migrated": d.migrated, "mode": d.migrate_mode}
     target = self._actor_by_id(d.instance_id) if d.instance_id else None
     w.name = target.bucket if target is not None else (d.placed_bucket or d.bucket)

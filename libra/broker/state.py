@@ -570,12 +570,14 @@ class BrokerState:
         """Give ``sess`` the oldest queued work it can serve until its credit runs out."""
         if self.actions is not None and "action" in sess.accepting:
             self._schedule_actions(now, out)
+        orphans = self._orphan_buckets() if "generate" in sess.accepting else frozenset()
         while sess.free > 0:
             best_q: deque[str] | None = None
             best_seq = 0
             best_i = 0
             for key, q in self.queues.items():
-                if q and sess.serves(*key) and not (key[0] == "action" and self.actions is not None):
+                if q and (sess.serves(*key) or (key[0] == "generate" and key[1] in orphans and sess.directive is None)
+                          ) and not (key[0] == "action" and self.actions is not None):
                     i = 0
                     if key[0] == "generate":  # sticky turns wait for their own instance
                         i = next((j for j, wid in enumerate(q)
@@ -590,6 +592,13 @@ class BrokerState:
             wid = best_q[best_i]
             del best_q[best_i]
             self._assign(self.works[wid], sess, now, out)
+
+    def _orphan_buckets(self) -> frozenset[str]:
+        """Names of generate queues that no ready rollout instance serves: a bucket a re-plan removed, or one
+        whose instances are all gone or switching. Any rollout instance takes their turns rather than letting
+        them wait for an instance that may never come."""
+        served = {s.bucket for s in self.actors.values() if "generate" in s.accepting and s.directive is None}
+        return frozenset(k[1] for k, q in self.queues.items() if k[0] == "generate" and q and k[1] not in served)
 
     def _assign(self, w: Work, sess: ActorSession, now: float, out: list[Command]) -> None:
         if w.target is not None:

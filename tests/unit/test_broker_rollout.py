@@ -139,3 +139,42 @@ def test_rollout_bookkeeping_reports_response_positions_and_learns_the_response_
     (learned,) = rr.router.tree.history  # type: ignore[attr-defined]
     assert learned.positions == (2300,) and learned.total_output_tokens == 2500
     assert learned.remaining() == (200,)
+
+
+def test_generate_before_any_rollout_instance_is_queued_then_served() -> None:
+    for router in ("cmlfq", "least_loaded", "round_robin", "oracle"):
+        s = BrokerState(BrokerConfig(router=router, buckets=BUCKETS))
+        s.handle(PeerMessage(C, m.ClientHello("c", 1)), 0)
+        out = s.handle(PeerMessage(C, m.Submit("r1", "generate", "", {"prompt_tokens": 10}, "t1")), 1.0)
+        s.validate()
+        assert not [c for c in out if isinstance(c.msg, (m.Assign, m.Reply))], router  # queued, not failed
+        assert s.works[next(iter(s.works))].route["reason"] == "no_instance"
+        caps = {"generate": ["*"]}
+        out = s.handle(PeerMessage(b"l1", m.ActorHello("l1", "h", "l1", 1, caps, ["generate"], 1,
+                                                      {"role": {"bucket": "long"}})), 2.0)
+        (a,) = [c.msg for c in out if isinstance(c.msg, m.Assign)]
+        s.handle(PeerMessage(b"l1", m.WorkResult(a.work_id, a.lease, True, {"gen_tokens": 5})), 3.0)
+        # the trajectory was forgotten by the router when it could not be placed; its next turn starts it
+        b = gen(s, "r2", "t1", prompt_tokens=15)
+        assert b is not None and s.works[b.work_id].actor == b"l1", router
+
+
+def test_turns_queued_under_a_removed_bucket_are_served_after_a_replan() -> None:
+    from libra.policies.routing import BucketSpec
+
+    s = setup(router="round_robin", capacity=1)
+    held = [gen(s, f"h{i}", f"h{i}", prompt_tokens=10) for i in range(3)]  # every instance busy
+    assert all(a is not None for a in held)
+    assert gen(s, "q1", "q1", prompt_tokens=10) is None  # queued under an old bucket name
+    (queued,) = [w for w in s.works.values() if w.request_id == "q1"]
+    old_bucket = queued.name
+    # a re-plan renames the buckets; the instances drain, disconnect and a new one joins the new bucket
+    s.rollout.set_buckets([BucketSpec("tp2", 2, 40960)])
+    for peer in (b"s1", b"s2", b"l1"):
+        s.handle(PeerMessage(peer, m.Goodbye("re-plan")), 4.0)
+    assert queued.name == old_bucket and queued.actor is None
+    out = s.handle(PeerMessage(b"n1", m.ActorHello("n1", "h", "n1", 1, {"generate": ["*"]}, ["generate"], 4,
+                                                    {"role": {"bucket": "tp2"}})), 5.0)
+    s.validate()
+    assigned = {s.works[c.msg.work_id].request_id for c in out if isinstance(c.msg, m.Assign)}
+    assert "q1" in assigned  # the orphaned turn did not wait for an instance of a bucket that no longer exists
