@@ -76,6 +76,7 @@ def run_rung(job: tuple[str, str, str, int, int, int, int, dict[str, Any]]) -> d
     res = sim.run().to_dict()
     res["wall_s"] = round(time.perf_counter() - t0, 2)
     res["key"] = key
+    res["model_check"] = model_check(sim, trajs, allocation)
     if sim.alloc is not None:
         rep = sim.alloc.report()
         res["planner"] = {k: rep[k] for k in ("initial_plan", "final_plan", "plans_applied", "switches",
@@ -83,6 +84,62 @@ def run_rung(job: tuple[str, str, str, int, int, int, int, dict[str, Any]]) -> d
         res["planner"]["decisions"] = dict(rep["decisions"])
         res["planner"]["ehp_signals"] = dict(rep["ehp_signals"])
     return res
+
+
+def model_check(sim: Any, trajs: Sequence[Any], allocation: str) -> dict[str, float]:
+    """The planner's prediction of each step against the simulator's measurement (means over steps).
+
+    For step ``k``: the plan deployed when its rollout started (static allocations: the plan their
+    allocator gives that layout) re-scored by the planner on step ``k``'s own trajectories
+    (``Allocator.evaluate``) gives ``pred_rollout_s``, ``pred_train_s`` and ``pred_step_s``
+    (``max`` of the two, their sum when colocated); the simulator gives ``sim_rollout_s`` (release to
+    last trajectory end, which with a policy lag > 1 overlaps the previous step's rollout),
+    ``sim_train_s`` and ``sim_step_s`` (mean interval between training-step ends).
+    ``ratio_step`` = ``sim_step_s / pred_step_s``.
+    """
+    from libra.policies.cost_model import RolloutCostModel, TrainingCostModel, load_hardware, load_model
+    from libra.policies.planner import PlannerConfig, make_allocator
+    from libra.sim.sim_planner import workload_of
+
+    by_step: dict[int, list[Any]] = {}
+    for t in trajs:
+        by_step.setdefault(t.step, []).append(t)
+    steps = sorted(by_step)
+    if sim.alloc is not None:
+        alloc, plan_at = sim.alloc.allocator, sim.alloc.plan_at
+
+        def predict(k: int, wl: Any) -> tuple[float, float, float]:
+            plan = alloc.evaluate(plan_at(sim.rollout_start[k]), wl)
+            return plan.t_rollout, plan.t_train, plan.objective
+    else:
+        cfg = sim.cfg
+        hw, model = load_hardware(cfg.hardware), load_model(cfg.model)
+        first = by_step[steps[0]]
+        pc = PlannerConfig(n_gpus=cfg.gpus, global_batch=len(first), group_size=16, overlap_steps=sim.lag)
+        planner = make_allocator("static_uniform", rollout_model=RolloutCostModel(hw, model),
+                                 train_model=TrainingCostModel(hw, model), config=pc).planner  # type: ignore[attr-defined]
+        lay = sim.layout
+        tps = tuple(i.tp for i in lay.instances)
+
+        def predict(k: int, wl: Any) -> tuple[float, float, float]:
+            # the simulated layout itself: its rollout instances, and its training GPUs with the
+            # simulator's (padded-batch) training layout, scored by the same training cost model
+            t_roll = planner.plan_fixed(wl, 0, tps).t_rollout
+            t_train = sim.train_time([x.total_tokens for x in by_step[steps[k]]])
+            return t_roll, t_train, (t_roll + t_train) if lay.colocated else max(t_roll, t_train)
+    pr, pt, ps, sr, st = [], [], [], [], []
+    for k, s in enumerate(steps):
+        r, t, o = predict(k, workload_of(by_step[s]))
+        pr.append(r)
+        pt.append(t)
+        ps.append(o)
+        sr.append(sim.rollout_end[k] - sim.rollout_start[k])
+        st.append(sim.train_end[k] - sim.train_start[k])
+    sim_step = sim.train_end[len(steps) - 1] / len(steps)
+    pred_step = float(np.mean(ps))
+    return {"pred_rollout_s": float(np.mean(pr)), "sim_rollout_s": float(np.mean(sr)),
+            "pred_train_s": float(np.mean(pt)), "sim_train_s": float(np.mean(st)),
+            "pred_step_s": pred_step, "sim_step_s": sim_step, "ratio_step": sim_step / pred_step}
 
 
 # ---------------------------------------------------------------------------------------------- EARL
@@ -172,7 +229,8 @@ def run(steps: int = 20, gpus: int = 48, prompts: int | None = None, seed: int =
                      "gpu_idle_fraction": r["gpu_idle_fraction"],
                      "vs_static_uniform": r["tokens_per_s"] / su if su else math.nan,
                      "vs_colocated": r["tokens_per_s"] / co if co else math.nan,
-                     "routing_accuracy": r["routing_accuracy"], "planner": r.get("planner"), "wall_s": r["wall_s"]})
+                     "routing_accuracy": r["routing_accuracy"], "planner": r.get("planner"),
+                     "model_check": r["model_check"], "wall_s": r["wall_s"]})
     ladder = [by[k]["tokens_per_s"] for k in LADDER]
     libra = by["ehp"]["tokens_per_s"]
     targets = {
@@ -212,6 +270,14 @@ def _fmt(out: dict[str, Any]) -> str:
         lines.append(f"{r['label']:<32} {r['allocation'] + ' / ' + r['router']:<28} {r['tokens_per_s']:>8.1f} "
                      f"{r['step_time_s']:>8.1f} {r['gpu_idle_fraction']:>6.3f} {r['vs_static_uniform']:>9.3f} "
                      f"{r['vs_colocated']:>8.3f} {pl.get('plans_applied', '-')!s:>5} {pl.get('transition_s', '-')!s:>8}")
+    lines += ["", "Planner prediction vs simulator (means over steps; the deployed plan re-scored on each step's "
+                  "trajectories; sim rollout overlaps the previous step's when lag > 1):",
+              f"{'rung':<32} {'pred roll':>9} {'sim roll':>9} {'pred train':>10} {'sim train':>9} "
+              f"{'pred step':>9} {'sim step':>9} {'sim/pred':>8}"]
+    for r in out["rows"]:
+        c = r["model_check"]
+        lines.append(f"{r['label']:<32} {c['pred_rollout_s']:>9.1f} {c['sim_rollout_s']:>9.1f} {c['pred_train_s']:>10.1f} "
+                     f"{c['sim_train_s']:>9.1f} {c['pred_step_s']:>9.1f} {c['sim_step_s']:>9.1f} {c['ratio_step']:>8.2f}")
     e = out["earl"]
     lines += ["", f"EARL selector, context growth on {e['n_gpus']} GPUs (tokens/GPU/s; OOM = does not fit):",
               f"{'load':>5} {'context':>8} {'pick':>5} {'pick TGS':>9} {'best fixed':>11} " +

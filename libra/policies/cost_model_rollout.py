@@ -172,12 +172,16 @@ class RolloutCostModel:
         return _out(np.maximum(b, 1.0))
 
     # -- what the planner calls -----------------------------------------------------------------
-    def segment_cost(self, tp: int, prompt_tokens_sum: Any, gen_tokens_sum: Any, n: Any, max_seq: Any) -> Any:
+    def segment_cost(self, tp: int, prompt_tokens_sum: Any, gen_tokens_sum: Any, n: Any, max_seq: Any,
+                     max_gen: Any = None) -> Any:
         """Seconds for one instance to serve ``n`` requests with the given token sums (O(1)).
 
-        ``max_seq`` is the longest request's total length: it bounds the decode steps from below
-        and decides OOM (cost ``inf``). ``n == 0`` costs 0. Broadcasts over numpy arrays, so the
-        planner evaluates every contiguous segment of a sorted request list from prefix sums.
+        ``max_seq`` is the longest request's total length: it decides OOM (cost ``inf``) and, unless
+        ``max_gen`` (the most tokens one request generates) is given, bounds the decode steps from
+        below by ``max_seq * gen / total`` (the segment's generated share); with ``max_gen`` the
+        bound is ``max_gen`` (a request decodes one token per step). ``n == 0`` costs 0. Broadcasts
+        over numpy arrays, so the planner evaluates every contiguous segment of a sorted request
+        list from prefix sums.
         """
         tp = _check_tp(tp)
         p = np.asarray(prompt_tokens_sum, dtype=float)
@@ -189,7 +193,8 @@ class RolloutCostModel:
         b = np.asarray(self.steady_batch(tp, n_arr, avg_p, avg_g), dtype=float)
         step = np.asarray(self.decode_step(tp, b, b * (avg_p + 0.5 * avg_g)), dtype=float)
         total = np.maximum(p + g, 1e-12)
-        steps = np.maximum(g / b, ms * g / total)
+        tail = ms * g / total if max_gen is None else np.asarray(max_gen, dtype=float)
+        steps = np.maximum(g / b, tail)
         cost = n_arr * self.cal.per_request_overhead_s + np.asarray(self.prefill_time(tp, p, n_arr)) + steps * step
         cost = np.where(ms > self.token_capacity(tp), np.inf, cost)
         cost = np.where(n_arr <= 0, 0.0, cost)

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from libra.policies.cost_model_rollout import RolloutCostModel
 from libra.policies.cost_model_training import TrainConfig, TrainingCostModel
+from libra.policies.planner_buckets import BucketCosts, BucketTable, bucket_instances, evaluate_buckets
 from libra.policies.planner_rollout import RolloutSample, RolloutTable, cost_matrices, evaluate_layout, to_instances
 from libra.policies.planner_training import TrainChoice, TrainingSearch
 from libra.policies.planner_types import Plan, PlannerConfig, PlannerError, RolloutInstance, Workload, as_workload
@@ -85,11 +87,19 @@ class GlobalResourcePlanner:
     def _context(self, workload: Workload) -> _Context:
         cfg = self.config
         sample = RolloutSample.from_workload(workload, cfg.global_batch, cfg.max_dp_requests)
-        costs = cost_matrices(self.rollout_model, sample, self.rollout_tps)
+        costs: Any = (BucketCosts(self.rollout_model, sample, cfg.overlap_steps) if cfg.pooled_buckets
+                      else cost_matrices(self.rollout_model, sample, self.rollout_tps))
         train = TrainingSearch(self.train_model, cfg, workload.training_lengths(cfg.global_batch))
         return _Context(workload, sample, costs, train)
 
-    def _tables(self, ctx: _Context, budget: int) -> list[RolloutTable]:
+    def _tables(self, ctx: _Context, budget: int) -> list[Any]:
+        if self.config.pooled_buckets:
+            sets = [(t,) for t in self.rollout_tps] if self.homogeneous else [self.rollout_tps]
+            return [
+                BucketTable(ctx.costs, s, budget, require_heterogeneous=self.config.require_heterogeneous,
+                            max_instances=self.config.max_instances)
+                for s in sets
+            ]
         groups = [{t: ctx.costs[t]} for t in self.rollout_tps] if self.homogeneous else [ctx.costs]
         return [
             RolloutTable(
@@ -102,7 +112,7 @@ class GlobalResourcePlanner:
         ]
 
     @staticmethod
-    def _best_of(tables: list[RolloutTable], g: int) -> tuple[float, RolloutTable]:
+    def _best_of(tables: list[Any], g: int) -> tuple[float, Any]:
         best = min(tables, key=lambda t: t.time(g))
         return best.time(g), best
 
@@ -124,7 +134,7 @@ class GlobalResourcePlanner:
                 f"no feasible training layout for any n_train in {cfg.train_candidates()[:8]}... "
                 f"(global_batch={cfg.global_batch}, group_size={cfg.group_size})"
             )
-        roll: dict[int, tuple[float, RolloutTable]] = {}
+        roll: dict[int, tuple[float, Any]] = {}
         if self.memoize:
             tables = self._tables(ctx, cfg.n_gpus - min(cands))
             stats.rollout_dp_solves += len(tables)
@@ -155,7 +165,7 @@ class GlobalResourcePlanner:
                 f"an allowed rollout TP {cfg.rollout_tps} and that the model fits the training GPUs"
             )
         t_roll, table = roll[best_n]
-        instances = to_instances(ctx.sample, table.costs, table.instances(cfg.n_gpus - best_n))
+        instances = self._instances(ctx, table, cfg.n_gpus - best_n)
         plan = Plan(cfg.n_gpus, best_n, best_choice.config, instances, best_choice.time, t_roll)
         return SearchResult(plan, stats)
 
@@ -193,7 +203,10 @@ class GlobalResourcePlanner:
             train_cfg, t_train = train, self.train_model.step_time(train, ctx.train.lengths)
         if rollout_tps is None:
             t_roll, table = self._best_of(self._tables(ctx, cfg.n_gpus - n_train), cfg.n_gpus - n_train)
-            segments, costs = table.instances(cfg.n_gpus - n_train), table.costs
+            instances = self._instances(ctx, table, cfg.n_gpus - n_train)
+        elif cfg.pooled_buckets:
+            t_roll, buckets = evaluate_buckets(ctx.costs, tuple(rollout_tps))
+            instances = bucket_instances(ctx.costs, buckets)
         else:
             costs = (
                 ctx.costs
@@ -201,10 +214,16 @@ class GlobalResourcePlanner:
                 else cost_matrices(self.rollout_model, ctx.sample, tuple(sorted(set(rollout_tps))))
             )
             t_roll, segments = evaluate_layout(costs, tuple(rollout_tps))
-        instances = to_instances(ctx.sample, costs, segments)
+            instances = to_instances(ctx.sample, costs, segments)
         if rollout_tps is not None:
             instances = _pad_idle(instances, rollout_tps)
         return Plan(cfg.n_gpus, n_train, train_cfg, instances, t_train, t_roll, allocator=allocator)
+
+    @staticmethod
+    def _instances(ctx: _Context, table: Any, g: int) -> tuple[RolloutInstance, ...]:
+        if isinstance(table, BucketTable):
+            return bucket_instances(ctx.costs, table.buckets(g))
+        return to_instances(ctx.sample, table.costs, table.instances(g))
 
     def evaluate(self, plan: Plan, workload: Workload | list[tuple[float, float]]) -> Plan:
         """Re-score ``plan``'s layout (same n_train, training layout and TP multiset) on ``workload``."""

@@ -89,6 +89,11 @@ class PlannerConfig:
     ``global_batch`` trajectories per step in GRPO groups of ``group_size``; ``granularity`` steps
     ``n_train``; ``max_dp_requests`` caps the rollout DP's quantile sample; ``require_heterogeneous``
     demands >= 2 distinct rollout TP degrees; ``max_instances`` caps rollout instances (None: no cap).
+    ``pooled_buckets`` (default): score rollout layouts as deployed, the instances of one TP degree
+    pooling one bucket's requests (``planner_buckets.py``); False: the reference's instance-level DP,
+    one contiguous length range per instance (``planner_rollout.py``). ``overlap_steps``: how many
+    consecutive steps' rollouts may overlap (the asynchronous pipeline's policy lag; 1 = synchronous);
+    the pooled model divides the longest request's decode tail by it.
     """
 
     n_gpus: int
@@ -106,9 +111,12 @@ class PlannerConfig:
     max_bubble: float = 0.3
     max_micro_batch: int = 16
     zero_stage: int = 1
+    pooled_buckets: bool = True
+    overlap_steps: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("n_gpus", "global_batch", "group_size", "granularity", "max_dp_requests", "max_micro_batch"):
+        for name in ("n_gpus", "global_batch", "group_size", "granularity", "max_dp_requests", "max_micro_batch",
+                     "overlap_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlannerError(f"PlannerConfig.{name} must be a positive integer, got {value!r}")

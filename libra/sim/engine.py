@@ -5,7 +5,9 @@ named in :class:`SimConfig`) and feeds it ``PeerMessage``/``Tick`` events on a v
 every ``Send`` it returns by simulating the receiver:
 
 - rollout actors, one per instance of the :class:`~libra.sim.sim_cluster.Layout` (hello with labels
-  ``{"role": {"bucket": name}}``, capacity = concurrent sequences that fit the KV cache), simulated by
+  ``{"role": {"bucket": name}}``, capacity = concurrent sequences that fit the KV cache at the
+  planner's per-sequence reserve, ``SimConfig.reserve_tokens`` or :func:`_planner_reserve`: the
+  instance itself admits by actual KV, like vLLM, so the credit only caps dispatch), simulated by
   :class:`~libra.sim.sim_instance.SimInstance` (continuous batching, prefill, decode vs KV tokens, KV
   capacity, KV-transfer vs re-prefill migrations), answering ``{"gen_tokens": n}``;
 - one tool actor serving every tool, each call taking its trace ``tool_seconds`` and answering
@@ -86,7 +88,7 @@ class SimConfig:
     rebuild_interval: int = 5
     min_visits: int = 10  # C-MLFQ: samples a prefix node needs before its mean/P90 count (P90 needs >= 10)
     tick_s: float = 30.0
-    reserve_tokens: int = 8192
+    reserve_tokens: int | None = None  # broker credit = KV capacity / this; None: the planner's reserve (below)
     allocation_params: dict[str, Any] = field(default_factory=dict)  # planner allocations (sim_planner.py)
 
 
@@ -122,7 +124,9 @@ class Simulator:
                                  make_layout(cfg.allocation, cfg.gpus, cfg.bucket_thresholds))
         self.lag = 1 if self.layout.colocated else cfg.lag
         hw, model = load_hardware(cfg.hardware), load_model(cfg.model)
-        self.costs = InstanceCosts(RolloutCostModel(hw, model), reserve_tokens=cfg.reserve_tokens)
+        rcm = RolloutCostModel(hw, model)
+        reserve = cfg.reserve_tokens if cfg.reserve_tokens is not None else _planner_reserve(rcm, trajs)
+        self.costs = InstanceCosts(rcm, reserve_tokens=reserve)
         self.train_model = TrainingCostModel(hw, model)
         self._train_cfg: TrainConfig | None = None
         self.rng = np.random.default_rng([cfg.seed, 0x51D])
@@ -408,6 +412,17 @@ class Simulator:
             self._pump()
         self.broker.validate()
         return summarize(self) if self.alloc is None else self.alloc.summarize()
+
+
+def _planner_reserve(cm: RolloutCostModel, trajs: Sequence[TrajectorySpec]) -> int:
+    """KV tokens one running sequence is expected to hold, as the planner's steady batch counts it
+    (``avg_prompt + kv_reserve_gen_fraction * avg_gen``, prompt = prompt + tool payload) over the
+    trace's first step (the profiling pass every allocation may use before launch)."""
+    first = min(t.step for t in trajs)
+    rows = [(t.prompt_tokens + t.total_payload_tokens, t.total_gen_tokens) for t in trajs if t.step == first]
+    p = sum(r[0] for r in rows) / len(rows)
+    g = sum(r[1] for r in rows) / len(rows)
+    return max(1, round(p + cm.cal.kv_reserve_gen_fraction * g))
 
 
 def _pad(lengths: Sequence[int], dp: int) -> list[int]:

@@ -173,7 +173,8 @@ class PlannerAllocation:
         self.train_model = TrainingCostModel(hw, model)
         self.planner_config = PlannerConfig(n_gpus=cfg.gpus, global_batch=self.batch, group_size=group,
                                             rollout_tps=tuple(p.rollout_tps), granularity=p.granularity,
-                                            min_train_gpus=p.min_train_gpus, min_rollout_gpus=p.min_rollout_gpus)
+                                            min_train_gpus=p.min_train_gpus, min_rollout_gpus=p.min_rollout_gpus,
+                                            overlap_steps=cfg.lag)
         self.allocator = make_allocator(allocator_name, rollout_model=RolloutCostModel(hw, model),
                                         train_model=self.train_model, config=self.planner_config)
         self.replanner = Replanner(self.allocator, plan_interval=p.plan_interval, cooldown_steps=p.cooldown_steps,
@@ -188,6 +189,7 @@ class PlannerAllocation:
         self._charge(time.perf_counter() - t0)
         self.replanner.last_replan = 0
         self.initial = self.plan = self.core
+        self.plan_history: list[tuple[float, Plan]] = [(0.0, self.core)]  # (virtual time applied, plan)
         self.roles = layout_roles(self.plan, _slots(cfg.gpus))
         self.layout = self._layout(self.plan, self.roles)
         self.sim: Simulator | None = None
@@ -291,6 +293,14 @@ class PlannerAllocation:
         if self.ehp:
             self._ehp_step(k + 1, snap)
 
+    def plan_at(self, t: float) -> Plan:
+        """The plan most recently applied at or before virtual time ``t``."""
+        out = self.plan_history[0][1]
+        for when, plan in self.plan_history:
+            if when <= t:
+                out = plan
+        return out
+
     def summarize(self) -> SimResult:
         """The run's metrics (see the module docstring)."""
         sim, fleet = self.sim, self.fleet
@@ -364,6 +374,7 @@ class PlannerAllocation:
         self._pending_apply = False
         cmds = sim.broker.apply_plan(plan, sim.now)
         self.plan = plan
+        self.plan_history.append((sim.now, plan))
         assert sim.broker.plan_applier is not None
         self.roles = dict(sim.broker.plan_applier.target)
         if self.ehp:

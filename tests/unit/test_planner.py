@@ -240,6 +240,7 @@ def test_training_bound_prunes_without_changing_the_winner() -> None:
 def _small_planner(n_gpus: int, **kw: object) -> tuple[GlobalResourcePlanner, RolloutCostModel, TrainingCostModel]:
     hw, model = A800, load_model("qwen3-4b")
     rm, tm = RolloutCostModel(hw, model), TrainingCostModel(hw, model)
+    kw.setdefault("pooled_buckets", False)  # the instance-level DP is what the brute force enumerates
     cfg = PlannerConfig(n_gpus=n_gpus, global_batch=8, group_size=2, max_micro_batch=4, **kw)  # type: ignore[arg-type]
     return GlobalResourcePlanner(rm, tm, cfg), rm, tm
 
@@ -275,7 +276,8 @@ def test_memoised_and_unmemoised_searches_return_the_same_plan(kw: dict) -> None
 
 def test_plan_evaluation_reproduces_search_times_and_buckets() -> None:
     tm = TrainingCostModel(A800, Q14)
-    planner = GlobalResourcePlanner(RM, tm, PlannerConfig(n_gpus=48, global_batch=256, group_size=16))
+    planner = GlobalResourcePlanner(RM, tm, PlannerConfig(n_gpus=48, global_batch=256, group_size=16,
+                                                          pooled_buckets=False))
     reqs = _requests(400, 9)
     plan = planner.search(reqs)
     again = planner.evaluate(plan, reqs)

@@ -1,0 +1,227 @@
+"""The GRP rollout DP over *buckets*: what a heterogeneous plan costs once it is deployed as buckets.
+
+Role: the default rollout model of the planner search (``PlannerConfig.pooled_buckets``). A deployed
+plan does not give each rollout instance its own length range: :func:`libra.broker.pools.bucket_specs`
+merges the instances of one TP degree into one bucket (name ``tp<N>``, one ``max_tokens`` threshold,
+buckets ordered by ascending TP), and every router spreads a bucket's requests over its instances by
+least connections. So each of the ``k`` instances of a bucket serves about ``1/k`` of the bucket's
+requests, with the bucket's mix of lengths, and a longer request never goes to a smaller TP than a
+shorter one. The instance-level DP of ``planner_rollout.py`` (one contiguous sub-range per instance)
+predicts a routing that no router implements: it under-estimates the busiest instance of a bucket
+whenever lengths, and so per-turn overheads and decode tails, differ inside the bucket.
+
+Model (contracts):
+
+- ``bucket_cost(tp, k, j..i)`` = the cost model's ``segment_cost`` of one instance's share: token sums,
+  request count and serving calls divided by ``min(k, n)`` (instances beyond the request count idle),
+  while the longest request (``max_seq``: the OOM check) and the most tokens one request generates
+  (``max_gen``: the decode-tail bound, one token per step) stay whole. With ``overlap_steps = L > 1``
+  (an asynchronous pipeline whose policy lag lets the rollouts of ``L`` consecutive steps overlap)
+  the tail bound is ``max_gen / L``: the next step's requests fill the instances while the longest
+  request of this step still decodes, so the steady-state period per step is the work term or
+  ``1/L`` of the longest request's decode, whichever is larger;
+- :class:`BucketTable`: for every GPU budget ``0..G``, the best layout of at most one bucket per TP
+  degree, buckets tiling the length-sorted sample in ascending TP order, GPUs left idle allowed. States
+  carry the number of distinct TPs used (``require_heterogeneous``: >= 2) and the instance count
+  (``max_instances``). Exact for this model (``tests/unit/test_planner_buckets.py`` checks it against
+  brute force). Ties: the first minimum (fewer instances, smaller ``j``; a TP left unused wins a tie).
+- :func:`evaluate_buckets`: the fixed multiset's best split (every instance of a TP in its bucket; a
+  bucket may serve nothing, its GPUs still held).
+
+Pure numpy arithmetic on a :class:`~libra.policies.planner_rollout.RolloutSample`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+
+from libra.policies.cost_model_rollout import RolloutCostModel
+from libra.policies.planner_rollout import RolloutSample
+from libra.policies.planner_types import PlannerError, RolloutInstance
+
+__all__ = ["BucketCosts", "BucketTable", "evaluate_buckets", "bucket_instances"]
+
+Bucket = tuple[int, int, int, int]
+"""``(tp, k instances, j, i)``: a bucket of ``k`` TP-``tp`` instances serving sorted items ``j..i-1``."""
+
+
+class BucketCosts:
+    """``cost(tp, k)[j, i]``: seconds for the busiest of ``k`` TP-``tp`` instances pooling items
+    ``j..i-1`` (``inf`` for ``j >= i`` and for segments whose longest request does not fit). Cached."""
+
+    def __init__(self, cm: RolloutCostModel, sample: RolloutSample, overlap_steps: int = 1) -> None:
+        if overlap_steps < 1:
+            raise PlannerError(f"overlap_steps must be >= 1, got {overlap_steps}")
+        self.cm = cm
+        self.sample = sample
+        self.P, self.G, self.W = sample.prefix()
+        calls = sample.calls if sample.calls is not None else np.ones(sample.size)
+        self.C = np.concatenate([np.zeros(1), np.cumsum(calls * sample.weight)])
+        n = sample.size
+        j, i = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+        self.valid = j < i
+        self.jj, self.ii = j[self.valid], i[self.valid]
+        # max_gen[j, i] = the most tokens one item of j..i-1 generates (running maximum along i)
+        run = np.where(i > j, sample.gen[np.clip(i - 1, 0, max(n - 1, 0))] if n else 0.0, -np.inf)
+        self.max_gen = np.maximum.accumulate(run, axis=1)[self.valid] / overlap_steps if n else np.zeros(0)
+        self._cache: dict[tuple[int, int], np.ndarray] = {}
+
+    def cost(self, tp: int, k: int) -> np.ndarray:
+        """The ``(n + 1, n + 1)`` cost matrix of a bucket of ``k >= 1`` TP-``tp`` instances."""
+        key = (tp, k)
+        out = self._cache.get(key)
+        if out is None:
+            jj, ii = self.jj, self.ii
+            n_req = self.W[ii] - self.W[jj]
+            share = np.maximum(np.minimum(float(k), n_req), 1e-12)
+            calls = self.C[ii] - self.C[jj]
+            ovh = float(self.cm.cal.per_request_overhead_s)
+            seg = self.cm.segment_cost(tp, (self.P[ii] - self.P[jj]) / share, (self.G[ii] - self.G[jj]) / share,
+                                       n_req / share, self.sample.lengths[ii - 1], self.max_gen)
+            out = np.full((self.sample.size + 1,) * 2, np.inf)
+            out[self.valid] = np.asarray(seg) + (calls - n_req) / share * ovh
+            self._cache[key] = out
+        return out
+
+
+class BucketTable:
+    """The bucket DP solved for every GPU budget ``0..budget`` (see the module docstring).
+
+    ``time(g)``: optimal makespan with ``g`` GPUs (``inf`` if infeasible); ``buckets(g)``: the optimal
+    buckets ``(tp, k, j, i)`` in length order (empty if infeasible).
+    """
+
+    def __init__(self, costs: BucketCosts, tps: tuple[int, ...], budget: int, *,
+                 require_heterogeneous: bool = False, max_instances: int | None = None) -> None:
+        if budget < 0:
+            raise PlannerError(f"rollout budget must be >= 0, got {budget}")
+        self.costs = costs
+        self.tps = tuple(sorted(set(tps)))
+        self.budget = budget
+        self.het = require_heterogeneous
+        self.cap = max_instances
+        self.n = costs.sample.size
+        self.n_h = 3 if self.het else 1
+        self.n_c = (self.cap + 1) if self.cap is not None else 1
+        S, G1, n1 = self.n_h * self.n_c, budget + 1, self.n + 1
+        dp = np.full((S, G1, n1), np.inf)
+        dp[0, :, 0] = 0.0  # nothing served yet: any number of GPUs idle
+        self._layers: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        for tp in self.tps:
+            new = dp.copy()
+            ch_k = np.zeros((S, G1, n1), np.int32)
+            ch_j = np.zeros((S, G1, n1), np.int32)
+            ch_s = np.zeros((S, G1, n1), np.int32)
+            for k in range(1, budget // tp + 1):
+                if self.cap is not None and k > self.cap:
+                    break
+                w = k * tp
+                c = costs.cost(tp, k)
+                for s in range(S):
+                    t = self._next(s, k)
+                    if t < 0:
+                        continue
+                    prev = dp[s, : G1 - w]  # (G1 - w, n1) over j
+                    if not np.isfinite(prev).any():
+                        continue
+                    cand = np.maximum(prev[:, :, None], c[None, :, :])
+                    arg = cand.argmin(axis=1)
+                    val = np.take_along_axis(cand, arg[:, None, :], axis=1)[:, 0, :]
+                    tgt = new[t, w:]
+                    upd = val < tgt
+                    if upd.any():
+                        tgt[upd] = val[upd]
+                        ch_k[t, w:][upd] = k
+                        ch_j[t, w:][upd] = arg[upd]
+                        ch_s[t, w:][upd] = s
+            self._layers.append((dp, ch_k, ch_j, ch_s))
+            dp = new
+        self._dp = dp
+        h = np.arange(S) // self.n_c
+        self._final = np.flatnonzero(h >= 2) if self.het else np.arange(S)
+
+    def _next(self, s: int, k: int) -> int:
+        h, c = divmod(s, self.n_c)
+        h2 = min(2, h + 1) if self.het else 0
+        c2 = c + k if self.cap is not None else 0
+        if self.cap is not None and c2 > self.cap:
+            return -1
+        return h2 * self.n_c + c2
+
+    def _final_state(self, g: int) -> tuple[int, float]:
+        if not 0 <= g <= self.budget:
+            raise PlannerError(f"budget {g} outside the solved range 0..{self.budget}")
+        col = self._dp[self._final, g, self.n]
+        idx = int(np.argmin(col))
+        return int(self._final[idx]), float(col[idx])
+
+    def time(self, g: int) -> float:
+        """Optimal makespan with ``g`` GPUs (``inf`` if no layout is feasible)."""
+        return self._final_state(g)[1]
+
+    def buckets(self, g: int) -> list[Bucket]:
+        """Back-track the optimal buckets for ``g`` GPUs, in length (and TP) order."""
+        s, value = self._final_state(g)
+        if not math.isfinite(value):
+            return []
+        out: list[Bucket] = []
+        i = self.n
+        for layer in range(len(self.tps) - 1, -1, -1):
+            _, ch_k, ch_j, ch_s = self._layers[layer]
+            k = int(ch_k[s, g, i])
+            if k == 0:
+                continue
+            tp = self.tps[layer]
+            j = int(ch_j[s, g, i])
+            out.append((tp, k, j, i))
+            s, g, i = int(ch_s[s, g, i]), g - k * tp, j
+        if i != 0:  # pragma: no cover - a finite value always tiles the sample
+            raise RuntimeError("bucket DP back-tracking did not reach the first request")
+        return out[::-1]
+
+
+def evaluate_buckets(costs: BucketCosts, tps: tuple[int, ...]) -> tuple[float, list[Bucket]]:
+    """Best makespan of the fixed TP multiset ``tps`` deployed as buckets (every instance of a TP in
+    its bucket, buckets in ascending TP order; a bucket may serve nothing). Returns ``(time,
+    buckets)`` with the non-empty buckets (``inf`` and ``[]`` if infeasible or ``tps`` is empty)."""
+    if not tps:
+        return math.inf, []
+    counts = Counter(tps)
+    n1 = costs.sample.size + 1
+    dp = np.full(n1, np.inf)
+    dp[0] = 0.0
+    choices: list[tuple[int, int, np.ndarray]] = []
+    for tp in sorted(counts):
+        k = counts[tp]
+        cand = np.maximum(dp[:, None], costs.cost(tp, k))
+        arg = cand.argmin(axis=0)
+        val = cand[arg, np.arange(n1)]
+        stay = dp <= val
+        choices.append((tp, k, np.where(stay, np.arange(n1), arg)))
+        dp = np.where(stay, dp, val)
+    value = float(dp[-1])
+    if not math.isfinite(value):
+        return math.inf, []
+    out: list[Bucket] = []
+    i = n1 - 1
+    for tp, k, by_j in reversed(choices):
+        j = int(by_j[i])
+        if j < i:
+            out.append((tp, k, j, i))
+        i = j
+    return value, out[::-1]
+
+
+def bucket_instances(costs: BucketCosts, buckets: list[Bucket]) -> tuple[RolloutInstance, ...]:
+    """One :class:`RolloutInstance` per instance of each bucket: the bucket's length range, ``1/k`` of
+    its (weighted) requests and the bucket's predicted time."""
+    W, lengths = costs.W, costs.sample.lengths
+    out = []
+    for tp, k, j, i in buckets:
+        c = float(costs.cost(tp, k)[j, i])
+        out.extend(RolloutInstance(tp, float(lengths[j]), float(lengths[i - 1]), float(W[i] - W[j]) / k, c)
+                   for _ in range(k))
+    return tuple(out)
