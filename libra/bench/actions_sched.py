@@ -6,9 +6,10 @@ Three parts, each against its baseline in the same run:
    pre-optimisation reference implementation (``ReferenceElasticScheduler``, same decisions) on the same
    synthetic snapshot, for window n ∈ {8, 16, 32, 64, 128} and free units m ∈ {64, 256, 1024}: a queue of
    n+32 actions (half CPU-elastic builds up to 16 cores, half one-core edits) and 200 running actions.
-   The variants are timed in interleaved rounds; reported: the best round's mean µs per decision (wall
-   clock of this process). The snapshot's specs are built once (their duration/gain tables are computed
-   at submission, ``ActionSpec`` construction, not per decision).
+   The variants are timed in interleaved rounds; reported: the best and the median round's mean µs per
+   decision (wall clock of this process) and the best round's thread CPU time. The snapshot's specs are
+   built once (their duration/gain tables, ``row`` columns and demand ``grant`` are computed at submission,
+   ``ActionSpec`` construction, not per decision).
 2. **AI-coding simulation** (15 × 256 cores): mean/p99 ACT, queueing, step time and cores used for
    ``tangram``, ``per_trajectory`` with the budget split evenly (cores // batch per sandbox) and sized for the
    peak DoP (16), and ``fixed_dop`` 4/16, at each batch; ratios are baseline ACT / tangram ACT.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -60,22 +62,28 @@ def _snapshot(n: int, m: int, seed: int) -> tuple[ActionQueue, dict[str, int], R
     return ActionQueue(specs), {"cpu": m}, running
 
 
-def _time_us(fns: dict[str, Callable[[], Any]], repeat: int, number: int) -> dict[str, float]:
-    """Best-of-``repeat`` mean µs per call of each function, the functions timed in interleaved rounds (so
-    a noisy neighbour slows every variant of a round alike)."""
-    best = dict.fromkeys(fns, float("inf"))
+def _time_us(fns: dict[str, Callable[[], Any]], repeat: int, number: int) -> dict[str, dict[str, float]]:
+    """µs per call of each function, the functions timed in interleaved rounds of ``number`` calls (so a noisy
+    neighbour slows every variant of a round alike). Per function: ``best`` and ``median`` round means of the
+    wall clock, and ``cpu`` = the best round's mean thread CPU time (time the process was scheduled; on a
+    shared machine it excludes the rounds' preemptions)."""
+    wall: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeat):
         for name, fn in fns.items():
+            c0 = time.thread_time()
             t0 = time.perf_counter()
             for _ in range(number):
                 fn()
-            best[name] = min(best[name], (time.perf_counter() - t0) / number)
-    return {k: v * 1e6 for k, v in best.items()}
+            wall[name].append((time.perf_counter() - t0) / number * 1e6)
+            cpu[name].append((time.thread_time() - c0) / number * 1e6)
+    return {k: {"best": min(wall[k]), "median": statistics.median(wall[k]), "cpu": min(cpu[k])} for k in fns}
 
 
 def latency(windows: list[int], units: list[int], depths: list[int], repeat: int, number: int) -> list[dict[str, Any]]:
-    """Decision latency rows (see the module docstring). Raises ``AssertionError`` if the optimised and the
-    reference scheduler disagree on a snapshot."""
+    """Decision latency rows (see the module docstring). ``*_us`` is the best round's mean wall clock,
+    ``*_median_us`` the median round's, ``*_cpu_us`` the best round's thread CPU time. Raises
+    ``AssertionError`` if the optimised and the reference scheduler disagree on a snapshot."""
     rows = []
     for n in windows:
         for m in units:
@@ -91,13 +99,18 @@ def latency(windows: list[int], units: list[int], depths: list[int], repeat: int
                     "tangram": lambda: tg.schedule(queue, free, running, 0.0),
                     "reference": lambda: ref.schedule(queue, free, running, 0.0),
                 }, repeat, number)
-                rows.append({
-                    "window": n, "units": m, "depth": depth, "tangram_us": t["tangram"], "fixed_dop_us": t["fixed"],
-                    "reference_us": t["reference"], "ratio": t["tangram"] / t["fixed"],
-                    "speedup_vs_reference": t["reference"] / t["tangram"], "grants": len(grants),
+                row: dict[str, Any] = {"window": n, "units": m, "depth": depth}
+                for key, name in (("tangram", "tangram"), ("fixed_dop", "fixed"), ("reference", "reference")):
+                    row[f"{key}_us"] = t[name]["best"]
+                    row[f"{key}_median_us"] = t[name]["median"]
+                    row[f"{key}_cpu_us"] = t[name]["cpu"]
+                row.update({
+                    "ratio": t["tangram"]["best"] / t["fixed"]["best"],
+                    "speedup_vs_reference": t["reference"]["best"] / t["tangram"]["best"], "grants": len(grants),
                     "evicted": n - len(grants) if len(grants) < n else 0,
                     "contended": sum(g.units["cpu"] for g in grants) >= m,
                 })
+                rows.append(row)
     return rows
 
 
@@ -170,12 +183,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _print(res: dict[str, Any]) -> None:
     if "latency" in res:
-        print("decision latency (µs per decision, best of repeats), tangram vs fixed_dop(4) FCFS")
-        print(f"{'n':>4} {'m':>5} {'depth':>5} {'tangram':>9} {'reference':>9} {'fixed':>8} {'ratio':>6} {'speedup':>7}"
+        print("decision latency (µs per decision: best round / median round wall clock, [best round CPU]),"
+              " tangram vs fixed_dop(4) FCFS and the reference")
+        print(f"{'n':>4} {'m':>5} {'depth':>5} {'tangram':>19} {'reference':>19} {'fixed':>19} {'ratio':>6} {'speedup':>7}"
               f" {'grants':>6} contended")
+
+        def cell(r: dict[str, Any], k: str) -> str:
+            return f"{r[k + '_us']:.1f}/{r[k + '_median_us']:.1f} [{r[k + '_cpu_us']:.1f}]"
+
         for r in res["latency"]:
-            print(f"{r['window']:>4} {r['units']:>5} {r['depth']:>5} {r['tangram_us']:>9.1f} {r['reference_us']:>9.1f}"
-                  f" {r['fixed_dop_us']:>8.1f} {r['ratio']:>6.2f} {r['speedup_vs_reference']:>7.2f} {r['grants']:>6}"
+            print(f"{r['window']:>4} {r['units']:>5} {r['depth']:>5} {cell(r, 'tangram'):>19} {cell(r, 'reference'):>19}"
+                  f" {cell(r, 'fixed_dop'):>19} {r['ratio']:>6.2f} {r['speedup_vs_reference']:>7.2f} {r['grants']:>6}"
                   f" {r['contended']}")
     if "coding" in res:
         print("\nAI coding (15 x 256 = 3,840 cores for every policy); ratio = policy ACT / tangram ACT")

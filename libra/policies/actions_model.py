@@ -179,14 +179,20 @@ class ActionSpec:
     ``demand`` holds minimum units per resource (for the elastic resource: the minimum DoP).
     ``base_duration`` is ``T_ori``: the duration with **one** unit of the elastic resource, or simply the
     duration of a non-elastic action. ``service`` names the GPU service an action runs on (evict-on-execution),
-    if any. Derived fields (``key``, ``min_units``, ``max_units``, ``span``, ``part``, ``items``,
-    ``durations``, ``min_duration``, ``gains``, ``neg_gains``, ``convex``) are computed once at construction
-    for the scheduler's hot path: ``span = max_units - min_units`` (0: not elastic in practice), ``part``
+    if any. Derived fields (``key``, ``min_units``, ``max_units``, ``span``, ``part``, ``part_units``, ``solo``,
+    ``items``, ``durations``, ``min_duration``, ``gains``, ``neg_gains``, ``convex``, ``grant``, ``row``) are
+    computed once at construction for the scheduler's hot path: ``span = max_units - min_units`` (0: not elastic in practice), ``part``
     the resource a scheduler partitions the action under (its key elastic resource when ``span > 0``, else
-    its first demanded resource, ``None`` for an empty demand) and ``part_units = demand[part]``, ``durations[m]`` the duration table by unit
-    count (``inf`` where ``m`` is not allowed), ``min_duration == durations[min_units]`` (the duration of a
-    non-elastic action), ``gains[i]`` the time saved by unit ``min_units + i + 1`` (non-increasing when
-    ``convex``) and ``neg_gains`` their negations (ascending when ``convex``).
+    its first demanded resource, ``None`` for an empty demand) and ``part_units = demand[part]``, ``solo`` the
+    resource of a single-resource demand (``None`` when the demand names zero or several resources),
+    ``durations[m]`` the duration table by unit count (``inf`` where ``m`` is not allowed),
+    ``min_duration == durations[min_units]`` (the duration of a non-elastic action),
+    ``gains[i]`` the time saved by unit ``min_units + i + 1`` (non-increasing when ``convex``),
+    ``neg_gains`` their negations (ascending when ``convex``) and ``grant`` the grant that starts the action
+    with exactly its demand (``Grant(id, demand)``, built once: a scheduler returns it as is; its ``units``
+    is the spec's own read-only ``demand``). ``row`` is ``(solo, part_units, span, min_duration, convex,
+    grant)``: a scheduler reads these columns of a whole window with one attribute read per action and a
+    ``zip(*rows)``.
 
     Raises :class:`ActionModelError` for a bad field (the message names it).
     """
@@ -205,12 +211,15 @@ class ActionSpec:
     span: int = field(init=False)
     part: str | None = field(init=False)
     part_units: int = field(init=False)
+    solo: str | None = field(init=False)
     items: tuple[tuple[str, int], ...] = field(init=False)
     durations: tuple[float, ...] = field(init=False)
     min_duration: float = field(init=False)
     gains: tuple[float, ...] = field(init=False)
     neg_gains: tuple[float, ...] = field(init=False)
     convex: bool = field(init=False)
+    grant: Grant = field(init=False, repr=False)
+    row: tuple = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         where = f"action {self.id!r}"
@@ -262,11 +271,14 @@ class ActionSpec:
         part = key if hi > lo else (items[0][0] if items else None)
         setattr_(self, "part", part)
         setattr_(self, "part_units", 0 if part is None else demand[part])
+        setattr_(self, "solo", items[0][0] if len(items) == 1 else None)
         setattr_(self, "durations", durations)
         setattr_(self, "min_duration", durations[lo])
         setattr_(self, "gains", gains)
         setattr_(self, "neg_gains", tuple(-g for g in gains))
         setattr_(self, "convex", convex)
+        setattr_(self, "grant", grant := Grant(self.id, demand))
+        setattr_(self, "row", (self.solo, self.part_units, hi - lo, durations[lo], convex, grant))
 
     @property
     def elastic_range(self) -> int:

@@ -29,17 +29,35 @@ in O(N log N) over the first ``L + freed`` gains of each candidate; otherwise it
 counts (O(k·L·m)) on the first ``dp_top`` candidates (later ones get their minimum). Both are checked
 against brute force in the tests.
 
-Incremental evaluation (the decision hot path). An eviction trial differs from the previous one by one
-candidate and a few freed units, so nothing is rebuilt per trial:
+Hot path (issue #5: window 64, depth 2). Every per-candidate quantity is computed once per action, at
+``ActionSpec`` construction (``row = (solo, part_units, span, min_duration, convex, grant)``, the duration
+and gain tables, ``grant`` = the grant at exactly the demand), and a decision reads whole columns at C
+speed instead of looping over the candidates in Python:
 
-- the candidates' marginal gains are sorted once (capped at ``L + freed`` per candidate); a trial finds its
-  threshold by walking past the evicted candidates' gains in that list and re-sums only its prefix;
-- the candidates' projected releases are sorted once; a trial copies the list and moves the few entries
-  whose units changed (the evicted candidate's and those that received freed units);
+- **bulk window**: the first ``window`` queue entries are read with ``islice`` and their columns with one
+  ``zip(*rows)``; when they all demand a single resource ``r`` and their sum fits (then the FCFS scan
+  would take every one), the per-action scan loop and the partitioning are skipped entirely; otherwise
+  the general scan runs (same decisions);
+- an eviction trial differs from the previous one by one candidate and a few freed units: the
+  candidates' capped marginal gains are sorted once; a trial finds its threshold by walking past the
+  evicted candidates' gains in that list (:func:`_split_sorted`) and re-sums only its prefix (in the same
+  ascending order as the reference, so the sums are bit-identical);
+- the candidates' projected releases are built once (one pass over the window when every candidate runs
+  at its minimum) and filtered by a provable pop horizon; a trial copies the short list and moves the few
+  entries whose units changed;
 - the running actions' releases come pre-sorted from :class:`~libra.policies.actions_views.RunningSet`
-  (kept sorted on ``add`` / ``remove``), so the completion-time "heap" is a merge of two sorted lists and a
-  small heap of the releases the estimate itself pushes: the estimate costs O(releases it pops), not
-  O(running + candidates).
+  (kept sorted on ``add`` / ``remove``), so the completion-time "heap" is a sorted list read in order plus
+  one small heap (the candidates' releases and those the estimate pushes): the estimate costs
+  O(releases it pops), not O(running + candidates);
+- grants: every kept candidate's precomputed ``grant``, replaced only for the elastic candidates given
+  extra units.
+
+Not done, by design: state carried across decisions (and memoising the estimate on the window): a
+candidate of one decision is a candidate of the next only if that decision evicted it, at most ``depth``
+per partition, so a full window shares at most ``depth / window`` of its candidates with the previous one;
+windows that do recur are those of one or two candidates, already cheap. A lower-bound pruning of trial
+estimates (shortest durations of the waiting actions) proved too weak to pay for itself (it skips ~5 % of
+the rejected trials on random instances, none on the benchmark's, where both trials are accepted).
 
 The decisions are identical to the first implementation, kept verbatim as
 :class:`libra.policies.actions_tangram_ref.ReferenceElasticScheduler` (same grants and units in the same
@@ -55,10 +73,11 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Iterable, Mapping, Sequence
-from functools import partial, reduce
-from itertools import chain, compress, repeat
-from operator import add, attrgetter, getitem, le, ne as ne_, not_
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from functools import reduce
+from itertools import chain, compress, islice, repeat
+from operator import add, attrgetter, getitem, le, not_
+from operator import ne as ne_
 
 from libra.policies.actions_model import ActionSpec, Grant
 from libra.policies.actions_views import RunningView, scan_order, sorted_releases
@@ -67,19 +86,12 @@ __all__ = ["ElasticScheduler", "split_units", "split_units_dp"]
 
 _INF = math.inf
 # Column accessors: the hot path extracts one field of every candidate with C-level ``map`` calls.
-_convex = attrgetter("convex")
-_demand = attrgetter("demand")
 _durations = attrgetter("durations")
-_id = attrgetter("id")
-_max_units = attrgetter("max_units")
-_min_duration = attrgetter("min_duration")
 _min_units = attrgetter("min_units")
 _neg_gains = attrgetter("neg_gains")
 _part = attrgetter("part")
-_part_units = attrgetter("part_units")
-_span = attrgetter("span")
-# Grant((id, units, unit_ids)) without the NamedTuple's Python-level __new__.
-_grant_of = partial(tuple.__new__, Grant)
+_grant = attrgetter("grant")  # an action's grant at exactly its demand (built with the spec)
+_row = attrgetter("row")  # (solo, part_units, span, min_duration, convex, grant)
 
 
 def split_units_dp(specs: Sequence[ActionSpec], leftover: int, dp_top: int = 32) -> tuple[list[int], float]:
@@ -236,13 +248,56 @@ class ElasticScheduler:
         projected release times (a :class:`~libra.policies.actions_views.RunningSet` makes that O(1)).
         Returns grants in queue order; every grant fits ``free`` jointly.
         """
+        window, lookahead = self.window, self.lookahead
+        limit = self.max_scan
+        it = scan_order(queue, free)
+        # Bulk window: the first ``window`` entries, read at C speed. When every one demands a single unit
+        # count of one and the same resource and their sum fits, the FCFS scan would take all of them (each
+        # fits what the earlier ones left), so the per-action loop is skipped. ``limit >= window``.
+        head = list(islice(it, window))
+        n = len(head)
+        if not n:
+            return []
+        # The columns (solo, part_units, span, min_duration, convex, grant) of the window, one attribute read
+        # per action (``ActionSpec.row``) and one transposition.
+        solos, units, spans, mind, convs, grants0 = zip(*map(_row, head))
+        r = solos[0]
+        if r is not None and solos.count(r) == n:
+            a = free.get(r, 0)
+            need = sum(units)
+            if need <= a:
+                if not any(spans):
+                    return list(grants0)
+                # The waiting actions filed under r (see _note_waiting): at most ``lookahead`` reads, so the
+                # per-resource bound cannot bind.
+                waiting: list[tuple[int, ActionSpec]] = []
+                if n == window and lookahead:
+                    for pos, spec in zip(range(n, min(n + lookahead, limit)), it):
+                        key = spec.key
+                        if key == r if key is not None else r in spec.demand:
+                            waiting.append((pos, spec))
+                k, el, extras = self._decide_partition(r, head, range(n), (units, spans, mind, convs), a - need,
+                                                       waiting, running, now)
+                grants = list(grants0[:k] if k < n else grants0)
+                if any(extras):
+                    _regrant(grants, compress(range(k), spans), el, extras, r)
+                return grants
+        return self._schedule_general(chain(head, it), free, running, now)
+
+    def _schedule_general(
+        self,
+        it: Iterator[ActionSpec],
+        free: Mapping[str, int],
+        running: Sequence[RunningView],
+        now: float,
+    ) -> list[Grant]:
+        """:meth:`schedule` for any window: the FCFS scan action by action, then every partition."""
         avail = dict(free)
         cand: list[ActionSpec] = []
         cpos: list[int] = []
         waiting: dict[str, list[tuple[int, ActionSpec]]] = {}
         window, lookahead = self.window, self.lookahead
         limit = self.max_scan
-        it = scan_order(queue, free)
         pos = -1
         full = False
         # Phase 1: fill the window; actions that do not fit are waiting.
@@ -305,7 +360,7 @@ class ElasticScheduler:
                     groups[k] = [i]
                 else:
                     g.append(i)
-        units: list[Mapping[str, int]] = list(map(_demand, cand))
+        grants = list(map(_grant, cand))  # every candidate at its demand; elastic ones re-granted below
         drop: list[int] = []
         for r, idx in groups.items():
             if r is None:
@@ -315,29 +370,21 @@ class ElasticScheduler:
             else:
                 gspecs = [cand[i] for i in idx]
                 gpos = [cpos[i] for i in idx]
-            spans = list(map(_span, gspecs))
+            _solos, units, spans, mind, convs, _g = zip(*map(_row, gspecs))
             if not any(spans):
                 continue
-            k, ms = self._decide_partition(r, gspecs, gpos, spans, avail.get(r, 0), waiting.get(r, ()), running, now)
+            k, el, extras = self._decide_partition(r, gspecs, gpos, (units, spans, mind, convs), avail.get(r, 0),
+                                                   waiting.get(r, ()), running, now)
             if k < len(gspecs):
                 drop.extend(range(k, len(gspecs)) if idx is None else idx[k:])
-            # The elastic candidates kept are the first len(ms) elastic ones of the partition.
-            for gi, m in zip(compress(range(len(gspecs)), spans), ms):
-                ci = gi if idx is None else idx[gi]
-                s = gspecs[gi]
-                if len(s.items) == 1:
-                    units[ci] = {r: m}
-                else:
-                    u = dict(s.demand)
-                    u[r] = m
-                    units[ci] = u
-        ids: Iterable[str] = map(_id, cand)
+            if any(extras):
+                _regrant(grants, compress(range(len(gspecs)) if idx is None else idx, spans), el, extras, r)
         if drop:
             keep = [True] * n
             for i in drop:
                 keep[i] = False
-            ids, units = compress(ids, keep), list(compress(units, keep))  # type: ignore[assignment]
-        return list(map(_grant_of, zip(ids, units, repeat(None))))
+            return list(compress(grants, keep))
+        return grants
 
     # ----------------------------------------------------------------------------------------- internals
 
@@ -345,30 +392,35 @@ class ElasticScheduler:
         self,
         r: str,
         gspecs: list[ActionSpec],
-        gpos: list[int],
-        spans: list[int],
+        gpos: Sequence[int],
+        cols: tuple[Sequence[int], Sequence[int], Sequence[float], Sequence[bool]],
         leftover: int,
         waiting: Sequence[tuple[int, ActionSpec]],
         running: Sequence[RunningView],
         now: float,
-    ) -> tuple[int, list[int]]:
+    ) -> tuple[int, list[ActionSpec], list[int]]:
         """Split ``leftover`` units of ``r`` over the partition ``gspecs`` (FCFS order, queue positions
-        ``gpos``, ``spans[i] = max - min``; elastic and fixed actions) and evict trailing candidates while the
-        estimated Σ ACT improves.
+        ``gpos``; elastic and fixed actions) and evict trailing candidates while the estimated Σ ACT improves.
+        ``cols`` are the partition's ``(part_units, span, min_duration, convex)`` columns (``part_units`` is
+        each candidate's demand of ``r``).
 
-        Returns ``(k, ms)``: the first ``k`` candidates start (the rest are evicted) and ``ms`` lists the
-        units of ``r`` for the elastic ones among them, in order."""
+        Returns ``(k, el, extras)``: the first ``k`` candidates start (the rest are evicted), ``el`` lists the
+        partition's elastic candidates and ``extras`` the units of ``r`` beyond the minimum of the first
+        ``len(extras)`` of them (the elastic ones kept), in order."""
+        units, spans, mind, convs = cols
         if leftover >= sum(spans):
-            return len(gspecs), list(map(_max_units, compress(gspecs, spans)))
-        convex = all(map(_convex, gspecs))
+            return len(gspecs), list(compress(gspecs, spans)), list(compress(spans, spans))
+        convex = all(convs)
         # Elastic candidates get the split; fixed ones contribute a constant duration and release.
+        ng = len(gspecs)
         el = list(compress(gspecs, spans))
-        if len(el) == len(gspecs):
-            fixed: list[ActionSpec] = []
+        if len(el) == ng:
+            fdem: list[int] = []
             fixed_dur: list[float] = []
         else:
-            fixed = list(compress(gspecs, map(not_, spans)))
-            fixed_dur = list(map(_min_duration, fixed))
+            nsp = list(map(not_, spans))
+            fdem = list(compress(units, nsp))
+            fixed_dur = list(compress(mind, nsp))
         depth = self.depth
         if not depth:
             if convex:
@@ -377,27 +429,25 @@ class ElasticScheduler:
                 extras = _convex_extras(el, neg, leftover, leftover)
             else:
                 extras, _cost = split_units_dp(el, leftover, self.dp_top)
-            return len(gspecs), list(map(add, map(_min_units, el), extras))
+            return ng, el, extras
         fixed_cost = sum(fixed_dur)
         # Evictions free at most the demand of the last ``depth`` candidates.
-        cap = leftover
-        for s in gspecs[max(0, len(gspecs) - depth):]:
-            cap += s.demand.get(r, 0)
+        cap = leftover + sum(units[max(0, ng - depth):])
         if convex:
-            k, extras = self._evict_convex(r, gspecs, gpos, spans, el, fixed, fixed_dur, leftover, cap, fixed_cost,
+            k, extras = self._evict_convex(r, gspecs, gpos, cols, el, fdem, fixed_dur, leftover, cap, fixed_cost,
                                            waiting, running, now)
         else:
-            k, extras = self._evict_dp(r, gspecs, gpos, el, fixed, fixed_dur, leftover, fixed_cost, waiting, running, now)
-        return k, list(map(add, map(_min_units, el), extras))
+            k, extras = self._evict_dp(r, gspecs, gpos, el, fdem, fixed_dur, leftover, fixed_cost, waiting, running, now)
+        return k, el, extras
 
     def _evict_convex(
         self,
         r: str,
         gspecs: list[ActionSpec],
-        gpos: list[int],
-        spans: list[int],
+        gpos: Sequence[int],
+        cols: tuple[Sequence[int], Sequence[int], Sequence[float], Sequence[bool]],
         el: list[ActionSpec],
-        fixed: list[ActionSpec],
+        fdem: list[int],
         fixed_dur: list[float],
         leftover: int,
         cap: int,
@@ -410,121 +460,80 @@ class ElasticScheduler:
 
         Returns ``(k, extras)``: the first ``k`` candidates stay, and ``extras`` gives the extra units of the
         elastic ones among them (in order; as long as the number of elastic candidates kept)."""
+        units, spans, mind, _convs = cols
         ng, ne = len(gspecs), len(el)
         floor = 1 if self.keep_head else 0
         nev = min(self.depth, ng - floor)  # trailing candidates an eviction trial may remove
         # ---- trial 0: the split of ``leftover`` units over every candidate
         negs = list(map(_neg_gains, el))
-        neg = _gather(negs, spans, cap)
+        el_spans = list(compress(spans, spans))
+        neg = _gather(negs, el_spans, cap)
         neg.sort()
-        n_all = len(neg)
-        base = reduce(add, map(_min_duration, el), 0.0)  # left to right, as Σ over the candidates
+        base = reduce(add, compress(mind, spans), 0.0)  # left to right, as Σ over the elastic candidates
         L = leftover
-        if L <= 0:
-            extras = [0] * ne
-            cost = base
-        elif L >= n_all:
-            extras = [sp if sp < cap else cap for sp in map(_span, el)]
-            cost = base + sum(neg)
-        else:
-            thr = neg[L - 1]
-            extras = list(map(bisect_right, negs, repeat(thr)))
-            if sum(extras) != L:  # more ties at the threshold than units: the tie rule decides
-                extras = _extras_at(el, thr, L)
-            cost = base + sum(neg[:L])
+        extras, cost = _split_sorted(el, negs, el_spans, neg, (), L, cap, base)
         # ---- the candidates' releases an estimate can reach
         brel = sorted_releases(running, r)
         horizon = _release_horizon(r, brel, waiting, gspecs[ng - nev:] if nev > 0 else ())
-        fdem = list(map(_part_units, fixed))  # a fixed candidate's units of ``r`` (its partition resource)
-        if fdem and min(fdem) < 1:
-            horizon = _INF  # a zero-unit release breaks the pop bound behind the horizon
-        ms = list(map(add, map(_min_units, el), extras))
-        times = list(map(add, repeat(now), map(getitem, map(_durations, el), ms)))
-        if horizon == _INF:
-            crel = list(zip(times, ms))
-            if fixed:
-                crel += zip(map(add, repeat(now), fixed_dur), fdem)
+        if any(extras):
+            if fdem and min(fdem) < 1:
+                horizon = _INF  # a zero-unit release breaks the pop bound behind the horizon
+            ms = list(map(add, map(_min_units, el), extras))
+            times = list(map(add, repeat(now), map(getitem, map(_durations, el), ms)))
+            if horizon == _INF:
+                crel = list(zip(times, ms))
+                if fdem:
+                    crel += zip(map(add, repeat(now), fixed_dur), fdem)
+            else:
+                crel = list(compress(zip(times, ms), map(le, times, repeat(horizon))))
+                if fdem:
+                    ftimes = list(map(add, repeat(now), fixed_dur))
+                    crel += compress(zip(ftimes, fdem), map(le, ftimes, repeat(horizon)))
         else:
-            crel = list(compress(zip(times, ms), map(le, times, repeat(horizon))))
-            if fixed:
-                ftimes = list(map(add, repeat(now), fixed_dur))
-                crel += compress(zip(ftimes, fdem), map(le, ftimes, repeat(horizon)))
+            # Every candidate at its minimum (no unit left to split): one pass over the partition, elastic and
+            # fixed alike; ``part_units`` is the minimum of r (elastic) or the demand of r (fixed).
+            if min(units) < 1:
+                horizon = _INF
+            times = list(map(add, repeat(now), mind))
+            if horizon == _INF:
+                crel = list(zip(times, units))
+            else:
+                crel = list(compress(zip(times, units), map(le, times, repeat(horizon))))
         crel.sort()
         j = cost + fixed_cost + _estimate(r, crel, brel, L - sum(extras), waiting, now, _INF)
         if nev <= 0:
             return ng, extras
-        # ---- eviction trials. A trial keeps a prefix of the elastic candidates and splits ``freed2 >= L`` units:
-        # the (value, owner)-ordered gains it takes are those of trial 0 (minus the evicted owners') followed by
-        # the next ones after trial 0's, found by repeatedly taking the smallest "next gain" of a kept owner.
-        nxt0: list[float] | None = None
-        if L < n_all:
-            nxt0 = [g[e] if e < len(g) and e < cap else _INF for g, e in zip(negs, extras)]
-        extras0 = extras
-        touched: list[int] | None = []  # owners whose extras differ from ``extras0`` (None: any may)
-        k, freed = ng, L
-        removed: list[float] = []  # every capped negated gain of the evicted elastic candidates
+        # ---- eviction trials: trial t keeps the first ``ng - t`` candidates and splits ``freed >= L`` units
+        # over the elastic ones left: the sorted gains minus the evicted candidates' (``removed``).
+        k, freed, ne_all = ng, L, ne
+        removed: list[float] = []  # every capped negated gain of the evicted elastic candidates, ascending
         for _ in range(nev):
             k2 = k - 1
-            last = gspecs[k2]
-            freed2 = freed + last.demand.get(r, 0)
-            crel2 = crel[:]
-            if last.span:
+            u_last = units[k2]
+            freed2 = freed + u_last
+            if spans[k2]:
+                last = gspecs[k2]
                 ne2 = ne - 1
-                base2 = base - last.min_duration
+                base2 = base - mind[k2]
                 fixed2 = fixed_cost
-                removed2 = removed + list(negs[ne2][:cap])
+                removed2 = sorted(removed + list(negs[ne2][:cap]))
                 m = last.min_units + extras[ne2]
-                tr = now + last.durations[m]
-                if tr <= horizon:
-                    del crel2[bisect_left(crel2, (tr, m))]
+                rel_out = (now + last.durations[m], m)
             else:
                 ne2, base2, removed2 = ne, base, removed
-                fixed2 = fixed_cost - last.min_duration
-                tr = now + last.min_duration
-                if tr <= horizon:
-                    del crel2[bisect_left(crel2, (tr, last.demand.get(r, 0)))]
-            # The split of ``freed2`` units over the ``ne2`` elastic candidates left.
-            touched2: list[int] | None = []
-            if freed2 <= 0:
-                ext2 = [0] * ne2
-                cost2 = base2
-                touched2 = None
-            elif nxt0 is None or freed2 >= n_all - len(removed2):
-                ext2 = [sp if sp < cap else cap for sp in map(_span, el[:ne2])]
-                rest = neg[:]
-                for v in removed2:
-                    del rest[bisect_left(rest, v)]
-                cost2 = base2 + sum(rest)
-                touched2 = None
+                fixed2 = fixed_cost - mind[k2]
+                rel_out = (now + mind[k2], u_last)
+            if ne2 == ne_all:
+                ext2, cost2 = _split_sorted(el, negs, el_spans, neg, removed2, freed2, cap, base2)
             else:
-                ext2 = extras0[:ne2]
-                prefix = neg[:L]
-                want = freed2 - L
-                for o in range(ne2, len(extras0)):
-                    e0 = extras0[o]
-                    if e0:
-                        want += e0
-                        for v in negs[o][:e0]:
-                            del prefix[bisect_left(prefix, v)]
-                if want > 0:
-                    nx = nxt0[:ne2]
-                    while want:
-                        v = min(nx)
-                        o = nx.index(v)  # the earliest owner on equal gains
-                        e = ext2[o] + 1
-                        ext2[o] = e
-                        prefix.append(v)
-                        touched2.append(o)  # type: ignore[union-attr]
-                        g = negs[o]
-                        nx[o] = g[e] if e < len(g) and e < cap else _INF
-                        want -= 1
-                cost2 = base2 + sum(prefix)
-            # Move the releases of the kept candidates whose units changed.
-            if touched is None or touched2 is None:
-                diff: Iterable[int] = compress(range(ne2), map(ne_, extras, ext2))
-            else:
-                diff = [o for o in set(touched).union(touched2) if o < ne2 and extras[o] != ext2[o]]
-            for i in diff:
+                ext2, cost2 = _split_sorted(el[:ne2], negs[:ne2], el_spans[:ne2], neg, removed2, freed2, cap, base2)
+            cost2 += fixed2
+            order = _merge_pos(list(zip(gpos[k2:], gspecs[k2:])), waiting)
+            # The releases: drop the evicted candidate's, move those of the kept ones whose units changed.
+            crel2 = crel[:]
+            if rel_out[0] <= horizon:
+                del crel2[bisect_left(crel2, rel_out)]
+            for i in compress(range(ne2), map(ne_, extras, ext2)):
                 s = el[i]
                 d = s.durations
                 m = s.min_units + extras[i]
@@ -535,13 +544,11 @@ class ElasticScheduler:
                 tr = now + d[m]
                 if tr <= horizon:
                     insort(crel2, (tr, m))
-            cost2 += fixed2
             # Only an improvement matters: the estimate stops once it cannot beat j.
-            order = _merge_pos(list(zip(gpos[k2:], gspecs[k2:])), waiting)
             j2 = cost2 + _estimate(r, crel2, brel, freed2 - sum(ext2), order, now, j - cost2)
             if j2 < j - 1e-9:
-                k, j, extras, freed, ne, base, fixed_cost, removed, crel, touched = (
-                    k2, j2, ext2, freed2, ne2, base2, fixed2, removed2, crel2, touched2)
+                k, j, extras, freed, ne, base, fixed_cost, removed, crel = (
+                    k2, j2, ext2, freed2, ne2, base2, fixed2, removed2, crel2)
             else:
                 break
         return k, extras
@@ -550,9 +557,9 @@ class ElasticScheduler:
         self,
         r: str,
         gspecs: list[ActionSpec],
-        gpos: list[int],
+        gpos: Sequence[int],
         el: list[ActionSpec],
-        fixed: list[ActionSpec],
+        fdem: list[int],
         fixed_dur: list[float],
         leftover: int,
         fixed_cost: float,
@@ -562,7 +569,7 @@ class ElasticScheduler:
     ) -> tuple[int, list[int]]:
         """Greedy eviction with the DP split (non-convex curves or size restrictions); the DP is re-run per
         trial. Returns ``(k, extras)`` like :meth:`_evict_convex`."""
-        frel = [(now + d, s.demand.get(r, 0)) for s, d in zip(fixed, fixed_dur)]
+        frel = [(now + d, u) for d, u in zip(fixed_dur, fdem)]
         extras, cost = split_units_dp(el, leftover, self.dp_top)
         brel = sorted_releases(running, r)
         crel = sorted(frel + [(now + s.durations[s.min_units + e], s.min_units + e) for s, e in zip(el, extras)])
@@ -594,7 +601,22 @@ class ElasticScheduler:
         return k, extras
 
 
-def _gather(negs: list[tuple[float, ...]], spans: list[int], cap: int) -> list[float]:
+def _regrant(grants: list[Grant], idx: Iterable[int], el: Sequence[ActionSpec], extras: Sequence[int], r: str) -> None:
+    """Replace ``grants[i]`` (the demand grant of elastic candidate ``el[j]``, ``i`` the ``j``-th index of
+    ``idx``) by a grant with ``min + extras[j]`` units of ``r`` wherever ``extras[j] > 0``."""
+    new = tuple.__new__
+    for i, s, e in zip(idx, el, extras):
+        if e:
+            m = s.min_units + e
+            if s.solo is None:
+                u = dict(s.demand)
+                u[r] = m
+            else:
+                u = {r: m}
+            grants[i] = new(Grant, (s.id, u, None))
+
+
+def _gather(negs: list[tuple[float, ...]], spans: Sequence[int], cap: int) -> list[float]:
     """The first ``cap`` entries of every negated-gain tuple in ``negs``, concatenated (unsorted); ``spans``
     bounds their lengths."""
     if cap < max(spans):
@@ -618,42 +640,65 @@ def _release_horizon(
     candidate release later than the ``X``-th running release is never popped. ``inf`` when fewer than
     ``X`` running releases exist."""
     x = 0
-    for w in chain((w for _p, w in waiting), evictable):
+    for _p, w in waiting:
         x += w.demand.get(r, 0)
-        if w.key == r and w.span:
+        if w.span and w.key == r:
+            x += max_wait_pops
+    for w in evictable:
+        x += w.demand.get(r, 0)
+        if w.span and w.key == r:
             x += max_wait_pops
     if x < 1 or x > len(brel):
         return _INF
     return brel[x - 1][0]
 
 
-def _convex_after_removal(
-    specs: Sequence[ActionSpec], neg: list[float], removed: list[float], leftover: int, cap: int, base: float
+def _split_sorted(
+    el: Sequence[ActionSpec],
+    negs: Sequence[tuple[float, ...]],
+    spans: Sequence[int],
+    neg: list[float],
+    removed: Sequence[float],
+    units: int,
+    cap: int,
+    base: float,
 ) -> tuple[list[int], float]:
-    """The convex split of ``leftover`` units over ``specs`` whose capped negated gains are ``neg`` minus the
-    multiset ``removed`` (both ascending), without building that difference in full.
+    """The convex split of ``units`` over the elastic candidates ``el`` (negated gains ``negs``, spans
+    ``spans``), whose capped negated gains are ``neg`` minus the multiset ``removed`` (both ascending; the
+    gains of evicted candidates), without building that difference in full: exactly
+    ``_ConvexSplit.solve`` of the reference after its ``drop_last`` calls.
 
-    The ``leftover``-th smallest remaining value sits at position ``p = leftover - 1 + c`` of ``neg``, where
-    ``c`` counts the removed values ``<= neg[p]``; the cost sums the same values in the same order as a
-    split over the reduced list would."""
-    if leftover <= 0:
-        return [0] * len(specs), base
+    The ``units``-th smallest remaining value sits at position ``p = units - 1 + c`` of ``neg``, where ``c``
+    counts the removed values ``<= neg[p]``; the cost sums the same values in the same (ascending) order as
+    a split over the reduced list does. Returns ``(extras, base + Σ taken negated gains)``."""
+    if units <= 0:
+        return [0] * len(el), base
     nrem = len(removed)
-    if leftover >= len(neg) - nrem:
+    if units >= len(neg) - nrem:
+        ext = list(map(min, spans, repeat(cap)))
+        if not nrem:
+            return ext, base + sum(neg)
         rest = neg[:]
         for v in removed:
             del rest[bisect_left(rest, v)]
-        return [min(len(s.gains), cap) for s in specs], base + sum(rest)
-    p = leftover - 1
+        return ext, base + sum(rest)
+    p = units - 1
     c = 0
     while c < nrem and removed[c] <= neg[p]:
         c += 1
         p += 1
     thr = neg[p]
-    prefix = neg[: p + 1]
-    for v in removed[:c]:
-        del prefix[bisect_left(prefix, v)]
-    return _extras_at(specs, thr, leftover), base + sum(prefix)
+    if c:
+        prefix = neg[: p + 1]
+        for v in removed[:c]:
+            del prefix[bisect_left(prefix, v)]
+        cost = base + sum(prefix)
+    else:
+        cost = base + sum(neg[:units])
+    ext = list(map(bisect_right, negs, repeat(thr)))
+    if sum(ext) != units:  # more ties at the threshold than units: the tie rule decides
+        ext = _extras_at(el, thr, units)
+    return ext, cost
 
 
 def _note_waiting(waiting: dict[str, list[tuple[int, ActionSpec]]], pos: int, spec: ActionSpec, lookahead: int) -> None:
@@ -683,6 +728,8 @@ def _merge_pos(
         return a
     if not a:
         return b
+    if a[-1][0] < b[0][0]:
+        return [*a, *b]  # the usual case: the waiting actions were read after the candidates
     return sorted(chain(a, b), key=_pos)
 
 
@@ -698,9 +745,10 @@ def _estimate(
 ) -> float:
     """Completion-time-heap estimate of ``Σ (completion - now)`` over the waiting actions ``order`` (FCFS).
 
-    Projected releases ``(time, units)`` come from the running actions (``brel``, ascending), the scheduled
-    candidates (``crel``, ascending) and each waiting action once the estimate starts it (a small heap);
-    they are consumed in time order (a release overdue at ``now`` counts as ``now``), running releases first
+    Projected releases ``(time, units)`` come from the running actions (``brel``, ascending) and from a heap
+    of the scheduled candidates' (``crel``, ascending, so already a heap) and of each waiting action once
+    the estimate starts it: the reference's two heaps, the running one being a sorted list read in order.
+    They are consumed in time order (a release overdue at ``now`` counts as ``now``), running releases first
     on equal times. ``pool`` units are free at ``now``. Waiting actions start in FCFS order: a fixed one as
     soon as its demand is free; an elastic one at the release (among the next ``max_wait_pops`` after it
     first fits) that gives it the earliest completion, taking what is free then up to its maximum. Returns
@@ -709,78 +757,58 @@ def _estimate(
     """
     if not order:
         return 0.0
-    ci, nc = 0, len(crel)
+    heap = crel[:]
     bi, nb = 0, len(brel)
-    ph: list[tuple[float, int]] = []  # releases pushed by the estimate (and popped-then-unused ones)
     pop, push = heapq.heappop, heapq.heappush
     t = now
     total = 0.0
     for _p, w in order:
         need = w.demand.get(r, 0)
         while pool < need:
-            # The next release: the earliest of the candidates' head and the pushed heap's top (as one heap),
-            # then against the running actions' head by time, running first on a tie.
-            if ph:
-                if ci < nc and crel[ci] <= ph[0]:
-                    ch, src = crel[ci], 1
+            if bi < nb:
+                rel = brel[bi]
+                if heap and heap[0][0] < rel[0]:
+                    rel = pop(heap)
                 else:
-                    ch, src = ph[0], 2
-            elif ci < nc:
-                ch, src = crel[ci], 1
-            else:
-                ch, src = None, 0
-            if bi < nb and (src == 0 or brel[bi][0] <= ch[0]):  # type: ignore[index]
-                tr, u = brel[bi]
-                bi += 1
-            elif src == 1:
-                tr, u = ch  # type: ignore[misc]
-                ci += 1
-            elif src == 2:
-                tr, u = pop(ph)
+                    bi += 1
+            elif heap:
+                rel = pop(heap)
             else:
                 break
+            tr, u = rel
             if tr > t:
                 t = tr
             pool += u
-        if w.key == r and w.max_units > w.min_units:
+        if w.span and w.key == r:
             d = w.durations
-            hi, lo = w.max_units, w.min_units
-            m = pool if pool < hi else hi
-            if m < lo:
-                m = lo
-            while d[m] == _INF and m > lo:
-                m -= 1
-            best_fin, best_t, best_pool, used = t + d[m], t, pool, 0
+            hi = w.max_units
             if pool < hi:
+                lo = w.min_units
+                m = pool if pool > lo else lo
+                while d[m] == _INF and m > lo:
+                    m -= 1
+                best_fin = t + d[m]
+                best_t, best_pool, used = t, pool, 0
                 extra: list[tuple[float, int]] = []
                 p, tt = pool, t
                 for _ in range(max_wait_pops):
-                    if ph:
-                        if ci < nc and crel[ci] <= ph[0]:
-                            ch, src = crel[ci], 1
-                        else:
-                            ch, src = ph[0], 2
-                    elif ci < nc:
-                        ch, src = crel[ci], 1
-                    else:
-                        ch, src = None, 0
-                    if bi < nb and (src == 0 or brel[bi][0] <= ch[0]):  # type: ignore[index]
+                    if bi < nb:
                         rel = brel[bi]
-                        bi += 1
-                    elif src == 1:
-                        rel = ch  # type: ignore[assignment]
-                        ci += 1
-                    elif src == 2:
-                        rel = pop(ph)
+                        if heap and heap[0][0] < rel[0]:
+                            rel = pop(heap)
+                        else:
+                            bi += 1
+                    elif heap:
+                        rel = pop(heap)
                     else:
                         break
                     extra.append(rel)
-                    tr = rel[0]
+                    tr, u = rel
                     if tr >= best_fin:
                         break
                     if tr > tt:
                         tt = tr
-                    p += rel[1]
+                    p += u
                     m2 = p if p < hi else hi
                     while d[m2] == _INF and m2 > lo:
                         m2 -= 1
@@ -789,12 +817,15 @@ def _estimate(
                         best_fin, best_t, best_pool, used = fin, tt, p, len(extra)
                     if p >= hi:
                         break
-                for rel in extra[used:]:
-                    push(ph, rel)
+                if used < len(extra):
+                    for rel in extra[used:]:
+                        push(heap, rel)
                 t, pool = best_t, best_pool
                 m = pool if pool < hi else hi
                 while d[m] == _INF and m > lo:
                     m -= 1
+            else:
+                m = hi  # allowed: ``sizes`` must contain max_units
             dur = d[m]
         else:
             m = need
@@ -804,7 +835,7 @@ def _estimate(
             return total
         if m:
             pool -= m
-            push(ph, (t + dur, m))
+            push(heap, (t + dur, m))
     return total
 
 

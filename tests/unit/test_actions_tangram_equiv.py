@@ -175,3 +175,104 @@ def test_completion_time_estimate_matches_the_reference_heap(seed: int, n_run: i
     near = [c for c in crel if c[0] <= horizon]
     assert at._estimate(r, crel, brel, pool, order, now, float("inf")) == want
     assert at._estimate(r, near, brel, pool, order, now, float("inf")) == want
+
+
+def _one_resource_spec(rng: random.Random, i: int, res: str) -> ActionSpec:
+    """An action demanding only ``res`` (the bulk-window path), occasionally one that also needs ``mem``."""
+    kind = rng.random()
+    traj = f"t{i % 5}"
+    if kind < 0.45:
+        lo = rng.choice([1, 1, 2])
+        hi = rng.choice([lo, lo + 1, 4, 8, 16])
+        t, p = rng.choice(SHARED) if rng.random() < 0.5 else (round(rng.uniform(0.2, 20.0), 3), round(rng.random(), 2))
+        return ActionSpec(f"b{i}", traj, "build", {res: lo}, t, ElasticSpec(res, max(hi, lo), Amdahl(p)))
+    if kind < 0.5:  # not convex: the DP path
+        return ActionSpec(f"n{i}", traj, "x", {res: 1}, rng.uniform(1.0, 5.0), ElasticSpec(res, 4, NONCONVEX))
+    if kind < 0.53:  # size-restricted (not convex)
+        return ActionSpec(f"g{i}", traj, "judge", {res: 1}, rng.uniform(0.5, 6.0),
+                          ElasticSpec(res, 4, Amdahl(rng.random()), sizes=(1, 2, 4)))
+    if kind < 0.56:  # a second resource: the window leaves the bulk path
+        return ActionSpec(f"m{i}", traj, "edit", {res: 1, "mem": 1}, rng.uniform(0.05, 2.0))
+    t = rng.choice([0.3, 0.5]) if rng.random() < 0.3 else rng.uniform(0.05, 2.0)
+    return ActionSpec(f"f{i}", traj, "edit", {res: rng.choice([1, 1, 2])}, t)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 100), p=params, indexed=st.booleans(),
+       slack=st.integers(-3, 40), n_run=st.integers(0, 60))
+def test_bulk_window_decides_exactly_like_the_reference(seed: int, n: int, p: dict, indexed: bool, slack: int,
+                                                        n_run: int) -> None:
+    """Windows of single-resource actions (the bulk path of ``schedule``): free units around the window's
+    total demand (exactly enough, a few short, plenty), every parameter, ties in the gains, evictions."""
+    rng = random.Random(seed)
+    res = "cpu@n0"
+    queue = [_one_resource_spec(rng, i, res) for i in range(n)]
+    head = sum(s.demand[res] for s in queue[: p["window"]])
+    free = {res: max(0, head + slack), "mem": rng.randint(0, 3)}
+    now = rng.choice([0.0, 2.5])
+    running = [RunningView(f"r{i}", f"rt{i}", {res: rng.randint(1, 4)},
+                           rng.choice([now, now + 0.5]) if rng.random() < 0.2 else rng.uniform(now - 1.0, now + 4.0))
+               for i in range(n_run)]
+    q = ActionQueue(queue) if indexed else queue
+    ref = ReferenceElasticScheduler(**p).schedule(q, free, running, now)
+    assert ElasticScheduler(**p).schedule(q, free, RunningSet(running), now) == ref
+    assert ElasticScheduler(**p).schedule(q, free, running, now) == ref
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 30), leftover=st.integers(0, 60), drops=st.integers(0, 4),
+       capped=st.booleans())
+def test_split_after_evictions_matches_the_reference_splitter(seed: int, n: int, leftover: int, drops: int,
+                                                              capped: bool) -> None:
+    """``_split_sorted`` (gains sorted once, evicted owners' gains skipped) equals the reference
+    ``_ConvexSplit`` after ``drop_last`` calls: same extras, bit-identical cost."""
+    from bisect import insort as _insort
+
+    from libra.policies import actions_tangram as at
+    from libra.policies import actions_tangram_ref as ref
+
+    rng = random.Random(seed)
+    el = []
+    for i in range(n):
+        t, pp = rng.choice(SHARED) if rng.random() < 0.5 else (rng.uniform(0.2, 20.0), rng.random())
+        lo = rng.choice([1, 2])
+        el.append(ActionSpec(f"b{i}", "t", "build", {"cpu": lo}, t, ElasticSpec("cpu", rng.choice([lo + 1, 4, 8, 16]), Amdahl(pp))))
+    drops = min(drops, n)
+    cap = leftover + drops * rng.randint(0, 3) if capped else 10**6
+    splitter = ref._ConvexSplit(el, cap)
+    negs = [s.neg_gains for s in el]
+    spans = [s.span for s in el]
+    neg = at._gather(negs, spans, cap)
+    neg.sort()
+    base = 0.0
+    for s in el:
+        base += s.min_duration
+    removed: list[float] = []
+    units = leftover
+    for d in range(drops + 1):
+        ne = n - d
+        if d:
+            splitter.drop_last()
+            base -= el[ne].min_duration
+            for v in negs[ne][:cap]:
+                _insort(removed, v)
+            units = min(cap, units + rng.randint(0, 3))
+        want = splitter.solve(units)
+        got = at._split_sorted(el[:ne], negs[:ne], spans[:ne], neg, removed, units, cap, base)
+        assert got == want
+
+
+def test_spec_row_and_grant_match_the_fields() -> None:
+    """The precomputed columns the hot path reads agree with the fields they stand for."""
+    specs = [
+        ActionSpec("a", "t", "build", {"cpu": 2}, 3.0, ElasticSpec("cpu", 8, Amdahl(0.7))),
+        ActionSpec("b", "t", "edit", {"cpu": 1}, 0.5),
+        ActionSpec("c", "t", "x", {"cpu": 1, "mem": 2}, 1.0),
+        ActionSpec("d", "t", "judge", {"gpu": 1}, 2.0, ElasticSpec("gpu", 4, Amdahl(0.5), sizes=(1, 2, 4))),
+        ActionSpec("e", "t", "noop", {}, 1.0),
+    ]
+    for s in specs:
+        assert s.row == (s.solo, s.part_units, s.span, s.min_duration, s.convex, s.grant)
+        assert s.grant == (s.id, s.demand, None) and s.grant.units is s.demand
+        assert s.solo == (next(iter(s.demand)) if len(s.demand) == 1 else None)
+    assert [s.solo for s in specs] == ["cpu", "cpu", None, "gpu", None]
