@@ -55,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "of step s (1 = synchronous; default 2)")
     p.add_argument("--predictor-noise", type=float, default=2.0,
                    help="noisy_predictor: sigma of the log-normal error of its T=0 length guess (default 2.0: about 65%% bucket accuracy)")
-    p.add_argument("--cap-metric", default="queued", choices=("queued", "load"),
-                   help="router's per-instance room test: queued turns, or active + queued (default queued)")
+    p.add_argument("--cap-metric", default="load", choices=("queued", "load"),
+                   help="router's per-instance room test: queued turns, or active + queued (default load: Libra's rule, active + queued < cap, as in `python -m libra.bench routing`)")
     p.add_argument("--max-queue-length", type=int, default=3, help="router's per-instance cap (default 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
