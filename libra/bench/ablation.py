@@ -91,14 +91,18 @@ def model_check(sim: Any, trajs: Sequence[Any], allocation: str) -> dict[str, fl
 
     For step ``k``: the plan deployed when its rollout started (static allocations: the plan their
     allocator gives that layout) re-scored by the planner on step ``k``'s own trajectories
-    (``Allocator.evaluate``) gives ``pred_rollout_s``, ``pred_train_s`` and ``pred_step_s``
-    (``max`` of the two, their sum when colocated); the simulator gives ``sim_rollout_s`` (release to
-    last trajectory end, which with a policy lag > 1 overlaps the previous step's rollout),
+    (``Allocator.evaluate``) gives ``pred_rollout_s`` (the rollout DP's per-step time), ``pred_chain_s``
+    (the predicted release-to-last-end latency of the step's rollout: the layout's longest critical
+    path ``Plan.t_chain`` with a policy lag > 1, else ``pred_rollout_s``), ``pred_train_s`` and
+    ``pred_step_s`` (``Plan.objective``: ``max`` of the two and, with a lag ``L > 1``, the pipeline
+    bound ``(chain + train) / L``; their sum when colocated); the simulator gives ``sim_rollout_s``
+    (release to last trajectory end, which with a policy lag > 1 overlaps the previous step's rollout),
     ``sim_train_s`` and ``sim_step_s`` (mean interval between training-step ends).
     ``ratio_step`` = ``sim_step_s / pred_step_s``.
     """
     from libra.policies.cost_model import RolloutCostModel, TrainingCostModel, load_hardware, load_model
     from libra.policies.planner import PlannerConfig, make_allocator
+    from libra.policies.planner_types import pipeline_objective
     from libra.sim.sim_planner import workload_of
 
     by_step: dict[int, list[Any]] = {}
@@ -108,9 +112,10 @@ def model_check(sim: Any, trajs: Sequence[Any], allocation: str) -> dict[str, fl
     if sim.alloc is not None:
         alloc, plan_at = sim.alloc.allocator, sim.alloc.plan_at
 
-        def predict(k: int, wl: Any) -> tuple[float, float, float]:
+        def predict(k: int, wl: Any) -> tuple[float, float, float, float]:
             plan = alloc.evaluate(plan_at(sim.rollout_start[k]), wl)
-            return plan.t_rollout, plan.t_train, plan.objective
+            chain = plan.t_chain if plan.overlap_steps > 1 else plan.t_rollout
+            return plan.t_rollout, plan.t_train, plan.objective, chain
     else:
         cfg = sim.cfg
         hw, model = load_hardware(cfg.hardware), load_model(cfg.model)
@@ -121,23 +126,29 @@ def model_check(sim: Any, trajs: Sequence[Any], allocation: str) -> dict[str, fl
         lay = sim.layout
         tps = tuple(i.tp for i in lay.instances)
 
-        def predict(k: int, wl: Any) -> tuple[float, float, float]:
+        def predict(k: int, wl: Any) -> tuple[float, float, float, float]:
             # the simulated layout itself: its rollout instances, and its training GPUs with the
             # simulator's (padded-batch) training layout, scored by the same training cost model
-            t_roll = planner.plan_fixed(wl, 0, tps).t_rollout
+            fixed = planner.plan_fixed(wl, 0, tps)
+            t_roll = fixed.t_rollout
             t_train = sim.train_time([x.total_tokens for x in by_step[steps[k]]])
-            return t_roll, t_train, (t_roll + t_train) if lay.colocated else max(t_roll, t_train)
-    pr, pt, ps, sr, st = [], [], [], [], []
+            chain = fixed.t_chain if fixed.overlap_steps > 1 else t_roll
+            if lay.colocated:
+                return t_roll, t_train, t_roll + t_train, t_roll
+            return t_roll, t_train, pipeline_objective(t_train, t_roll, fixed.t_chain, fixed.overlap_steps), chain
+    pr, pt, ps, sr, st, pc_ = [], [], [], [], [], []
     for k, s in enumerate(steps):
-        r, t, o = predict(k, workload_of(by_step[s]))
+        r, t, o, c = predict(k, workload_of(by_step[s]))
         pr.append(r)
+        pc_.append(c)
         pt.append(t)
         ps.append(o)
         sr.append(sim.rollout_end[k] - sim.rollout_start[k])
         st.append(sim.train_end[k] - sim.train_start[k])
     sim_step = sim.train_end[len(steps) - 1] / len(steps)
     pred_step = float(np.mean(ps))
-    return {"pred_rollout_s": float(np.mean(pr)), "sim_rollout_s": float(np.mean(sr)),
+    return {"pred_rollout_s": float(np.mean(pr)), "pred_chain_s": float(np.mean(pc_)),
+            "sim_rollout_s": float(np.mean(sr)),
             "pred_train_s": float(np.mean(pt)), "sim_train_s": float(np.mean(st)),
             "pred_step_s": pred_step, "sim_step_s": sim_step, "ratio_step": sim_step / pred_step}
 
@@ -271,12 +282,14 @@ def _fmt(out: dict[str, Any]) -> str:
                      f"{r['step_time_s']:>8.1f} {r['gpu_idle_fraction']:>6.3f} {r['vs_static_uniform']:>9.3f} "
                      f"{r['vs_colocated']:>8.3f} {pl.get('plans_applied', '-')!s:>5} {pl.get('transition_s', '-')!s:>8}")
     lines += ["", "Planner prediction vs simulator (means over steps; the deployed plan re-scored on each step's "
-                  "trajectories; sim rollout overlaps the previous step's when lag > 1):",
-              f"{'rung':<32} {'pred roll':>9} {'sim roll':>9} {'pred train':>10} {'sim train':>9} "
+                  "trajectories; pred chain = predicted release-to-last-end rollout latency, compare with sim roll; "
+                  "sim rollout overlaps the previous step's when lag > 1):",
+              f"{'rung':<32} {'pred roll':>9} {'pred chain':>10} {'sim roll':>9} {'pred train':>10} {'sim train':>9} "
               f"{'pred step':>9} {'sim step':>9} {'sim/pred':>8}"]
     for r in out["rows"]:
         c = r["model_check"]
-        lines.append(f"{r['label']:<32} {c['pred_rollout_s']:>9.1f} {c['sim_rollout_s']:>9.1f} {c['pred_train_s']:>10.1f} "
+        lines.append(f"{r['label']:<32} {c['pred_rollout_s']:>9.1f} {c['pred_chain_s']:>10.1f} {c['sim_rollout_s']:>9.1f} "
+                     f"{c['pred_train_s']:>10.1f} "
                      f"{c['sim_train_s']:>9.1f} {c['pred_step_s']:>9.1f} {c['sim_step_s']:>9.1f} {c['ratio_step']:>8.2f}")
     e = out["earl"]
     lines += ["", f"EARL selector, context growth on {e['n_gpus']} GPUs (tokens/GPU/s; OOM = does not fit):",

@@ -12,14 +12,15 @@ whenever lengths, and so per-turn overheads and decode tails, differ inside the 
 
 Model (contracts):
 
-- ``bucket_cost(tp, k, j..i)`` = the cost model's ``segment_cost`` of one instance's share: token sums,
-  request count and serving calls divided by ``min(k, n)`` (instances beyond the request count idle),
-  while the longest request (``max_seq``: the OOM check) and the most tokens one request generates
-  (``max_gen``: the decode-tail bound, one token per step) stay whole. With ``overlap_steps = L > 1``
-  (an asynchronous pipeline whose policy lag lets the rollouts of ``L`` consecutive steps overlap)
-  the tail bound is ``max_gen / L``: the next step's requests fill the instances while the longest
-  request of this step still decodes, so the steady-state period per step is the work term or
-  ``1/L`` of the longest request's decode, whichever is larger;
+- ``bucket_cost(tp, k, j..i)`` = :func:`~libra.policies.planner_rollout.agentic_cost` of one
+  instance's share: token, request, serving-call and tool-second sums divided by ``min(k, n)``
+  (instances beyond the request count idle), while the longest request (``max_seq``: the OOM check)
+  and the longest-decoding trajectory (its generated tokens and tool seconds: the critical-path
+  bound) stay whole. With ``overlap_steps = L > 1`` (an asynchronous pipeline whose policy lag lets
+  the rollouts of ``L`` consecutive steps overlap) the chain enters as ``chain / L``: the next
+  step's requests fill the instances while the longest trajectory of this step still runs, so the
+  steady-state period per step is the work term or ``1/L`` of the chain, whichever is larger. The
+  undivided chain (:meth:`BucketCosts.chain`) feeds the plan's pipeline bound (``Plan.t_chain``);
 - :class:`BucketTable`: for every GPU budget ``0..G``, the best layout of at most one bucket per TP
   degree, buckets tiling the length-sorted sample in ascending TP order, GPUs left idle allowed. States
   carry the number of distinct TPs used (``require_heterogeneous``: >= 2) and the instance count
@@ -39,7 +40,7 @@ from collections import Counter
 import numpy as np
 
 from libra.policies.cost_model_rollout import RolloutCostModel
-from libra.policies.planner_rollout import RolloutSample
+from libra.policies.planner_rollout import RolloutSample, agentic_cost
 from libra.policies.planner_types import PlannerError, RolloutInstance
 
 __all__ = ["BucketCosts", "BucketTable", "evaluate_buckets", "bucket_instances"]
@@ -57,34 +58,39 @@ class BucketCosts:
             raise PlannerError(f"overlap_steps must be >= 1, got {overlap_steps}")
         self.cm = cm
         self.sample = sample
+        self.overlap_steps = overlap_steps
         self.P, self.G, self.W = sample.prefix()
-        calls = sample.calls if sample.calls is not None else np.ones(sample.size)
-        self.C = np.concatenate([np.zeros(1), np.cumsum(calls * sample.weight)])
-        n = sample.size
-        j, i = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
-        self.valid = j < i
-        self.jj, self.ii = j[self.valid], i[self.valid]
-        # max_gen[j, i] = the most tokens one item of j..i-1 generates (running maximum along i)
-        run = np.where(i > j, sample.gen[np.clip(i - 1, 0, max(n - 1, 0))] if n else 0.0, -np.inf)
-        self.max_gen = np.maximum.accumulate(run, axis=1)[self.valid] / overlap_steps if n else np.zeros(0)
-        self._cache: dict[tuple[int, int], np.ndarray] = {}
+        self.seg = sample.segments()
+        self._flat = np.full((sample.size + 1,) * 2, -1)
+        self._flat[self.seg.valid] = np.arange(int(self.seg.valid.sum()))
+        self._cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
-    def cost(self, tp: int, k: int) -> np.ndarray:
-        """The ``(n + 1, n + 1)`` cost matrix of a bucket of ``k >= 1`` TP-``tp`` instances."""
+    def _both(self, tp: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(cost matrix, chain vector over the valid segments)`` of ``k`` TP-``tp`` instances."""
         key = (tp, k)
         out = self._cache.get(key)
         if out is None:
-            jj, ii = self.jj, self.ii
-            n_req = self.W[ii] - self.W[jj]
-            share = np.maximum(np.minimum(float(k), n_req), 1e-12)
-            calls = self.C[ii] - self.C[jj]
-            ovh = float(self.cm.cal.per_request_overhead_s)
-            seg = self.cm.segment_cost(tp, (self.P[ii] - self.P[jj]) / share, (self.G[ii] - self.G[jj]) / share,
-                                       n_req / share, self.sample.lengths[ii - 1], self.max_gen)
-            out = np.full((self.sample.size + 1,) * 2, np.inf)
-            out[self.valid] = np.asarray(seg) + (calls - n_req) / share * ovh
-            self._cache[key] = out
+            seg = self.seg
+            cost, chain = agentic_cost(self.cm, tp, seg, np.minimum(float(k), seg.n), self.overlap_steps)
+            c = np.full((self.sample.size + 1,) * 2, np.inf)
+            c[seg.valid] = cost
+            out = self._cache[key] = (c, chain)
         return out
+
+    def cost(self, tp: int, k: int) -> np.ndarray:
+        """The ``(n + 1, n + 1)`` cost matrix of a bucket of ``k >= 1`` TP-``tp`` instances."""
+        return self._both(tp, k)[0]
+
+    def chain(self, tp: int, k: int) -> np.ndarray:
+        """The matching ``(n + 1, n + 1)`` serial critical paths (``chain`` of :func:`agentic_cost`,
+        undivided; ``inf`` where ``j >= i``)."""
+        h = np.full((self.sample.size + 1,) * 2, np.inf)
+        h[self.seg.valid] = self._both(tp, k)[1]
+        return h
+
+    def layout_chain(self, buckets: list[Bucket]) -> float:
+        """The longest critical path over ``buckets`` (0.0 for none)."""
+        return max((float(self._both(tp, k)[1][self._flat[j, i]]) for tp, k, j, i in buckets), default=0.0)
 
 
 class BucketTable:

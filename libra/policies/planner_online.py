@@ -18,6 +18,8 @@ min_gain_ratio``. Every decision carries a reason.
 
 from __future__ import annotations
 
+import math
+
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -112,17 +114,26 @@ class Replanner:
         self.last_replan: int | None = None
         self.last_rejected = 0
 
-    def observe(self, prompt_len: float, output_len: float, turns: int | None = None) -> None:
-        """Record one completed request's lengths (and, for a multi-turn request, its serving calls;
-        give ``turns`` always or never). Raises :class:`PlannerError` if invalid."""
+    def observe(self, prompt_len: float, output_len: float, turns: int | None = None,
+                tool_seconds: float | None = None) -> None:
+        """Record one completed request's lengths (and, for a multi-turn request, its serving calls
+        and the seconds it waited on tools; give each of ``turns`` / ``tool_seconds`` always or never,
+        ``tool_seconds`` only with ``turns``). Raises :class:`PlannerError` if invalid."""
         if not (prompt_len >= 0 and output_len >= 0 and prompt_len + output_len > 0):
             raise PlannerError(f"observe: invalid lengths prompt_len={prompt_len!r} output_len={output_len!r}")
         if turns is None:
+            if tool_seconds is not None:
+                raise PlannerError("observe: tool_seconds needs turns")
             self.history.append((float(prompt_len), float(output_len)))
             return
         if turns < 1:
             raise PlannerError(f"observe: turns must be >= 1, got {turns!r}")
-        self.history.append((float(prompt_len), float(output_len), float(turns)))
+        if tool_seconds is None:
+            self.history.append((float(prompt_len), float(output_len), float(turns)))
+            return
+        if not (tool_seconds >= 0 and math.isfinite(tool_seconds)):
+            raise PlannerError(f"observe: tool_seconds must be finite and >= 0, got {tool_seconds!r}")
+        self.history.append((float(prompt_len), float(output_len), float(turns), float(tool_seconds)))
 
     def observe_many(self, pairs: Iterable[tuple[float, float]]) -> None:
         """Record several completed requests."""

@@ -11,7 +11,9 @@ Contracts:
 - :class:`RolloutSample` sorts the requests by total length and keeps at most ``max_requests`` of them
   at evenly spaced quantiles, each standing for ``batch / k`` requests; segment sums come from prefix
   sums, so ``Cost`` is O(1) (and whole cost matrices are built at once with numpy). A multi-turn
-  request (``Workload.turns``) pays the cost model's per-request serving overhead once per turn.
+  request (``Workload.turns``) pays the cost model's per-request serving overhead once per turn;
+  ``Cost`` is :func:`agentic_cost`: the instance's work, bounded below by the serial critical path
+  of its longest-decoding trajectory (turn overheads and prefills, decode, tool seconds).
 - :class:`RolloutTable` runs the DP for every budget ``0..G`` in one pass: the table for budget ``G``
   answers every smaller budget too (the planner's per-budget memo). The inner ``min over j`` is one
   vectorised numpy reduction per ``(g, tp)``.
@@ -29,13 +31,15 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from libra.policies.cost_model_rollout import RolloutCostModel
 from libra.policies.planner_types import PlannerError, RolloutInstance, Workload
 
-__all__ = ["RolloutSample", "RolloutTable", "cost_matrices", "evaluate_layout", "to_instances"]
+__all__ = ["RolloutSample", "RolloutTable", "SegmentStats", "agentic_cost", "cost_matrices", "evaluate_layout",
+           "to_instances"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +51,7 @@ class RolloutSample:
     gen: np.ndarray
     weight: np.ndarray
     calls: np.ndarray | None = None  # serving calls per item (multi-turn requests); None = 1 each
+    tool: np.ndarray | None = None  # tool seconds per item (agentic trajectories); None = 0 each
 
     @classmethod
     def from_workload(cls, workload: Workload, batch: int | None = None, max_requests: int = 64) -> RolloutSample:
@@ -58,19 +63,44 @@ class RolloutSample:
         order = np.argsort(workload.totals, kind="stable")
         prompt, gen = workload.prompt_tokens[order], workload.gen_tokens[order]
         calls = workload.turns[order] if workload.turns is not None else None
+        tool = workload.tool_seconds[order] if workload.tool_seconds is not None else None
         n = prompt.size
         if n > max_requests:
             idx = np.unique(np.round(np.linspace(0, n - 1, max_requests)).astype(int))
             prompt, gen = prompt[idx], gen[idx]
             calls = calls[idx] if calls is not None else None
+            tool = tool[idx] if tool is not None else None
         total = float(batch if batch is not None else n)
         weight = np.full(prompt.size, total / prompt.size)
-        return cls(prompt + gen, prompt, gen, weight, calls)
+        return cls(prompt + gen, prompt, gen, weight, calls, tool)
 
     @property
     def size(self) -> int:
         """Number of items in the sample."""
         return int(self.lengths.size)
+
+    def segments(self) -> SegmentStats:
+        """Every contiguous segment ``j..i-1`` (``j < i``) of the sample, flattened (see :class:`SegmentStats`)."""
+        P, G, W = self.prefix()
+        n = self.size
+        z = np.zeros(1)
+        ones = np.ones(n)
+        C = np.concatenate([z, np.cumsum((self.calls if self.calls is not None else ones) * self.weight)])
+        T = np.concatenate([z, np.cumsum((self.tool if self.tool is not None else 0.0 * ones) * self.weight)])
+        j, i = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+        valid = j < i
+        jj, ii = j[valid], i[valid]
+        # the item of j..i-1 that generates the most tokens (ties: the last), for the chain bound
+        star = np.zeros((n + 1, n + 1), dtype=int)
+        for a in range(n):
+            g = self.gen[a:]
+            run = np.maximum.accumulate(g)
+            last = np.maximum.accumulate(np.where(g >= run, np.arange(g.size), 0))
+            star[a, a + 1:] = a + last
+        s = star[valid]
+        tool = self.tool[s] if self.tool is not None else np.zeros(s.size)
+        return SegmentStats(valid, jj, ii, P[ii] - P[jj], G[ii] - G[jj], W[ii] - W[jj], C[ii] - C[jj],
+                            T[ii] - T[jj], self.lengths[ii - 1], self.gen[s], tool)
 
     def prefix(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Prefix sums ``(weighted prompt, weighted gen, weight)``, each of length ``size + 1``."""
@@ -82,26 +112,101 @@ class RolloutSample:
         )
 
 
-def cost_matrices(cm: RolloutCostModel, sample: RolloutSample, tps: tuple[int, ...]) -> dict[int, np.ndarray]:
-    """``C[tp][j, i]`` = seconds for one TP-``tp`` instance to serve sorted items ``j..i-1``.
+@dataclass(frozen=True, slots=True)
+class SegmentStats:
+    """Flattened sums of every segment ``j..i-1`` of a :class:`RolloutSample` (``valid`` masks the
+    ``(n + 1, n + 1)`` matrix, ``jj``/``ii`` index it): weighted prompt, generated, request, call and
+    tool-second sums, the longest total length, and the generated tokens and tool seconds of the
+    segment's item that generates the most (``gen_star``, ``tool_star``)."""
+
+    valid: np.ndarray
+    jj: np.ndarray
+    ii: np.ndarray
+    prompt: np.ndarray
+    gen: np.ndarray
+    n: np.ndarray
+    calls: np.ndarray
+    tool: np.ndarray
+    max_seq: np.ndarray
+    gen_star: np.ndarray
+    tool_star: np.ndarray
+
+
+def agentic_cost(cm: RolloutCostModel, tp: int, seg: SegmentStats, share: Any = None,
+                 overlap_steps: int = 1, share_tail: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``(cost, chain)`` of one TP-``tp`` instance serving ``1/share`` of each segment (``share``
+    None: the whole segment), vectorised over the segments.
+
+    Terms (per instance; sums are the instance's share, ``L = overlap_steps``):
+
+    - ``stall = calls * per_request_overhead + prefill(prompt, n)``: serial work that stalls every
+      running sequence of the instance (the simulator charges each turn the same way);
+    - occupancy: a trajectory holds a batch slot only while it generates; while it waits on a tool the
+      slot is free. Its time in tools is ``f = tool / (tool + gen * step(b0))`` of its active life
+      (``b0``: the cost model's steady batch, ``step(b0)`` its decode step), so the running batch is
+      ``b = max(1, b0 * (1 - f))`` and the decode step is re-evaluated at ``b``;
+    - ``work = stall + gen / b * step(b)``: the instance's busy time;
+    - ``chain = L * stall + gen_star * step(b) + tool_star``: the serial critical path of the segment's
+      longest-decoding trajectory. It decodes one token per step, waits for its tools, and is
+      interrupted by the instance's serial work; with a policy lag ``L`` it lives about ``L`` steps'
+      periods, so it sees about ``L`` steps' stalls. A lower bound of the longest chain (the item
+      with the most generated tokens, not the max over items). ``share_tail=True`` (the reference
+      instance-level DP) decodes ``max_seq * gen / total`` tokens on the chain instead of
+      ``gen_star``, as ``segment_cost`` without ``max_gen`` does;
+    - ``cost = max(work, chain / L)`` (``inf`` if the longest request does not fit; 0 for no request).
+      With no tool seconds this equals ``segment_cost``'s ``stall + max(gen / b0, gen_star / L) *
+      step(b0)``.
+    """
+    share = 1.0 if share is None else share
+    share = np.maximum(np.asarray(share, dtype=float), 1e-12)
+    p, g, n = seg.prompt / share, seg.gen / share, seg.n / share
+    calls, tool = seg.calls / share, seg.tool / share
+    safe_n = np.maximum(n, 1e-12)
+    avg_p, avg_g = p / safe_n, g / safe_n
+    ctx = avg_p + 0.5 * avg_g
+    b0 = np.asarray(cm.steady_batch(tp, n, avg_p, avg_g), dtype=float)
+    step0 = np.asarray(cm.decode_step(tp, b0, b0 * ctx), dtype=float)
+    if np.any(tool > 0):
+        f = tool / np.maximum(tool + g * step0, 1e-12)
+        b = np.maximum(b0 * (1.0 - f), 1.0)
+        step = np.asarray(cm.decode_step(tp, b, b * ctx), dtype=float)
+    else:
+        b, step = b0, step0
+    stall = calls * float(cm.cal.per_request_overhead_s) + np.asarray(cm.prefill_time(tp, p, n), dtype=float)
+    chain = overlap_steps * stall + (seg.max_seq * seg.gen / np.maximum(seg.prompt + seg.gen, 1e-12)
+                                     if share_tail else seg.gen_star) * step + seg.tool_star
+    cost = np.maximum(stall + g / b * step, chain / overlap_steps)
+    zero = n <= 0
+    if zero.any():
+        cost[zero] = 0.0
+        chain[zero] = 0.0
+    oom = seg.max_seq > cm.token_capacity(tp)
+    cost[oom] = np.inf
+    chain[oom] = np.inf
+    return cost, chain
+
+
+def cost_matrices(cm: RolloutCostModel, sample: RolloutSample, tps: tuple[int, ...], overlap_steps: int = 1,
+                  chains: dict[int, np.ndarray] | None = None) -> dict[int, np.ndarray]:
+    """``C[tp][j, i]`` = seconds for one TP-``tp`` instance to serve sorted items ``j..i-1``
+    (:func:`agentic_cost` with the whole segment on the instance).
 
     Entries with ``j >= i`` are ``inf`` (an empty instance is the DP's idle transition); a segment
-    whose longest request does not fit the instance is ``inf``.
+    whose longest request does not fit the instance is ``inf``. If ``chains`` is given it receives
+    the matching critical-path matrices (``chain`` of :func:`agentic_cost`).
     """
-    P, G, W = sample.prefix()
+    seg = sample.segments()
     n = sample.size
-    j, i = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
-    valid = j < i
-    jj, ii = j[valid], i[valid]
-    extra = 0.0
-    if sample.calls is not None:  # every serving call beyond the first pays the per-request overhead too
-        C = np.concatenate([np.zeros(1), np.cumsum((sample.calls - 1.0) * sample.weight)])
-        extra = (C[ii] - C[jj]) * float(cm.cal.per_request_overhead_s)
     out: dict[int, np.ndarray] = {}
     for tp in tps:
+        cost, chain = agentic_cost(cm, tp, seg, None, overlap_steps, share_tail=True)
         c = np.full((n + 1, n + 1), np.inf)
-        c[valid] = cm.segment_cost(tp, P[ii] - P[jj], G[ii] - G[jj], W[ii] - W[jj], sample.lengths[ii - 1]) + extra
+        c[seg.valid] = cost
         out[tp] = c
+        if chains is not None:
+            h = np.full((n + 1, n + 1), np.inf)
+            h[seg.valid] = chain
+            chains[tp] = h
     return out
 
 

@@ -1,6 +1,7 @@
 """The Global Resource Planner search ("Algorithm 1"): split N GPUs between training and rollout.
 
-Role: minimise ``max(T_train, T_rollout)`` over ``n_train`` (outer loop), the training layout
+Role: minimise ``max(T_train, T_rollout)`` (with a policy lag ``L > 1`` also the pipeline bound
+``(T_chain + T_train) / L``, :func:`~libra.policies.planner_types.pipeline_objective`) over ``n_train`` (outer loop), the training layout
 (decision tree, ``planner_training.py``) and the rollout TP multiset with its length ranges (exact
 DP, ``planner_rollout.py``). Pure: the inputs are cost models, a :class:`PlannerConfig` and a
 :class:`Workload`; the output is a :class:`Plan`.
@@ -27,7 +28,15 @@ from libra.policies.cost_model_training import TrainConfig, TrainingCostModel
 from libra.policies.planner_buckets import BucketCosts, BucketTable, bucket_instances, evaluate_buckets
 from libra.policies.planner_rollout import RolloutSample, RolloutTable, cost_matrices, evaluate_layout, to_instances
 from libra.policies.planner_training import TrainChoice, TrainingSearch
-from libra.policies.planner_types import Plan, PlannerConfig, PlannerError, RolloutInstance, Workload, as_workload
+from libra.policies.planner_types import (
+    Plan,
+    PlannerConfig,
+    PlannerError,
+    RolloutInstance,
+    Workload,
+    as_workload,
+    pipeline_objective,
+)
 
 __all__ = ["GlobalResourcePlanner", "SearchResult", "SearchStats"]
 
@@ -54,8 +63,9 @@ class SearchResult:
 class _Context:
     workload: Workload
     sample: RolloutSample
-    costs: dict
+    costs: Any
     train: TrainingSearch
+    chains: dict = field(default_factory=dict)  # reference DP: critical-path matrices per TP
 
 
 class GlobalResourcePlanner:
@@ -87,10 +97,20 @@ class GlobalResourcePlanner:
     def _context(self, workload: Workload) -> _Context:
         cfg = self.config
         sample = RolloutSample.from_workload(workload, cfg.global_batch, cfg.max_dp_requests)
+        chains: dict[int, Any] = {}
         costs: Any = (BucketCosts(self.rollout_model, sample, cfg.overlap_steps) if cfg.pooled_buckets
-                      else cost_matrices(self.rollout_model, sample, self.rollout_tps))
+                      else cost_matrices(self.rollout_model, sample, self.rollout_tps, cfg.overlap_steps, chains))
         train = TrainingSearch(self.train_model, cfg, workload.training_lengths(cfg.global_batch))
-        return _Context(workload, sample, costs, train)
+        return _Context(workload, sample, costs, train, chains)
+
+    def _chain(self, ctx: _Context, table: Any, g: int) -> float:
+        """The longest critical path of ``table``'s layout for ``g`` GPUs (0.0 unless the pipeline
+        bound applies, ``overlap_steps > 1``)."""
+        if self.config.overlap_steps <= 1:
+            return 0.0
+        if isinstance(table, BucketTable):
+            return ctx.costs.layout_chain(table.buckets(g))
+        return max((float(ctx.chains[tp][j, i]) for tp, j, i in table.instances(g)), default=0.0)
 
     def _tables(self, ctx: _Context, budget: int) -> list[Any]:
         if self.config.pooled_buckets:
@@ -154,7 +174,8 @@ class GlobalResourcePlanner:
             choice = ctx.train.best(n, bound=best_obj)
             if choice is None:
                 continue
-            obj = max(choice.time, roll[n][0])
+            obj = pipeline_objective(choice.time, roll[n][0], self._chain(ctx, roll[n][1], cfg.n_gpus - n),
+                                     cfg.overlap_steps)
             if obj < best_obj:
                 best_obj, best_n, best_choice = obj, n, choice
         stats.train_leaves = ctx.train.leaves_evaluated
@@ -166,7 +187,8 @@ class GlobalResourcePlanner:
             )
         t_roll, table = roll[best_n]
         instances = self._instances(ctx, table, cfg.n_gpus - best_n)
-        plan = Plan(cfg.n_gpus, best_n, best_choice.config, instances, best_choice.time, t_roll)
+        plan = Plan(cfg.n_gpus, best_n, best_choice.config, instances, best_choice.time, t_roll,
+                    t_chain=self._chain(ctx, table, cfg.n_gpus - best_n), overlap_steps=cfg.overlap_steps)
         return SearchResult(plan, stats)
 
     # -- fixed layouts ------------------------------------------------------------------------------
@@ -201,23 +223,30 @@ class GlobalResourcePlanner:
             train_cfg, t_train = (choice.config, choice.time) if choice else (None, math.inf)
         else:
             train_cfg, t_train = train, self.train_model.step_time(train, ctx.train.lengths)
+        lag = cfg.overlap_steps
         if rollout_tps is None:
             t_roll, table = self._best_of(self._tables(ctx, cfg.n_gpus - n_train), cfg.n_gpus - n_train)
             instances = self._instances(ctx, table, cfg.n_gpus - n_train)
+            chain = self._chain(ctx, table, cfg.n_gpus - n_train) if math.isfinite(t_roll) else math.inf
         elif cfg.pooled_buckets:
             t_roll, buckets = evaluate_buckets(ctx.costs, tuple(rollout_tps))
             instances = bucket_instances(ctx.costs, buckets)
+            chain = ctx.costs.layout_chain(buckets) if lag > 1 else 0.0
         else:
-            costs = (
-                ctx.costs
-                if set(rollout_tps) <= set(ctx.costs)
-                else cost_matrices(self.rollout_model, ctx.sample, tuple(sorted(set(rollout_tps))))
-            )
+            chains = ctx.chains
+            costs = ctx.costs
+            if not set(rollout_tps) <= set(ctx.costs):
+                chains = {}
+                costs = cost_matrices(self.rollout_model, ctx.sample, tuple(sorted(set(rollout_tps))), lag, chains)
             t_roll, segments = evaluate_layout(costs, tuple(rollout_tps))
             instances = to_instances(ctx.sample, costs, segments)
+            chain = max((float(chains[tp][j, i]) for tp, j, i in segments), default=0.0) if lag > 1 else 0.0
+        if not math.isfinite(t_roll):
+            chain = 0.0 if lag <= 1 else math.inf
         if rollout_tps is not None:
             instances = _pad_idle(instances, rollout_tps)
-        return Plan(cfg.n_gpus, n_train, train_cfg, instances, t_train, t_roll, allocator=allocator)
+        return Plan(cfg.n_gpus, n_train, train_cfg, instances, t_train, t_roll, allocator=allocator,
+                    t_chain=chain, overlap_steps=lag)
 
     @staticmethod
     def _instances(ctx: _Context, table: Any, g: int) -> tuple[RolloutInstance, ...]:

@@ -15,7 +15,8 @@ import numpy as np
 
 from libra.policies.cost_model_training import TrainConfig
 
-__all__ = ["Plan", "PlannerConfig", "PlannerError", "RolloutBucket", "RolloutInstance", "Workload", "as_workload"]
+__all__ = ["Plan", "PlannerConfig", "PlannerError", "RolloutBucket", "RolloutInstance", "Workload", "as_workload",
+           "pipeline_objective"]
 
 
 class PlannerError(ValueError):
@@ -26,7 +27,10 @@ class PlannerError(ValueError):
 class Workload:
     """Observed request lengths: ``prompt_tokens[i]`` and ``gen_tokens[i]`` of request ``i``, and
     ``turns[i]``: how many serving calls it makes (a multi-turn agentic trajectory is one request of
-    the planner with one call per generate turn, each paying the serving overhead; 1 by default).
+    the planner with one call per generate turn, each paying the serving overhead; 1 by default),
+    and ``tool_seconds[i]``: the seconds it spends waiting on tool calls between its turns (none by
+    default). Tool time sits on the trajectory's serial critical path but holds no batch slot of the
+    rollout instance (see ``planner_rollout.agentic_cost``).
 
     Build with :meth:`from_pairs`; arrays are read-only float64.
     """
@@ -34,31 +38,38 @@ class Workload:
     prompt_tokens: np.ndarray
     gen_tokens: np.ndarray
     turns: np.ndarray | None = None
+    tool_seconds: np.ndarray | None = None
 
     @classmethod
     def from_pairs(cls, pairs: Iterable[tuple[float, ...]]) -> Workload:
-        """From ``(prompt_len, output_len)`` pairs or ``(prompt_len, output_len, turns)`` triples.
-        Raises :class:`PlannerError` on an empty list, a negative / non-finite / all-zero entry or
-        ``turns < 1`` (naming its index)."""
+        """From ``(prompt_len, output_len)`` pairs, ``(prompt_len, output_len, turns)`` triples or
+        ``(prompt_len, output_len, turns, tool_seconds)`` rows (all rows the same width).
+        Raises :class:`PlannerError` on an empty list, a negative / non-finite / all-zero entry,
+        ``turns < 1`` or a negative / non-finite ``tool_seconds`` (naming its index)."""
         rows = [tuple(p) for p in pairs]
         if not rows:
             raise PlannerError("workload is empty: need at least one (prompt_len, output_len) pair")
         width = len(rows[0])
         for i, row in enumerate(rows):
-            if len(row) not in (2, 3) or len(row) != width:
-                raise PlannerError(f"workload[{i}] must be (prompt_len, output_len[, turns]) like the rest, got {row!r}")
+            if len(row) not in (2, 3, 4) or len(row) != width:
+                raise PlannerError(
+                    f"workload[{i}] must be (prompt_len, output_len[, turns[, tool_seconds]]) like the rest, got {row!r}"
+                )
             p, g = row[0], row[1]
             if not (math.isfinite(p) and math.isfinite(g)) or p < 0 or g < 0 or p + g <= 0:
                 raise PlannerError(f"workload[{i}] has invalid lengths {row!r} (need finite, >= 0, total > 0)")
-            if width == 3 and not (math.isfinite(row[2]) and row[2] >= 1):
+            if width >= 3 and not (math.isfinite(row[2]) and row[2] >= 1):
                 raise PlannerError(f"workload[{i}] has invalid turns {row[2]!r} (need >= 1)")
+            if width == 4 and not (math.isfinite(row[3]) and row[3] >= 0):
+                raise PlannerError(f"workload[{i}] has invalid tool_seconds {row[3]!r} (need finite, >= 0)")
         arr = np.asarray(rows, dtype=float)
         prompt, gen = arr[:, 0].copy(), arr[:, 1].copy()
-        turns = arr[:, 2].copy() if width == 3 else None
-        for a in (prompt, gen, turns):
+        turns = arr[:, 2].copy() if width >= 3 else None
+        tool = arr[:, 3].copy() if width == 4 else None
+        for a in (prompt, gen, turns, tool):
             if a is not None:
                 a.setflags(write=False)
-        return cls(prompt, gen, turns)
+        return cls(prompt, gen, turns, tool)
 
     @property
     def calls(self) -> np.ndarray:
@@ -186,13 +197,16 @@ class Plan:
     t_rollout: float
     allocator: str = "grp"
     colocated: bool = False
+    t_chain: float = 0.0
+    overlap_steps: int = 1
 
     @property
     def objective(self) -> float:
-        """Predicted iteration time: ``max(t_train, t_rollout)``, or their sum when colocated."""
+        """Predicted iteration time: ``max(t_train, t_rollout)`` (and the lag-``L`` pipeline bound
+        ``(t_chain + t_train) / L`` when ``overlap_steps > 1``), or their sum when colocated."""
         if self.colocated:
             return self.t_train + self.t_rollout
-        return max(self.t_train, self.t_rollout)
+        return pipeline_objective(self.t_train, self.t_rollout, self.t_chain, self.overlap_steps)
 
     @property
     def rollout_tps(self) -> tuple[int, ...]:
@@ -232,6 +246,15 @@ class Plan:
             running = max(running, max(i.max_tokens for i in by_tp[tp]))
             out.append(RolloutBucket(tp, len(by_tp[tp]), math.inf if k == len(tps) - 1 else running))
         return tuple(out)
+
+
+def pipeline_objective(t_train: float, t_rollout: float, t_chain: float, overlap_steps: int) -> float:
+    """``max(t_train, t_rollout)``, and with ``overlap_steps = L > 1`` at least ``(t_chain + t_train) / L``
+    (see :class:`Plan`)."""
+    obj = max(t_train, t_rollout)
+    if overlap_steps > 1:
+        obj = max(obj, (t_chain + t_train) / overlap_steps)
+    return obj
 
 
 def as_workload(requests: Workload | Sequence[tuple[float, float]]) -> Workload:

@@ -17,7 +17,7 @@ Contract of one run:
 
 1. **Initial plan**: the allocator's proposal for the workload statistics of the first ``profile_steps``
    steps of the trace (a profiling pass before launch: ``(prompt + tool payload, generated)`` tokens
-   and the generate turns of each trajectory, each turn paying the serving overhead). The cluster
+   the generate turns of each trajectory, each turn paying the serving overhead, and its tool seconds). The cluster
    starts in that layout (no transition cost).
 2. **Online re-planning** at every training-step boundary: a
    :class:`~libra.policies.planner_online.Replanner` over the history the simulator has observed (the
@@ -138,10 +138,17 @@ class PlannerSimParams:
         return p
 
 
+def tool_seconds_of(t: TrajectorySpec) -> float:
+    """Seconds trajectory ``t`` waits on its tool calls (the simulator's tool actor takes each call's
+    ``tool_seconds``)."""
+    return float(sum(x.tool_seconds or 0.0 for x in t.turns))
+
+
 def workload_of(trajs: Sequence[TrajectorySpec]) -> Workload:
-    """Planner workload of trajectories: (prompt + tool payload, generated tokens, generate turns) each."""
-    return Workload.from_pairs((t.prompt_tokens + t.total_payload_tokens, max(1, t.total_gen_tokens), t.num_turns)
-                               for t in trajs)
+    """Planner workload of trajectories: (prompt + tool payload, generated tokens, generate turns, tool
+    seconds) each."""
+    return Workload.from_pairs((t.prompt_tokens + t.total_payload_tokens, max(1, t.total_gen_tokens), t.num_turns,
+                                tool_seconds_of(t)) for t in trajs)
 
 
 def _group_size(trajs: Sequence[TrajectorySpec]) -> int:
@@ -345,7 +352,7 @@ class PlannerAllocation:
         for rec in sim.records[self._seen:]:
             spec = self.specs[rec.id]
             self.replanner.observe(spec.prompt_tokens + spec.total_payload_tokens, max(1, spec.total_gen_tokens),
-                                   spec.num_turns)
+                                   spec.num_turns, tool_seconds_of(spec))
         self._seen = len(sim.records)
 
     def _snapshot(self, step: int) -> PressureSnapshot:

@@ -100,3 +100,106 @@ def test_pooled_search_deploys_one_bucket_per_tp_and_reevaluates_consistently() 
     assert all(len(r) == 1 for r in by_tp.values())  # the instances of a TP share their bucket's range
     with pytest.raises(Exception):
         PlannerConfig(n_gpus=8, global_batch=8, group_size=8, overlap_steps=0)
+
+
+# -- the agentic critical path: tool seconds, chain bound, pipeline objective -------------------------
+def _agentic_requests(n: int, seed: int) -> list[tuple[float, float, float, float]]:
+    rng = np.random.default_rng(seed)
+    return [(p, g, c, float(t)) for (p, g, c), t in zip(_requests(n, seed), rng.uniform(0.0, 400.0, n))]
+
+
+def _pooled_agentic(reqs: list[tuple[float, float, float, float]], tp: int, k: int, lag: int) -> tuple[float, float]:
+    """Direct sums of ``agentic_cost`` for the busiest of ``k`` instances: ``(cost, chain)``."""
+    n = len(reqs)
+    share = min(k, n)
+    p, g, c, tool = (sum(r[x] for r in reqs) / share for x in range(4))
+    m = n / share
+    if max(r[0] + r[1] for r in reqs) > RM.token_capacity(tp):
+        return math.inf, math.inf
+    avg_p, avg_g = p / m, g / m
+    b0 = float(RM.steady_batch(tp, m, avg_p, avg_g))
+    step0 = float(RM.decode_step(tp, b0, b0 * (avg_p + avg_g / 2)))
+    b = max(b0 * (1 - tool / (tool + g * step0)), 1.0) if tool > 0 else b0
+    step = float(RM.decode_step(tp, b, b * (avg_p + avg_g / 2)))
+    stall = c * RM.cal.per_request_overhead_s + float(RM.prefill_time(tp, p, m))
+    star = max(range(n), key=lambda a: (reqs[a][1], a))  # most generated tokens (ties: the last)
+    chain = lag * stall + reqs[star][1] * step + reqs[star][3]
+    return max(stall + g / b * step, chain / lag), chain
+
+
+def _brute_agentic(reqs: list[tuple[float, float, float, float]], gpus: int, tps: tuple[int, ...],
+                   lag: int) -> tuple[float, float]:
+    """``(min over layouts of max bucket cost, the chain of that layout)`` over every ascending-TP choice."""
+    reqs = sorted(reqs, key=lambda r: r[0] + r[1])
+    n, best = len(reqs), (math.inf, math.inf)
+    for m in range(1, len(tps) + 1):
+        for chosen in itertools.combinations(sorted(tps), m):
+            for ks in itertools.product(*(range(1, gpus // t + 1) for t in chosen)):
+                if sum(k * t for k, t in zip(ks, chosen)) > gpus:
+                    continue
+                for cuts in itertools.combinations(range(1, n), m - 1):
+                    b = (0, *cuts, n)
+                    parts = [_pooled_agentic(reqs[b[a]:b[a + 1]], chosen[a], ks[a], lag) for a in range(m)]
+                    val = (max(x[0] for x in parts), max(x[1] for x in parts))
+                    best = min(best, val, key=lambda v: v[0])
+    return best
+
+
+@pytest.mark.parametrize(("gpus", "n", "tps", "seed", "lag"), [(8, 6, (1, 2, 4), 0, 1), (8, 5, (1, 2, 4, 8), 2, 2),
+                                                                (6, 7, (1, 2), 4, 3)])
+def test_agentic_bucket_dp_equals_brute_force(gpus: int, n: int, tps: tuple[int, ...], seed: int, lag: int) -> None:
+    reqs = _agentic_requests(n, seed)
+    costs = BucketCosts(RM, RolloutSample.from_workload(Workload.from_pairs(reqs)), lag)
+    table = BucketTable(costs, tps, gpus)
+    for g in range(gpus + 1):
+        expected, _ = _brute_agentic(reqs, g, tps, lag)
+        got = table.time(g)
+        if math.isinf(expected):
+            assert math.isinf(got)
+            continue
+        assert got == pytest.approx(expected, rel=1e-9)
+        bks = table.buckets(g)
+        assert costs.layout_chain(bks) == pytest.approx(
+            max(_pooled_agentic(sorted(reqs, key=lambda r: r[0] + r[1])[j:i], tp, k, lag)[1] for tp, k, j, i in bks),
+            rel=1e-9)
+
+
+def test_tool_seconds_lengthen_the_chain_and_shrink_the_batch() -> None:
+    base = _requests(12, 3)
+    sample0 = RolloutSample.from_workload(Workload.from_pairs([(p, g, c, 0.0) for p, g, c in base]))
+    sample1 = RolloutSample.from_workload(Workload.from_pairs([(p, g, c, 300.0) for p, g, c in base]))
+    c0, c1 = BucketCosts(RM, sample0, 2), BucketCosts(RM, sample1, 2)
+    n = sample0.size
+    # tools lengthen the chain (their seconds, less the faster decode steps of the smaller running
+    # batch) and never make an instance faster
+    assert c0.chain(2, 1)[0, n] < c1.chain(2, 1)[0, n] < c0.chain(2, 1)[0, n] + 300.0
+    assert c1.cost(2, 1)[0, n] >= c0.cost(2, 1)[0, n]
+    # without tool seconds the cost is segment_cost's (the pre-agentic model)
+    assert c0.cost(2, 2)[0, n] == pytest.approx(_pooled(base, 2, 2, 2), rel=1e-12)
+
+
+def test_pipeline_objective_charges_chain_plus_training_over_the_lag() -> None:
+    from libra.policies.planner_types import Plan, pipeline_objective
+    assert pipeline_objective(100.0, 200.0, 900.0, 1) == 200.0  # the paper's max for L = 1
+    assert pipeline_objective(100.0, 200.0, 900.0, 2) == 500.0
+    assert Plan(8, 4, None, (), 100.0, 200.0, t_chain=900.0, overlap_steps=2).objective == 500.0
+    assert Plan(8, 4, None, (), 100.0, 200.0, colocated=True, t_chain=900.0, overlap_steps=2).objective == 300.0
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+def test_search_with_lag_minimises_the_pipeline_objective_over_n_train(pooled: bool) -> None:
+    tm = TrainingCostModel(load_hardware("a800"), load_model("qwen3-14b"))
+    cfg = PlannerConfig(n_gpus=24, global_batch=64, group_size=16, granularity=8, min_train_gpus=8,
+                        min_rollout_gpus=8, overlap_steps=2, pooled_buckets=pooled)
+    reqs = _agentic_requests(64, 11)
+    planner = GlobalResourcePlanner(RM, tm, cfg)
+    plan = planner.search(reqs)
+    assert plan.overlap_steps == 2 and plan.t_chain > 0
+    # every n_train's own best plan (plan_fixed) is no better than the search's
+    for n_train in cfg.train_candidates():
+        other = planner.plan_fixed(reqs, n_train)
+        assert plan.objective <= other.objective + 1e-9
+    again = planner.evaluate(plan, reqs)
+    assert again.objective == pytest.approx(plan.objective, rel=1e-12)
+    memo = GlobalResourcePlanner(RM, tm, cfg, memoize=False).search(reqs)
+    assert memo == plan

@@ -201,3 +201,18 @@ def test_ehp_signal_rules(kw: dict, desired: int, reason: str) -> None:
 def test_ehp_signal_rejects_bad_sizes() -> None:
     with pytest.raises(PlannerError, match="replica_gpus must be >= 1"):
         _ehp(replica_gpus=0)
+
+
+def test_history_records_turns_and_tool_seconds_into_the_workload() -> None:
+    rp, _ = _replanner(BETTER, 100.0, max_history=16)
+    rp.history.clear()  # the helper's warm-up pairs have no turns: one width per window
+    rp.observe(100, 200, 3, 12.5)
+    rp.observe(50, 80, 1, 0.0)
+    wl = rp.workload()
+    assert list(wl.calls) == [3.0, 1.0] and wl.tool_seconds is not None and list(wl.tool_seconds) == [12.5, 0.0]
+    with pytest.raises(PlannerError, match="tool_seconds"):
+        rp.observe(10, 10, 2, -1.0)
+    with pytest.raises(PlannerError, match="tool_seconds needs turns"):
+        rp.observe(10, 10, None, 1.0)
+    with pytest.raises(PlannerError, match="tool_seconds"):
+        Workload.from_pairs([(10, 10, 1, float("nan"))])
