@@ -349,10 +349,35 @@ class Simulator:
         self.train_end[k] = self.now
         self.trained = k + 1
         self.broker.rollout.on_step(k + 1)  # the router's per-step hook (C-MLFQ tree rebuild)
+        if self.cfg.reserve_tokens is None:
+            self._recredit(k)
         if self.alloc is not None:
             self.alloc.on_trained(k)  # planner allocations: re-plan / EHP at the step boundary
         self._release()
         self._maybe_train()
+
+    def _recredit(self, k: int) -> None:
+        """Follow the observed lengths: after step ``k`` trains, every rollout instance's broker credit is
+        recomputed from the per-sequence reserve of step ``k``'s trajectories (the same formula as the
+        first-step profile, :func:`_planner_reserve`) and re-bid when it changed, as a real engine reports
+        how many sequences of the current size fit its KV cache. Lengths drift ~4x over an R2E run; a credit
+        fixed at step 0 keeps handing small instances trajectories they cannot hold. Instances whose
+        actor is switching roles are skipped (their next bid uses the new reserve)."""
+        self.costs.reserve_tokens = _planner_reserve(self.costs.cm, self.by_step[k])
+        fleet = self.alloc.fleet if self.alloc is not None else None
+        for peer, inst in self.instances.items():
+            cap = self.costs.max_seqs(inst.tp)
+            if cap == inst.capacity:
+                continue
+            if fleet is not None:
+                a = fleet.actors.get(peer)
+                if a is None or a.pending is not None or a.role is None or a.role.kind != "rollout":
+                    continue
+                kinds = ["generate", "sync"]
+            else:
+                kinds = ["generate"]
+            inst.capacity = cap
+            self._send(peer, m.Bid(kinds, cap))
 
     def train_time(self, lengths: Sequence[int]) -> float:
         """Seconds of one GRPO step on ``lengths`` with the training GPUs (best layout, chosen once)."""

@@ -121,3 +121,23 @@ def test_cli_json_has_the_contract_keys(capsys: pytest.CaptureFixture[str]) -> N
         assert isinstance(out[key], float), key
     assert set(out["step_time_s"]) >= {"mean", "p50", "p99"}
     assert sim_main(["--trace", "/nonexistent.jsonl", "--json"]) == 2
+
+
+def test_instance_credit_follows_the_observed_lengths_after_each_step() -> None:
+    from libra.sim.engine import _planner_reserve
+
+    trajs = generate("r2e", 6, 2, 16, seed=3)
+    sim = Simulator(trajs, _cfg(seed=3))
+    first = sim.costs.reserve_tokens
+    assert first == _planner_reserve(sim.costs.cm, [t for t in trajs if t.step == min(x.step for x in trajs)])
+    sim.run()
+    last = max(t.step for t in trajs)
+    expected = _planner_reserve(sim.costs.cm, [t for t in trajs if t.step == last])
+    assert sim.costs.reserve_tokens == expected != first  # re-derived from the last trained step
+    for peer, inst in sim.instances.items():
+        assert inst.capacity == sim.costs.max_seqs(inst.tp)
+        assert sim.broker.actors[peer].capacity == inst.capacity  # and re-bid to the broker
+
+    fixed = Simulator(trajs, _cfg(seed=3, reserve_tokens=8192))
+    fixed.run()
+    assert fixed.costs.reserve_tokens == 8192  # an explicit reserve stays fixed
