@@ -56,6 +56,9 @@ RUNGS: tuple[tuple[str, str, str, str | None], ...] = (
     ("colocated", "verl-colocated", "colocated", None),
     ("static_best", "static_best (AReaL)", "static_best", None),
 )
+#: Every rung's router gets Libra's per-instance room rule (research-notes §1.4.3: active + queued < 3), as in
+#: ``python -m libra.bench routing`` and ``python -m libra.sim``.
+ROUTER_PARAMS: dict[str, Any] = {"cap_metric": "load", "max_queue_length": 3}
 LADDER = ("static_uniform", "homogeneous", "heterogeneous", "cmlfq", "ehp")
 
 
@@ -70,6 +73,7 @@ def run_rung(job: tuple[str, str, str, int, int, int, int, dict[str, Any]]) -> d
     trajs = generate("r2e", steps, prompts, 16, seed)
     cfg = SimConfig(router=router, allocation=allocation, gpus=gpus, seed=seed,
                     bucket_thresholds=prof.bucket_thresholds, size_thresholds=prof.size_thresholds,
+                    router_params=dict(ROUTER_PARAMS),
                     allocation_params=dict(params) if allocation.startswith(("grp", "static_best")) else {})
     t0 = time.perf_counter()
     sim = Simulator(trajs, cfg)
