@@ -45,6 +45,18 @@ __all__ = ["HFRolloutEngine", "sample_next_tokens"]
 log = get_logger(__name__)
 
 
+def cache_kwarg(model: Any) -> str:
+    """The name ``model.forward`` takes the KV cache under: ``cache`` in transformers >= 5.24 (where
+    ``past_key_values`` is deprecated), ``past_key_values`` before."""
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def sample_next_tokens(
     logits: torch.Tensor,
     temperatures: torch.Tensor,
@@ -135,6 +147,7 @@ class HFRolloutEngine:
         if max_batch_size < 1:
             raise ValueError(f"HFRolloutEngine.max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model.eval()
+        self._cache_kw = cache_kwarg(model)
         self.max_batch_size = max_batch_size
         self._version = int(weights_version)
         self._lock = threading.Lock()
@@ -232,7 +245,7 @@ class HFRolloutEngine:
             input_ids=ids.to(dev),
             attention_mask=mask,
             position_ids=positions.to(dev),
-            past_key_values=cache,
+            **{self._cache_kw: cache},
             use_cache=True,
             logits_to_keep=1,
         )
@@ -273,7 +286,7 @@ class HFRolloutEngine:
                 input_ids=chosen[:, None],
                 attention_mask=mask,
                 position_ids=next_pos[:, None],
-                past_key_values=cache,
+                **{self._cache_kw: cache},
                 use_cache=True,
             )
             next_pos = next_pos + 1
