@@ -28,14 +28,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-unisolated", action="store_true",
                    help="run code tools without bubblewrap (NOT safe for untrusted code)")
     p.add_argument("--roles", default=None,
-                   help="engine roles per CPU slot, e.g. 'rollout=2,train=2,action=1' (slots in that order; "
+                   help="roles per CPU slot, e.g. 'rollout=2,train=2,action=1,episode=1' (slots in that order; "
                         "sets --cpu-slots to the total). Default: every slot is an action slot")
     p.add_argument("--model-dir", default=None, help="transformers checkpoint for rollout/train slots")
     p.add_argument("--run-dir", default=None, help="job run directory shared by rollout/train slots")
     p.add_argument("--torch-threads", type=int, default=0, help="torch CPU threads per engine slot (0: default)")
     p.add_argument("--rollout-batch", type=int, default=32, help="max turns a rollout slot decodes together")
+    p.add_argument("--episode-concurrency", type=int, default=64, help="episodes an episode slot runs at once")
     p.add_argument("--log-level", default=None)
     return p
+
+
+ROLES = ("action", "rollout", "train", "hybrid", "episode")
 
 
 def parse_roles(spec: str) -> list[str]:
@@ -43,8 +47,8 @@ def parse_roles(spec: str) -> list[str]:
     out: list[str] = []
     for part in filter(None, (x.strip() for x in spec.split(","))):
         name, _, count = part.partition("=")
-        if name not in ("action", "rollout", "train", "hybrid"):
-            raise ValueError(f"--roles: unknown role {name!r} (known: action, rollout, train, hybrid)")
+        if name not in ROLES:
+            raise ValueError(f"--roles: unknown role {name!r} (known: {', '.join(ROLES)})")
         try:
             n = int(count or "1")
         except ValueError:
@@ -87,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     for flag, value in (("--model-dir", args.model_dir), ("--run-dir", args.run_dir)):
         if value:
             extra += [flag, value]
-    extra += ["--torch-threads", str(args.torch_threads), "--rollout-batch", str(args.rollout_batch)]
+    extra += ["--torch-threads", str(args.torch_threads), "--rollout-batch", str(args.rollout_batch),
+              "--episode-concurrency", str(args.episode_concurrency)]
     slot_args: dict[str, list[str]] = {}
     if roles is not None:
         cpu = [s for s in slots if s.startswith("cpu")]

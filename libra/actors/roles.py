@@ -42,16 +42,21 @@ own server.
   storage (e.g. a checkpoint) when no data-plane route to a trainer exists.
 
 ``train`` contracts:
-- args: ``shards`` (one data-plane ref per rank, from the dispatch plan), ``world_size``, ``rank``,
-  ``master_port``, ``grpo`` (GRPOConfig fields), ``checkpoint`` (path or None). The first ``train``
+- args: ``parts`` (per rank, the list of ``{"ref", "advantage"}`` of the trajectories the broker's dispatch
+  gave it; each ref names one trajectory on the episode runner that produced it) with ``micro_batches``
+  (per rank, positions into its list), or ``shards`` (one packed data-plane shard per rank, see
+  ``libra.rl.shards``); plus ``world_size``, ``rank``, ``master_port``, ``grpo`` (GRPOConfig fields),
+  ``checkpoint`` (path or None). The first ``train``
   work fixes this actor's rank (``rank``) and joins the gloo group; later works use that rank whatever
   their ``rank`` says (the driver submits one work per rank per step, and a trainer holds one at a
-  time, so each rank gets exactly one) and the rank fetches ``shards[its rank]``.
+  time, so each rank gets exactly one) and the rank fetches ``parts[its rank]`` (from every runner
+  holding one, a few transfers at a time) or ``shards[its rank]``.
 - Each rank trains on its shard with the shard's micro-batch plan; rank 0 publishes the weights on its
   data-plane server (the newest two versions stay fetchable). The reply: ``rank``, ``metrics``,
   ``weights_version``, ``weights`` (rank 0: the ref rollout instances fetch), ``checksum`` (sha256 over
   all parameters: equal on every rank), ``publish_s`` (serialise + register), ``shard_fetch_s``,
-  ``shard_bytes``, ``shard_tokens``. A shard that cannot be fetched fails the work with
+  ``shard_bytes``, ``shard_sources`` (distinct data-plane servers fetched from), ``shard_tokens``.
+  A shard or trajectory that cannot be fetched fails the work with
   ``ToolError("shard_fetch_failed", ...)``.
 - Data-plane host and security: ``$LIBRA_DATAPLANE_HOST`` (default ``127.0.0.1``); CURVE when
   ``LIBRA_CURVE_SECRET`` is set (the actor's own key pair); a non-loopback host without keys is refused
@@ -362,32 +367,36 @@ class TrainRole:
         return self.trainer
 
     def train(self, args: Any, ctx: WorkContext) -> dict[str, Any]:
-        from libra.dataplane import DataPlaneError, InsecureDataPlane, ObjectRef, fetch_state_dict
-        from libra.rl.shards import decode_shard
+        from libra.dataplane import DataPlaneError, InsecureDataPlane
 
-        if not isinstance(args, dict) or not isinstance(args.get("shards"), list) or not args["shards"]:
-            raise ToolError("bad_request", "train needs args {'shards': [data-plane ref per rank], 'world_size': n, "
-                                           "'rank': r, 'master_port': p, ...}")
+        parts = args.get("parts") if isinstance(args, dict) else None
+        shards = args.get("shards") if isinstance(args, dict) else None
+        if not (isinstance(parts, list) and parts) and not (isinstance(shards, list) and shards):
+            raise ToolError("bad_request", "train needs args {'parts': [[{ref, advantage}, ...] per rank], "
+                                           "'micro_batches': [...] per rank} or {'shards': [data-plane ref per rank]}, "
+                                           "plus 'world_size', 'rank', 'master_port'")
         with self._lock:
             try:
                 trainer = self._ensure(args)
             except InsecureDataPlane as exc:
                 raise ToolError("insecure_dataplane", str(exc)) from None
-            if len(args["shards"]) != trainer.world_size:
-                raise ToolError("bad_request", f"train names {len(args['shards'])} shards for a world of "
+            listed = parts if parts else shards
+            if len(listed) != trainer.world_size:
+                raise ToolError("bad_request", f"train names {len(listed)} ranks' data for a world of "
                                                f"{trainer.world_size} ranks")
             try:
-                ref = ObjectRef.from_wire(args["shards"][trainer.rank])
-                sd, hdr, fs = fetch_state_dict(ref, keys=self.keys, idle_timeout_s=self.fetch_timeout_s)
-                shard, micro = decode_shard(sd, hdr.metadata)
-            except (DataPlaneError, ValueError) as exc:
+                if parts:
+                    shard, micro, fetched = self._fetch_parts(parts[trainer.rank],
+                                                              (args.get("micro_batches") or [])[trainer.rank:][:1])
+                else:
+                    shard, micro, fetched = self._fetch_shard(shards[trainer.rank])
+            except (DataPlaneError, ValueError, TypeError, KeyError) as exc:
                 raise ToolError("shard_fetch_failed", f"rank {trainer.rank}: {type(exc).__name__}: {exc}") from None
             metrics = trainer.train_step(shard, micro_batches=micro)
             version = trainer.weights_version
             out: dict[str, Any] = {"rank": trainer.rank, "metrics": metrics, "weights_version": version,
                                    "checksum": self.checksum(), "shard_sequences": len(shard), "publish_s": 0.0,
-                                   "weights": None, "shard_fetch_s": fs.seconds, "shard_bytes": fs.nbytes,
-                                   "shard_tokens": sum(shard.lengths())}
+                                   "weights": None, **fetched, "shard_tokens": sum(shard.lengths())}
             if trainer.rank == 0:
                 t0 = time.perf_counter()
                 out["weights"] = self.publisher.publish(version, trainer.state_dict_for_sync())
@@ -396,6 +405,37 @@ class TrainRole:
                     trainer.save_checkpoint(args["checkpoint"])
                     out["checkpoint"] = args["checkpoint"]
             return out
+
+    def _fetch_shard(self, wire: Any) -> tuple[Any, list[list[int]], dict[str, Any]]:
+        """One packed shard (``libra.rl.shards``) from whoever published it."""
+        from libra.dataplane import ObjectRef, fetch_state_dict
+        from libra.rl.shards import decode_shard
+
+        sd, hdr, fs = fetch_state_dict(ObjectRef.from_wire(wire), keys=self.keys, idle_timeout_s=self.fetch_timeout_s)
+        shard, micro = decode_shard(sd, hdr.metadata)
+        return shard, micro, {"shard_fetch_s": fs.seconds, "shard_bytes": fs.nbytes, "shard_sources": 1}
+
+    def _fetch_parts(self, mine: Any, micro: list[Any]) -> tuple[Any, list[list[int]], dict[str, Any]]:
+        """This rank's trajectories, each fetched from the episode runner holding it (a few at a time), with
+        the advantages and micro-batches the broker's dispatch decided."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from libra.dataplane import ObjectRef, fetch_state_dict
+        from libra.rl.shards import merge_trajectories
+
+        if not isinstance(mine, list) or not mine:
+            raise ValueError("this rank was given no trajectories")
+        refs = [ObjectRef.from_wire(p["ref"]) for p in mine]
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=min(4, len(refs))) as pool:
+            got = list(pool.map(lambda r: fetch_state_dict(r, keys=self.keys, idle_timeout_s=self.fetch_timeout_s),
+                                refs))
+        batch = merge_trajectories([(sd, hdr.metadata) for sd, hdr, _ in got], [float(p["advantage"]) for p in mine])
+        plan = [[int(i) for i in mb] for mb in micro[0]] if micro else [list(range(len(mine)))]
+        if sorted(i for mb in plan for i in mb) != list(range(len(mine))):
+            raise ValueError("micro_batches do not cover this rank's trajectories exactly once")
+        return batch, plan, {"shard_fetch_s": time.perf_counter() - t0, "shard_bytes": sum(fs.nbytes for *_, fs in got),
+                             "shard_sources": len({r.endpoint for r in refs})}
 
     def close(self) -> None:
         """Stop serving weights (rollouts that have not fetched the newest version keep theirs)."""

@@ -259,13 +259,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-sandbox", action="store_true", help="offer only the built-in echo/sleep tools")
     p.add_argument("--allow-unisolated", action="store_true",
                    help="run code tools without bubblewrap isolation (NOT safe for untrusted code)")
-    p.add_argument("--role", default="action", choices=["action", "rollout", "train", "hybrid"],
+    p.add_argument("--role", default="action", choices=["action", "rollout", "train", "hybrid", "episode"],
                    help="what this slot runs: tool calls (action), generate turns (rollout), GRPO steps (train), "
-                        "or either of the last two as the broker directs (hybrid; starts as rollout)")
+                        "either of the last two as the broker directs (hybrid; starts as rollout), or RL jobs' "
+                        "agent loops (episode)")
     p.add_argument("--model-dir", default=None, help="transformers checkpoint for the rollout/train roles")
     p.add_argument("--run-dir", default=None, help="job run directory (weights, batches, actor status files)")
     p.add_argument("--torch-threads", type=int, default=0, help="torch CPU threads for engine roles (0: torch's default)")
     p.add_argument("--rollout-batch", type=int, default=32, help="max turns decoded together by a rollout slot")
+    p.add_argument("--episode-concurrency", type=int, default=64,
+                   help="episodes an episode slot runs at once (default %(default)s)")
     p.add_argument("--log-level", default=None)
     return p
 
@@ -292,6 +295,13 @@ def main(argv: list[str] | None = None) -> int:
                             torch_threads=args.torch_threads)
         kinds, caps, capacity = ["generate"], {"generate": ["default"], "train": ["grpo"]}, args.rollout_batch
         handlers = {("generate", "*"): hybrid.generate, ("train", "grpo"): hybrid.train}
+        tools = {}
+    elif args.role == "episode":
+        from .episode_role import EpisodeRole
+
+        runner = EpisodeRole(args.broker, args.model_dir, args.slot)
+        kinds, caps, capacity = ["episode"], {"episode": ["*"]}, max(1, args.episode_concurrency)
+        handlers = {("episode", "*"): runner.episode}
         tools = {}
     else:
         from .roles import role_handlers

@@ -32,7 +32,7 @@ from libra.protocol.errors import ErrorCode, ProtocolCode
 from libra.policies.routing import BucketSpec
 
 from . import views
-from . import journal, planning
+from . import jobs, journal, planning
 from .actions import ActionPlacement, schedule_actions
 from .events import BadFrame, Command, Event, Journal, PeerMessage, Send, Tick
 from .pools import GpuSlot, PlanApplier
@@ -142,6 +142,10 @@ class BrokerState:
         self.journaling = False  # the shell turns this on and drains ``journal_out`` after every event
         self.journal_out: list[Journal] = []
         self._plan_generation = 0
+        self.jobs: dict[str, Any] = {}  # name -> libra.broker.job.JobHost
+        self.jobs_dirty = False
+        self.job_replies: list[tuple[str, str, m.Reply]] = []
+        self.job_weights: dict[str, Any] | None = None  # newest weights a job published (see _assign)
         self.stats: dict[str, int] = dict.fromkeys(
             ("submitted", "completed", "failed", "requeued", "stale_results", "bad_frames", "timeouts",
              "unknown_tool", "busy", "duplicates", "actors_expired", "handbacks"),
@@ -161,6 +165,8 @@ class BrokerState:
             m.Goodbye: self._on_goodbye,
             m.DirectRequest: self._on_direct_request,
             m.EndTrajectory: self._on_end_trajectory,
+            m.JobSubmit: self._on_job_submit,
+            m.JobPoll: self._on_job_poll,
         }
 
     # ------------------------------------------------------------------ entry points
@@ -180,9 +186,14 @@ class BrokerState:
                 if cs is not None:
                     cs.last_seen = now
             handler(event.peer, event.msg, now, out)
+            if self.jobs_dirty:
+                jobs.pump(self, now, out)
             return out
         if type(event) is Tick:
-            return self._on_tick(now)
+            out = self._on_tick(now)
+            if self.jobs_dirty:
+                jobs.pump(self, now, out)
+            return out
         if type(event) is BadFrame:
             self.stats["bad_frames"] += 1
             if event.peer in self.actors or event.peer in self.clients:
@@ -448,6 +459,12 @@ class BrokerState:
     def _route_generate(self, w: Work, now: float, out: list[Command]) -> None:
         route_generate(self, w, now, out)
 
+    def _on_job_submit(self, peer: bytes, msg: m.JobSubmit, now: float, out: list[Command]) -> None:
+        jobs.on_job_submit(self, peer, msg, now, out)
+
+    def _on_job_poll(self, peer: bytes, msg: m.JobPoll, now: float, out: list[Command]) -> None:
+        jobs.on_job_poll(self, peer, msg, now, out)
+
     def _on_end_trajectory(self, peer: bytes, msg: m.EndTrajectory, now: float, out: list[Command]) -> None:
         if peer in self.clients:
             self.rollout.end(msg.trajectory, msg.total_output_tokens, msg.ok)
@@ -619,7 +636,10 @@ class BrokerState:
             sess.cores_used += cores
             self.actions.started(w.work_id, cores, now)
         sess.last_sent = now
-        out.append(Send(sess.peer, m.Assign(w.work_id, w.lease, w.attempt, w.kind, w.name, w.args,
+        args = w.args
+        if w.kind == "generate" and self.job_weights is not None and type(args) is dict and args.get("weights") is None:
+            args = {**args, "weights": self.job_weights}  # a job's newest version, loaded between turns
+        out.append(Send(sess.peer, m.Assign(w.work_id, w.lease, w.attempt, w.kind, w.name, args,
                                             w.trajectory, max(0.0, w.deadline - now), w.route)))
 
     def _requeue(self, w: Work, now: float, out: list[Command], why: str, count_failure: bool,
@@ -679,6 +699,10 @@ class BrokerState:
         del self.works[w.work_id]
         if self.actions is not None and w.kind == "action":
             self.actions.ended(w.work_id)
+        if w.client_id.startswith(jobs.OWNER_PREFIX):
+            self._by_request.pop((w.client_id, w.request_id), None)
+            jobs.collect(self, w, reply)
+            return
         cs = self.clients.get(w.client) or next(
             (c for c in self.clients.values() if c.client_id == w.client_id), None)
         if cs is not None:

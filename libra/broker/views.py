@@ -28,6 +28,8 @@ def snapshot(self: BrokerState, request_id: str, now: float) -> m.StatusReply:
     stats: dict[str, Any] = dict(self.stats)
     stats["inflight"] = len(self.works)
     stats["clients"] = len(self.clients)
+    if self.jobs:
+        stats["jobs"] = {name: host.summary() for name, host in self.jobs.items()}
     return m.StatusReply(request_id, actors, queues, stats)
 
 def validate(self: BrokerState) -> None:

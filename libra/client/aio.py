@@ -113,6 +113,31 @@ class AsyncClient:
             self._pending.pop(rid, None)
             raise BrokerUnreachable(f"no status reply from {self.broker_url} within {timeout}s") from None
 
+    async def job_submit(self, name: str, spec: dict[str, Any], rows: list[Any], timeout: float = 30.0) -> Any:
+        """Start RL job ``name`` inside the broker (``libra.broker.job``); returns the Reply's output.
+        A bad spec raises the typed error the broker answered (``BadRequest``-style ``LibraError``)."""
+        return (await self._ask(m.JobSubmit(self._ids.next(), name, spec, rows), timeout)).output
+
+    async def job_poll(self, name: str, cursor: int = 0, *, cancel: bool = False, timeout: float = 30.0) -> dict[str, Any]:
+        """Job ``name``'s progress: state, error and the step records from ``cursor`` on (see ``JobPoll``)."""
+        return (await self._ask(m.JobPoll(self._ids.next(), name, cursor, cancel), timeout)).output
+
+    async def _ask(self, msg: Any, timeout: float) -> ToolResult:
+        """Send a request-style message and wait for its Reply (resent after a reconnect like Submit)."""
+        if self._reader is None:
+            await self.connect()
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending[msg.request_id] = (fut, msg)
+        await self._sock.send_multipart(encode(msg))
+        try:
+            value = await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            self._pending.pop(msg.request_id, None)
+            raise BrokerUnreachable(f"no reply from {self.broker_url} within {timeout}s") from None
+        if isinstance(value, Exception):
+            raise value
+        return value
+
     async def _read_loop(self) -> None:
         sock = self._sock
         while True:

@@ -92,6 +92,19 @@ def make_problems(n: int, seed: int = 0, *, max_operand: int = 20, ops: list[str
     return out
 
 
+def to_row(problem: Problem) -> dict[str, Any]:
+    """A problem as a dataset row (what a job ships to the broker and episode runners get back)."""
+    return {"pid": problem.pid, "question": problem.question, "answer": problem.answer}
+
+
+def from_row(row: Any) -> Problem:
+    """The problem of a dataset row; raises ValueError naming what is wrong."""
+    try:
+        return Problem(str(row["pid"]), str(row["question"]), int(row["answer"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"arith row needs pid, question and an int answer: {exc!r}") from None
+
+
 _CODE_RE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)(?:```|$)", re.DOTALL)
 _ANSWER_RE = re.compile(r"Answer(?:\s*:|\s+is\s*:?|\s*=)\s*\$?\s*(-?\d[\d,]*)", re.IGNORECASE)
 

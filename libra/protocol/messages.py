@@ -157,6 +157,34 @@ class EndTrajectory:
 
 
 @dataclass(frozen=True, slots=True)
+class JobSubmit:
+    """C→B: run an RL job inside the broker (``libra.broker.job``). ``spec`` is the job's validated
+    settings (see :class:`libra.broker.job.JobSpec`), ``rows`` its dataset rows (one mapping per prompt;
+    opaque to the broker, handed to episode runners). Answered at once with a Reply (``output``:
+    ``{"job": name}``) or an error (bad spec, name already running). Resubmitting a running job's name
+    with the same ``request_id`` is answered from the record."""
+
+    KIND: ClassVar[int] = 0x0E
+    request_id: str
+    name: str
+    spec: dict[str, Any]
+    rows: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class JobPoll:
+    """C→B: progress of job ``job``: a Reply whose output is ``{"state", "error", "steps_done",
+    "version", "records": [step records with index >= cursor], "next_cursor", "summary"}``.
+    ``cancel=True`` stops the job first (its queued work is cancelled, running work finishes unused)."""
+
+    KIND: ClassVar[int] = 0x0F
+    request_id: str
+    job: str
+    cursor: int = 0
+    cancel: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Welcome:
     """B→*: the hello was accepted. Carries the liveness contract both sides use."""
 
@@ -269,7 +297,7 @@ class Batch:
 
 MESSAGE_TYPES: tuple[type, ...] = (
     ActorHello, ClientHello, Heartbeat, Bid, Submit, WorkResult, Handback, DirectiveDone,
-    StatusRequest, CancelRequest, Goodbye, DirectRequest, EndTrajectory,
+    StatusRequest, CancelRequest, Goodbye, DirectRequest, EndTrajectory, JobSubmit, JobPoll,
     Welcome, Assign, Reply, Error, Directive, Revoke, StatusReply, Disconnect,
 )
 

@@ -11,6 +11,10 @@ float32, each the ``k`` sequences laid end to end; ``advantages`` float32 ``[k]`
 ``[k]`` (position in the whole batch). The header metadata holds ``micro_batches`` (positions into the
 shard) and ``step``/``rank``.
 
+An episode runner publishes each finished trajectory as a one-sequence shard (:func:`encode_trajectory`,
+advantage 0: the broker computes advantages when the batch is cut); a trainer rank fetches the ones the
+broker's dispatch gave it and joins them with :func:`merge_trajectories`, which sets the advantages.
+
 Contract: ``decode_shard(*encode_shard(...))`` returns the same sequences, masks and micro-batches;
 log-probs and advantages are rounded to float32 (the precision the trainer computes in). Inconsistent
 input raises ``ValueError`` naming the field.
@@ -23,7 +27,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["decode_shard", "encode_shard"]
+__all__ = ["decode_shard", "encode_shard", "encode_trajectory", "merge_trajectories"]
 
 
 def encode_shard(input_ids: Sequence[Sequence[int]], loss_mask: Sequence[Sequence[int]],
@@ -73,3 +77,31 @@ def decode_shard(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, Any
     if sorted(i for mb in micro for i in mb) != list(range(len(lengths))):
         raise ValueError("training shard's micro_batches do not cover its sequences exactly once")
     return batch, micro
+
+
+def encode_trajectory(input_ids: Sequence[int], loss_mask: Sequence[int], rollout_logprobs: Sequence[float], *,
+                      meta: Mapping[str, Any] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """One trajectory as a one-sequence shard (advantage 0); ``meta`` (group, index, ...) rides in the header."""
+    tensors, header = encode_shard([list(input_ids)], [list(loss_mask)], [list(rollout_logprobs)], [0.0],
+                                   traj_index=[0], micro_batches=[[0]], step=0, rank=0)
+    header["trajectory"] = dict(meta or {})
+    return tensors, header
+
+
+def merge_trajectories(items: Sequence[tuple[Mapping[str, torch.Tensor], Mapping[str, Any]]],
+                       advantages: Sequence[float]) -> Any:
+    """A :class:`~libra.engines.grpo.TrainBatch` of fetched one-or-more-sequence shards, in order, with
+    ``advantages`` (one per sequence) replacing theirs. Raises ``ValueError`` if the counts differ."""
+    from libra.engines.grpo import TrainBatch
+
+    ids: list[list[int]] = []
+    mask: list[list[int]] = []
+    lps: list[list[float]] = []
+    for tensors, metadata in items:
+        b, _ = decode_shard(tensors, metadata)
+        ids += b.input_ids
+        mask += b.loss_mask
+        lps += b.rollout_logprobs
+    if len(advantages) != len(ids):
+        raise ValueError(f"merge_trajectories: {len(ids)} sequences but {len(advantages)} advantages")
+    return TrainBatch(ids, mask, lps, [float(a) for a in advantages])

@@ -36,8 +36,12 @@ def test_three_steps_produce_versions_metrics_and_files(tiny_run: tuple[dict, Pa
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert [r["weights_version"] for r in recs] == [1, 2, 3]
     assert summary["final_version"] == 3
+    assert summary["job_state_in"] == "broker" and summary["episodes_failed"] == 0
     for r in recs:
         assert r["sequences"] == 2 * 4 and r["ranks"] == 2
+        # the broker decided the dispatch; each rank fetched its trajectories from the episode runner
+        assert r["dispatch_decided_by"] == "broker" and r["shard_sources"] == 1 and r["shard_bytes"] > 0
+        assert sum(r["rank_tokens"]) > 0 and r["dispatch_imbalance"] <= r["dispatch_imbalance_round_robin"]
         for key in ("reward_mean", "reward_std", "tokens_per_s", "rollout_time_s", "train_time_s",
                     "sync_time_s", "policy_lag_max", "versions_seen"):
             assert key in r

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from libra.rl.job import JobState, Trajectory
+from libra.broker.job_state import JobState, Trajectory
 
 
 def traj(gid: int, idx: int, reward: float, versions: list[int]) -> Trajectory:
-    return Trajectory(gid, idx, [1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], reward, versions)
+    return Trajectory(gid, idx, 3, 2, reward, versions)
 
 
 def fill(st: JobState, gid: int, version: int) -> bool:

@@ -1,6 +1,8 @@
 """Pure RL job state: admission under the policy-lag bound, GRPO groups, batch cutting, versions.
 
-No I/O, no clocks, no asyncio: the driver feeds it events and does what it says. Tested on its own.
+Hosted by the broker's job host (:mod:`libra.broker.job`).
+
+No I/O, no clocks, no asyncio: the job host feeds it events and does what it says. Tested on its own.
 
 Contracts:
 
@@ -28,24 +30,21 @@ __all__ = ["Group", "JobState", "Trajectory"]
 
 @dataclass(slots=True)
 class Trajectory:
-    """One finished episode as the trainer needs it (token ids, mask, rollout log-probs, reward)."""
+    """One finished episode as the job state sees it: the tensors stay with the episode runner that made
+    them; ``ref`` is the data-plane ref a trainer rank fetches them from (``None`` in pure tests)."""
 
     group: int
     index: int
-    input_ids: list[int]
-    loss_mask: list[int]
-    rollout_logprobs: list[float]
+    tokens: int  # sequence length (prompt + generated + tool tokens): what dispatch balances
+    gen_tokens: int
     reward: float
     versions: list[int]  # weights version of every generated turn
+    ref: dict[str, Any] | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def min_version(self) -> int:
         return min(self.versions) if self.versions else 0
-
-    @property
-    def gen_tokens(self) -> int:
-        return sum(self.loss_mask)
 
 
 @dataclass(slots=True)

@@ -1,0 +1,154 @@
+"""The ``episode`` role: an episode runner that runs agent loops for the broker's RL jobs.
+
+Role: a CPU slot that accepts ``episode`` work (``name``: the environment). Each episode runs the
+environment's ``episode(session, problem, env_config)`` function on one asyncio loop shared by all the
+slot's episodes; the session (:class:`libra.rl.episode.EpisodeSession`) sends every model turn as
+``generate`` work and every tool call as ``action`` work to the broker, with the trajectory id, so the
+C-MLFQ router and the action scheduler see every turn. The turns name no weights: the broker attaches
+the job's newest version to each turn it assigns.
+
+Contracts:
+- ``episode`` args: ``job``, ``row`` (the dataset row: a mapping the environment's ``from_row`` turns into
+  its problem), ``group``, ``index``, ``seed`` and ``episode``: ``{"env_config": {...}, "sampling":
+  {"max_new_tokens", "temperature", "top_p", "max_total_tokens", "timeout_s"}, "model_dir": optional}``.
+  The tokenizer comes from ``episode["model_dir"]`` when that directory exists here, else from the slot's
+  ``--model-dir``.
+- The finished trajectory's tensors (token ids, loss mask, rollout log-probs) stay here: they are
+  published on this runner's data-plane server as ``traj/JOB/gG/I/WORK`` and the reply carries only the
+  ref, the reward, the versions each turn used, token counts and a small ``info`` (the environment's
+  own info, the decoded turns, start/end wall-clock times, weight-load waits). A trainer rank fetches the
+  tensors directly; the broker never sees them.
+- Published trajectories are kept ``retain_s`` seconds (default 1 h) or until ``max_retained`` newer ones
+  exist, whichever comes first; a step trained later than that fails with ``shard_fetch_failed``.
+- A failing episode (a turn that cannot be served, a bad row, an environment bug) fails the work with the
+  error; the broker's job then trains that group without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from libra.logging import get_logger
+
+from .tools import ToolError, WorkContext
+
+__all__ = ["EpisodeRole"]
+
+log = get_logger("libra.episode_role")
+
+
+class EpisodeRole:
+    """See the module contracts. ``episode`` is the work handler (thread-safe; blocks its worker thread)."""
+
+    def __init__(self, broker_url: str, model_dir: str | None, slot: str, *, retain_s: float = 3600.0,
+                 max_retained: int = 20_000) -> None:
+        from libra.dataplane import DataPlaneKeys, DataPlaneServer
+
+        self.broker_url = broker_url
+        self.model_dir = model_dir
+        self.slot = slot
+        self.retain_s = retain_s
+        self.max_retained = max_retained
+        self.server = DataPlaneServer(keys=DataPlaneKeys.from_env())
+        self._held: deque[tuple[float, str]] = deque()
+        self._held_lock = threading.Lock()
+        self._tok: dict[str, tuple[Any, list[int]]] = {}
+        self._tok_lock = threading.Lock()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="libra-episodes", daemon=True)
+        self._thread.start()
+        self._client: Any = None
+        self._client_lock: asyncio.Lock | None = None  # made on the loop thread
+
+    # ------------------------------------------------------------------ handler
+    def episode(self, args: Any, ctx: WorkContext) -> dict[str, Any]:
+        if not isinstance(args, dict) or not isinstance(args.get("row"), dict):
+            raise ToolError("bad_request", "episode needs args {'row': {...}, 'group', 'index', 'episode': {...}}")
+        fut = asyncio.run_coroutine_threadsafe(self._run(args, ctx), self.loop)
+        return fut.result()
+
+    async def _client_ready(self) -> Any:
+        """The one broker client all of this slot's episodes share (created once, under a lock: episodes
+        starting together must not each open a client with the same id)."""
+        import os
+        import uuid
+
+        from libra.client.aio import AsyncClient
+
+        if self._client_lock is None:
+            self._client_lock = asyncio.Lock()
+        async with self._client_lock:
+            if self._client is None:
+                cid = f"episodes-{self.slot}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+                self._client = await AsyncClient(self.broker_url, client_id=cid).connect(30.0)
+        return self._client
+
+    def _tokenizer(self, wanted: Any) -> tuple[Any, list[int]]:
+        d = wanted if isinstance(wanted, str) and (Path(wanted) / "config.json").is_file() else self.model_dir
+        if d is None:
+            raise ToolError("bad_request", "no tokenizer: the job names no model_dir here and the slot has no --model-dir")
+        with self._tok_lock:
+            if d not in self._tok:
+                from transformers import AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(d)
+                stop = {tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id}
+                self._tok[d] = (tok, sorted(int(t) for t in stop if isinstance(t, int) and t >= 0))
+            return self._tok[d]
+
+    async def _run(self, args: dict[str, Any], ctx: WorkContext) -> dict[str, Any]:
+        from libra.config import ConfigError, from_mapping
+        from libra.envs import get_env
+        from libra.rl.config import EnvConfig
+        from libra.rl.episode import EpisodeSession, SamplingParams
+        from libra.rl.shards import encode_trajectory
+
+        spec = args.get("episode") or {}
+        try:
+            env_cfg = from_mapping(EnvConfig, dict(spec.get("env_config") or {}), "episode env_config")
+            env = get_env(env_cfg.name)
+            problem = env.from_row(args["row"])
+            params = SamplingParams(**dict(spec.get("sampling") or {}))
+        except (ConfigError, ValueError, TypeError, KeyError) as exc:
+            raise ToolError("bad_request", f"episode: {type(exc).__name__}: {exc}") from None
+        tok, stop_ids = await asyncio.to_thread(self._tokenizer, spec.get("model_dir"))
+        client = await self._client_ready()
+        text = tok.apply_chat_template(problem.prompt, add_generation_prompt=True, tokenize=False)
+        prompt_ids = tok.encode(text, add_special_tokens=False)
+        traj_id = f"{ctx.trajectory or args.get('job', 'job')}/{ctx.work_id}"
+        s = EpisodeSession(client, tok, traj_id, prompt_ids, params, lambda: None, stop_ids,
+                           seed=int(args.get("seed", 0)))
+        t0 = time.time()
+        try:
+            reward, info = await env.episode(s, problem, env_cfg)
+        finally:
+            await s.finish()
+        tensors, header = encode_trajectory(s.input_ids, s.loss_mask, s.logprobs,
+                                            meta={"group": args.get("group"), "index": args.get("index")})
+        name = f"traj/{args.get('job', 'job')}/g{args.get('group')}/{args.get('index')}/{ctx.work_id}"
+        ref = self.server.publish_state_dict(name, tensors, metadata=header)
+        self._retain(name)
+        info = dict(info)
+        info.update({"load_s": s.load_s, "start": t0, "end": time.time(), "texts": s.texts,
+                     "question": getattr(problem, "question", None), "expected": getattr(problem, "answer", None),
+                     "runner": self.slot})
+        return {"reward": float(reward), "versions": list(s.versions), "gen_tokens": s.gen_tokens,
+                "tokens": len(s.input_ids), "ref": ref.to_wire(), "info": info}
+
+    def _retain(self, name: str) -> None:
+        now = time.monotonic()
+        with self._held_lock:
+            self._held.append((now, name))
+            while self._held and (len(self._held) > self.max_retained or now - self._held[0][0] > self.retain_s):
+                self.server.retire(self._held.popleft()[1])
+
+    def close(self) -> None:
+        self.server.close()
+        if self._client is not None:
+            asyncio.run_coroutine_threadsafe(self._client.close(), self.loop).result(5.0)
+        self.loop.call_soon_threadsafe(self.loop.stop)

@@ -1,0 +1,323 @@
+"""The broker's RL job host: dataset rows → ``episode`` work → GRPO groups → ``train`` work → versions.
+
+Pure (no I/O, no clocks: time comes in as ``now``). :class:`~libra.broker.state.BrokerState` owns one
+:class:`JobHost` per submitted job (``JobSubmit``), submits the work the host asks for as ordinary
+broker work (so it is queued, leased, retried and failed like any other) and hands it every reply.
+
+The flow, per the design's RL job:
+
+- **Episodes.** While :class:`~libra.broker.job_state.JobState` admits (policy-lag bound), each new GRPO
+  group becomes ``group_size`` ``episode`` works (name: the environment) carrying the dataset row, the
+  group/index and a seed. An episode runner (``libra.actors.episode_role``) runs the agent loop through
+  the broker — every model turn is ``generate`` work routed by C-MLFQ, every tool call ``action`` work —
+  keeps the trajectory's tensors on its own data-plane server and replies with a small summary: reward,
+  versions, token counts and the data-plane ``ref``.
+- **Training.** When a batch is cut, the host computes the group-relative advantages from the rewards
+  (the same formula as :func:`libra.engines.grpo.group_advantages`), asks the dispatch policy
+  (``libra.policies.dispatch``, EARL's layout-aware dispatch: balance tokens per rank) which rank trains on
+  which trajectory, and submits one ``train`` work per rank naming, for every rank, the refs of its
+  trajectories with their advantages and micro-batches. Each rank fetches its trajectories straight from
+  the runners that hold them: the broker decides who gets what; the bytes never pass through it.
+- **Versions.** Rank 0's reply carries the new weights ref; the broker then attaches it to every
+  ``generate`` turn it assigns that names no weights (rollout instances load it between turns).
+- **Progress.** One record per trained step (rewards, throughput, lag, dispatch balance, trainer
+  metrics, a few transcripts) is kept; ``JobPoll`` returns the records after a cursor.
+
+Failure semantics: an episode that fails (after the broker's retries) makes its group smaller (a group of
+fewer than 2 is dropped and re-admitted); a ``train`` work that fails fails the job with the rank's error
+(state ``failed``); a cancelled job cancels its outstanding work. Nothing is dropped silently: every
+dropped group is counted in ``dropped_groups``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from libra.config import ConfigError, from_mapping
+from libra.policies.dispatch import STRATEGIES, plan_dispatch
+
+from .job_state import Group, JobState, Trajectory
+
+__all__ = ["JobHost", "JobSpec", "JobWork", "group_advantages"]
+
+RUNNING, DONE, FAILED, CANCELLED = "running", "done", "failed", "cancelled"
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A job's settings as the broker needs them (the client builds it from the job file)."""
+
+    steps: int
+    prompts_per_step: int
+    group_size: int
+    max_policy_lag: int
+    world_size: int  # trainer ranks; one train work per rank per step
+    env: str  # episode work name: the environment episode runners run
+    episode: dict[str, Any] = field(default_factory=dict)  # passed verbatim to runners (model dir, sampling, env)
+    grpo: dict[str, Any] = field(default_factory=dict)  # passed verbatim to trainer ranks
+    dispatch: str = "lpt"
+    micro_batch_tokens: int = 4096
+    scale_by_std: bool = True
+    seed: int = 0
+    master_port: int = 0
+    checkpoint_dir: str = ""  # "" = no checkpoints
+    checkpoint_every: int = 0  # 0: only after the last step
+    episode_timeout_s: float = 1800.0
+    train_timeout_s: float = 3600.0
+    samples_per_step: int = 2
+
+    @classmethod
+    def from_mapping(cls, data: Any) -> JobSpec:
+        """Validate a ``JobSubmit.spec``; raises :class:`~libra.config.ConfigError` naming the key."""
+        if not isinstance(data, dict):
+            raise ConfigError("job spec must be a mapping")
+        spec = from_mapping(cls, data, "job spec")
+        problems = [f"{k} must be >= 1, got {getattr(spec, k)}" for k in
+                    ("steps", "prompts_per_step", "world_size", "micro_batch_tokens") if getattr(spec, k) < 1]
+        if spec.group_size < 2:
+            problems.append(f"group_size must be >= 2, got {spec.group_size}")
+        if spec.max_policy_lag < 0:
+            problems.append(f"max_policy_lag must be >= 0, got {spec.max_policy_lag}")
+        if spec.dispatch not in STRATEGIES:
+            problems.append(f"dispatch must be one of {', '.join(STRATEGIES)}, got {spec.dispatch!r}")
+        if not (spec.episode_timeout_s > 0 and spec.train_timeout_s > 0):
+            problems.append("episode_timeout_s and train_timeout_s must be > 0")
+        if not spec.env:
+            problems.append("env must name the environment")
+        if problems:
+            raise ConfigError("job spec: " + "; ".join(problems))
+        return spec
+
+
+@dataclass(frozen=True, slots=True)
+class JobWork:
+    """One piece of work the host wants submitted. ``tag`` comes back with its reply."""
+
+    tag: str
+    kind: str
+    name: str
+    args: dict[str, Any]
+    trajectory: str | None
+    timeout_s: float
+
+
+def group_advantages(rewards: list[float], groups: list[int], *, scale_by_std: bool = True,
+                     eps: float = 1e-6) -> list[float]:
+    """``(r - mean_g) / (std_g + eps)`` (unbiased std) per group, or ``r - mean_g``; 0 for a group whose
+    rewards are all equal or that has one member. Same contract as ``libra.engines.grpo.group_advantages``."""
+    by: dict[int, list[float]] = {}
+    for r, g in zip(rewards, groups):
+        by.setdefault(g, []).append(float(r))
+    stats = {}
+    for g, rs in by.items():
+        flat = len(rs) < 2 or len(set(rs)) == 1
+        stats[g] = (statistics.fmean(rs), 0.0 if flat else statistics.stdev(rs), flat)
+    out = []
+    for r, g in zip(rewards, groups):
+        mean, std, flat = stats[g]
+        out.append(0.0 if flat else (r - mean) / (std + eps) if scale_by_std else r - mean)
+    return out
+
+
+class JobHost:
+    """One running job. The broker calls :meth:`take_work`, :meth:`on_reply`, :meth:`cancel`, :meth:`poll`."""
+
+    def __init__(self, name: str, spec: JobSpec, rows: list[Any], now: float) -> None:
+        if not rows:
+            raise ConfigError("job has no dataset rows")
+        self.name = name
+        self.submit_request = ""  # the JobSubmit request id (a resubmission is answered, not re-run)
+        self.spec = spec
+        self.rows = rows
+        self.state = JobState(spec.steps, spec.prompts_per_step, spec.group_size, spec.max_policy_lag)
+        self.phase = RUNNING
+        self.error = ""
+        self.records: list[dict[str, Any]] = []
+        self.weights: dict[str, Any] | None = None
+        self.started_at = now
+        self.finished_at: float | None = None
+        self.gen_tokens = 0
+        self.episodes_failed = 0
+        self._outbox: list[JobWork] = []
+        self._live: dict[str, tuple[int, int]] = {}  # episode tag -> (group, index)
+        self._train: dict[str, Any] | None = None
+        self._t_last = now
+        self._tokens_last = 0
+        self._n = 0
+
+    # ------------------------------------------------------------------ driving
+    @property
+    def active(self) -> bool:
+        return self.phase == RUNNING
+
+    def take_work(self, now: float) -> list[JobWork]:
+        """Admit what the lag bound allows, cut a batch if one is ready; the work to submit now."""
+        st = self.state
+        while self.active and st.can_admit():
+            g = st.admit(self.rows[st.admitted % len(self.rows)])
+            for i in range(st.group_size):
+                self._n += 1
+                tag = f"ep:{g.gid}:{i}:{self._n}"
+                self._live[tag] = (g.gid, i)
+                s = self.spec
+                self._outbox.append(JobWork(tag, "episode", s.env, {
+                    "job": self.name, "row": g.prompt, "group": g.gid, "index": i,
+                    "seed": s.seed * 1_000_003 + g.gid * 1000 + i * 10, "episode": s.episode,
+                }, f"job:{self.name}/g{g.gid}/{i}", s.episode_timeout_s))
+        if self.active and self._train is None:
+            batch = st.cut_batch()
+            if batch is not None:
+                self._start_train(batch, now)
+        out, self._outbox = self._outbox, []
+        return out
+
+    def on_reply(self, tag: str, ok: bool, output: Any, error: str, now: float) -> None:
+        """The one reply of work ``tag`` (its output if ``ok``, else the error text)."""
+        if tag.startswith("ep:"):
+            self._on_episode(tag, ok, output, error)
+        elif tag.startswith("train:"):
+            self._on_train(tag, ok, output, error, now)
+        if self.active and self.state.finished:
+            self.phase = DONE
+            self.finished_at = now
+
+    def cancel(self, why: str, now: float) -> None:
+        if self.active:
+            self.phase = CANCELLED
+            self.error = why
+            self.finished_at = now
+
+    def outstanding(self) -> bool:
+        return bool(self._live) or self._train is not None
+
+    # ------------------------------------------------------------------ episodes
+    def _on_episode(self, tag: str, ok: bool, out: Any, error: str) -> None:
+        gid, idx = self._live.pop(tag, (-1, -1))
+        st = self.state
+        if gid < 0 or gid not in st.groups:
+            return  # the group was dropped meanwhile
+        t = self._trajectory(gid, idx, out) if ok else None
+        if t is None:
+            self.episodes_failed += 1
+            st.fail(gid)
+            return
+        self.gen_tokens += t.gen_tokens
+        st.add(t)
+
+    @staticmethod
+    def _trajectory(gid: int, idx: int, out: Any) -> Trajectory | None:
+        """The runner's summary as a Trajectory, or None when it is malformed (counted as a failure)."""
+        try:
+            versions = [int(v) for v in out["versions"]]
+            t = Trajectory(gid, idx, int(out["tokens"]), int(out["gen_tokens"]), float(out["reward"]), versions,
+                           dict(out["ref"]), dict(out.get("info") or {}))
+        except (TypeError, KeyError, ValueError):
+            return None
+        return t if t.tokens > 0 else None
+
+    # ------------------------------------------------------------------ training
+    def _start_train(self, batch: list[Group], now: float) -> None:
+        s, st = self.spec, self.state
+        trajs = [t for g in batch for t in g.trajs]
+        adv = group_advantages([t.reward for t in trajs], [t.group for t in trajs], scale_by_std=s.scale_by_std)
+        lengths = [t.tokens for t in trajs]
+        plan = plan_dispatch(lengths, s.world_size, micro_batch_tokens=s.micro_batch_tokens, strategy=s.dispatch)
+        naive = plan_dispatch(lengths, s.world_size, strategy="round_robin")
+        parts = [[{"ref": trajs[i].ref, "advantage": adv[i], "index": i} for i in idx] for idx in plan.assignment]
+        step = st.steps_done + 1
+        ckpt = ""
+        if s.checkpoint_dir and (step == s.steps or (s.checkpoint_every and step % s.checkpoint_every == 0)):
+            ckpt = f"{s.checkpoint_dir.rstrip('/')}/step{step}"
+        self._train = {"step": step, "trajs": trajs, "plan": plan, "naive": naive, "t0": now, "outs": {}}
+        for r in range(s.world_size):
+            self._outbox.append(JobWork(f"train:{step}:{r}", "train", "grpo", {
+                "parts": parts, "micro_batches": [[list(mb) for mb in mbs] for mbs in plan.micro_batches],
+                "world_size": s.world_size, "rank": r, "step": step, "master_port": s.master_port,
+                "grpo": s.grpo, "checkpoint": ckpt or None}, None, s.train_timeout_s))
+
+    def _on_train(self, tag: str, ok: bool, out: Any, error: str, now: float) -> None:
+        tr = self._train
+        if tr is None or not tag.startswith(f"train:{tr['step']}:"):
+            return
+        if not ok or not isinstance(out, dict):
+            self._train = None
+            self.phase = FAILED
+            self.error = f"train step {tr['step']} failed on rank {tag.rsplit(':', 1)[1]}: {error or 'bad reply'}"
+            self.finished_at = now
+            return
+        tr["outs"][int(tag.rsplit(":", 1)[1])] = out
+        if len(tr["outs"]) < self.spec.world_size:
+            return
+        self._train = None
+        outs = [tr["outs"][r] for r in range(self.spec.world_size)]
+        try:
+            new_v = int(outs[0]["weights_version"])
+            rec = self._record(tr, outs, now)
+            self.state.step_done(new_v)
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            self.phase, self.error, self.finished_at = FAILED, f"train step {tr['step']}: {exc}", now
+            return
+        if isinstance(outs[0].get("weights"), dict):
+            self.weights = outs[0]["weights"]
+        self.records.append(rec)
+
+    def _record(self, tr: dict[str, Any], outs: list[dict[str, Any]], now: float) -> dict[str, Any]:
+        trajs: list[Trajectory] = tr["trajs"]
+        plan, naive = tr["plan"], tr["naive"]
+        st = self.state
+        rewards = [t.reward for t in trajs]
+        lag = [st.version - t.min_version for t in trajs]
+        step_s = now - self._t_last
+        tokens = self.gen_tokens - self._tokens_last
+        self._t_last, self._tokens_last = now, self.gen_tokens
+        m = outs[0].get("metrics") or {}
+        info = [t.info for t in trajs]
+        starts = [float(i["start"]) for i in info if "start" in i]
+        ends = [float(i["end"]) for i in info if "end" in i]
+        waits = [float(x) for i in info for x in i.get("load_s", [])]
+        return {
+            "step": tr["step"], "weights_version": int(outs[0]["weights_version"]),
+            "reward_mean": statistics.fmean(rewards),
+            "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0, "rewards": rewards,
+            "accuracy": statistics.fmean(1.0 if i.get("correct") else 0.0 for i in info),
+            "format_rate": statistics.fmean(1.0 if i.get("formatted") else 0.0 for i in info),
+            "tool_calls_per_episode": statistics.fmean(float(i.get("tool_calls", 0)) for i in info),
+            "turns_per_episode": statistics.fmean(len(t.versions) for t in trajs),
+            "sequences": len(trajs), "gen_tokens": tokens, "tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
+            "step_time_s": step_s, "rollout_time_s": (max(ends) - min(starts)) if starts and ends else 0.0,
+            "train_time_s": now - tr["t0"],
+            "weight_publish_s": float(outs[0].get("publish_s", 0.0)), "weight_sync_version": st.version,
+            "turn_weight_wait_s": max((0.0, *waits)),
+            "weights_bytes": int((outs[0].get("weights") or {}).get("bytes", 0)),
+            "dispatch": plan.strategy, "dispatch_decided_by": "broker", "rank_tokens": list(plan.rank_tokens),
+            "dispatch_imbalance": plan.imbalance, "dispatch_imbalance_round_robin": naive.imbalance,
+            "rank_padded_tokens": list(plan.rank_padded_tokens), "micro_batches": [len(x) for x in plan.micro_batches],
+            "shard_fetch_s": max(float(o.get("shard_fetch_s", 0.0)) for o in outs),
+            "shard_bytes": sum(int(o.get("shard_bytes", 0)) for o in outs),
+            "shard_sources": max(int(o.get("shard_sources", 0)) for o in outs),
+            "policy_lag_mean": statistics.fmean(lag), "policy_lag_max": max(lag),
+            "versions_seen": sorted({v for t in trajs for v in t.versions}), "turn_versions": [t.versions for t in trajs],
+            "loss": m.get("loss"), "grad_norm": m.get("grad_norm"), "clip_frac": m.get("clip_frac"),
+            "kl_mean": m.get("kl_mean"), "checksums": [o.get("checksum") for o in outs], "ranks": len(outs),
+            "dropped_groups": st.dropped_groups, "episodes_failed": self.episodes_failed,
+            "samples": [{"question": t.info.get("question"), "expected": t.info.get("expected"), "reward": t.reward,
+                         "versions": t.versions, "texts": t.info.get("texts")} for t in trajs[: self.spec.samples_per_step]],
+        }
+
+    # ------------------------------------------------------------------ views
+    def poll(self, cursor: int) -> dict[str, Any]:
+        """What ``JobPoll`` answers (see the message's docstring)."""
+        c = max(0, cursor)
+        return {"job": self.name, "state": self.phase, "error": self.error, "steps": self.spec.steps,
+                "steps_done": self.state.steps_done, "version": self.state.version, "weights": self.weights,
+                "records": self.records[c:], "next_cursor": len(self.records),
+                "dropped_groups": self.state.dropped_groups, "episodes_failed": self.episodes_failed,
+                "episodes_running": len(self._live), "training": self._train is not None}
+
+    def summary(self) -> dict[str, Any]:
+        """One line for ``python -m libra status``."""
+        return {"state": self.phase, "steps_done": self.state.steps_done, "steps": self.spec.steps,
+                "version": self.state.version, "episodes_running": len(self._live),
+                "training": self._train is not None, "error": self.error}
