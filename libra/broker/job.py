@@ -270,13 +270,15 @@ class JobHost:
         rewards = [t.reward for t in trajs]
         lag = [st.version - t.min_version for t in trajs]
         step_s = now - self._t_last
-        tokens = self.gen_tokens - self._tokens_last
+        window_tokens = self.gen_tokens - self._tokens_last
         self._t_last, self._tokens_last = now, self.gen_tokens
         m = outs[0].get("metrics") or {}
         info = [t.info for t in trajs]
         starts = [float(i["start"]) for i in info if "start" in i]
         ends = [float(i["end"]) for i in info if "end" in i]
         waits = [float(x) for i in info for x in i.get("load_s", [])]
+        rollout_s = (max(ends) - min(starts)) if starts and ends else 0.0
+        tokens = sum(t.gen_tokens for t in trajs)
         return {
             "step": tr["step"], "weights_version": int(outs[0]["weights_version"]),
             "reward_mean": statistics.fmean(rewards),
@@ -285,8 +287,12 @@ class JobHost:
             "format_rate": statistics.fmean(1.0 if i.get("formatted") else 0.0 for i in info),
             "tool_calls_per_episode": statistics.fmean(float(i.get("tool_calls", 0)) for i in info),
             "turns_per_episode": statistics.fmean(len(t.versions) for t in trajs),
-            "sequences": len(trajs), "gen_tokens": tokens, "tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
-            "step_time_s": step_s, "rollout_time_s": (max(ends) - min(starts)) if starts and ends else 0.0,
+            # This step's own trajectories over their rollout window (windows of consecutive steps overlap
+            # under the asynchronous pipeline) ...
+            "sequences": len(trajs), "gen_tokens": tokens, "tokens_per_s": tokens / rollout_s if rollout_s > 0 else 0.0,
+            # ... and everything the job generated between this step's record and the previous one.
+            "window_gen_tokens": window_tokens, "window_tokens_per_s": window_tokens / step_s if step_s > 0 else 0.0,
+            "step_time_s": step_s, "rollout_time_s": rollout_s,
             "train_time_s": now - tr["t0"],
             "weight_publish_s": float(outs[0].get("publish_s", 0.0)), "weight_sync_version": st.version,
             "turn_weight_wait_s": max((0.0, *waits)),

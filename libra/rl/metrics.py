@@ -66,6 +66,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "last_quarter_accuracy": _stats([r["accuracy"] for r in last]),
         "max_policy_lag_seen": max(r["policy_lag_max"] for r in records),
         "tokens_per_s_mean": statistics.fmean(r["tokens_per_s"] for r in records),
+        "gen_tokens_total": sum(r.get("gen_tokens", 0) for r in records),
         "wall_s": sum(r["step_time_s"] for r in records),
     }
 

@@ -112,6 +112,9 @@ def test_admission_respects_the_lag_bound_then_a_batch_becomes_train_work_per_ra
     (rec,) = h.records
     assert rec["step"] == 1 and rec["weights_version"] == 1 and rec["sequences"] == 6
     assert rec["dispatch_decided_by"] == "broker" and rec["dispatch_imbalance"] <= rec["dispatch_imbalance_round_robin"]
+    # the step's own trajectories over their rollout window (start 1.0 to end 2.0), and the job-wide window
+    assert rec["gen_tokens"] == 195 and rec["rollout_time_s"] == 1.0 and rec["tokens_per_s"] == 195.0
+    assert rec["window_gen_tokens"] == 195 and rec["window_tokens_per_s"] == pytest.approx(195 / 3.0)
     assert h.weights is not None and h.weights["version"] == 1
     more = h.take_work(3.0)  # version 1 frees nominal step 2... but only 2 steps exist: nothing new
     assert more == [] and h.state.version == 1
