@@ -14,11 +14,16 @@ Three parts, each against its baseline in the same run:
    ``tangram``, ``per_trajectory`` with the budget split evenly (cores // batch per sandbox) and sized for the
    peak DoP (16), and ``fixed_dop`` 4/16, at each batch; ratios are baseline ACT / tangram ACT.
 3. **MOPD GPU pool**: the static SGLang-like deployment (9 teachers × 4 GPUs) vs the smallest ``tangram``
-   evict-on-execution pool whose mean ACT is within ``--ratio`` of the baseline's. Also reported: the
-   time-averaged GPUs held by executing (and restoring) calls in both, and tangram's ACT on the full
-   36-GPU pool against the baseline's (the paper's "18.1× at batch 2,048").
+   evict-on-execution pool whose mean ACT is within ``--ratio`` of the baseline's, under the GPU memory
+   model (``--gpu-mem-gb`` 80 per GPU, ``--gpu-workspace-gb`` 8 kept for activations: idle teachers stay
+   resident side by side, a cell runs one call at a time; ``--gpu-mem-gb 0``: one replica per cell). For
+   the chosen pool: ACT and its breakdown (execution / queueing / restore overhead), hits / restores /
+   evictions, and the same pool with exclusive cells. Also reported: the compute bound at the target's
+   pool size (no placement can do better), the time-averaged GPUs held by executing (and restoring) calls
+   in both, and tangram's ACT on the full 36-GPU pool against the baseline's (the paper's "18.1× at batch
+   2,048").
 
-``python -m libra.bench.actions_sched [--quick] [--json]``.
+``python -m libra.bench.actions_sched [--quick] [--skip-latency] [--skip-coding] [--json]``.
 """
 
 from __future__ import annotations
@@ -143,23 +148,65 @@ def coding(batches: list[int], seed: int, steps: int) -> list[dict[str, Any]]:
     return out
 
 
-def mopd(batch: int, seed: int, ratio: float, zipf: list[float]) -> list[dict[str, Any]]:
-    """Static 36-GPU deployment vs the smallest tangram pool within ``ratio``, per Zipf exponent."""
+MOPD_CANDIDATES = sorted({*range(4, 37, 4), 10})
+"""Pool sizes tried for MOPD: every multiple of a TP-4 replica, plus 10 (a node of 8 and a partial node of 2,
+as the simulator lays out pools; the 2 GPUs cannot host a TP-4 cell, so 10 behaves like 8)."""
+
+MOPD_TARGET_FRACTION = 0.30
+"""Issue #5: tangram within the ACT ratio on at most this fraction of the static baseline's GPUs."""
+
+
+def _brief(r: dict[str, Any]) -> dict[str, Any]:
+    """ACT, its breakdown and the placement counters of one pooled run."""
+    return {
+        "gpus": r["gpus_used"], "act_mean_s": r["act_mean_s"], "breakdown_s": r["act_breakdown_s"],
+        "gpus_busy_mean": r["gpus_busy_mean"], "hits": r.get("gpu_hits"), "restores": r.get("gpu_restores"),
+        "evictions": r.get("gpu_evictions"), "restore_s": r.get("gpu_restore_s"),
+    }
+
+
+def mopd(batch: int, seed: int, ratio: float, zipf: list[float], *, gpu_mem_gb: float | None = 80.0,
+         gpu_workspace_gb: float = 8.0, reserve_gb: float = 0.0) -> list[dict[str, Any]]:
+    """Static 36-GPU deployment vs the smallest tangram pool within ``ratio``, per Zipf exponent.
+
+    Pools are tried in :data:`MOPD_CANDIDATES` order under the GPU memory model (``gpu_mem_gb`` per GPU,
+    ``gpu_workspace_gb`` kept for activations, ``reserve_gb`` more per GPU for every resident teacher;
+    ``gpu_mem_gb=None``: exclusive cells). Per exponent it also
+    runs: the chosen pool with exclusive cells (what co-residency buys), tangram on the baseline's 36 GPUs,
+    and the *compute bound* at the largest candidate within :data:`MOPD_TARGET_FRACTION` of the baseline's
+    GPUs: unlimited GPU memory and free restores (every teacher resident on every cell), so only the
+    one-call-per-cell compute limit remains; no placement policy can beat it on that pool.
+    """
     rows = []
     for s in zipf:
-        cfg = SimConfig(workload="mopd", batch=batch, seed=seed, workload_params={"zipf_s": s})
-        res = min_gpu_pool(cfg, ratio=ratio, candidates=list(range(4, 37, 4)))
+        cfg = SimConfig(workload="mopd", batch=batch, seed=seed, workload_params={"zipf_s": s, "reserve_gb": reserve_gb},
+                        gpu_mem_gb=gpu_mem_gb, gpu_workspace_gb=gpu_workspace_gb)
+        res = min_gpu_pool(cfg, ratio=ratio, candidates=MOPD_CANDIDATES)
         b, t = res["baseline"], res["tangram"]
         full = run_sim(replace(cfg, gpu_pool=b["gpus_used"]))
+        target_pool = max(g for g in MOPD_CANDIDATES if g <= MOPD_TARGET_FRACTION * b["gpus_used"])
+        bound = run_sim(replace(cfg, gpu_pool=target_pool, gpu_mem_gb=1e9, gpu_workspace_gb=0.0, h2d_gbps=1e15))
+        exclusive = None
+        if t is not None and gpu_mem_gb is not None:
+            exclusive = _brief(run_sim(replace(cfg, gpu_pool=t["gpus_used"], gpu_mem_gb=None)))
         rows.append({
-            "zipf_s": s, "baseline_gpus": b["gpus_used"], "baseline_act_s": b["act_mean_s"],
+            "zipf_s": s, "gpu_mem_gb": gpu_mem_gb, "gpu_workspace_gb": gpu_workspace_gb if gpu_mem_gb else None,
+            "reserve_gb": reserve_gb if gpu_mem_gb else None,
+            "baseline_gpus": b["gpus_used"], "baseline_act_s": b["act_mean_s"],
             "baseline_breakdown_s": b["act_breakdown_s"], "baseline_gpus_busy_mean": b["gpus_busy_mean"],
+            "act_limit_s": ratio * b["act_mean_s"],
+            "tangram": None if t is None else _brief(t),
             "tangram_gpus": None if t is None else t["gpus_used"],
             "tangram_act_s": None if t is None else t["act_mean_s"],
             "tangram_breakdown_s": None if t is None else t["act_breakdown_s"],
             "tangram_gpus_busy_mean": None if t is None else t["gpus_busy_mean"],
             "tangram_restores": None if t is None else t.get("gpu_restores"),
             "gpu_fraction": None if t is None else t["gpus_used"] / b["gpus_used"],
+            "target_fraction": MOPD_TARGET_FRACTION,
+            "meets_target": t is not None and t["gpus_used"] <= MOPD_TARGET_FRACTION * b["gpus_used"],
+            "exclusive_same_pool": exclusive,
+            "compute_bound": {"gpus": target_pool, "act_mean_s": bound["act_mean_s"],
+                              "ratio": bound["act_mean_s"] / b["act_mean_s"]},
             "same_pool_act_s": full["act_mean_s"], "same_pool_breakdown_s": full["act_breakdown_s"],
             "same_pool_act_gain": b["act_mean_s"] / full["act_mean_s"],
             "tried": res["tried"],
@@ -176,8 +223,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                  repeat=3 if args.quick else 7, number=50 if args.quick else 200)
     if not args.skip_sim:
         batches = [256, 1280] if args.quick else [256, 1280, 1536]
-        out["coding"] = coding(batches, args.seed, args.steps)
-        out["mopd"] = mopd(2048, args.seed, args.ratio, [1.0] if args.quick else [1.0, 1.5])
+        if not args.skip_coding:
+            out["coding"] = coding(batches, args.seed, args.steps)
+        out["mopd"] = mopd(2048, args.seed, args.ratio, [1.0] if args.quick else [1.0, 1.5],
+                           gpu_mem_gb=args.gpu_mem_gb or None, gpu_workspace_gb=args.gpu_workspace_gb,
+                           reserve_gb=args.teacher_reserve_gb)
     return out
 
 
@@ -203,16 +253,38 @@ def _print(res: dict[str, Any]) -> None:
                   f" {r['exec_s']:>6.3f} {r['step_time_s']:>7.1f} {r['cores_used']:>6.0f} {r['act_ratio_vs_tangram']:>6.2f}"
                   f" {r['step_ratio_vs_tangram']:>6.2f}")
     if "mopd" in res:
-        print("\nMOPD batch 2048: static deployments vs smallest tangram pool within the ACT ratio")
-        for r in res["mopd"]:
-            tg = "none" if r["tangram_gpus"] is None else f"{r['tangram_gpus']} GPUs ({r['gpu_fraction']:.0%}), ACT {r['tangram_act_s']:.3f} s"
-            print(f"  zipf {r['zipf_s']}: baseline {r['baseline_gpus']} GPUs, ACT {r['baseline_act_s']:.3f} s; tangram {tg}")
+        rows = res["mopd"]
+        mem = rows[0]["gpu_mem_gb"] if rows else None
+        model = ("exclusive cells (one replica per TP-4 cell)" if mem is None else
+                 f"GPU memory model: {mem:g} GB per GPU, {rows[0]['gpu_workspace_gb']:g} GB kept for activations,"
+                 f" {rows[0]['reserve_gb']:g} GB per GPU reserved by every resident teacher")
+        print(f"\nMOPD batch 2048: static deployments vs smallest tangram pool within the ACT ratio; {model}")
+        for r in rows:
+            t = r["tangram"]
+            print(f"  zipf {r['zipf_s']}: baseline {r['baseline_gpus']} GPUs, ACT {r['baseline_act_s']:.3f} s"
+                  f" (limit {r['act_limit_s']:.3f} s)")
+            if t is None:
+                print("    tangram: no pool within the ratio")
+            else:
+                bd = t["breakdown_s"]
+                print(f"    tangram {t['gpus']} GPUs ({r['gpu_fraction']:.0%} of the baseline; target <= "
+                      f"{r['target_fraction']:.0%}: {'met' if r['meets_target'] else 'NOT met'}): ACT {t['act_mean_s']:.3f} s"
+                      f" = exec {bd['exec']:.3f} + queue {bd['queue']:.3f} + restore overhead {bd['overhead']:.3f};"
+                      f" hits {t['hits']}, restores {t['restores']}, evictions {t['evictions']}")
+                ex = r["exclusive_same_pool"]
+                if ex is not None:
+                    print(f"    same {ex['gpus']} GPUs, exclusive cells: ACT {ex['act_mean_s']:.3f} s, restore overhead"
+                          f" {ex['breakdown_s']['overhead']:.3f} s, hits {ex['hits']}, restores {ex['restores']},"
+                          f" evictions {ex['evictions']}")
+            cb = r["compute_bound"]
+            print(f"    compute bound on {cb['gpus']} GPUs (every teacher resident everywhere, free restores):"
+                  f" ACT {cb['act_mean_s']:.3f} s ({cb['ratio']:.2f}x baseline)")
             busy = r["tangram_gpus_busy_mean"]
             print(f"    GPUs held by running calls (time average): baseline {r['baseline_gpus_busy_mean']:.2f}, tangram "
                   + ("-" if busy is None else f"{busy:.2f}")
                   + f"; tangram on all {r['baseline_gpus']} GPUs: ACT {r['same_pool_act_s']:.3f} s"
                   f" ({r['same_pool_act_gain']:.1f}x lower than the baseline)")
-            print("    tried: " + ", ".join(f"{t['gpus']}:{t['ratio']:.2f}x" for t in r["tried"]))
+            print("    tried: " + ", ".join(f"{x['gpus']}:{x['ratio']:.2f}x" for x in r["tried"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,7 +295,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-sim", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--skip-coding", action="store_true", help="simulator: run only the MOPD GPU-pool part")
     p.add_argument("--ratio", type=float, default=1.25, help="MOPD: allowed tangram/baseline mean-ACT ratio")
+    p.add_argument("--gpu-mem-gb", type=float, default=80.0,
+                   help="MOPD: memory per pooled GPU for teacher co-residency; 0 = one replica per cell (exclusive)")
+    p.add_argument("--gpu-workspace-gb", type=float, default=8.0,
+                   help="MOPD: GB per GPU kept free for the executing call's activations")
+    p.add_argument("--teacher-reserve-gb", type=float, default=0.0,
+                   help="MOPD: GB per GPU every resident teacher keeps beyond its 10 GB shard (e.g. a KV pool)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     res = run(args)

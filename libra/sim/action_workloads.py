@@ -12,7 +12,9 @@ calibration guess ([G]) aimed at the paper's reported aggregates ([W]):
 - ``mopd`` (multi-teacher on-policy distillation): GRPO groups of 16 share a prompt and therefore a teacher
   (9 teachers, Zipf s=1 popularity). Each trajectory makes 1–2 teacher log-prob calls after long
   generations (group-correlated lognormal think, mean 600 s in total); each call holds a TP-4 replica (4 GPUs)
-  for 0.6–0.7 s. Teacher checkpoints are 40 GB in host RAM (restore ≈ 0.4 s at 25 GB/s per GPU). The think
+  for 0.6–0.7 s. Teacher checkpoints are 40 GB in host RAM (restore ≈ 0.4 s at 25 GB/s per GPU); on the GPUs
+  a replica takes its 10 GB shard per GPU plus ``reserve_gb`` (default 0: a log-prob call is one prefill
+  forward, no KV cache outlives it; its activations use the simulator's per-GPU workspace). The think
   time sets the load; 600 s is the value that reproduces the reported shape at batch 2,048 (research-notes
   §2.6 [W]): tangram on 36 GPUs ≈ 18× lower mean ACT than the static deployment, and a pool whose
   queueing is small at batch 2,048 (≈ 0.05 s, paper 0.08 s) explodes at 3,072 (paper 15 s). (The code
@@ -167,6 +169,7 @@ def mopd(
     calls: tuple[int, int] = (1, 2),
     exec_s: tuple[float, float] = (0.6, 0.7),
     checkpoint_gb: float = 40.0,
+    reserve_gb: float = 0.0,
     group: int = 16,
     group_sigma: float = 0.4,
     jitter_sigma: float = 0.1,
@@ -194,7 +197,7 @@ def mopd(
             act = ActionPlan("teacher_logprobs", "gpu", rng.uniform(*exec_s), tp, tp, service=teacher, category="reward")
             steps.append((think, act))
         trajs.append(TrajectoryPlan(f"m{seed}-{i}", g, tuple(steps), _lognormal(rng, 5.0, 0.5)))
-    services = tuple(ServiceSpec(nm, tp, checkpoint_gb) for nm in names)
+    services = tuple(ServiceSpec(nm, tp, checkpoint_gb, reserve_gb) for nm in names)
     return Workload(
         "mopd", batch, seed, tuple(trajs), services=services,
         params={"teachers": teachers, "zipf_s": zipf_s, "tp": tp, "popularity": weights},
@@ -263,7 +266,15 @@ class SimError(ValueError):
 
 @dataclass(frozen=True)
 class SimConfig:
-    """One simulation run. ``scheduler_params`` / ``workload_params`` pass extra keyword arguments through."""
+    """One simulation run. ``scheduler_params`` / ``workload_params`` pass extra keyword arguments through.
+
+    ``gpu_mem_gb``: memory per pooled GPU for the placement's co-residency model (80 GB: the paper's
+    A800/H800-class GPUs); ``None`` = one replica per cell (exclusive cells, the earlier model).
+    ``gpu_workspace_gb``: memory per GPU kept free for the executing call's activations (8 GB [G]: a TP-4
+    teacher's chunked log-prob forward over a 16-sample group; one call runs per cell at a time, so one
+    workspace per GPU suffices). Resident replicas then share 80 − 8 = 72 GB per GPU: seven 10 GB teacher
+    shards. Services may add a per-replica reserve (``ServiceSpec.reserve_gb``; MOPD's ``reserve_gb``).
+    """
 
     workload: str = "coding"
     batch: int = 1280
@@ -280,6 +291,8 @@ class SimConfig:
     aoe_overhead_s: float = 0.02
     numa_penalty: float = 0.10
     h2d_gbps: float = 25.0
+    gpu_mem_gb: float | None = 80.0
+    gpu_workspace_gb: float = 8.0
     scheduler_params: dict[str, Any] = field(default_factory=dict)
     workload_params: dict[str, Any] = field(default_factory=dict)
 
@@ -298,6 +311,11 @@ class SimConfig:
         sc = self.sandbox_cores
         if sc not in ("peak", "even") and (isinstance(sc, bool) or not isinstance(sc, int) or sc < 1):
             raise SimError(f"sandbox_cores must be 'peak', 'even' or an integer >= 1, got {sc!r}")
+        g, w = self.gpu_mem_gb, self.gpu_workspace_gb
+        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not (g > 0 and math.isfinite(g))):
+            raise SimError(f"gpu_mem_gb must be None or a finite number > 0, got {g!r}")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (0 <= w < (g if g is not None else math.inf)):
+            raise SimError(f"gpu_workspace_gb must be a number >= 0 and below gpu_mem_gb, got {w!r}")
         for name in ("aoe_overhead_s", "numa_penalty"):
             if not getattr(self, name) >= 0:
                 raise SimError(f"{name} must be >= 0, got {getattr(self, name)!r}")

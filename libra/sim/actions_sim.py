@@ -14,7 +14,12 @@ Resources (defaults = the paper's clusters):
   allocate-on-execution cgroup update.
 - **GPU**: pooled mode (``tangram``, ``fixed_dop``): a pool of ``gpu_pool`` GPUs (nodes of 8) holding service
   replicas through :class:`~libra.policies.actions_gpu_services.ServicePlacement` (evict-on-execution, LRU, Multi-Level
-  Cell cells); a call on an evicted service pays the restore time as overhead. Static mode
+  Cell cells); a call on an evicted service pays the restore time as overhead. With ``gpu_mem_gb`` (default
+  80 GB, the paper's A800/H800-class GPUs) the placement models GPU memory: replicas of several services stay
+  resident on the same cell while their shards plus reserves fit in ``gpu_mem_gb − gpu_workspace_gb`` (8 GB
+  per GPU kept for the executing call's activations), a cell executes one call at a time, and eviction
+  happens only when memory is short; ``gpu_mem_gb=None`` gives each replica its cell exclusively
+  (an idle replica must be evicted before another service can use the cell). Static mode
   (``per_trajectory``): a dedicated deployment of ``static_replicas`` replicas per service (SGLang-like),
   one call at a time per replica, never evicted.
 - **Quota** (API rate limits): pooled mode shares one token bucket per API; static mode gives each
@@ -31,7 +36,7 @@ reserved cores: cores held by running actions, plus idle sandboxes for ``per_tra
 The run's configuration, :class:`~libra.sim.action_workloads.SimConfig`, sits with the workloads.
 
 CLI: ``python -m libra.sim.actions_sim --workload coding|mopd|deepsearch --batch N
---scheduler tangram|per_trajectory|fixed_dop --seed S [--json]``.
+--scheduler tangram|per_trajectory|fixed_dop --seed S [--gpu-mem-gb GB (0: exclusive cells)] [--json]``.
 """
 
 from __future__ import annotations
@@ -165,7 +170,10 @@ class _Sim:
         cfg = self.cfg
         if wl_services and self.placement is None and cfg.pooled:
             sizes = [8] * (cfg.gpu_pool // 8) + ([cfg.gpu_pool % 8] if cfg.gpu_pool % 8 else [])
-            self.placement = ServicePlacement(MultiLevelCellAllocator(sizes), wl_services, h2d_gbps=cfg.h2d_gbps)
+            self.placement = ServicePlacement(
+                MultiLevelCellAllocator(sizes), wl_services, h2d_gbps=cfg.h2d_gbps, gpu_mem_gb=cfg.gpu_mem_gb,
+                workspace_gb=cfg.gpu_workspace_gb,
+            )
             self.free["gpu"] = cfg.gpu_pool
             self.gpus_provisioned = cfg.gpu_pool
         elif wl_services and not cfg.pooled and not self.gpus_provisioned:
@@ -414,6 +422,9 @@ class _Sim:
             out["gpu_restores"] = st.restores
             out["gpu_evictions"] = st.evictions
             out["gpu_hits"] = st.hits
+            out["gpu_restore_s"] = st.restore_s
+            out["gpu_mem_gb"] = cfg.gpu_mem_gb
+            out["gpu_workspace_gb"] = cfg.gpu_workspace_gb if cfg.gpu_mem_gb is not None else None
         return out
 
 
@@ -461,6 +472,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sandbox-cores", default="peak",
                    help="per_trajectory: cores per sandbox: 'peak' (largest DoP of the workload, default), 'even' (budget // batch) or N")
     p.add_argument("--gpu-pool", type=int, default=40, help="GPUs: the pool (tangram, fixed_dop) or the budget split over static deployments (per_trajectory)")
+    p.add_argument("--gpu-mem-gb", type=float, default=80.0,
+                   help="pooled GPUs: memory per GPU (GB) for the co-residency model; 0 = one replica per cell (exclusive)")
+    p.add_argument("--gpu-workspace-gb", type=float, default=8.0,
+                   help="pooled GPUs, memory model: GB per GPU kept for the executing call's activations")
     p.add_argument("--static-replicas", type=int, default=None, help="per_trajectory: replicas per GPU service (default: gpu-pool split evenly, at least 1)")
     p.add_argument("--cpu-nodes", type=int, default=15)
     p.add_argument("--cores-per-node", type=int, default=256)
@@ -491,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         workload=args.workload, batch=args.batch, scheduler=args.scheduler, seed=args.seed, steps=args.steps,
         dop=args.dop, sandbox_cores=args.sandbox_cores, gpu_pool=args.gpu_pool, cpu_nodes=args.cpu_nodes,
         cores_per_node=args.cores_per_node, static_replicas=args.static_replicas, scheduler_params=sp,
+        gpu_mem_gb=args.gpu_mem_gb or None, gpu_workspace_gb=args.gpu_workspace_gb,
     )
     try:
         res = min_gpu_pool(cfg, ratio=args.ratio) if args.min_gpu_pool else run_sim(cfg)

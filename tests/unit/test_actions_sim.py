@@ -67,15 +67,34 @@ def test_static_gpu_deployments_vs_evict_on_execution_pool() -> None:
 
 
 def test_min_gpu_pool_returns_the_first_pool_within_the_ratio() -> None:
-    cfg = SimConfig(workload="mopd", batch=256)
+    cfg = SimConfig(workload="mopd", batch=512)
     out = min_gpu_pool(cfg, ratio=1.25, candidates=[4, 8, 12, 16, 36])
     base = out["baseline"]["act_mean_s"]
     tried = out["tried"]
-    assert len(tried) >= 2  # a single TP-4 slot is not enough for 256 trajectories ...
+    assert len(tried) >= 2  # a single TP-4 cell is not enough for 512 trajectories ...
     assert all(row["act_mean_s"] > 1.25 * base for row in tried[:-1])
     assert out["tangram"] is not None  # ... but a pool well under the static 36 GPUs is
     assert out["tangram"]["act_mean_s"] <= 1.25 * base
     assert out["tangram"]["gpus_used"] == tried[-1]["gpus"] < out["baseline"]["gpus_used"]
+
+
+def test_teachers_co_resident_in_gpu_memory_restore_less_than_exclusive_cells() -> None:
+    cfg = SimConfig(workload="mopd", batch=256, gpu_pool=8)  # 9 teachers, two TP-4 cells
+    exclusive = run_sim(replace(cfg, gpu_mem_gb=None))
+    sim = _Sim(cfg)  # default: 80 GB GPUs, 8 GB workspace -> seven 10 GB shards per GPU
+    shared = sim.run()
+    assert (shared["gpu_mem_gb"], shared["gpu_workspace_gb"], exclusive["gpu_mem_gb"]) == (80.0, 8.0, None)
+    for r in (exclusive, shared):
+        assert r["gpu_hits"] + r["gpu_restores"] == r["actions"]
+        assert r["gpus_used"] == 8
+    assert shared["gpu_restores"] < exclusive["gpu_restores"] / 4
+    assert shared["gpu_evictions"] < exclusive["gpu_evictions"]
+    assert shared["act_breakdown_s"]["overhead"] < exclusive["act_breakdown_s"]["overhead"]
+    assert shared["act_mean_s"] < exclusive["act_mean_s"]
+    assert sim.placement is not None and sim.placement.busy_gpus == 0 and sim.free["gpu"] == 8
+    assert max(max(row) for row in sim.placement.memory_used()) <= 72.0
+    with pytest.raises(SimError, match="gpu_workspace_gb"):
+        run_sim(replace(cfg, gpu_workspace_gb=80.0))
 
 
 @pytest.mark.parametrize("pooled", [True, False])

@@ -186,3 +186,176 @@ def test_replicas_scale_out_into_free_cells_up_to_the_cap() -> None:
     assert p1 and p2 and p1.instance != p2.instance
     assert sp.acquire("s0", 0.0) is None  # capped at 2 resident replicas, both busy
     assert sp.busy_gpus == 8
+
+
+# ---------------------------------------------------------------------- GPU memory model (co-residency)
+
+TEACHERS = [ServiceSpec(f"s{i}", 4, 40.0) for i in range(4)]  # 10 GB per GPU each
+
+
+def shared(nodes: list[int], gpu_mem_gb: float, services: list[ServiceSpec] = TEACHERS, **kw) -> ServicePlacement:
+    return ServicePlacement(MultiLevelCellAllocator(nodes), services, h2d_gbps=25.0, gpu_mem_gb=gpu_mem_gb, **kw)
+
+
+def test_replicas_of_different_services_share_a_cell_while_memory_fits() -> None:
+    sp = shared([4], 30.0)  # one TP-4 cell, room for three 10 GB shards per GPU
+    for t, name in enumerate(("s0", "s1", "s2")):
+        p = sp.acquire(name, float(t))
+        assert p is not None and p.restore_s == pytest.approx(0.4) and p.evicted == ()
+        sp.release(p.instance, t + 0.5)
+    assert sp.resident() == {"s0": 1, "s1": 1, "s2": 1}
+    assert sp.memory_used()[0][:4] == (30.0, 30.0, 30.0, 30.0)
+    hit = sp.acquire("s0", 5.0)
+    assert hit is not None and hit.restore_s == 0.0 and hit.evicted == ()
+    assert (sp.stats.hits, sp.stats.restores, sp.stats.evictions) == (1, 3, 0)
+    assert sp.stats.restore_s == pytest.approx(1.2)
+
+
+def test_eviction_only_when_memory_is_short_and_only_the_lru_idle_replica() -> None:
+    sp = shared([4], 30.0)
+    for t, name in enumerate(("s0", "s1", "s2")):
+        p = sp.acquire(name, float(t))
+        assert p is not None
+        sp.release(p.instance, float(t))
+    again = sp.acquire("s0", 10.0)  # s0 becomes the most recently used; s1 is now the LRU
+    assert again is not None and again.restore_s == 0.0
+    sp.release(again.instance, 11.0)
+    p = sp.acquire("s3", 12.0)
+    assert p is not None and p.evicted == ("s1",)  # one victim is enough: s2 and s0 stay
+    assert sp.resident() == {"s0": 1, "s2": 1, "s3": 1}
+    assert (sp.stats.restores, sp.stats.evictions) == (4, 1)
+
+
+def test_victims_are_only_replicas_on_gpus_short_of_memory() -> None:
+    services = [ServiceSpec("small", 1, 4.0), ServiceSpec("large", 1, 10.0), ServiceSpec("big", 4, 40.0, reserve_gb=5.0)]
+    sp = shared([4], 20.0, services)
+    a = sp.acquire("small", 0.0)
+    assert a is not None and a.alloc.gpus == (0,)
+    sp.release(a.instance, 1.0)
+    b = sp.acquire("large", 2.0)
+    assert b is not None and b.alloc.gpus == (1,)  # the cell left with the most free memory
+    sp.release(b.instance, 3.0)
+    c = sp.acquire("big", 4.0)  # 15 GB per GPU: GPU 0 fits next to small (19 GB), GPU 1 does not
+    assert c is not None and c.evicted == ("large",)  # the LRU replica (small) frees nothing needed
+    assert sp.memory_used()[0][:4] == (19.0, 15.0, 15.0, 15.0)
+
+
+def test_nothing_is_placed_on_an_executing_cell() -> None:
+    sp = shared([8], 30.0)  # two TP-4 cells
+    p0 = sp.acquire("s0", 0.0)
+    p1 = sp.acquire("s1", 0.0)  # memory is free next to s0, but that cell executes
+    assert p0 is not None and p1 is not None and not set(p0.alloc.gpus) & set(p1.alloc.gpus)
+    assert sp.acquire("s2", 0.0) is None  # both cells execute: wait
+    assert sp.busy_gpus == 8 and sp.schedulable_gpus() == 0
+    assert sp.allocator.occupancy == (0xFF,)  # the allocator holds exactly the executing cells
+    sp.release(p0.instance, 1.0)
+    assert sp.allocator.occupancy == (p1.alloc.mask,) and sp.busy_gpus == 4
+    p2 = sp.acquire("s2", 2.0)
+    assert p2 is not None and p2.alloc == p0.alloc and p2.evicted == ()  # co-resident with idle s0
+
+
+def test_a_busy_replicas_cell_is_never_booked_twice() -> None:
+    sp = shared([4], 30.0)
+    p = sp.acquire("s0", 0.0)
+    assert p is not None
+    assert sp.acquire("s0", 0.1) is None  # its only replica is busy and there is no other cell
+    assert sp.acquire("s1", 0.1) is None  # memory is free, compute is not
+    sp.release(p.instance, 1.0)
+    q = sp.acquire("s0", 2.0)
+    assert q is not None and q.instance == p.instance and q.restore_s == 0.0
+    with pytest.raises(GpuCellError, match="not executing"):
+        sp.release(p.instance + 1, 3.0)
+
+
+def test_a_replica_idle_behind_another_services_call_restores_a_copy_elsewhere() -> None:
+    sp = shared([8], 30.0)
+    x = sp.acquire("s2", 0.0)  # cell A
+    y = sp.acquire("s0", 0.0)  # cell B (A executes)
+    assert x is not None and y is not None
+    sp.release(y.instance, 1.0)
+    sp.release(x.instance, 1.0)
+    z = sp.acquire("s1", 2.0)  # both cells equally free: A, next to s2
+    assert z is not None and z.alloc == x.alloc
+    sp.release(z.instance, 3.0)
+    busy = sp.acquire("s2", 4.0)  # a hit: A executes s2
+    assert busy is not None and busy.restore_s == 0.0
+    copy = sp.acquire("s1", 4.0)  # s1 is idle on A but A executes: a second replica on B, no eviction
+    assert copy is not None and copy.alloc == y.alloc and copy.restore_s > 0 and copy.evicted == ()
+    assert sp.resident() == {"s0": 1, "s1": 2, "s2": 1}
+    assert sp.acquire("s0", 4.0) is None  # s0's cell B executes s1's copy; A executes s2
+
+
+def test_memory_model_invariants_on_a_random_trace() -> None:
+    rng = random.Random(7)
+    sizes = [rng.choice((1, 2, 4, 8)) for _ in range(8)]
+    services = [ServiceSpec(f"t{i}", g, g * rng.uniform(4, 20), rng.choice((0.0, 2.0))) for i, g in enumerate(sizes)]
+    sp = shared([8, 8, 4], 48.0, services, workspace_gb=6.0)
+    busy: list[int] = []
+    acquired = 0
+    for step in range(600):
+        if busy and rng.random() < 0.45:
+            sp.release(busy.pop(rng.randrange(len(busy))), float(step))
+        else:
+            p = sp.acquire(rng.choice(services).name, float(step))
+            if p is not None:
+                acquired += 1
+                busy.append(p.instance)
+        reps = sp.replicas()
+        assert all(gb <= 42.0 + 1e-9 for row in sp.memory_used() for gb in row)
+        held = [0, 0, 0]
+        for _rid, (_svc, alloc, is_busy) in reps.items():
+            if is_busy:
+                assert not held[alloc.node] & alloc.mask  # one executing replica per GPU
+                held[alloc.node] |= alloc.mask
+        assert tuple(h | a for h, a in zip(held, sp.allocator.absent_masks)) == sp.allocator.occupancy
+        assert sp.busy_gpus == sum(bin(h).count("1") for h in held)
+        assert sp.stats.hits + sp.stats.restores == acquired
+        assert sp.stats.restores - sp.stats.evictions == len(reps)
+        per_cell = {}
+        for _rid, (svc, alloc, _b) in reps.items():
+            assert (svc, alloc.node, alloc.mask) not in per_cell  # one replica of a service per cell
+            per_cell[(svc, alloc.node, alloc.mask)] = True
+    assert sp.stats.evictions > 0 and sp.stats.hits > 0
+
+
+def test_exclusive_cells_stay_the_default_and_ignore_reserves() -> None:
+    def trace(services: list[ServiceSpec], **kw) -> list[object]:
+        sp = ServicePlacement(MultiLevelCellAllocator([8, 4]), services, h2d_gbps=25.0, **kw)
+        rng = random.Random(3)
+        out: list[object] = []
+        busy: list[int] = []
+        for step in range(300):
+            if busy and rng.random() < 0.5:
+                sp.release(busy.pop(rng.randrange(len(busy))), float(step))
+            else:
+                p = sp.acquire(rng.choice(services).name, float(step))
+                out.append(p)
+                if p is not None:
+                    busy.append(p.instance)
+        out.append(sp.stats)
+        return out
+
+    plain = [ServiceSpec(f"s{i}", 4, 40.0) for i in range(4)]
+    reserved = [ServiceSpec(f"s{i}", 4, 40.0, reserve_gb=30.0) for i in range(4)]
+    assert trace(plain) == trace(reserved) == trace(plain, gpu_mem_gb=None)
+    sp = placement(pool=4)  # one cell, no memory model: a second service must evict the first
+    a = sp.acquire("s0", 0.0)
+    assert a is not None and sp.gpu_mem_gb is None and not sp.shared
+    sp.release(a.instance, 1.0)
+    b = sp.acquire("s1", 2.0)
+    assert b is not None and b.evicted == ("s0",) and sp.allocator.occupancy == (0xFF,)  # 4 GPUs held + 4 absent
+
+
+def test_memory_model_validation() -> None:
+    with pytest.raises(GpuCellError, match="needs 25 GB per GPU"):
+        shared([4], 24.0, [ServiceSpec("s", 4, 80.0, reserve_gb=5.0)])
+    with pytest.raises(GpuCellError, match="workspace 8 GB"):
+        shared([4], 30.0, [ServiceSpec("s", 4, 92.0)], workspace_gb=8.0)
+    with pytest.raises(GpuCellError, match="gpu_mem_gb"):
+        shared([4], 0.0)
+    with pytest.raises(GpuCellError, match="workspace_gb"):
+        shared([4], 30.0, workspace_gb=30.0)
+    with pytest.raises(GpuCellError, match="reserve_gb"):
+        ServiceSpec("s", 4, 40.0, reserve_gb=-1.0)
+    sp = shared([4], 80.0, workspace_gb=8.0)
+    assert sp.replica_capacity_gb == 72.0 and sp.shared
