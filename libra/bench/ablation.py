@@ -11,6 +11,9 @@ application) under each rung, cumulatively:
 4. ``+ C-MLFQ``: ``grp`` with the ``cmlfq`` router;
 5. ``+ elastic pool (EHP)``: ``grp_ehp`` with ``cmlfq``: full Libra;
 
+rungs 4 and 5 are run again with the distribution- and cost-based C-MLFQ (``cmlfq_cost``,
+:mod:`libra.policies.cmlfq_cost`), and the targets are checked for both ladders (suffix ``_cmlfq_cost``);
+
 plus the baselines ``verl-colocated`` (``colocated``: all GPUs roll out, then all train, synchronously)
 and ``static_best`` (AReaL-Static-Optimal: the GRP plan of the first 5 steps, frozen). Every rung sees the
 same trace and seed. The table: tokens/s, mean step time, GPU idle fraction, and the ratios to
@@ -55,11 +58,15 @@ RUNGS: tuple[tuple[str, str, str, str | None], ...] = (
     ("ehp", "+ elastic pool (EHP) = Libra", "grp_ehp", "cmlfq"),
     ("colocated", "verl-colocated", "colocated", None),
     ("static_best", "static_best (AReaL)", "static_best", None),
+    ("cmlfq_cost", "+ C-MLFQ, cost-based", "grp", "cmlfq_cost"),
+    ("ehp_cost", "+ EHP = Libra, cost-based", "grp_ehp", "cmlfq_cost"),
 )
 #: Every rung's router gets Libra's per-instance room rule (research-notes §1.4.3: active + queued < 3), as in
 #: ``python -m libra.bench routing`` and ``python -m libra.sim``.
 ROUTER_PARAMS: dict[str, Any] = {"cap_metric": "load", "max_queue_length": 3}
 LADDER = ("static_uniform", "homogeneous", "heterogeneous", "cmlfq", "ehp")
+#: The same ladder with the distribution- and cost-based C-MLFQ (``cmlfq_cost``) on its top two rungs.
+LADDER_COST = ("static_uniform", "homogeneous", "heterogeneous", "cmlfq_cost", "ehp_cost")
 
 
 def run_rung(job: tuple[str, str, str, int, int, int, int, dict[str, Any]]) -> dict[str, Any]:
@@ -246,19 +253,22 @@ def run(steps: int = 20, gpus: int = 48, prompts: int | None = None, seed: int =
                      "vs_colocated": r["tokens_per_s"] / co if co else math.nan,
                      "routing_accuracy": r["routing_accuracy"], "planner": r.get("planner"),
                      "model_check": r["model_check"], "wall_s": r["wall_s"]})
-    ladder = [by[k]["tokens_per_s"] for k in LADDER]
-    libra = by["ehp"]["tokens_per_s"]
-    targets = {
-        "each_rung_at_least_previous": all(b >= a for a, b in zip(ladder, ladder[1:])),
-        "libra_vs_static_uniform_ge_1.8": libra / su >= 1.8 if su else False,
-        "libra_vs_colocated_ge_3": libra / co >= 3.0 if co else False,
-    }
+    targets: dict[str, bool] = {}
+    for suffix, ladder_keys in (("", LADDER), ("_cmlfq_cost", LADDER_COST)):
+        ladder = [by[k]["tokens_per_s"] for k in ladder_keys]
+        top = ladder[-1]
+        targets["each_rung_at_least_previous" + suffix] = all(b >= a for a, b in zip(ladder, ladder[1:]))
+        targets["libra_vs_static_uniform_ge_1.8" + suffix] = top / su >= 1.8 if su else False
+        targets["libra_vs_colocated_ge_3" + suffix] = top / co >= 3.0 if co else False
+    libra, libra_cost = by["ehp"]["tokens_per_s"], by["ehp_cost"]["tokens_per_s"]
     earl = earl_run(points=earl_points)
     targets["earl_as_good_as_best_fixed"] = earl["as_good_as_best_fixed"]
     targets["earl_never_oom"] = earl["never_oom"]
     return {"workload": "r2e", "gpus": gpus, "steps": steps, "prompts": prompts, "group_size": 16, "seed": seed,
             "base_router": base_router, "rows": rows, "libra_vs_static_uniform": libra / su if su else math.nan,
-            "libra_vs_colocated": libra / co if co else math.nan, "targets": targets, "earl": earl}
+            "libra_vs_colocated": libra / co if co else math.nan,
+            "libra_cost_vs_static_uniform": libra_cost / su if su else math.nan,
+            "libra_cost_vs_colocated": libra_cost / co if co else math.nan, "targets": targets, "earl": earl}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -306,6 +316,8 @@ def _fmt(out: dict[str, Any]) -> str:
                      f"{r['selected_tgs']:>9.1f} {'TP' + str(r['best_fixed_tp']):>11} {fixed}")
     lines += ["", f"Libra / static uniform = {out['libra_vs_static_uniform']:.3f}x (target >= 1.8); "
                   f"Libra / colocated = {out['libra_vs_colocated']:.3f}x (target >= 3)",
+              f"Libra with cmlfq_cost / static uniform = {out['libra_cost_vs_static_uniform']:.3f}x; "
+              f"/ colocated = {out['libra_cost_vs_colocated']:.3f}x",
               "targets: " + ", ".join(f"{k}={'met' if v else 'MISSED'}" for k, v in out["targets"].items())]
     return "\n".join(lines)
 

@@ -2,7 +2,7 @@
 
 What it runs: for each workload (default R2E-like and Search-R1-like, generated with the same seed), the
 discrete-event simulator (:mod:`libra.sim.engine`, the real ``BrokerState`` and real routers) once per
-router -- ``cmlfq``, ``round_robin``, ``least_loaded``, ``length_aware``, ``la_mlfq``, ``predictor``,
+router -- ``cmlfq``, ``cmlfq_cost`` (distribution- and cost-based C-MLFQ), ``round_robin``, ``least_loaded``, ``length_aware``, ``la_mlfq``, ``predictor``,
 ``noisy_predictor`` (the simulation's noisy T=0 length predictor, research-notes §5.1) and ``oracle`` -- on
 the ``hetero`` layout (48 GPUs: 2 rollout nodes of [TP1, TP1, TP2, TP4], 32 training GPUs). It prints
 one table: tokens/s, routing accuracy, migrated-token ratio, mean step time, and each router's tokens/s
@@ -28,7 +28,7 @@ from typing import Any
 
 __all__ = ["ROUTERS", "main", "run_one"]
 
-ROUTERS = ("cmlfq", "round_robin", "least_loaded", "length_aware", "la_mlfq", "predictor", "noisy_predictor",
+ROUTERS = ("cmlfq", "cmlfq_cost", "round_robin", "least_loaded", "length_aware", "la_mlfq", "predictor", "noisy_predictor",
            "oracle")
 
 

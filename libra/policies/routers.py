@@ -20,6 +20,7 @@ every comparison is one name in :func:`make_router`:
 - ``oracle`` (simulator only): given ``TrajectoryInfo.true_remaining`` (response tokens), starts in the true bucket; with
   ``follow=True`` it also moves to ``bucket(ToolReturn.true_remaining)`` after each tool return.
 - ``cmlfq``: :class:`libra.policies.cmlfq.CMLFQRouter`.
+- ``cmlfq_cost``: :class:`libra.policies.cmlfq_cost.CostCMLFQRouter` (distribution- and cost-based moves).
 
 Pure: no I/O, clocks or threads.
 """
@@ -36,6 +37,7 @@ from typing import Any, Final
 import numpy as np
 
 from libra.policies.cmlfq import CMLFQRouter
+from libra.policies.cmlfq_cost import CostCMLFQRouter
 from libra.policies.prefix_tree import CausalPrefixTree
 from libra.policies.router_base import StickyRouter, Track
 from libra.policies.routing import (
@@ -318,6 +320,7 @@ _ROUTERS: Final[dict[str, Callable[..., StickyRouter]]] = {
     "la_mlfq": LAMLFQRouter,
     "predictor": PredictorRouter,
     "oracle": OracleRouter,
+    "cmlfq_cost": CostCMLFQRouter,
 }
 _SHARED_PARAMS: Final = ("max_queue_length", "cap_metric", "when_full", "choose_mode")
 _NAMED_THRESHOLDS: Final = {"default": DEFAULT_THRESHOLDS, "r2e": R2E_THRESHOLDS}

@@ -62,7 +62,7 @@ __all__ = ["SIM_ROUTERS", "SimConfig", "SimConfigError", "Simulator", "simulate"
 
 log = get_logger(__name__)
 
-SIM_ROUTERS = ("cmlfq", "round_robin", "least_loaded", "length_aware", "la_mlfq", "predictor", "oracle",
+SIM_ROUTERS = ("cmlfq", "cmlfq_cost", "round_robin", "least_loaded", "length_aware", "la_mlfq", "predictor", "oracle",
                "noisy_predictor")
 CLIENT = b"sim-client"
 TOOLS = b"sim-tools"
@@ -160,7 +160,9 @@ class Simulator:
         router = "oracle" if cfg.router == "noisy_predictor" else cfg.router
         params = dict(cfg.router_params)
         params.setdefault("choose_mode", mode_by_cost(self.costs.kv_seconds, self.costs.reprefill_seconds))
-        if router == "cmlfq":
+        if router == "cmlfq_cost":
+            params.setdefault("costs", self.costs)  # the simulator's own cost arithmetic (pure callbacks)
+        if router in ("cmlfq", "cmlfq_cost"):
             if cfg.size_thresholds is not None:
                 params.setdefault("thresholds", {"small": cfg.size_thresholds[0], "medium": cfg.size_thresholds[1]})
             params.setdefault("rebuild_interval", cfg.rebuild_interval)

@@ -479,7 +479,7 @@ def test_decisions_are_consistent_with_the_view(name: str, seed: int) -> None:
 
 def test_registry_builds_every_router_behind_the_protocol() -> None:
     assert set(router_names()) == {"cmlfq", "round_robin", "least_loaded", "length_aware", "la_mlfq",
-                                   "predictor", "oracle"}
+                                   "predictor", "oracle", "cmlfq_cost"}
     for name in router_names():
         r = make_router(name, max_queue_length=5)
         assert isinstance(r, Router) and r.name == name and r.max_queue_length == 5  # type: ignore[attr-defined]
