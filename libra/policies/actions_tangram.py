@@ -40,7 +40,7 @@ speed instead of looping over the candidates in Python:
   the general scan runs (same decisions);
 - an eviction trial differs from the previous one by one candidate and a few freed units: the
   candidates' capped marginal gains are sorted once; a trial finds its threshold by walking past the
-  evicted candidates' gains in that list (:func:`_split_sorted`) and re-sums only its prefix (in the same
+  evicted candidates' gains in that list (:func:`split_sorted`) and re-sums only its prefix (in the same
   ascending order as the reference, so the sums are bit-identical);
 - the candidates' projected releases are built once (one pass over the window when every candidate runs
   at its minimum) and filtered by a provable pop horizon; a trial copies the short list and moves the few
@@ -70,9 +70,8 @@ Pure: ``schedule`` reads its arguments and returns grants; the scheduler holds o
 
 from __future__ import annotations
 
-import heapq
 import math
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import reduce
 from itertools import chain, compress, islice, repeat
@@ -81,6 +80,8 @@ from operator import ne as ne_
 
 from libra.policies.actions_model import ActionSpec, Grant
 from libra.policies.actions_views import RunningView, scan_order, sorted_releases
+from libra.policies.actions_estimate import estimate_act, merge_pos, note_waiting, release_horizon, split_sorted
+from libra.policies.actions_split import convex_extras, split_units, split_units_dp
 
 __all__ = ["ElasticScheduler", "split_units", "split_units_dp"]
 
@@ -92,108 +93,6 @@ _neg_gains = attrgetter("neg_gains")
 _part = attrgetter("part")
 _grant = attrgetter("grant")  # an action's grant at exactly its demand (built with the spec)
 _row = attrgetter("row")  # (solo, part_units, span, min_duration, convex, grant)
-
-
-def split_units_dp(specs: Sequence[ActionSpec], leftover: int, dp_top: int = 32) -> tuple[list[int], float]:
-    """DP over unit counts: extra units per action (beyond its minimum) minimising ``Σ duration``, using at most
-    ``leftover`` units in total. Handles any profile and ``sizes`` restriction. Only the first ``dp_top``
-    actions are given extra units. Returns ``(extras, total_duration)``.
-    """
-    n = len(specs)
-    extras = [0] * n
-    total = 0.0
-    for s in specs:
-        total += s.durations[s.min_units]
-    if leftover <= 0 or n == 0:
-        return extras, total
-    top = min(n, dp_top)
-    cap = min(leftover, sum(s.max_units - s.min_units for s in specs[:top]))
-    # f[u]: best Σ duration of the processed actions using exactly u extra units.
-    f = [0.0] + [_INF] * cap
-    choices: list[list[int]] = []
-    for s in specs[:top]:
-        lo, d = s.min_units, s.durations
-        opts = [(e, d[lo + e]) for e in range(0, min(s.max_units - lo, cap) + 1) if d[lo + e] < _INF]
-        g = [_INF] * (cap + 1)
-        arg = [0] * (cap + 1)
-        for u in range(cap + 1):
-            fu = f[u]
-            if fu == _INF:
-                continue
-            for e, de in opts:
-                v = u + e
-                if v > cap:
-                    break
-                c = fu + de
-                if c < g[v] - 1e-15:
-                    g[v] = c
-                    arg[v] = e
-        f = g
-        choices.append(arg)
-    best_u = min(range(cap + 1), key=lambda u: (f[u], u))
-    u = best_u
-    for i in range(top - 1, -1, -1):
-        e = choices[i][u]
-        extras[i] = e
-        u -= e
-    rest = sum(s.durations[s.min_units] for s in specs[top:])
-    return extras, f[best_u] + rest
-
-
-def split_units(specs: Sequence[ActionSpec], leftover: int, dp_top: int = 32) -> tuple[list[int], float]:
-    """Best split of ``leftover`` extra units of one elastic resource among ``specs`` (beyond their minimums).
-
-    Returns ``(extras, Σ duration)`` with ``extras[i] <= max_i - min_i`` and ``Σ extras <= leftover``.
-    Exact for convex duration curves (greedy on marginal gains); otherwise the DP of :func:`split_units_dp`.
-    """
-    for s in specs:
-        if not s.convex:
-            return split_units_dp(specs, leftover, dp_top)
-    base = 0.0
-    for s in specs:
-        base += s.durations[s.min_units]
-    neg = sorted(chain.from_iterable(s.neg_gains for s in specs))
-    return _convex_extras(specs, neg, leftover, None), _convex_cost(base, neg, leftover)
-
-
-def _convex_extras(specs: Sequence[ActionSpec], neg: list[float], leftover: int, cap: int | None) -> list[int]:
-    """Extra units per action when ``leftover`` units go to the largest marginal gains (ties to the earliest
-    action). ``neg`` is every action's first ``cap`` gains (all if ``cap`` is ``None``), negated, ascending."""
-    if leftover <= 0:
-        return [0] * len(specs)
-    if leftover >= len(neg):
-        return [len(s.gains) if cap is None else min(len(s.gains), cap) for s in specs]
-    return _extras_at(specs, neg[leftover - 1], leftover)
-
-
-def _extras_at(specs: Sequence[ActionSpec], thr: float, leftover: int) -> list[int]:
-    """Extras for threshold ``thr`` (the ``leftover``-th smallest negated gain): every gain strictly above
-    it, then the gains equal to it, earliest action first, until ``leftover`` units are used."""
-    negs = list(map(_neg_gains, specs))
-    extras = list(map(bisect_left, negs, repeat(thr)))  # gains strictly above the threshold
-    rest = leftover - sum(extras)
-    if rest > 0:
-        upto = list(map(bisect_right, negs, repeat(thr)))
-        if sum(upto) == leftover:
-            return upto  # exactly enough ties: every action takes all of its own
-        for i in range(len(specs)):
-            ties = upto[i] - extras[i]
-            if ties > 0:
-                take = ties if ties < rest else rest
-                extras[i] += take
-                rest -= take
-                if rest == 0:
-                    break
-    return extras
-
-
-def _convex_cost(base: float, neg: list[float], leftover: int) -> float:
-    """``Σ duration`` of the split: the minimum-DoP durations (``base``) minus the ``leftover`` largest gains."""
-    if leftover <= 0:
-        return base
-    if leftover >= len(neg):
-        return base + sum(neg)
-    return base + sum(neg[:leftover])
 
 
 class ElasticScheduler:
@@ -268,7 +167,7 @@ class ElasticScheduler:
             if need <= a:
                 if not any(spans):
                     return list(grants0)
-                # The waiting actions filed under r (see _note_waiting): at most ``lookahead`` reads, so the
+                # The waiting actions filed under r (see note_waiting): at most ``lookahead`` reads, so the
                 # per-resource bound cannot bind.
                 waiting: list[tuple[int, ActionSpec]] = []
                 if n == window and lookahead:
@@ -331,7 +230,7 @@ class ElasticScheduler:
                         break
                     continue
             if lookahead:
-                _note_waiting(waiting, pos, spec, lookahead)
+                note_waiting(waiting, pos, spec, lookahead)
         # Phase 2: up to ``lookahead`` more reads, all waiting.
         if full and lookahead:
             reads = 0
@@ -340,7 +239,7 @@ class ElasticScheduler:
                 reads += 1
                 if pos >= limit or reads > lookahead:
                     break
-                _note_waiting(waiting, pos, spec, lookahead)
+                note_waiting(waiting, pos, spec, lookahead)
         if not cand:
             return []
 
@@ -426,7 +325,7 @@ class ElasticScheduler:
             if convex:
                 neg = _gather(list(map(_neg_gains, el)), spans, leftover)
                 neg.sort()
-                extras = _convex_extras(el, neg, leftover, leftover)
+                extras = convex_extras(el, neg, leftover, leftover)
             else:
                 extras, _cost = split_units_dp(el, leftover, self.dp_top)
             return ng, el, extras
@@ -471,10 +370,10 @@ class ElasticScheduler:
         neg.sort()
         base = reduce(add, compress(mind, spans), 0.0)  # left to right, as Σ over the elastic candidates
         L = leftover
-        extras, cost = _split_sorted(el, negs, el_spans, neg, (), L, cap, base)
+        extras, cost = split_sorted(el, negs, el_spans, neg, (), L, cap, base)
         # ---- the candidates' releases an estimate can reach
         brel = sorted_releases(running, r)
-        horizon = _release_horizon(r, brel, waiting, gspecs[ng - nev:] if nev > 0 else ())
+        horizon = release_horizon(r, brel, waiting, gspecs[ng - nev:] if nev > 0 else ())
         if any(extras):
             if fdem and min(fdem) < 1:
                 horizon = _INF  # a zero-unit release breaks the pop bound behind the horizon
@@ -500,7 +399,7 @@ class ElasticScheduler:
             else:
                 crel = list(compress(zip(times, units), map(le, times, repeat(horizon))))
         crel.sort()
-        j = cost + fixed_cost + _estimate(r, crel, brel, L - sum(extras), waiting, now, _INF)
+        j = cost + fixed_cost + estimate_act(r, crel, brel, L - sum(extras), waiting, now, _INF)
         if nev <= 0:
             return ng, extras
         # ---- eviction trials: trial t keeps the first ``ng - t`` candidates and splits ``freed >= L`` units
@@ -524,11 +423,11 @@ class ElasticScheduler:
                 fixed2 = fixed_cost - mind[k2]
                 rel_out = (now + mind[k2], u_last)
             if ne2 == ne_all:
-                ext2, cost2 = _split_sorted(el, negs, el_spans, neg, removed2, freed2, cap, base2)
+                ext2, cost2 = split_sorted(el, negs, el_spans, neg, removed2, freed2, cap, base2)
             else:
-                ext2, cost2 = _split_sorted(el[:ne2], negs[:ne2], el_spans[:ne2], neg, removed2, freed2, cap, base2)
+                ext2, cost2 = split_sorted(el[:ne2], negs[:ne2], el_spans[:ne2], neg, removed2, freed2, cap, base2)
             cost2 += fixed2
-            order = _merge_pos(list(zip(gpos[k2:], gspecs[k2:])), waiting)
+            order = merge_pos(list(zip(gpos[k2:], gspecs[k2:])), waiting)
             # The releases: drop the evicted candidate's, move those of the kept ones whose units changed.
             crel2 = crel[:]
             if rel_out[0] <= horizon:
@@ -545,7 +444,7 @@ class ElasticScheduler:
                 if tr <= horizon:
                     insort(crel2, (tr, m))
             # Only an improvement matters: the estimate stops once it cannot beat j.
-            j2 = cost2 + _estimate(r, crel2, brel, freed2 - sum(ext2), order, now, j - cost2)
+            j2 = cost2 + estimate_act(r, crel2, brel, freed2 - sum(ext2), order, now, j - cost2)
             if j2 < j - 1e-9:
                 k, j, extras, freed, ne, base, fixed_cost, removed, crel = (
                     k2, j2, ext2, freed2, ne2, base2, fixed2, removed2, crel2)
@@ -573,7 +472,7 @@ class ElasticScheduler:
         extras, cost = split_units_dp(el, leftover, self.dp_top)
         brel = sorted_releases(running, r)
         crel = sorted(frel + [(now + s.durations[s.min_units + e], s.min_units + e) for s, e in zip(el, extras)])
-        j = cost + fixed_cost + _estimate(r, crel, brel, leftover - sum(extras), waiting, now, _INF)
+        j = cost + fixed_cost + estimate_act(r, crel, brel, leftover - sum(extras), waiting, now, _INF)
         k, ne, nf, freed = len(gspecs), len(el), len(frel), leftover
         floor = 1 if self.keep_head else 0
         for _ in range(self.depth):
@@ -592,8 +491,8 @@ class ElasticScheduler:
             cost2 += fixed2
             crel2 = sorted(frel[:nf2] + [(now + s.durations[s.min_units + e], s.min_units + e)
                                          for s, e in zip(el[:ne2], ext2)])
-            order = _merge_pos(list(zip(gpos[k2:], gspecs[k2:])), waiting)
-            j2 = cost2 + _estimate(r, crel2, brel, freed2 - sum(ext2), order, now, j - cost2)
+            order = merge_pos(list(zip(gpos[k2:], gspecs[k2:])), waiting)
+            j2 = cost2 + estimate_act(r, crel2, brel, freed2 - sum(ext2), order, now, j - cost2)
             if j2 < j - 1e-9:
                 k, j, extras, freed, ne, nf, fixed_cost = k2, j2, ext2, freed2, ne2, nf2, fixed2
             else:
@@ -622,222 +521,3 @@ def _gather(negs: list[tuple[float, ...]], spans: Sequence[int], cap: int) -> li
     if cap < max(spans):
         return list(chain.from_iterable(map(getitem, negs, repeat(slice(None, cap)))))
     return list(chain.from_iterable(negs))
-
-
-def _release_horizon(
-    r: str,
-    brel: list[tuple[float, int]],
-    waiting: Sequence[tuple[int, ActionSpec]],
-    evictable: Sequence[ActionSpec],
-    max_wait_pops: int = 4,
-) -> float:
-    """A time after which no candidate release can matter to any estimate of this decision.
-
-    An estimate pops releases (each worth >= 1 unit) only while a waiting action lacks units, plus at most
-    ``max_wait_pops`` look-ahead pops per elastic waiting action, so it pops at most
-    ``X = Σ (need + max_wait_pops·elastic)`` releases of the running actions and candidates over every
-    action it may place (the waiting ones and the evictable candidates). Running releases win ties, so a
-    candidate release later than the ``X``-th running release is never popped. ``inf`` when fewer than
-    ``X`` running releases exist."""
-    x = 0
-    for _p, w in waiting:
-        x += w.demand.get(r, 0)
-        if w.span and w.key == r:
-            x += max_wait_pops
-    for w in evictable:
-        x += w.demand.get(r, 0)
-        if w.span and w.key == r:
-            x += max_wait_pops
-    if x < 1 or x > len(brel):
-        return _INF
-    return brel[x - 1][0]
-
-
-def _split_sorted(
-    el: Sequence[ActionSpec],
-    negs: Sequence[tuple[float, ...]],
-    spans: Sequence[int],
-    neg: list[float],
-    removed: Sequence[float],
-    units: int,
-    cap: int,
-    base: float,
-) -> tuple[list[int], float]:
-    """The convex split of ``units`` over the elastic candidates ``el`` (negated gains ``negs``, spans
-    ``spans``), whose capped negated gains are ``neg`` minus the multiset ``removed`` (both ascending; the
-    gains of evicted candidates), without building that difference in full: exactly
-    ``_ConvexSplit.solve`` of the reference after its ``drop_last`` calls.
-
-    The ``units``-th smallest remaining value sits at position ``p = units - 1 + c`` of ``neg``, where ``c``
-    counts the removed values ``<= neg[p]``; the cost sums the same values in the same (ascending) order as
-    a split over the reduced list does. Returns ``(extras, base + Σ taken negated gains)``."""
-    if units <= 0:
-        return [0] * len(el), base
-    nrem = len(removed)
-    if units >= len(neg) - nrem:
-        ext = list(map(min, spans, repeat(cap)))
-        if not nrem:
-            return ext, base + sum(neg)
-        rest = neg[:]
-        for v in removed:
-            del rest[bisect_left(rest, v)]
-        return ext, base + sum(rest)
-    p = units - 1
-    c = 0
-    while c < nrem and removed[c] <= neg[p]:
-        c += 1
-        p += 1
-    thr = neg[p]
-    if c:
-        prefix = neg[: p + 1]
-        for v in removed[:c]:
-            del prefix[bisect_left(prefix, v)]
-        cost = base + sum(prefix)
-    else:
-        cost = base + sum(neg[:units])
-    ext = list(map(bisect_right, negs, repeat(thr)))
-    if sum(ext) != units:  # more ties at the threshold than units: the tie rule decides
-        ext = _extras_at(el, thr, units)
-    return ext, cost
-
-
-def _note_waiting(waiting: dict[str, list[tuple[int, ActionSpec]]], pos: int, spec: ActionSpec, lookahead: int) -> None:
-    """File a queued action that is not a candidate under the resources whose estimate it enters (its key
-    elastic resource, else each resource it demands), at most ``lookahead`` per resource."""
-    k = spec.key
-    if k is not None:
-        w = waiting.get(k)
-        if w is None:
-            waiting[k] = [(pos, spec)]
-        elif len(w) < lookahead:
-            w.append((pos, spec))
-    else:
-        for r, _u in spec.items:
-            w = waiting.get(r)
-            if w is None:
-                waiting[r] = [(pos, spec)]
-            elif len(w) < lookahead:
-                w.append((pos, spec))
-
-
-def _merge_pos(
-    a: Sequence[tuple[int, ActionSpec]], b: Sequence[tuple[int, ActionSpec]]
-) -> Sequence[tuple[int, ActionSpec]]:
-    """``a`` and ``b`` (each ascending by queue position, positions unique) merged by position."""
-    if not b:
-        return a
-    if not a:
-        return b
-    if a[-1][0] < b[0][0]:
-        return [*a, *b]  # the usual case: the waiting actions were read after the candidates
-    return sorted(chain(a, b), key=_pos)
-
-
-def _estimate(
-    r: str,
-    crel: list[tuple[float, int]],
-    brel: list[tuple[float, int]],
-    pool: int,
-    order: Sequence[tuple[int, ActionSpec]],
-    now: float,
-    bound: float,
-    max_wait_pops: int = 4,
-) -> float:
-    """Completion-time-heap estimate of ``Σ (completion - now)`` over the waiting actions ``order`` (FCFS).
-
-    Projected releases ``(time, units)`` come from the running actions (``brel``, ascending) and from a heap
-    of the scheduled candidates' (``crel``, ascending, so already a heap) and of each waiting action once
-    the estimate starts it: the reference's two heaps, the running one being a sorted list read in order.
-    They are consumed in time order (a release overdue at ``now`` counts as ``now``), running releases first
-    on equal times. ``pool`` units are free at ``now``. Waiting actions start in FCFS order: a fixed one as
-    soon as its demand is free; an elastic one at the release (among the next ``max_wait_pops`` after it
-    first fits) that gives it the earliest completion, taking what is free then up to its maximum. Returns
-    early (a value ``>= bound``) once the sum reaches ``bound``: every term is non-negative. Neither list
-    is modified.
-    """
-    if not order:
-        return 0.0
-    heap = crel[:]
-    bi, nb = 0, len(brel)
-    pop, push = heapq.heappop, heapq.heappush
-    t = now
-    total = 0.0
-    for _p, w in order:
-        need = w.demand.get(r, 0)
-        while pool < need:
-            if bi < nb:
-                rel = brel[bi]
-                if heap and heap[0][0] < rel[0]:
-                    rel = pop(heap)
-                else:
-                    bi += 1
-            elif heap:
-                rel = pop(heap)
-            else:
-                break
-            tr, u = rel
-            if tr > t:
-                t = tr
-            pool += u
-        if w.span and w.key == r:
-            d = w.durations
-            hi = w.max_units
-            if pool < hi:
-                lo = w.min_units
-                m = pool if pool > lo else lo
-                while d[m] == _INF and m > lo:
-                    m -= 1
-                best_fin = t + d[m]
-                best_t, best_pool, used = t, pool, 0
-                extra: list[tuple[float, int]] = []
-                p, tt = pool, t
-                for _ in range(max_wait_pops):
-                    if bi < nb:
-                        rel = brel[bi]
-                        if heap and heap[0][0] < rel[0]:
-                            rel = pop(heap)
-                        else:
-                            bi += 1
-                    elif heap:
-                        rel = pop(heap)
-                    else:
-                        break
-                    extra.append(rel)
-                    tr, u = rel
-                    if tr >= best_fin:
-                        break
-                    if tr > tt:
-                        tt = tr
-                    p += u
-                    m2 = p if p < hi else hi
-                    while d[m2] == _INF and m2 > lo:
-                        m2 -= 1
-                    fin = tt + d[m2]
-                    if fin < best_fin:
-                        best_fin, best_t, best_pool, used = fin, tt, p, len(extra)
-                    if p >= hi:
-                        break
-                if used < len(extra):
-                    for rel in extra[used:]:
-                        push(heap, rel)
-                t, pool = best_t, best_pool
-                m = pool if pool < hi else hi
-                while d[m] == _INF and m > lo:
-                    m -= 1
-            else:
-                m = hi  # allowed: ``sizes`` must contain max_units
-            dur = d[m]
-        else:
-            m = need
-            dur = w.min_duration
-        total += (t - now) + dur
-        if total >= bound:
-            return total
-        if m:
-            pool -= m
-            push(heap, (t + dur, m))
-    return total
-
-
-def _pos(pc: tuple[int, ActionSpec]) -> int:
-    return pc[0]

@@ -142,7 +142,7 @@ def test_running_set_keeps_its_release_index_sorted(ops: list) -> None:
 @given(seed=st.integers(0, 2**31), n_run=st.integers(0, 120), n_wait=st.integers(0, 6), n_ev=st.integers(0, 3))
 def test_completion_time_estimate_matches_the_reference_heap(seed: int, n_run: int, n_wait: int, n_ev: int) -> None:
     """The sorted-list estimate with the release horizon equals the reference completion-time heap."""
-    from libra.policies import actions_tangram as at
+    from libra.policies import actions_estimate as ae
     from libra.policies import actions_tangram_ref as ref
 
     rng = random.Random(seed)
@@ -170,11 +170,11 @@ def test_completion_time_estimate_matches_the_reference_heap(seed: int, n_run: i
     want = ref._waiting_cost(r, sched, extras, fixed_rel, leftover, evicted, waiting, heap, now)
     crel = sorted(fixed_rel + [(now + s.durations[s.min_units + e], s.min_units + e) for s, e in zip(sched, extras)])
     brel = sorted(base)
-    order = at._merge_pos(evicted, waiting)
-    horizon = at._release_horizon(r, brel, waiting, [s for _p, s in evicted])
+    order = ae.merge_pos(evicted, waiting)
+    horizon = ae.release_horizon(r, brel, waiting, [s for _p, s in evicted])
     near = [c for c in crel if c[0] <= horizon]
-    assert at._estimate(r, crel, brel, pool, order, now, float("inf")) == want
-    assert at._estimate(r, near, brel, pool, order, now, float("inf")) == want
+    assert ae.estimate_act(r, crel, brel, pool, order, now, float("inf")) == want
+    assert ae.estimate_act(r, near, brel, pool, order, now, float("inf")) == want
 
 
 def _one_resource_spec(rng: random.Random, i: int, res: str) -> ActionSpec:
@@ -224,10 +224,11 @@ def test_bulk_window_decides_exactly_like_the_reference(seed: int, n: int, p: di
        capped=st.booleans())
 def test_split_after_evictions_matches_the_reference_splitter(seed: int, n: int, leftover: int, drops: int,
                                                               capped: bool) -> None:
-    """``_split_sorted`` (gains sorted once, evicted owners' gains skipped) equals the reference
+    """``split_sorted`` (gains sorted once, evicted owners' gains skipped) equals the reference
     ``_ConvexSplit`` after ``drop_last`` calls: same extras, bit-identical cost."""
     from bisect import insort as _insort
 
+    from libra.policies import actions_estimate as ae
     from libra.policies import actions_tangram as at
     from libra.policies import actions_tangram_ref as ref
 
@@ -258,7 +259,7 @@ def test_split_after_evictions_matches_the_reference_splitter(seed: int, n: int,
                 _insort(removed, v)
             units = min(cap, units + rng.randint(0, 3))
         want = splitter.solve(units)
-        got = at._split_sorted(el[:ne], negs[:ne], spans[:ne], neg, removed, units, cap, base)
+        got = ae.split_sorted(el[:ne], negs[:ne], spans[:ne], neg, removed, units, cap, base)
         assert got == want
 
 
