@@ -91,7 +91,8 @@ def run_rung(job: tuple[str, str, str, int, int, int, int, dict[str, Any]]) -> d
     if sim.alloc is not None:
         rep = sim.alloc.report()
         res["planner"] = {k: rep[k] for k in ("initial_plan", "final_plan", "plans_applied", "switches",
-                                               "transition_s", "search_s", "regroup_pauses", "core_swaps")}
+                                               "transition_s", "search_s", "regroup_pauses", "core_swaps",
+                                               "reconfig_costs", "step_errors")}
         res["planner"]["decisions"] = dict(rep["decisions"])
         res["planner"]["ehp_signals"] = dict(rep["ehp_signals"])
     return res

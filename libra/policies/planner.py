@@ -93,10 +93,24 @@ class GrpAllocator(_Base):
     def __init__(self, planner: GlobalResourcePlanner, name: str = "grp") -> None:
         super().__init__(planner)
         self.name = name
+        self._homogeneous: GlobalResourcePlanner | None = None
+        if not planner.homogeneous and not planner.config.require_heterogeneous:
+            self._homogeneous = GlobalResourcePlanner(planner.rollout_model, planner.train_model, planner.config,
+                                                      memoize=planner.memoize, homogeneous_rollout=True)
 
     def propose(self, workload: Workload, current: Plan | None = None) -> Plan:
         """The GRP-optimal plan for ``workload``."""
         return self._label(self.planner.search(as_workload(workload)))
+
+    def candidates(self, workload: Workload, current: Plan | None = None) -> list[Plan]:
+        """:meth:`propose`'s plan first, then (``grp`` only, when that plan is heterogeneous) the best
+        plan with one rollout TP degree: the best of each layout class, for a re-planner that
+        corrects each class's predictions by its own observed error (``Replanner``)."""
+        wl = as_workload(workload)
+        best = self.propose(wl, current)
+        if self._homogeneous is None or len(set(best.rollout_tps)) < 2:
+            return [best]
+        return [best, self._label(self._homogeneous.search(wl))]
 
 
 class StaticUniform(_Base):

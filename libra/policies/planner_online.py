@@ -13,6 +13,26 @@ allocator's candidate with the same evaluator and applies the candidate iff the 
 net gain ``(T_cur - T_cand) - reconfig_cost_s`` is positive and ``(T_cur - T_cand) / T_cur >=
 min_gain_ratio``. Every decision carries a reason.
 
+Prediction-error feedback: the runtime reports each measured step time with the plan that was
+deployed for the whole step (:meth:`Replanner.observe_step`). The Replanner keeps, per layout class
+(:func:`layout_class`: ``homogeneous`` or ``heterogeneous`` rollout TP), the last ``error_window``
+``(observed, predicted)`` pairs (predicted: the allocator's evaluation of that plan on the history
+window), and every time in the apply rule is the predicted objective times its plan's class ratio
+``sum(observed) / sum(predicted)`` (a ratio of sums: one slow step weighs by its seconds, and
+alternating short and long steps of a pipelined run average out); 1.0 for a class with no
+observation, and then the rule is exactly the one above. Why classes and not plan signatures: the
+candidates are new layouts, so a per-signature ratio would almost never apply to them, while the
+measured error is a property of the class (a heterogeneous layout needs the router to keep each
+request in the bucket of its length, a homogeneous one does not). If the allocator offers
+``candidates(workload, current)`` (the GRP: its best plan and its best homogeneous plan) and some
+class has observations, the candidate is the one with the lowest corrected time (the first on a
+tie), else ``propose``'s plan.
+
+The reconfiguration cost is a prediction too: the runtime may report what a deployment measurably
+cost (:meth:`Replanner.observe_reconfig`: the seconds the steps around it took beyond their corrected
+predictions), and the apply rule then charges ``max(reconfig_cost_s, mean of the last error_window
+observations)`` instead of ``reconfig_cost_s``.
+
 :func:`ehp_signal` is the borrow/release hysteresis rule for hybrid replicas.
 """
 
@@ -30,7 +50,12 @@ from libra.policies.planner_types import Plan, PlannerError, Workload
 if TYPE_CHECKING:
     from libra.policies.planner import Allocator
 
-__all__ = ["EhpSignal", "PressureSnapshot", "ReplanDecision", "Replanner", "ehp_signal"]
+__all__ = ["EhpSignal", "PressureSnapshot", "ReplanDecision", "Replanner", "ehp_signal", "layout_class"]
+
+
+def layout_class(plan: Plan) -> str:
+    """``"heterogeneous"`` if ``plan`` deploys >= 2 distinct rollout TP degrees, else ``"homogeneous"``."""
+    return "heterogeneous" if len(set(plan.rollout_tps)) >= 2 else "homogeneous"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +76,9 @@ class ReplanDecision:
     """The outcome of one :meth:`Replanner.step`.
 
     ``apply`` says whether to deploy ``plan``; ``reason`` is a static snake_case word; ``trigger``
-    names what started the evaluation (None if none did). Times are predicted seconds per iteration.
+    names what started the evaluation (None if none did). Times are predicted seconds per iteration,
+    multiplied by their class's observed/predicted ratio (``current_correction``,
+    ``candidate_correction``; 1.0 without feedback).
     """
 
     step: int
@@ -63,13 +90,17 @@ class ReplanDecision:
     candidate_time: float | None = None
     raw_gain: float = 0.0
     net_gain: float = 0.0
+    current_correction: float = 1.0
+    candidate_correction: float = 1.0
+    reconfig_s: float = 0.0
 
 
 class Replanner:
     """Periodic and pressure-triggered re-planning around an allocator (see the module docstring).
 
-    Mutation rule: only :meth:`observe`, :meth:`observe_many` and :meth:`step` change state (the
-    history window, the last re-plan step and the rejected-rollout baseline).
+    Mutation rule: only :meth:`observe`, :meth:`observe_many`, :meth:`observe_step`,
+    :meth:`observe_reconfig` and :meth:`step` change state (the history window, the prediction-error
+    and reconfiguration-cost windows, the last re-plan step and the rejected-rollout baseline).
     """
 
     def __init__(
@@ -88,7 +119,10 @@ class Replanner:
         max_history: int = 4096,
         min_history: int = 8,
         warmup_steps: int = 1,
+        error_window: int = 4,
     ) -> None:
+        if error_window < 1:
+            raise PlannerError(f"Replanner: error_window must be >= 1, got {error_window}")
         if plan_interval < 1 or cooldown_steps < 0 or max_history < 1 or min_history < 1:
             raise PlannerError(
                 "Replanner: plan_interval, max_history, min_history must be >= 1 and cooldown_steps >= 0 "
@@ -113,6 +147,9 @@ class Replanner:
         self.history: deque[tuple[float, ...]] = deque(maxlen=max_history)
         self.last_replan: int | None = None
         self.last_rejected = 0
+        self.error_window = error_window
+        self.errors: dict[str, deque[tuple[float, float]]] = {}
+        self.reconfigs: deque[float] = deque(maxlen=error_window)
 
     def observe(self, prompt_len: float, output_len: float, turns: int | None = None,
                 tool_seconds: float | None = None) -> None:
@@ -143,6 +180,53 @@ class Replanner:
     def workload(self) -> Workload:
         """The history window as a :class:`Workload`."""
         return Workload.from_pairs(self.history)
+
+    # -- prediction-error feedback --------------------------------------------------------------
+    def observe_step(self, plan: Plan, observed_s: float, predicted_s: float | None = None) -> float | None:
+        """Record one measured step time of ``plan`` (deployed for the whole step). ``predicted_s``
+        None: the allocator's evaluation of ``plan`` on the history window. Returns the ratio
+        recorded, or None when nothing was (too little history, or a non-positive / non-finite time)."""
+        if predicted_s is None:
+            if len(self.history) < self.min_history:
+                return None
+            predicted_s = self.allocator.evaluate(plan, self.workload()).objective
+        if not (math.isfinite(observed_s) and math.isfinite(predicted_s) and observed_s > 0 and predicted_s > 0):
+            return None
+        self.errors.setdefault(layout_class(plan), deque(maxlen=self.error_window)).append(
+            (float(observed_s), float(predicted_s)))
+        return observed_s / predicted_s
+
+    def observe_reconfig(self, cost_s: float) -> None:
+        """Record the measured cost of one deployment (seconds lost; negative values count as 0).
+        Raises :class:`PlannerError` if not finite."""
+        if not math.isfinite(cost_s):
+            raise PlannerError(f"observe_reconfig: cost must be finite, got {cost_s!r}")
+        self.reconfigs.append(max(0.0, float(cost_s)))
+
+    def reconfig_estimate(self) -> float:
+        """The cost the apply rule charges: ``max(reconfig_cost_s, mean of the observed costs)``."""
+        if not self.reconfigs:
+            return self.reconfig_cost_s
+        return max(self.reconfig_cost_s, sum(self.reconfigs) / len(self.reconfigs))
+
+    def correction(self, plan: Plan) -> float:
+        """``sum(observed) / sum(predicted)`` over the window of ``plan``'s layout class (1.0 with none
+        recorded)."""
+        window = self.errors.get(layout_class(plan))
+        if not window:
+            return 1.0
+        return sum(o for o, _ in window) / sum(p for _, p in window)
+
+    def corrected(self, plan: Plan) -> float:
+        """``plan.objective`` times its class's :meth:`correction`."""
+        return plan.objective * self.correction(plan)
+
+    def _candidate(self, workload: Workload, current: Plan) -> Plan:
+        offer = getattr(self.allocator, "candidates", None)
+        if offer is None or not self.errors:  # no feedback yet: every correction is 1.0
+            return self.allocator.propose(workload, current)
+        plans = list(offer(workload, current))
+        return min(plans, key=self.corrected)
 
     def _trigger(self, snap: PressureSnapshot) -> tuple[str | None, str]:
         if self.last_replan is not None and snap.step - self.last_replan < self.cooldown_steps:
@@ -186,19 +270,23 @@ class Replanner:
             return ReplanDecision(step, False, reason)
         self.last_replan, self.last_rejected = step, snapshot.rejected_total
         now = self.allocator.evaluate(current, workload)
-        cand = self.allocator.propose(workload, current)
-        raw = now.objective - cand.objective
-        net = raw - self.reconfig_cost_s
+        cand = self._candidate(workload, current)
+        c_now, c_cand = self.correction(now), self.correction(cand)
+        t_now, t_cand = now.objective * c_now, cand.objective * c_cand
+        raw = t_now - t_cand
+        reconfig = self.reconfig_estimate()
+        net = raw - reconfig
         if cand.same_layout(current):
             reason = "same_layout"
         elif not net > 0:
             reason = "gain_below_reconfig_cost"
-        elif not (now.objective > 0 and raw / now.objective >= self.min_gain_ratio):
+        elif not (t_now > 0 and raw / t_now >= self.min_gain_ratio):
             reason = "gain_ratio_below_min"
         else:
             reason = "applied"
         return ReplanDecision(
-            step, reason == "applied", reason, trigger, cand, now.objective, cand.objective, raw_gain=raw, net_gain=net
+            step, reason == "applied", reason, trigger, cand, t_now, t_cand, raw_gain=raw, net_gain=net,
+            current_correction=c_now, candidate_correction=c_cand, reconfig_s=reconfig,
         )
 
 

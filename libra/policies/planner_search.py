@@ -3,7 +3,8 @@
 Role: minimise ``max(T_train, T_rollout)`` (with a policy lag ``L > 1`` also the pipeline bound
 ``(T_chain + T_train) / L``, :func:`~libra.policies.planner_types.pipeline_objective`) over ``n_train`` (outer loop), the training layout
 (decision tree, ``planner_training.py``) and the rollout TP multiset with its length ranges (exact
-DP, ``planner_rollout.py``). Pure: the inputs are cost models, a :class:`PlannerConfig` and a
+DP, ``planner_rollout.py`` / ``planner_buckets.py``; under a length-blind ``PlannerConfig.routing`` the
+exact enumeration of ``planner_buckets.BlindTable``). Pure: the inputs are cost models, a :class:`PlannerConfig` and a
 :class:`Workload`; the output is a :class:`Plan`.
 
 Search order and memoisation:
@@ -25,7 +26,16 @@ from typing import Any
 
 from libra.policies.cost_model_rollout import RolloutCostModel
 from libra.policies.cost_model_training import TrainConfig, TrainingCostModel
-from libra.policies.planner_buckets import BucketCosts, BucketTable, bucket_instances, evaluate_buckets
+from libra.policies.planner_buckets import (
+    BlindCosts,
+    BlindTable,
+    BucketCosts,
+    BucketTable,
+    blind_instances,
+    bucket_instances,
+    evaluate_blind,
+    evaluate_buckets,
+)
 from libra.policies.planner_rollout import RolloutSample, RolloutTable, cost_matrices, evaluate_layout, to_instances
 from libra.policies.planner_training import TrainChoice, TrainingSearch
 from libra.policies.planner_types import (
@@ -98,8 +108,13 @@ class GlobalResourcePlanner:
         cfg = self.config
         sample = RolloutSample.from_workload(workload, cfg.global_batch, cfg.max_dp_requests)
         chains: dict[int, Any] = {}
-        costs: Any = (BucketCosts(self.rollout_model, sample, cfg.overlap_steps) if cfg.pooled_buckets
-                      else cost_matrices(self.rollout_model, sample, self.rollout_tps, cfg.overlap_steps, chains))
+        costs: Any
+        if cfg.routing != "by_length":
+            costs = BlindCosts(self.rollout_model, sample, cfg.overlap_steps, weighted=cfg.routing == "length_blind")
+        elif cfg.pooled_buckets:
+            costs = BucketCosts(self.rollout_model, sample, cfg.overlap_steps)
+        else:
+            costs = cost_matrices(self.rollout_model, sample, self.rollout_tps, cfg.overlap_steps, chains)
         train = TrainingSearch(self.train_model, cfg, workload.training_lengths(cfg.global_batch))
         return _Context(workload, sample, costs, train, chains)
 
@@ -110,9 +125,18 @@ class GlobalResourcePlanner:
             return 0.0
         if isinstance(table, BucketTable):
             return ctx.costs.layout_chain(table.buckets(g))
+        if isinstance(table, BlindTable):
+            return table.chain(g)
         return max((float(ctx.chains[tp][j, i]) for tp, j, i in table.instances(g)), default=0.0)
 
     def _tables(self, ctx: _Context, budget: int) -> list[Any]:
+        if self.config.routing != "by_length":
+            sets = [(t,) for t in self.rollout_tps] if self.homogeneous else [self.rollout_tps]
+            return [
+                BlindTable(ctx.costs, s, budget, require_heterogeneous=self.config.require_heterogeneous,
+                           max_instances=self.config.max_instances)
+                for s in sets
+            ]
         if self.config.pooled_buckets:
             sets = [(t,) for t in self.rollout_tps] if self.homogeneous else [self.rollout_tps]
             return [
@@ -228,6 +252,10 @@ class GlobalResourcePlanner:
             t_roll, table = self._best_of(self._tables(ctx, cfg.n_gpus - n_train), cfg.n_gpus - n_train)
             instances = self._instances(ctx, table, cfg.n_gpus - n_train)
             chain = self._chain(ctx, table, cfg.n_gpus - n_train) if math.isfinite(t_roll) else math.inf
+        elif cfg.routing != "by_length":
+            t_roll = evaluate_blind(ctx.costs, tuple(rollout_tps))
+            instances = blind_instances(ctx.costs, tuple(rollout_tps)) if math.isfinite(t_roll) else ()
+            chain = ctx.costs.layout(tuple(rollout_tps))[1] if lag > 1 else 0.0
         elif cfg.pooled_buckets:
             t_roll, buckets = evaluate_buckets(ctx.costs, tuple(rollout_tps))
             instances = bucket_instances(ctx.costs, buckets)
@@ -252,6 +280,8 @@ class GlobalResourcePlanner:
     def _instances(ctx: _Context, table: Any, g: int) -> tuple[RolloutInstance, ...]:
         if isinstance(table, BucketTable):
             return bucket_instances(ctx.costs, table.buckets(g))
+        if isinstance(table, BlindTable):
+            return blind_instances(ctx.costs, table.layout(g))
         return to_instances(ctx.sample, table.costs, table.instances(g))
 
     def evaluate(self, plan: Plan, workload: Workload | list[tuple[float, float]]) -> Plan:

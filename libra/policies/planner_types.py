@@ -15,8 +15,12 @@ import numpy as np
 
 from libra.policies.cost_model_training import TrainConfig
 
-__all__ = ["Plan", "PlannerConfig", "PlannerError", "RolloutBucket", "RolloutInstance", "Workload", "as_workload",
-           "pipeline_objective"]
+__all__ = ["ROUTINGS", "Plan", "PlannerConfig", "PlannerError", "RolloutBucket", "RolloutInstance", "Workload",
+           "as_workload", "pipeline_objective"]
+
+
+#: ``PlannerConfig.routing`` values (see :class:`PlannerConfig`).
+ROUTINGS = ("by_length", "length_blind", "round_robin")
 
 
 class PlannerError(ValueError):
@@ -105,6 +109,17 @@ class PlannerConfig:
     one contiguous length range per instance (``planner_rollout.py``). ``overlap_steps``: how many
     consecutive steps' rollouts may overlap (the asynchronous pipeline's policy lag; 1 = synchronous);
     the pooled model divides the longest request's decode tail by it.
+
+    ``routing``: the router the plan will be deployed under, which decides how a layout is scored
+    (``planner_buckets.py``). ``"by_length"`` (default): every request stays in the bucket of its
+    length, a longer request never on a smaller TP than a shorter one (C-MLFQ-like routers; the
+    pooled-bucket DP). ``"length_blind"``: the router ignores buckets and spreads trajectories over
+    all rollout instances by least connections on ``load / tp`` (``least_loaded``), so each instance
+    serves ``tp / W`` of *all* requests (``W``: rollout GPUs of the layout) with the full length mix;
+    ``"round_robin"``: the same with ``1 / I`` each (``I`` instances). Under both blind modes the
+    rollout time is the max over the TP degrees present, the longest trajectory may land on the worst
+    of them, and heterogeneity only costs (``planner_buckets.BlindTable``). The blind modes need
+    ``pooled_buckets``.
     """
 
     n_gpus: int
@@ -124,6 +139,7 @@ class PlannerConfig:
     zero_stage: int = 1
     pooled_buckets: bool = True
     overlap_steps: int = 1
+    routing: str = "by_length"
 
     def __post_init__(self) -> None:
         for name in ("n_gpus", "global_batch", "group_size", "granularity", "max_dp_requests", "max_micro_batch",
@@ -149,6 +165,10 @@ class PlannerConfig:
                 f"min_train_gpus + min_rollout_gpus = {self.min_train_gpus + self.min_rollout_gpus} "
                 f"exceeds n_gpus={self.n_gpus}"
             )
+        if self.routing not in ROUTINGS:
+            raise PlannerError(f"PlannerConfig.routing must be one of {ROUTINGS}, got {self.routing!r}")
+        if self.routing != "by_length" and not self.pooled_buckets:
+            raise PlannerError(f"PlannerConfig.routing={self.routing!r} needs pooled_buckets=True")
         if self.max_instances is not None and self.max_instances < 1:
             raise PlannerError(f"PlannerConfig.max_instances must be >= 1 or None, got {self.max_instances!r}")
 

@@ -5,6 +5,9 @@ one of :data:`PLANNER_ALLOCATIONS`. It drives the real planner (:mod:`libra.poli
 real broker plan application (:meth:`BrokerState.apply_plan`, directives) on the simulated GPU fleet
 (:mod:`libra.sim.sim_gpus`, which charges the transition costs in virtual time).
 
+The planner scores layouts for the simulated router (:func:`planner_routing`: ``least_loaded`` and
+``round_robin`` ignore buckets, so their plans are scored as length-blind; see ``PlannerConfig.routing``).
+
 Allocations (name -> planner allocator):
 
 - ``grp_homogeneous``: GRP with one rollout TP degree per plan (one bucket);
@@ -24,8 +27,16 @@ Contract of one run:
    last ``history_steps`` steps of finished trajectories), with its triggers (interval
    ``plan_interval``, queue pressure, active pressure, rollout/train imbalance, cooldown) and its rule
    (apply iff the layout differs, net gain over ``reconfig_cost_s`` > 0 and gain ratio >=
-   ``min_gain_ratio``). Pressures: queued generate turns / (instances × ``max_queue_length``), running
-   turns / Σ instance credits; stage times: the last finished rollout and training step.
+   ``min_gain_ratio``). The Replanner learns from what it observes (``PlannerAllocation._observe_step``):
+   with ``reconfig_feedback`` (default) the measured cost of each deployment, the seconds by which the
+   steps it touched exceeded the deployed plan's prediction, replaces ``reconfig_cost_s`` when larger
+   (:meth:`Replanner.observe_reconfig`); with ``error_feedback`` (opt-in: measured worse on the
+   ablation, see BENCHMARKS.md) every clean step's measured time against its plan's prediction
+   (:meth:`Replanner.observe_step`) corrects the predicted times of each layout class (homogeneous /
+   heterogeneous rollout TP) over the last ``error_window`` observations, and the Replanner picks
+   between the GRP's best plan and its best homogeneous plan by corrected time. Pressures: queued
+   generate turns / (instances × ``max_queue_length``), running turns / Σ instance credits; stage
+   times: the last finished rollout and training step.
 3. **Search charge**: an applied plan reaches the broker ``search_s`` virtual seconds after the decision
    (``search="fixed"``, the default: deterministic) or after the measured wall time of the planner call
    (``search="measured"``: not reproducible). The GPUs keep working under the old plan meanwhile.
@@ -62,7 +73,7 @@ from libra.broker.pools import GpuSlot, Role, bucket_specs, layout_roles
 from libra.policies.cost_model import RolloutCostModel, TrainingCostModel, load_hardware, load_model
 from libra.policies.cost_model_training import TrainConfig
 from libra.policies.planner import Plan, PlannerConfig, PressureSnapshot, Replanner, Workload, make_allocator
-from libra.policies.planner_online import ehp_signal
+from libra.policies.planner_online import ehp_signal, layout_class
 from libra.policies.routing import BucketSpec
 from libra.protocol import messages as m
 from libra.sim import sim_cluster
@@ -74,7 +85,17 @@ from libra.sim.trace import TrajectorySpec
 if TYPE_CHECKING:
     from libra.sim.engine import SimConfig, Simulator
 
-__all__ = ["PLANNER_ALLOCATIONS", "PlannerAllocation", "PlannerSimParams", "is_planner_allocation"]
+__all__ = ["PLANNER_ALLOCATIONS", "PlannerAllocation", "PlannerSimParams", "is_planner_allocation", "planner_routing"]
+
+#: Simulated routers that ignore request lengths -> the planner's ``PlannerConfig.routing`` for them
+#: (``least_loaded``: least connections on load / TP; ``round_robin``: one instance after another).
+#: Every other router keeps a request near the bucket of its length (``"by_length"``).
+LENGTH_BLIND_ROUTERS: dict[str, str] = {"least_loaded": "length_blind", "round_robin": "round_robin"}
+
+
+def planner_routing(router: str) -> str:
+    """The ``PlannerConfig.routing`` that models how ``router`` realises a plan."""
+    return LENGTH_BLIND_ROUTERS.get(router, "by_length")
 
 #: simulator allocation name -> (planner allocator, elastic hybrid pool)
 PLANNER_ALLOCATIONS: dict[str, tuple[str, bool]] = {
@@ -122,6 +143,9 @@ class PlannerSimParams:
     ehp_borrow_ratio: float = 1.15
     ehp_release_ratio: float = 0.90
     ehp_protect_pressure: float = 0.8
+    error_feedback: bool = False
+    reconfig_feedback: bool = True
+    error_window: int = 4
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PlannerSimParams:
@@ -133,8 +157,8 @@ class PlannerSimParams:
         p = cls(**d)
         if p.search not in ("fixed", "measured"):
             raise SimConfigError(f"allocation parameter search must be 'fixed' or 'measured', got {p.search!r}")
-        if p.search_s < 0 or p.history_steps < 1 or p.plan_interval < 1:
-            raise SimConfigError("search_s must be >= 0, history_steps and plan_interval >= 1")
+        if p.search_s < 0 or p.history_steps < 1 or p.plan_interval < 1 or p.error_window < 1:
+            raise SimConfigError("search_s must be >= 0, history_steps, plan_interval and error_window >= 1")
         return p
 
 
@@ -181,12 +205,13 @@ class PlannerAllocation:
         self.planner_config = PlannerConfig(n_gpus=cfg.gpus, global_batch=self.batch, group_size=group,
                                             rollout_tps=tuple(p.rollout_tps), granularity=p.granularity,
                                             min_train_gpus=p.min_train_gpus, min_rollout_gpus=p.min_rollout_gpus,
-                                            overlap_steps=cfg.lag)
+                                            overlap_steps=cfg.lag, routing=planner_routing(cfg.router))
         self.allocator = make_allocator(allocator_name, rollout_model=RolloutCostModel(hw, model),
                                         train_model=self.train_model, config=self.planner_config)
         self.replanner = Replanner(self.allocator, plan_interval=p.plan_interval, cooldown_steps=p.cooldown_steps,
                                    online=p.online, reconfig_cost_s=p.reconfig_cost_s,
-                                   min_gain_ratio=p.min_gain_ratio, max_history=p.history_steps * self.batch)
+                                   min_gain_ratio=p.min_gain_ratio, max_history=p.history_steps * self.batch,
+                                   error_window=p.error_window)
         profile = p.profile_steps if p.profile_steps is not None else (5 if self.name == "static_best" else 1)
         self.profile = [t for t in trajs if t.step in set(steps[:max(1, profile)])]
         self.specs = {t.id: t for t in trajs}
@@ -213,6 +238,10 @@ class PlannerAllocation:
         self.n_hybrid = 0
         self.ehp_signals: list[dict[str, Any]] = []
         self.train_layouts: list[TrainConfig] = []
+        self.step_errors: list[dict[str, Any]] = []
+        self.reconfig_costs: list[dict[str, Any]] = []
+        self._dirty: list[float] = []  # excess seconds of the steps a deployment touched, not yet reported
+        self._dirty_applied = 0
 
     # ------------------------------------------------------------------ layouts
     def _layout(self, plan: Plan, roles: dict[str, Role]) -> Layout:
@@ -281,6 +310,8 @@ class PlannerAllocation:
         if self.ehp:
             self._advance_joins(k)
         busy = self._pending_apply or (self.sim.broker.plan_applier is not None and not self.sim.broker.plan_applier.done)
+        if self.params.error_feedback or self.params.reconfig_feedback:
+            self._observe_step(k, busy)
         snap = self._snapshot(k + 1)
         if busy:
             self.decisions.append({"step": k + 1, "t": self.sim.now, "apply": False, "reason": "busy"})
@@ -343,6 +374,8 @@ class PlannerAllocation:
             "train_waits": self.train_waits,
             "ehp_signals": Counter(s["reason"] for s in self.ehp_signals),
             "final_plan": _plan_dict(self.plan),
+            "step_errors": list(self.step_errors),
+            "reconfig_costs": list(self.reconfig_costs),
         }
 
     # ------------------------------------------------------------------ internals
@@ -354,6 +387,47 @@ class PlannerAllocation:
             self.replanner.observe(spec.prompt_tokens + spec.total_payload_tokens, max(1, spec.total_gen_tokens),
                                    spec.num_turns, tool_seconds_of(spec))
         self._seen = len(sim.records)
+
+    def _observe_step(self, k: int, busy: bool) -> None:
+        """Prediction-error feedback after training step ``k`` (see the module docstring).
+
+        A step is *clean* when no plan was applied after its window started: the last ``L`` steps'
+        rollouts (``L`` = the policy lag) and the training end before them. ``error_feedback``: a clean
+        step reports the mean interval between training-step ends over those ``L`` steps (with ``L > 1``
+        steps finish in bursts, so one interval alone alternates short and long) against the plan's
+        prediction (:meth:`Replanner.observe_step`). ``reconfig_feedback``: a step that is not clean
+        adds its interval minus the deployed plan's corrected prediction to the running excess of the
+        deployment(s) it saw; the first clean step after them reports that excess, per deployment, as
+        the measured reconfiguration cost (:meth:`Replanner.observe_reconfig`)."""
+        sim = self.sim
+        assert sim is not None
+        lag = max(1, sim.lag)
+        if k < lag:
+            return
+        start = min(min(sim.rollout_start[k - lag + 1:k + 1]), sim.train_end[k - lag])
+        if math.isnan(start):
+            return
+        rp = self.replanner
+        if busy or self.plan_history[-1][0] > start:
+            if self.params.reconfig_feedback and len(rp.history) >= rp.min_history:
+                pred = rp.corrected(self.allocator.evaluate(self.plan, rp.workload()))
+                if math.isfinite(pred):
+                    self._dirty.append(sim.train_end[k] - sim.train_end[k - 1] - pred)
+            return
+        if self._dirty:
+            n = max(1, len(self.applied) - self._dirty_applied)
+            cost = sum(self._dirty) / n
+            rp.observe_reconfig(cost)
+            self.reconfig_costs.append({"step": k, "deployments": n, "cost_s": round(cost, 3)})
+            self._dirty = []
+        self._dirty_applied = len(self.applied)
+        if not self.params.error_feedback:
+            return
+        observed = (sim.train_end[k] - sim.train_end[k - lag]) / lag
+        ratio = rp.observe_step(self.plan, observed)
+        if ratio is not None:
+            self.step_errors.append({"step": k, "class": layout_class(self.plan), "observed_s": round(observed, 3),
+                                     "ratio": round(ratio, 4)})
 
     def _snapshot(self, step: int) -> PressureSnapshot:
         sim = self.sim

@@ -5,23 +5,14 @@ from __future__ import annotations
 import itertools
 import math
 
-import numpy as np
 import pytest
 
-from libra.policies.cost_model import RolloutCostModel, TrainingCostModel, load_hardware, load_model
+from libra.policies.cost_model import TrainingCostModel, load_hardware, load_model
 from libra.policies.planner import GlobalResourcePlanner, PlannerConfig, Workload
 from libra.policies.planner_buckets import BucketCosts, BucketTable, evaluate_buckets
 from libra.policies.planner_rollout import RolloutSample
 
-RM = RolloutCostModel(load_hardware("a800"), load_model("qwen3-14b"))
-
-
-def _requests(n: int, seed: int) -> list[tuple[float, float, float]]:
-    rng = np.random.default_rng(seed)
-    total = np.exp(rng.uniform(np.log(300), np.log(30000), n)).round()
-    prompt = np.minimum(rng.uniform(100, 2048, n), total / 2).round()
-    turns = rng.integers(1, 6, n)
-    return list(zip(prompt.tolist(), (total - prompt).tolist(), turns.astype(float).tolist()))
+from planner_refs import RM, _agentic_requests, _pooled_agentic, _requests  # reference sums (tests/unit)
 
 
 def _pooled(reqs: list[tuple[float, float, float]], tp: int, k: int, lag: int = 1) -> float:
@@ -103,30 +94,6 @@ def test_pooled_search_deploys_one_bucket_per_tp_and_reevaluates_consistently() 
 
 
 # -- the agentic critical path: tool seconds, chain bound, pipeline objective -------------------------
-def _agentic_requests(n: int, seed: int) -> list[tuple[float, float, float, float]]:
-    rng = np.random.default_rng(seed)
-    return [(p, g, c, float(t)) for (p, g, c), t in zip(_requests(n, seed), rng.uniform(0.0, 400.0, n))]
-
-
-def _pooled_agentic(reqs: list[tuple[float, float, float, float]], tp: int, k: int, lag: int) -> tuple[float, float]:
-    """Direct sums of ``agentic_cost`` for the busiest of ``k`` instances: ``(cost, chain)``."""
-    n = len(reqs)
-    share = min(k, n)
-    p, g, c, tool = (sum(r[x] for r in reqs) / share for x in range(4))
-    m = n / share
-    if max(r[0] + r[1] for r in reqs) > RM.token_capacity(tp):
-        return math.inf, math.inf
-    avg_p, avg_g = p / m, g / m
-    b0 = float(RM.steady_batch(tp, m, avg_p, avg_g))
-    step0 = float(RM.decode_step(tp, b0, b0 * (avg_p + avg_g / 2)))
-    b = max(b0 * (1 - tool / (tool + g * step0)), 1.0) if tool > 0 else b0
-    step = float(RM.decode_step(tp, b, b * (avg_p + avg_g / 2)))
-    stall = c * RM.cal.per_request_overhead_s + float(RM.prefill_time(tp, p, m))
-    star = max(range(n), key=lambda a: (reqs[a][1], a))  # most generated tokens (ties: the last)
-    chain = lag * stall + reqs[star][1] * step + reqs[star][3]
-    return max(stall + g / b * step, chain / lag), chain
-
-
 def _brute_agentic(reqs: list[tuple[float, float, float, float]], gpus: int, tps: tuple[int, ...],
                    lag: int) -> tuple[float, float]:
     """``(min over layouts of max bucket cost, the chain of that layout)`` over every ascending-TP choice."""

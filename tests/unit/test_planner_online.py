@@ -17,6 +17,7 @@ from libra.policies.planner import (
     ehp_signal,
     make_allocator,
 )
+from libra.policies.planner_online import layout_class
 
 
 def _plan(n_train: int, t_train: float, t_rollout: float, tps: tuple[int, ...] = (2, 2)) -> Plan:
@@ -216,3 +217,126 @@ def test_history_records_turns_and_tool_seconds_into_the_workload() -> None:
         rp.observe(10, 10, None, 1.0)
     with pytest.raises(PlannerError, match="tool_seconds"):
         Workload.from_pairs([(10, 10, 1, float("nan"))])
+
+
+# -- prediction-error feedback ---------------------------------------------------------------------
+HETERO = _plan(8, 100.0, 100.0, (1, 2, 4))
+HOMO = _plan(8, 120.0, 120.0, (2, 2, 2))
+
+
+class OfferingAllocator(FakeAllocator):
+    """A fake GRP that offers its best plan and its best homogeneous plan (``candidates``)."""
+
+    def __init__(self, offers: list[Plan], current_time: float) -> None:
+        super().__init__(offers[0], current_time)
+        self.offers = offers
+        self.offered = 0
+
+    def candidates(self, workload: Workload, current: Plan | None = None) -> list[Plan]:
+        self.offered += 1
+        return list(self.offers)
+
+
+def test_layout_class_counts_distinct_rollout_tps() -> None:
+    assert layout_class(HETERO) == "heterogeneous"
+    assert layout_class(HOMO) == layout_class(_plan(8, 1.0, 1.0, (8,))) == "homogeneous"
+
+
+def test_observe_step_keeps_a_ratio_of_sums_per_class_over_the_window() -> None:
+    rp, _ = _replanner(BETTER, 100.0, error_window=2)
+    assert rp.correction(HETERO) == rp.correction(HOMO) == 1.0
+    assert rp.observe_step(HETERO, 150.0, 100.0) == 1.5
+    assert rp.observe_step(HETERO, 50.0, 100.0) == 0.5
+    assert rp.correction(HETERO) == 1.0  # (150 + 50) / (100 + 100)
+    rp.observe_step(HETERO, 300.0, 100.0)  # the window keeps the last two: (50 + 300) / 200
+    assert rp.correction(HETERO) == pytest.approx(1.75)
+    assert rp.corrected(HETERO) == pytest.approx(1.75 * HETERO.objective)
+    assert rp.correction(HOMO) == 1.0  # the other class has no history
+    for bad in ((0.0, 100.0), (100.0, 0.0), (float("nan"), 100.0), (100.0, float("inf"))):
+        assert rp.observe_step(HOMO, *bad) is None
+    assert rp.correction(HOMO) == 1.0
+    with pytest.raises(PlannerError):
+        Replanner(FakeAllocator(BETTER, 1.0), error_window=0)  # type: ignore[arg-type]
+
+
+def test_observe_step_predicts_with_the_allocator_on_the_history_window() -> None:
+    fake = FakeAllocator(BETTER, 80.0)  # evaluate() puts every plan at 80 s
+    rp = Replanner(fake, min_history=8)  # type: ignore[arg-type]
+    assert rp.observe_step(HETERO, 120.0) is None  # no history yet: nothing to predict with
+    rp.observe_many([(100, 400)] * 8)
+    assert rp.observe_step(HETERO, 120.0) == pytest.approx(1.5)
+
+
+def test_without_feedback_the_apply_rule_is_unchanged() -> None:
+    offering = OfferingAllocator([HETERO, HOMO], 110.0)
+    rp = Replanner(offering, plan_interval=1)  # type: ignore[arg-type]
+    rp.observe_many([(100, 400)] * 8)
+    dec = rp.step(PressureSnapshot(5), CURRENT)
+    assert offering.offered == 0  # no observations: the plain proposal, no extra search
+    assert dec.plan is HETERO and not dec.apply and dec.reason == "gain_below_reconfig_cost"  # 110 - 100 < 15
+    assert dec.current_correction == dec.candidate_correction == 1.0
+
+
+def test_observed_error_of_the_deployed_class_steers_the_decision() -> None:
+    # deployed: a heterogeneous plan predicted at 110 s but observed at 1.5x; the GRP offers a better
+    # heterogeneous plan (100 s) and a homogeneous one (120 s) with no history (correction 1.0)
+    deployed = _plan(8, 110.0, 110.0, (1, 1, 2, 4))
+    offering = OfferingAllocator([HETERO, HOMO], 110.0)
+    rp = Replanner(offering, plan_interval=1)  # type: ignore[arg-type]
+    rp.observe_many([(100, 400)] * 8)
+    rp.observe_step(deployed, 165.0, 110.0)
+    dec = rp.step(PressureSnapshot(5), deployed)
+    assert offering.offered == 1
+    assert dec.current_correction == pytest.approx(1.5) and dec.candidate_correction == 1.0
+    assert dec.plan is HOMO  # 100 x 1.5 = 150 corrected, against 120
+    assert dec.current_time == pytest.approx(165.0) and dec.candidate_time == pytest.approx(120.0)
+    assert dec.apply and dec.reason == "applied" and dec.raw_gain == pytest.approx(45.0)
+    # once the homogeneous class is observed as badly, the heterogeneous plan wins again
+    rp.observe_step(HOMO, 240.0, 120.0)
+    dec = rp.step(PressureSnapshot(6), HOMO)
+    assert dec.plan is HETERO and dec.candidate_time == pytest.approx(150.0)
+
+
+def test_a_plain_allocator_gets_its_proposal_corrected() -> None:
+    rp, fake = _replanner(HOMO, 100.0, plan_interval=1)
+    rp.observe_step(CURRENT, 200.0, 100.0)  # CURRENT is homogeneous (2, 2): correction 2.0 for both
+    dec = rp.step(PressureSnapshot(5), CURRENT)
+    assert dec.current_time == pytest.approx(200.0) and dec.candidate_time == pytest.approx(240.0)
+    assert not dec.apply and dec.reason == "gain_below_reconfig_cost"
+
+
+def test_grp_offers_its_best_plan_and_its_best_homogeneous_plan() -> None:
+    alloc = make_allocator("grp", hardware="a800", model="qwen3-14b", n_gpus=48, global_batch=256, group_size=16,
+                           granularity=8, min_train_gpus=8, min_rollout_gpus=8)
+    homo = make_allocator("grp_homogeneous", hardware="a800", model="qwen3-14b", n_gpus=48, global_batch=256,
+                          group_size=16, granularity=8, min_train_gpus=8, min_rollout_gpus=8)
+    import numpy as np
+
+    rng = np.random.default_rng(4)
+    total = np.exp(rng.uniform(np.log(300), np.log(30000), 256)).round()
+    wl = Workload.from_pairs(zip((total * 0.2).round(), (total * 0.8).round()))
+    offers = alloc.candidates(wl)  # type: ignore[attr-defined]
+    assert offers[0] == alloc.propose(wl)
+    if len(set(offers[0].rollout_tps)) >= 2:
+        assert len(offers) == 2 and offers[1].layout_key() == homo.propose(wl).layout_key()
+        assert offers[1].allocator == "grp" and offers[0].objective <= offers[1].objective
+    else:
+        assert len(offers) == 1
+    assert len(homo.candidates(wl)) == 1  # type: ignore[attr-defined]
+
+
+def test_measured_reconfiguration_cost_replaces_the_configured_one_when_larger() -> None:
+    rp, _ = _replanner(BETTER, 100.0, plan_interval=1, error_window=2)
+    assert rp.reconfig_estimate() == 15.0
+    dec = rp.step(PressureSnapshot(5), CURRENT)  # 100 -> 60: gain 40 beats the configured 15 s
+    assert dec.apply and dec.reconfig_s == 15.0
+    rp.observe_reconfig(-30.0)  # a deployment that cost nothing measurable counts as 0: the floor holds
+    assert rp.reconfig_estimate() == 15.0
+    rp.observe_reconfig(90.0)
+    assert rp.reconfig_estimate() == pytest.approx(45.0)  # mean of (0, 90)
+    dec = rp.step(PressureSnapshot(6), CURRENT)
+    assert not dec.apply and dec.reason == "gain_below_reconfig_cost" and dec.net_gain == pytest.approx(-5.0)
+    rp.observe_reconfig(10.0)  # window of two: (90, 10)
+    assert rp.reconfig_estimate() == pytest.approx(50.0)
+    with pytest.raises(PlannerError):
+        rp.observe_reconfig(float("inf"))

@@ -217,3 +217,38 @@ def test_ablation_bench_quick_prints_every_rung(capsys: pytest.CaptureFixture[st
     for _, label, _, _ in ablation.RUNGS:
         assert label in text
     assert "EARL selector" in text and "targets:" in text
+
+
+def test_planner_scores_plans_for_the_simulated_router() -> None:
+    blind = _sim("grp", **QUIET)  # least_loaded ignores buckets
+    assert blind.alloc is not None and blind.alloc.planner_config.routing == "length_blind"
+    trajs = generate("r2e", 2, 2, 16, 0)
+    pooled = Simulator(trajs, SimConfig(router="cmlfq", allocation="grp", gpus=16, seed=0, allocation_params=QUIET))
+    assert pooled.alloc is not None and pooled.alloc.planner_config.routing == "by_length"
+
+
+def test_error_feedback_reports_clean_steps_to_the_replanner() -> None:
+    off = _sim("grp", gpus=24, steps=5, plan_interval=1)
+    off.run()
+    assert off.alloc is not None and off.alloc.step_errors == [] and off.alloc.replanner.errors == {}
+    on = _sim("grp", gpus=24, steps=6, plan_interval=1, error_feedback=True, error_window=2)
+    on.run()
+    assert on.alloc is not None
+    errs = on.alloc.step_errors
+    assert errs and all(e["ratio"] > 0 and e["class"] in ("homogeneous", "heterogeneous") for e in errs)
+    assert all(len(w) <= 2 for w in on.alloc.replanner.errors.values())
+    assert on.alloc.report()["step_errors"] == errs
+    with pytest.raises(SimConfigError, match="error_window"):
+        _sim(error_window=0)
+
+
+def test_reconfig_feedback_reports_the_measured_cost_of_a_deployment() -> None:
+    on = _sim("grp", gpus=24, steps=6, plan_interval=1)
+    on.run()
+    assert on.alloc is not None and on.alloc.applied  # this run deploys a new plan at least once
+    costs = on.alloc.report()["reconfig_costs"]
+    assert costs and all(c["deployments"] >= 1 and c["cost_s"] >= 0 for c in costs)
+    assert list(on.alloc.replanner.reconfigs) == pytest.approx([max(0.0, c["cost_s"]) for c in costs], abs=1e-3)
+    off = _sim("grp", gpus=24, steps=6, plan_interval=1, reconfig_feedback=False)
+    off.run()
+    assert off.alloc is not None and off.alloc.reconfig_costs == [] and not off.alloc.replanner.reconfigs
