@@ -38,12 +38,20 @@ TP-2 / TP-4 instance, i.e. shares proportional to TP, with the same length mix).
 (``routing = "length_blind"``: shares ``tp / W``; ``"round_robin"``: ``1 / I``) :class:`BlindCosts`,
 :class:`BlindTable`, :func:`evaluate_blind` and :func:`blind_instances` score a layout by its busiest
 TP degree on the whole sample (see :class:`BlindTable`). For one TP degree both models agree exactly.
+C-MLFQ's rule (start in the smallest bucket, move at a tool return) is ``routing = "start_small"``,
+modelled in ``planner_start_small.py`` (not mapped to any simulated router by default; see BENCHMARKS.md).
+
+Pipeline shift: :meth:`BucketCosts.shifted` / :meth:`BlindCosts.shifted` return the same costs with each
+bucket (instance type) cost raised to ``max(cost, (chain + offset) / L)``; with ``offset = T_train`` the
+tables then minimise the full lag-``L`` plan objective (``PlannerConfig.exact_pipeline``,
+``planner_search.py``). Unshifted (``offset = 0``) everything above is unchanged.
 
 Pure numpy arithmetic on a :class:`~libra.policies.planner_rollout.RolloutSample`.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from collections import Counter
@@ -63,7 +71,9 @@ Bucket = tuple[int, int, int, int]
 
 class BucketCosts:
     """``cost(tp, k)[j, i]``: seconds for the busiest of ``k`` TP-``tp`` instances pooling items
-    ``j..i-1`` (``inf`` for ``j >= i`` and for segments whose longest request does not fit). Cached."""
+    ``j..i-1`` (``inf`` for ``j >= i`` and for segments whose longest request does not fit). Cached.
+    ``offset`` (0 unless built by :meth:`shifted`): the pipeline shift applied by :meth:`cost`;
+    :meth:`chain`, :meth:`layout_time` and :meth:`layout_chain` are always unshifted."""
 
     def __init__(self, cm: RolloutCostModel, sample: RolloutSample, overlap_steps: int = 1) -> None:
         if overlap_steps < 1:
@@ -76,6 +86,18 @@ class BucketCosts:
         self._flat = np.full((sample.size + 1,) * 2, -1)
         self._flat[self.seg.valid] = np.arange(int(self.seg.valid.sum()))
         self._cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self.offset = 0.0
+        self._shifted: dict[tuple[int, int], np.ndarray] = {}
+
+    def shifted(self, offset: float) -> BucketCosts:
+        """The same costs with the pipeline shift ``offset`` (a known ``T_train``): every bucket cost
+        becomes ``max(cost, (chain + offset) / L)``, so that the DP's maximum over buckets, maxed with
+        ``T_train``, is the plan objective ``pipeline_objective`` (unchanged at ``L = 1``). Shares
+        the unshifted cache."""
+        out = copy.copy(self)
+        out.offset = float(offset)
+        out._shifted = {}
+        return out
 
     def _both(self, tp: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(cost matrix, chain vector over the valid segments)`` of ``k`` TP-``tp`` instances."""
@@ -90,8 +112,22 @@ class BucketCosts:
         return out
 
     def cost(self, tp: int, k: int) -> np.ndarray:
-        """The ``(n + 1, n + 1)`` cost matrix of a bucket of ``k >= 1`` TP-``tp`` instances."""
-        return self._both(tp, k)[0]
+        """The ``(n + 1, n + 1)`` cost matrix of a bucket of ``k >= 1`` TP-``tp`` instances (shifted by
+        :attr:`offset`, see :meth:`shifted`)."""
+        c = self._both(tp, k)[0]
+        if self.offset <= 0.0 or self.overlap_steps <= 1:
+            return c
+        out = self._shifted.get((tp, k))
+        if out is None:
+            out = c.copy()
+            v = self.seg.valid
+            out[v] = np.maximum(c[v], (self._both(tp, k)[1] + self.offset) / self.overlap_steps)
+            self._shifted[(tp, k)] = out
+        return out
+
+    def layout_time(self, buckets: list[Bucket]) -> float:
+        """The unshifted makespan of ``buckets`` (``inf`` for none)."""
+        return max((float(self._both(tp, k)[0][j, i]) for tp, k, j, i in buckets), default=math.inf)
 
     def chain(self, tp: int, k: int) -> np.ndarray:
         """The matching ``(n + 1, n + 1)`` serial critical paths (``chain`` of :func:`agentic_cost`,
@@ -277,6 +313,15 @@ class BlindCosts:
         self.total = float(seg.n[whole])
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._top = 0
+        self.offset = 0.0
+
+    def shifted(self, offset: float) -> BlindCosts:
+        """The same costs with the pipeline shift ``offset`` (see :meth:`BucketCosts.shifted`): :meth:`cost`
+        becomes ``max(cost, (chain + offset) / L)``; :meth:`layout` stays unshifted."""
+        out = copy.copy(self)
+        out.offset = float(offset)
+        out._cache = dict(self._cache)  # its own dict: ``reserve`` may clear it
+        return out
 
     def reserve(self, top: int) -> None:
         """Size the per-TP grids for layouts of up to ``top`` GPUs / instances at once."""
@@ -310,8 +355,12 @@ class BlindCosts:
 
     def cost(self, tp: int, d: float) -> float:
         """Seconds for one TP-``tp`` instance serving ``1/d`` of the sample (``inf`` if it cannot hold
-        the longest request). ``d`` must be an integer (count) or ``x / tp`` for an integer ``x``."""
-        return self._at(tp, d)[0]
+        the longest request; shifted by :attr:`offset`). ``d`` must be an integer (count) or ``x / tp``
+        for an integer ``x``."""
+        c, h = self._at(tp, d)
+        if self.offset > 0.0 and self.overlap_steps > 1:
+            return max(c, (h + self.offset) / self.overlap_steps)
+        return c
 
     def chain(self, tp: int, d: float) -> float:
         """The matching undivided critical path (``chain`` of ``agentic_cost``)."""

@@ -39,7 +39,7 @@ from libra.policies.cost_model_rollout import RolloutCostModel
 from libra.policies.planner_types import PlannerError, RolloutInstance, Workload
 
 __all__ = ["RolloutSample", "RolloutTable", "SegmentStats", "agentic_cost", "cost_matrices", "evaluate_layout",
-           "to_instances"]
+           "segment_stats", "to_instances"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,27 +80,11 @@ class RolloutSample:
         return int(self.lengths.size)
 
     def segments(self) -> SegmentStats:
-        """Every contiguous segment ``j..i-1`` (``j < i``) of the sample, flattened (see :class:`SegmentStats`)."""
-        P, G, W = self.prefix()
-        n = self.size
-        z = np.zeros(1)
-        ones = np.ones(n)
-        C = np.concatenate([z, np.cumsum((self.calls if self.calls is not None else ones) * self.weight)])
-        T = np.concatenate([z, np.cumsum((self.tool if self.tool is not None else 0.0 * ones) * self.weight)])
-        j, i = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
-        valid = j < i
-        jj, ii = j[valid], i[valid]
-        # the item of j..i-1 that generates the most tokens (ties: the last), for the chain bound
-        star = np.zeros((n + 1, n + 1), dtype=int)
-        for a in range(n):
-            g = self.gen[a:]
-            run = np.maximum.accumulate(g)
-            last = np.maximum.accumulate(np.where(g >= run, np.arange(g.size), 0))
-            star[a, a + 1:] = a + last
-        s = star[valid]
-        tool = self.tool[s] if self.tool is not None else np.zeros(s.size)
-        return SegmentStats(valid, jj, ii, P[ii] - P[jj], G[ii] - G[jj], W[ii] - W[jj], C[ii] - C[jj],
-                            T[ii] - T[jj], self.lengths[ii - 1], self.gen[s], tool)
+        """Every contiguous segment ``j..i-1`` of the sample, flattened (see :class:`SegmentStats`)."""
+        ones = np.ones(self.size)
+        return segment_stats(self.lengths, self.prompt, self.gen, self.weight,
+                             self.calls if self.calls is not None else ones,
+                             self.tool if self.tool is not None else 0.0 * ones)
 
     def prefix(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Prefix sums ``(weighted prompt, weighted gen, weight)``, each of length ``size + 1``."""
@@ -110,6 +94,43 @@ class RolloutSample:
             np.concatenate([z, np.cumsum(self.gen * self.weight)]),
             np.concatenate([z, np.cumsum(self.weight)]),
         )
+
+
+def segment_stats(lengths: np.ndarray, prompt: np.ndarray, gen: np.ndarray, weight: np.ndarray,
+                  calls: np.ndarray, tool: np.ndarray, star_gen: np.ndarray | None = None,
+                  star_tool: np.ndarray | None = None) -> SegmentStats:
+    """Every contiguous segment ``j..i-1`` (``j < i``) of per-item arrays, flattened.
+
+    Sums (``prompt``, ``gen``, request ``weight``, ``calls``, ``tool``) are weighted by ``weight`` and
+    taken from prefix sums; ``max_seq`` is the largest ``lengths`` entry of the segment (the last one
+    when ``lengths`` ascends, as in a :class:`RolloutSample`); the segment's *star* is its item with
+    the largest ``star_gen`` (default ``gen``; ties: the last), and ``gen_star`` / ``tool_star`` are
+    that item's ``star_gen`` / ``star_tool`` (default ``tool``). The start-small model
+    (``planner_start_small.py``) passes a trajectory's remaining turns as the summed arrays and its
+    whole generation as ``star_gen``."""
+    n = int(lengths.size)
+    star_gen = gen if star_gen is None else star_gen
+    star_tool = tool if star_tool is None else star_tool
+    z = np.zeros(1)
+    P = np.concatenate([z, np.cumsum(prompt * weight)])
+    G = np.concatenate([z, np.cumsum(gen * weight)])
+    W = np.concatenate([z, np.cumsum(weight)])
+    C = np.concatenate([z, np.cumsum(calls * weight)])
+    T = np.concatenate([z, np.cumsum(tool * weight)])
+    j, i = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+    valid = j < i
+    jj, ii = j[valid], i[valid]
+    star = np.zeros((n + 1, n + 1), dtype=int)
+    top = np.zeros((n + 1, n + 1))
+    for a in range(n):
+        g = star_gen[a:]
+        run = np.maximum.accumulate(g)
+        last = np.maximum.accumulate(np.where(g >= run, np.arange(g.size), 0))
+        star[a, a + 1:] = a + last
+        top[a, a + 1:] = np.maximum.accumulate(lengths[a:])
+    s = star[valid]
+    return SegmentStats(valid, jj, ii, P[ii] - P[jj], G[ii] - G[jj], W[ii] - W[jj], C[ii] - C[jj],
+                        T[ii] - T[jj], top[valid], star_gen[s], star_tool[s])
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,16 +1,33 @@
 """The Global Resource Planner search ("Algorithm 1"): split N GPUs between training and rollout.
 
 Role: minimise ``max(T_train, T_rollout)`` (with a policy lag ``L > 1`` also the pipeline bound
-``(T_chain + T_train) / L``, :func:`~libra.policies.planner_types.pipeline_objective`) over ``n_train`` (outer loop), the training layout
-(decision tree, ``planner_training.py``) and the rollout TP multiset with its length ranges (exact
-DP, ``planner_rollout.py`` / ``planner_buckets.py``; under a length-blind ``PlannerConfig.routing`` the
-exact enumeration of ``planner_buckets.BlindTable``). Pure: the inputs are cost models, a :class:`PlannerConfig` and a
+``(T_chain + T_train) / L``, :func:`~libra.policies.planner_types.pipeline_objective`) over ``n_train``
+(outer loop), the training layout (decision tree, ``planner_training.py``) and the rollout TP multiset
+with its length ranges (exact DP, ``planner_rollout.py`` / ``planner_buckets.py`` /
+``planner_start_small.py``; under a length-blind ``PlannerConfig.routing`` the exact enumeration of
+``planner_buckets.BlindTable``). Pure: the inputs are cost models, a :class:`PlannerConfig` and a
 :class:`Workload`; the output is a :class:`Plan`.
+
+Contract (``PlannerConfig.exact_pipeline``, the default): the returned plan minimises the objective it
+reports (``Plan.objective``) over every ``n_train`` and every rollout layout of the configured model,
+exactly:
+
+- ``L = 1``: the objective is ``max(T_train, T_rollout)``; the rollout DP minimises ``T_rollout`` and the
+  tree ``T_train``, so one DP (per budget) is exact.
+- ``L > 1``: the objective is ``max(T_train, max over buckets of max(work, (chain + T_train) / L))``
+  (each bucket's ``cost = max(work, chain / L)``, and the layout's chain is the max of its buckets'),
+  which depends on ``T_train``. Both terms grow with ``T_train``, so the tree's fastest training layout
+  stays optimal for each ``n_train``; the rollout layout is then found by the same DP on costs shifted to
+  ``max(cost, (chain + T_train) / L)`` (``costs.shifted(T_train)``), solved for each ``n_train`` the loop
+  visits. The unshifted DP value is a lower bound of the shifted one, so the best-first order and the
+  pruning below stay exact. With ``exact_pipeline=False`` the rollout DP minimises ``T_rollout`` only
+  (the earlier search): exact at ``L = 1``, but at ``L > 1`` it can return a plan predicted slower than
+  another layout on the same data.
 
 Search order and memoisation:
 
-- With ``memoize=True`` one rollout DP is solved for the largest rollout budget; it answers every
-  smaller budget, so all ``n_train`` candidates share it. With ``memoize=False`` the DP is solved
+- With ``memoize=True`` one unshifted rollout DP is solved for the largest rollout budget; it answers
+  every smaller budget, so all ``n_train`` candidates share it. With ``memoize=False`` the DP is solved
   again for each candidate (the reference behaviour; same plan, slower).
 - Candidates are visited best-first by ``max(T_rollout(N - n), LB_train(n))`` where ``LB_train`` is
   the ideal compute split; the loop stops once that key reaches the best objective found, and the
@@ -24,9 +41,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from libra.policies.cost_model_rollout import RolloutCostModel
 from libra.policies.cost_model_training import TrainConfig, TrainingCostModel
 from libra.policies.planner_buckets import (
+    BLIND_ROUTINGS,
     BlindCosts,
     BlindTable,
     BucketCosts,
@@ -37,6 +57,12 @@ from libra.policies.planner_buckets import (
     evaluate_buckets,
 )
 from libra.policies.planner_rollout import RolloutSample, RolloutTable, cost_matrices, evaluate_layout, to_instances
+from libra.policies.planner_start_small import (
+    StartSmallCosts,
+    StartSmallTable,
+    evaluate_start_small,
+    start_small_instances,
+)
 from libra.policies.planner_training import TrainChoice, TrainingSearch
 from libra.policies.planner_types import (
     Plan,
@@ -109,8 +135,10 @@ class GlobalResourcePlanner:
         sample = RolloutSample.from_workload(workload, cfg.global_batch, cfg.max_dp_requests)
         chains: dict[int, Any] = {}
         costs: Any
-        if cfg.routing != "by_length":
+        if cfg.routing in BLIND_ROUTINGS:
             costs = BlindCosts(self.rollout_model, sample, cfg.overlap_steps, weighted=cfg.routing == "length_blind")
+        elif cfg.routing == "start_small":
+            costs = StartSmallCosts(self.rollout_model, sample, cfg.overlap_steps)
         elif cfg.pooled_buckets:
             costs = BucketCosts(self.rollout_model, sample, cfg.overlap_steps)
         else:
@@ -118,47 +146,68 @@ class GlobalResourcePlanner:
         train = TrainingSearch(self.train_model, cfg, workload.training_lengths(cfg.global_batch))
         return _Context(workload, sample, costs, train, chains)
 
-    def _chain(self, ctx: _Context, table: Any, g: int) -> float:
-        """The longest critical path of ``table``'s layout for ``g`` GPUs (0.0 unless the pipeline
-        bound applies, ``overlap_steps > 1``)."""
-        if self.config.overlap_steps <= 1:
-            return 0.0
-        if isinstance(table, BucketTable):
-            return ctx.costs.layout_chain(table.buckets(g))
-        if isinstance(table, BlindTable):
-            return table.chain(g)
-        return max((float(ctx.chains[tp][j, i]) for tp, j, i in table.instances(g)), default=0.0)
+    def _shifted(self, ctx: _Context, t_train: float) -> Any:
+        """``ctx.costs`` shifted by the pipeline term for ``t_train`` (see the module docstring); the
+        unshifted costs when the bound does not apply (``L = 1`` or an infeasible training)."""
+        lag = self.config.overlap_steps
+        if lag <= 1 or not math.isfinite(t_train) or not self.config.exact_pipeline:
+            return ctx.costs
+        if isinstance(ctx.costs, dict):  # the reference DP's per-TP matrices
+            return {tp: np.maximum(c, (ctx.chains[tp] + t_train) / lag) for tp, c in ctx.costs.items()}
+        return ctx.costs.shifted(t_train)
 
-    def _tables(self, ctx: _Context, budget: int) -> list[Any]:
-        if self.config.routing != "by_length":
+    def _tables(self, ctx: _Context, budget: int, costs: Any = None) -> list[Any]:
+        costs = ctx.costs if costs is None else costs
+        cfg = self.config
+        kw = {"require_heterogeneous": cfg.require_heterogeneous, "max_instances": cfg.max_instances}
+        if cfg.routing != "by_length" or cfg.pooled_buckets:
+            kind = (BlindTable if cfg.routing in BLIND_ROUTINGS
+                    else StartSmallTable if cfg.routing == "start_small" else BucketTable)
             sets = [(t,) for t in self.rollout_tps] if self.homogeneous else [self.rollout_tps]
-            return [
-                BlindTable(ctx.costs, s, budget, require_heterogeneous=self.config.require_heterogeneous,
-                           max_instances=self.config.max_instances)
-                for s in sets
-            ]
-        if self.config.pooled_buckets:
-            sets = [(t,) for t in self.rollout_tps] if self.homogeneous else [self.rollout_tps]
-            return [
-                BucketTable(ctx.costs, s, budget, require_heterogeneous=self.config.require_heterogeneous,
-                            max_instances=self.config.max_instances)
-                for s in sets
-            ]
-        groups = [{t: ctx.costs[t]} for t in self.rollout_tps] if self.homogeneous else [ctx.costs]
-        return [
-            RolloutTable(
-                g,
-                budget,
-                require_heterogeneous=self.config.require_heterogeneous,
-                max_instances=self.config.max_instances,
-            )
-            for g in groups
-        ]
+            return [kind(costs, s, budget, **kw) for s in sets]
+        groups = [{t: costs[t]} for t in self.rollout_tps] if self.homogeneous else [costs]
+        return [RolloutTable(g, budget, **kw) for g in groups]
 
     @staticmethod
     def _best_of(tables: list[Any], g: int) -> tuple[float, Any]:
         best = min(tables, key=lambda t: t.time(g))
         return best.time(g), best
+
+    def _measure(self, ctx: _Context, table: Any, g: int) -> tuple[float, float, tuple[RolloutInstance, ...]]:
+        """``(T_rollout, T_chain, instances)`` of ``table``'s layout for ``g`` GPUs, scored with the
+        unshifted ``ctx.costs`` (``T_chain`` is 0.0 unless ``overlap_steps > 1``; ``(inf, inf, ())`` if
+        infeasible)."""
+        costs = ctx.costs
+        if isinstance(table, BucketTable):
+            bks = table.buckets(g)
+            t, chain, inst = costs.layout_time(bks), costs.layout_chain(bks), bucket_instances(costs, bks)
+        elif isinstance(table, StartSmallTable):
+            bks = table.buckets(g)
+            (t, chain), inst = costs.layout(bks), start_small_instances(costs, bks)
+        elif isinstance(table, BlindTable):
+            layout = table.layout(g)
+            if not layout:
+                return math.inf, math.inf, ()
+            (t, chain), inst = costs.layout(layout), blind_instances(costs, layout)
+        else:
+            segs = table.instances(g)
+            t = max((float(costs[tp][j, i]) for tp, j, i in segs), default=math.inf)
+            chain = max((float(ctx.chains[tp][j, i]) for tp, j, i in segs), default=0.0)
+            inst = to_instances(ctx.sample, costs, segs)
+        if not math.isfinite(t):
+            return math.inf, math.inf, ()
+        return t, (chain if self.config.overlap_steps > 1 else 0.0), inst
+
+    def _rollout_for(self, ctx: _Context, t_train: float, g: int,
+                     unshifted: Any | None = None) -> tuple[float, float, tuple[RolloutInstance, ...]]:
+        """The best rollout layout on ``g`` GPUs for the full objective given ``t_train`` (module
+        docstring), measured unshifted. ``unshifted``: an already solved unshifted table for ``g``, used
+        when the shift does not apply."""
+        costs = self._shifted(ctx, t_train)
+        if costs is ctx.costs and unshifted is not None:
+            return self._measure(ctx, unshifted, g)
+        _, table = self._best_of(self._tables(ctx, g, costs), g)
+        return self._measure(ctx, table, g)
 
     # -- the search ---------------------------------------------------------------------------------
     def search(self, workload: Workload | list[tuple[float, float]]) -> Plan:
@@ -190,7 +239,7 @@ class GlobalResourcePlanner:
                 stats.rollout_dp_solves += len(tables)
                 roll[n] = self._best_of(tables, cfg.n_gpus - n)
         order = sorted(cands, key=lambda n: (max(roll[n][0], ctx.train.lower_bound(n)), n))
-        best_obj, best_n, best_choice = math.inf, -1, None
+        best_obj, best = math.inf, None
         for n in order:
             if max(roll[n][0], ctx.train.lower_bound(n)) >= best_obj:
                 break
@@ -198,21 +247,23 @@ class GlobalResourcePlanner:
             choice = ctx.train.best(n, bound=best_obj)
             if choice is None:
                 continue
-            obj = pipeline_objective(choice.time, roll[n][0], self._chain(ctx, roll[n][1], cfg.n_gpus - n),
-                                     cfg.overlap_steps)
+            g = cfg.n_gpus - n
+            if self._shifted(ctx, choice.time) is not ctx.costs:
+                stats.rollout_dp_solves += 1 if not self.homogeneous else len(self.rollout_tps)
+            t_roll, chain, inst = self._rollout_for(ctx, choice.time, g, roll[n][1])
+            obj = pipeline_objective(choice.time, t_roll, chain, cfg.overlap_steps)
             if obj < best_obj:
-                best_obj, best_n, best_choice = obj, n, choice
+                best_obj, best = obj, (n, choice, t_roll, chain, inst)
         stats.train_leaves = ctx.train.leaves_evaluated
-        if best_choice is None or not math.isfinite(best_obj):
+        if best is None or not math.isfinite(best_obj):
             longest = float(ctx.sample.lengths.max())
             raise PlannerError(
                 f"no feasible plan on {cfg.n_gpus} GPUs: check that the longest request ({longest:.0f} tokens) fits "
                 f"an allowed rollout TP {cfg.rollout_tps} and that the model fits the training GPUs"
             )
-        t_roll, table = roll[best_n]
-        instances = self._instances(ctx, table, cfg.n_gpus - best_n)
-        plan = Plan(cfg.n_gpus, best_n, best_choice.config, instances, best_choice.time, t_roll,
-                    t_chain=self._chain(ctx, table, cfg.n_gpus - best_n), overlap_steps=cfg.overlap_steps)
+        n, choice, t_roll, chain, inst = best
+        plan = Plan(cfg.n_gpus, n, choice.config, inst, choice.time, t_roll, t_chain=chain,
+                    overlap_steps=cfg.overlap_steps)
         return SearchResult(plan, stats)
 
     # -- fixed layouts ------------------------------------------------------------------------------
@@ -232,8 +283,11 @@ class GlobalResourcePlanner:
         """Score a partly or fully fixed layout on ``workload``.
 
         ``train`` None: the tree's best layout for ``n_train``; ``rollout_tps`` None: the DP's best
-        layout for the remaining GPUs. Infeasible parts get ``inf`` times (the plan is still returned
-        so callers can compare). Raises :class:`PlannerError` if the GPUs do not add up.
+        layout for the remaining GPUs. Either way the rollout split (which requests each bucket or
+        instance serves) is the one minimising the plan objective for that training time (with
+        ``overlap_steps > 1`` the pipeline-shifted costs; module docstring). Infeasible parts get
+        ``inf`` times (the plan is still returned so callers can compare). Raises
+        :class:`PlannerError` if the GPUs do not add up.
         """
         wl = as_workload(workload)
         cfg = self.config
@@ -248,41 +302,41 @@ class GlobalResourcePlanner:
         else:
             train_cfg, t_train = train, self.train_model.step_time(train, ctx.train.lengths)
         lag = cfg.overlap_steps
+        costs = self._shifted(ctx, t_train)
         if rollout_tps is None:
-            t_roll, table = self._best_of(self._tables(ctx, cfg.n_gpus - n_train), cfg.n_gpus - n_train)
-            instances = self._instances(ctx, table, cfg.n_gpus - n_train)
-            chain = self._chain(ctx, table, cfg.n_gpus - n_train) if math.isfinite(t_roll) else math.inf
-        elif cfg.routing != "by_length":
-            t_roll = evaluate_blind(ctx.costs, tuple(rollout_tps))
-            instances = blind_instances(ctx.costs, tuple(rollout_tps)) if math.isfinite(t_roll) else ()
-            chain = ctx.costs.layout(tuple(rollout_tps))[1] if lag > 1 else 0.0
-        elif cfg.pooled_buckets:
-            t_roll, buckets = evaluate_buckets(ctx.costs, tuple(rollout_tps))
-            instances = bucket_instances(ctx.costs, buckets)
-            chain = ctx.costs.layout_chain(buckets) if lag > 1 else 0.0
+            t_roll, chain, instances = self._rollout_for(ctx, t_train, cfg.n_gpus - n_train)
         else:
-            chains = ctx.chains
-            costs = ctx.costs
-            if not set(rollout_tps) <= set(ctx.costs):
-                chains = {}
-                costs = cost_matrices(self.rollout_model, ctx.sample, tuple(sorted(set(rollout_tps))), lag, chains)
-            t_roll, segments = evaluate_layout(costs, tuple(rollout_tps))
-            instances = to_instances(ctx.sample, costs, segments)
-            chain = max((float(chains[tp][j, i]) for tp, j, i in segments), default=0.0) if lag > 1 else 0.0
+            tps = tuple(rollout_tps)
+            if cfg.routing in BLIND_ROUTINGS:
+                t_roll = evaluate_blind(ctx.costs, tps)
+                instances = blind_instances(ctx.costs, tps) if math.isfinite(t_roll) else ()
+                chain = ctx.costs.layout(tps)[1]
+            elif cfg.routing == "start_small":
+                _, bks = evaluate_start_small(costs, tps)
+                (t_roll, chain), instances = ctx.costs.layout(bks), start_small_instances(ctx.costs, bks)
+            elif cfg.pooled_buckets:
+                _, bks = evaluate_buckets(costs, tps)
+                t_roll, chain = ctx.costs.layout_time(bks), ctx.costs.layout_chain(bks)
+                instances = bucket_instances(ctx.costs, bks)
+            else:
+                chains, base = ctx.chains, ctx.costs
+                if not set(tps) <= set(base):
+                    chains = {}
+                    base = cost_matrices(self.rollout_model, ctx.sample, tuple(sorted(set(tps))), lag, chains)
+                shifted = ({tp: np.maximum(c, (chains[tp] + t_train) / lag) for tp, c in base.items()}
+                           if lag > 1 and math.isfinite(t_train) else base)
+                _, segments = evaluate_layout(shifted, tps)
+                t_roll = max((float(base[tp][j, i]) for tp, j, i in segments), default=math.inf)
+                instances = to_instances(ctx.sample, base, segments)
+                chain = max((float(chains[tp][j, i]) for tp, j, i in segments), default=0.0)
+            if lag <= 1:
+                chain = 0.0
         if not math.isfinite(t_roll):
             chain = 0.0 if lag <= 1 else math.inf
         if rollout_tps is not None:
             instances = _pad_idle(instances, rollout_tps)
         return Plan(cfg.n_gpus, n_train, train_cfg, instances, t_train, t_roll, allocator=allocator,
                     t_chain=chain, overlap_steps=lag)
-
-    @staticmethod
-    def _instances(ctx: _Context, table: Any, g: int) -> tuple[RolloutInstance, ...]:
-        if isinstance(table, BucketTable):
-            return bucket_instances(ctx.costs, table.buckets(g))
-        if isinstance(table, BlindTable):
-            return blind_instances(ctx.costs, table.layout(g))
-        return to_instances(ctx.sample, table.costs, table.instances(g))
 
     def evaluate(self, plan: Plan, workload: Workload | list[tuple[float, float]]) -> Plan:
         """Re-score ``plan``'s layout (same n_train, training layout and TP multiset) on ``workload``."""

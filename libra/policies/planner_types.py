@@ -20,7 +20,7 @@ __all__ = ["ROUTINGS", "Plan", "PlannerConfig", "PlannerError", "RolloutBucket",
 
 
 #: ``PlannerConfig.routing`` values (see :class:`PlannerConfig`).
-ROUTINGS = ("by_length", "length_blind", "round_robin")
+ROUTINGS = ("by_length", "length_blind", "round_robin", "start_small")
 
 
 class PlannerError(ValueError):
@@ -118,8 +118,19 @@ class PlannerConfig:
     serves ``tp / W`` of *all* requests (``W``: rollout GPUs of the layout) with the full length mix;
     ``"round_robin"``: the same with ``1 / I`` each (``I`` instances). Under both blind modes the
     rollout time is the max over the TP degrees present, the longest trajectory may land on the worst
-    of them, and heterogeneity only costs (``planner_buckets.BlindTable``). The blind modes need
-    ``pooled_buckets``.
+    of them, and heterogeneity only costs (``planner_buckets.BlindTable``). ``"start_small"``: what
+    C-MLFQ realises (research-notes §1.4.3): every request starts in the smallest-TP bucket, which
+    also carries every request's first turn (prefill, first generation, serving overhead), and moves
+    at its first tool return to the bucket of its length, paying a re-prefill of its context there;
+    single-turn requests never leave the smallest bucket (``planner_start_small.py``). Every mode but
+    ``"by_length"`` needs ``pooled_buckets``.
+
+    ``exact_pipeline`` (default True): with ``overlap_steps > 1`` the search minimises the full
+    :attr:`Plan.objective` (pipeline bound ``(t_chain + t_train) / L`` included) exactly for every mode,
+    re-solving the rollout DP on pipeline-shifted costs for each visited ``n_train``
+    (``planner_search.py``); False: the rollout DP minimises ``T_rollout`` alone (the earlier search,
+    which can return a plan predicted slower than another layout on the same data; kept because the
+    simulated ablation measured it faster, see BENCHMARKS.md). No effect at ``overlap_steps = 1``.
     """
 
     n_gpus: int
@@ -140,6 +151,7 @@ class PlannerConfig:
     pooled_buckets: bool = True
     overlap_steps: int = 1
     routing: str = "by_length"
+    exact_pipeline: bool = True
 
     def __post_init__(self) -> None:
         for name in ("n_gpus", "global_batch", "group_size", "granularity", "max_dp_requests", "max_micro_batch",
@@ -167,7 +179,7 @@ class PlannerConfig:
             )
         if self.routing not in ROUTINGS:
             raise PlannerError(f"PlannerConfig.routing must be one of {ROUTINGS}, got {self.routing!r}")
-        if self.routing != "by_length" and not self.pooled_buckets:
+        if self.routing != "by_length" and not self.pooled_buckets:  # blind and start-small models are bucket models
             raise PlannerError(f"PlannerConfig.routing={self.routing!r} needs pooled_buckets=True")
         if self.max_instances is not None and self.max_instances < 1:
             raise PlannerError(f"PlannerConfig.max_instances must be >= 1 or None, got {self.max_instances!r}")

@@ -6,7 +6,8 @@ real broker plan application (:meth:`BrokerState.apply_plan`, directives) on the
 (:mod:`libra.sim.sim_gpus`, which charges the transition costs in virtual time).
 
 The planner scores layouts for the simulated router (:func:`planner_routing`: ``least_loaded`` and
-``round_robin`` ignore buckets, so their plans are scored as length-blind; see ``PlannerConfig.routing``).
+``round_robin`` ignore buckets, so their plans are scored as length-blind; see ``PlannerConfig.routing``;
+the ``planner_routing`` allocation parameter overrides the mapping, e.g. ``"start_small"`` for C-MLFQ).
 
 Allocations (name -> planner allocator):
 
@@ -74,6 +75,7 @@ from libra.policies.cost_model import RolloutCostModel, TrainingCostModel, load_
 from libra.policies.cost_model_training import TrainConfig
 from libra.policies.planner import Plan, PlannerConfig, PressureSnapshot, Replanner, Workload, make_allocator
 from libra.policies.planner_online import ehp_signal, layout_class
+from libra.policies.planner_types import ROUTINGS
 from libra.policies.routing import BucketSpec
 from libra.protocol import messages as m
 from libra.sim import sim_cluster
@@ -87,15 +89,23 @@ if TYPE_CHECKING:
 
 __all__ = ["PLANNER_ALLOCATIONS", "PlannerAllocation", "PlannerSimParams", "is_planner_allocation", "planner_routing"]
 
-#: Simulated routers that ignore request lengths -> the planner's ``PlannerConfig.routing`` for them
-#: (``least_loaded``: least connections on load / TP; ``round_robin``: one instance after another).
-#: Every other router keeps a request near the bucket of its length (``"by_length"``).
-LENGTH_BLIND_ROUTERS: dict[str, str] = {"least_loaded": "length_blind", "round_robin": "round_robin"}
+#: Simulated router -> the planner's ``PlannerConfig.routing`` that models how it realises a plan.
+#: ``least_loaded`` (least connections on load / TP) and ``round_robin`` ignore buckets. Every other router
+#: (C-MLFQ, ``cmlfq_cost``, oracle-like routers) is scored as keeping a request in the bucket of its length
+#: (``"by_length"``). ``"start_small"`` models what ``cmlfq`` does by rule (start in the smallest bucket,
+#: move at a tool return); it is available through the ``planner_routing`` allocation parameter but not
+#: mapped by default: on the ablation it neither predicted ``cmlfq`` better nor ran it faster
+#: (BENCHMARKS.md, "the planner models C-MLFQ's start-small routing").
+ROUTER_ROUTING: dict[str, str] = {"least_loaded": "length_blind", "round_robin": "round_robin"}
+#: The length-blind routers (the old name of :data:`ROUTER_ROUTING`).
+LENGTH_BLIND_ROUTERS = ROUTER_ROUTING
 
 
-def planner_routing(router: str) -> str:
-    """The ``PlannerConfig.routing`` that models how ``router`` realises a plan."""
-    return LENGTH_BLIND_ROUTERS.get(router, "by_length")
+def planner_routing(router: str, override: str | None = None) -> str:
+    """The ``PlannerConfig.routing`` that models how ``router`` realises a plan (``override``: the
+    ``PlannerSimParams.planner_routing`` knob, when set)."""
+    return override if override is not None else ROUTER_ROUTING.get(router, "by_length")
+
 
 #: simulator allocation name -> (planner allocator, elastic hybrid pool)
 PLANNER_ALLOCATIONS: dict[str, tuple[str, bool]] = {
@@ -119,7 +129,10 @@ def is_planner_allocation(name: str) -> bool:
 class PlannerSimParams:
     """Knobs of a planner-driven allocation (``SimConfig.allocation_params``; see the module docstring).
     ``profile_steps`` None means 1 (5 for ``static_best``, research-notes §5.1). The search space follows
-    the reference's 48-GPU R2E config [C]: whole 8-GPU steps, at least 8 training and 8 rollout GPUs."""
+    the reference's 48-GPU R2E config [C]: whole 8-GPU steps, at least 8 training and 8 rollout GPUs.
+    ``planner_routing``: the planner's ``PlannerConfig.routing`` (None: :func:`planner_routing` of the
+    router); ``exact_pipeline``: ``PlannerConfig.exact_pipeline`` (off by default here: measured slower
+    on the ablation, BENCHMARKS.md "the planner models C-MLFQ's start-small routing")."""
 
     plan_interval: int = 5
     cooldown_steps: int = 1
@@ -146,6 +159,8 @@ class PlannerSimParams:
     error_feedback: bool = False
     reconfig_feedback: bool = True
     error_window: int = 4
+    planner_routing: str | None = None
+    exact_pipeline: bool = False
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PlannerSimParams:
@@ -159,6 +174,9 @@ class PlannerSimParams:
             raise SimConfigError(f"allocation parameter search must be 'fixed' or 'measured', got {p.search!r}")
         if p.search_s < 0 or p.history_steps < 1 or p.plan_interval < 1 or p.error_window < 1:
             raise SimConfigError("search_s must be >= 0, history_steps, plan_interval and error_window >= 1")
+        if p.planner_routing is not None and p.planner_routing not in ROUTINGS:
+            raise SimConfigError(f"allocation parameter planner_routing must be one of {ROUTINGS} or None, "
+                                 f"got {p.planner_routing!r}")
         return p
 
 
@@ -205,7 +223,9 @@ class PlannerAllocation:
         self.planner_config = PlannerConfig(n_gpus=cfg.gpus, global_batch=self.batch, group_size=group,
                                             rollout_tps=tuple(p.rollout_tps), granularity=p.granularity,
                                             min_train_gpus=p.min_train_gpus, min_rollout_gpus=p.min_rollout_gpus,
-                                            overlap_steps=cfg.lag, routing=planner_routing(cfg.router))
+                                            overlap_steps=cfg.lag,
+                                            routing=planner_routing(cfg.router, p.planner_routing),
+                                            exact_pipeline=p.exact_pipeline)
         self.allocator = make_allocator(allocator_name, rollout_model=RolloutCostModel(hw, model),
                                         train_model=self.train_model, config=self.planner_config)
         self.replanner = Replanner(self.allocator, plan_interval=p.plan_interval, cooldown_steps=p.cooldown_steps,

@@ -42,3 +42,52 @@ def _pooled_agentic(reqs: list[tuple[float, float, float, float]], tp: int, k: i
     star = max(range(n), key=lambda a: (reqs[a][1], a))  # most generated tokens (ties: the last)
     chain = lag * stall + reqs[star][1] * step + reqs[star][3]
     return max(stall + g / b * step, chain / lag), chain
+
+
+def _direct_parts(parts: list[tuple[float, float, float, float, float]], n_req: float, tp: int, k: int, lag: int,
+                  stars: list[tuple[float, float]]) -> tuple[float, float]:
+    """``agentic_cost`` by hand for the busiest of ``k`` instances pooling ``parts`` (``(prompt, gen,
+    calls, tool, context)`` each) that stand for ``n_req`` requests; the chain is the largest over the
+    ``stars`` (``(generated, tool seconds)`` of each critical-path candidate). ``(cost, chain)``."""
+    if max((x[4] for x in parts), default=0.0) > RM.token_capacity(tp):
+        return math.inf, math.inf
+    if n_req <= 0:
+        return 0.0, 0.0
+    share = min(k, n_req)
+    p, g, c, tool = (sum(x[i] for x in parts) / share for i in range(4))
+    m = n_req / share
+    avg_p, avg_g = p / m, g / m
+    b0 = float(RM.steady_batch(tp, m, avg_p, avg_g))
+    step0 = float(RM.decode_step(tp, b0, b0 * (avg_p + avg_g / 2)))
+    b = max(b0 * (1 - tool / (tool + g * step0)), 1.0) if tool > 0 else b0
+    step = float(RM.decode_step(tp, b, b * (avg_p + avg_g / 2)))
+    stall = c * RM.cal.per_request_overhead_s + float(RM.prefill_time(tp, p, m))
+    chain = max(lag * stall + gs * step + ts for gs, ts in stars)
+    return max(stall + g / b * step, chain / lag), chain
+
+
+def _star(items: list[tuple[float, float]]) -> tuple[float, float]:
+    """The ``(generated, tool)`` pair generating the most (ties: the last); ``(0, 0)`` for none."""
+    best = (0.0, 0.0)
+    for a, it in enumerate(items):
+        if a == 0 or it[0] >= best[0]:
+            best = it
+    return best
+
+
+def _start_small_bucket(reqs: list[tuple[float, float, float, float]], tp: int, k: int, j: int, i: int, head: bool,
+                        lag: int) -> tuple[float, float]:
+    """One bucket of the start-small model by hand (``reqs`` sorted by total length; see
+    ``planner_start_small``). The head keeps requests ``0..i-1`` whole and serves the first turn of the
+    rest: ``1/turns`` of the prompt and of the generated tokens, one call, no tool seconds (a single-turn
+    request whole). A rest bucket serves requests ``j..i-1`` after their first turn: ``turns - 1``
+    calls, ``(1 - 1/turns)`` of the generated tokens, all tool seconds and a prefill of the remaining
+    ``(1 - 1/turns)`` prompt plus the re-prefilled first-turn context ``(prompt + gen) / turns``."""
+    if head:
+        whole = [(p, g, c, t, p + g) for p, g, c, t in reqs[:i]]
+        first = [(p / c, g / c, 1.0, 0.0 if c > 1 else t, (p + g) / c) for p, g, c, t in reqs[i:]]
+        stars = [_star([(x[1], x[3]) for x in whole]), _star([(x[1], x[3]) for x in first])]
+        return _direct_parts(whole + first, float(len(reqs)), tp, k, lag, stars)
+    multi = [r for r in reqs[j:i] if r[2] > 1]
+    rest = [(p + g / c, g * (1 - 1 / c), c - 1, t, p + g) for p, g, c, t in multi]
+    return _direct_parts(rest, float(len(multi)), tp, k, lag, [_star([(r[1], r[3]) for r in multi])])

@@ -151,3 +151,4 @@ def test_simulator_plans_for_the_router_it_runs() -> None:
     assert planner_routing("round_robin") == "round_robin"
     for router in ("cmlfq", "cmlfq_cost", "oracle", "la_mlfq"):
         assert planner_routing(router) == "by_length"
+    assert planner_routing("cmlfq", "start_small") == "start_small"  # the allocation parameter overrides
