@@ -56,6 +56,7 @@ from libra.policies.routing import (
     InstanceView,
     MigrateMode,
     MigrationQuery,
+    RouteDecision,
     ToolReturn,
     TrajectoryInfo,
     WhenFull,
@@ -172,6 +173,8 @@ class CostCMLFQRouter(CMLFQRouter):
         self._sums = [0, 0, 0, 0, 0]  # finished trajectories, turns, generated, payload, response tokens
         #: ``{instance id: expected seconds}`` behind the latest decision (for metrics and tests).
         self.last_costs: dict[str, float] = {}
+        #: ``{instance id: (live trajectories homed there, their summed context)}`` (see :meth:`_share`).
+        self._homed: dict[str, tuple[int, int]] = {}
 
     # -- learned per-turn shape -----------------------------------------------------------------------------
 
@@ -196,14 +199,57 @@ class CostCMLFQRouter(CMLFQRouter):
     def _tp(self, inst: InstanceView, view: ClusterView) -> int:
         return view.buckets[view.bucket_index(inst.bucket)].tp
 
-    def _others(self, exclude: str) -> dict[str, tuple[int, int]]:
-        """``{instance: (trajectories homed there, their summed context)}`` over the other live tracks."""
-        out: dict[str, tuple[int, int]] = {}
-        for tid, t in self._tracks.items():
-            if t.instance is not None and tid != exclude:
-                n, c = out.get(t.instance, (0, 0))
-                out[t.instance] = (n + 1, c + t.context)
-        return out
+    # The per-instance load (trajectories homed there, their summed context) is kept incrementally: every
+    # public entry point that changes a track takes the track's share out first and puts it back after, so
+    # inside a decision ``_homed`` covers exactly the *other* live tracks, at O(1) per event instead of a
+    # scan of every live trajectory per tool return.
+
+    def _share(self, track: Track | None, sign: int) -> None:
+        if track is None or track.instance is None:
+            return
+        n, c = self._homed.get(track.instance, (0, 0))
+        n, c = n + sign, c + sign * track.context
+        if n:
+            self._homed[track.instance] = (n, c)
+        else:
+            self._homed.pop(track.instance, None)
+
+    def start(self, traj: TrajectoryInfo, view: ClusterView) -> RouteDecision:
+        decision = super().start(traj, view)
+        self._share(self._tracks.get(traj.traj_id), +1)
+        return decision
+
+    def on_tool_return(self, traj_id: str, ret: ToolReturn, view: ClusterView) -> RouteDecision:
+        track = self._tracks.get(traj_id)
+        self._share(track, -1)
+        try:
+            return super().on_tool_return(traj_id, ret, view)
+        finally:
+            self._share(track, +1)
+
+    def on_turn_end(self, traj_id: str, generated_tokens: int) -> None:
+        track = self._tracks.get(traj_id)
+        self._share(track, -1)
+        try:
+            super().on_turn_end(traj_id, generated_tokens)
+        finally:
+            self._share(track, +1)
+
+    def reroute(self, traj_id: str, view: ClusterView) -> RouteDecision:
+        track = self._tracks.get(traj_id)
+        self._share(track, -1)
+        try:
+            return super().reroute(traj_id, view)
+        finally:
+            self._share(track, +1)
+
+    def finish(self, traj_id: str, total_output_tokens: int) -> None:
+        self._share(self._tracks.get(traj_id), -1)
+        super().finish(traj_id, total_output_tokens)
+
+    def discard(self, traj_id: str) -> None:
+        self._share(self._tracks.get(traj_id), -1)
+        super().discard(traj_id)
 
     def decode_seconds(self, inst: InstanceView, tp: int, remaining: float, context: float,
                        others: dict[str, tuple[int, int]]) -> float:
@@ -246,7 +292,7 @@ class CostCMLFQRouter(CMLFQRouter):
                 cands: list[InstanceView], view: ClusterView, extra: Callable[[InstanceView], float]) -> InstanceView:
         """The candidate with the least expected seconds; the first candidate (home) wins ties and gains up to
         ``min_gain_s``. ``extra(inst)`` adds the movement or first-placement seconds."""
-        others = self._others(track.info.traj_id)
+        others = self._homed  # the other live tracks (this one's share is out during a decision)
         costs: dict[str, float] = {}
         for inst in cands:
             tp = self._tp(inst, view)

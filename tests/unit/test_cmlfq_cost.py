@@ -168,3 +168,45 @@ def test_model_costs_match_the_cost_model() -> None:
     assert c.prefill(2, 0) == 0.0 and c.prefill(2, 4096) == pytest.approx(float(cm.prefill_time(2, 4096)))
     q = MigrationQuery(40000, True, 1, 4)
     assert c.kv_seconds(q) < 0.33 < c.reprefill_seconds(q)  # research-notes §1.4.3: < 330 ms at 40K same node
+
+
+def test_per_instance_load_is_kept_incrementally_and_matches_a_full_scan() -> None:
+    """Over random starts, tool returns, turn ends, reroutes, finishes and discards, the incremental
+    per-instance aggregate equals a scan of every live track."""
+    import random
+
+    rng = random.Random(7)
+    r = router(tree_with([500, 3000, 9000, 30000] * 5))
+    view = cluster(s0=(1, 0))
+    live: list[str] = []
+    pos: dict[str, int] = {}
+    for step in range(400):
+        op = rng.random()
+        if op < 0.3 or not live:
+            tid = f"t{step}"
+            r.start(TrajectoryInfo(tid, f"p{step % 3}", rng.randint(50, 900)), view)
+            live.append(tid)
+            pos[tid] = 0
+        elif op < 0.6:
+            tid = rng.choice(live)
+            pos[tid] += rng.randint(1, 400)
+            ret = ToolReturn("bash", position=pos[tid], context_tokens=pos[tid] + 2000, payload_tokens=50,
+                             status="success")
+            r.on_tool_return(tid, ret, view)
+        elif op < 0.7:
+            tid = rng.choice(live)
+            r.on_turn_end(tid, pos[tid] + rng.randint(0, 50))
+        elif op < 0.8:
+            r.reroute(rng.choice(live), view)
+        else:
+            tid = live.pop(rng.randrange(len(live)))
+            if rng.random() < 0.5:
+                r.finish(tid, pos[tid] + 100)
+            else:
+                r.discard(tid)
+        scan: dict[str, tuple[int, int]] = {}
+        for t in r._tracks.values():
+            if t.instance is not None:
+                n, c = scan.get(t.instance, (0, 0))
+                scan[t.instance] = (n + 1, c + t.context)
+        assert r._homed == scan, step
