@@ -63,10 +63,24 @@ from libra.policies.planner_rollout import RolloutSample, agentic_cost
 from libra.policies.planner_types import PlannerError, RolloutInstance
 
 __all__ = ["BLIND_ROUTINGS", "BlindCosts", "BlindTable", "BucketCosts", "BucketTable", "blind_instances",
-           "bucket_instances", "evaluate_blind", "evaluate_buckets"]
+           "bucket_instances", "evaluate_blind", "evaluate_buckets", "next_state"]
 
 Bucket = tuple[int, int, int, int]
 """``(tp, k instances, j, i)``: a bucket of ``k`` TP-``tp`` instances serving sorted items ``j..i-1``."""
+
+
+def next_state(s: int, k: int, n_c: int, het: bool, cap: int | None) -> int:
+    """The bucket DPs' state after adding a bucket of ``k`` instances to state ``s``.
+
+    A state is ``h * n_c + c``: ``h`` the distinct TP degrees used so far, counted up to 2 (only with
+    ``het``, the "at least two TP degrees" constraint; else 0) and ``c`` the instances so far (only with
+    an instance ``cap``; else 0, ``n_c = 1``). ``-1`` when the cap would be exceeded."""
+    h, c = divmod(s, n_c)
+    h2 = min(2, h + 1) if het else 0
+    c2 = c + k if cap is not None else 0
+    if cap is not None and c2 > cap:
+        return -1
+    return h2 * n_c + c2
 
 
 class BucketCosts:
@@ -198,12 +212,7 @@ class BucketTable:
         self._final = np.flatnonzero(h >= 2) if self.het else np.arange(S)
 
     def _next(self, s: int, k: int) -> int:
-        h, c = divmod(s, self.n_c)
-        h2 = min(2, h + 1) if self.het else 0
-        c2 = c + k if self.cap is not None else 0
-        if self.cap is not None and c2 > self.cap:
-            return -1
-        return h2 * self.n_c + c2
+        return next_state(s, k, self.n_c, self.het, self.cap)
 
     def _final_state(self, g: int) -> tuple[int, float]:
         if not 0 <= g <= self.budget:

@@ -56,6 +56,7 @@ from collections import Counter
 import numpy as np
 
 from libra.policies.cost_model_rollout import RolloutCostModel
+from libra.policies.planner_buckets import next_state
 from libra.policies.planner_rollout import RolloutSample, SegmentStats, agentic_cost, segment_stats
 from libra.policies.planner_types import PlannerError, RolloutInstance
 
@@ -288,12 +289,7 @@ class StartSmallTable:
         self._best = best
 
     def _next(self, s: int, k: int) -> int:
-        h, c = divmod(s, self.n_c)
-        h2 = min(2, h + 1) if self.het else 0
-        c2 = c + k if self.cap is not None else 0
-        if self.cap is not None and c2 > self.cap:
-            return -1
-        return h2 * self.n_c + c2
+        return next_state(s, k, self.n_c, self.het, self.cap)
 
     def _check(self, g: int) -> None:
         if not 0 <= g <= self.budget:
