@@ -24,7 +24,7 @@ own server.
   plane (chunked, CRC-checked) and loaded first. Every reply carries the ``weights_version`` that
   produced all of its tokens, ``gen_tokens``, ``token_ids``, ``logprobs``, ``finish_reason``, ``load_s``
   (seconds spent fetching + loading weights for this batch, 0 if none), ``fetch_s`` (the data-plane
-  part of it), ``weights_via`` (``"dataplane"``, ``"file"`` or None when nothing was loaded) and
+  part of it), ``weights_via`` (``"dataplane"``, ``"torch"``, ``"file"`` or None when nothing was loaded) and
   ``weights_error`` (None, or why a wanted version could not be had).
 - A failed fetch (trainer dead mid-transfer: :class:`~libra.dataplane.PeerLost`; corrupted:
   :class:`~libra.dataplane.TransferCorrupted`; superseded: :class:`~libra.dataplane.ObjectNotFound`)
@@ -34,7 +34,7 @@ own server.
   told about for the newest ``weights`` object and loads it, so it is already up to date when the next
   turn comes (still never mid-turn: the batcher thread is the only one that generates or loads).
 - The instance records its state in ``RUN/actors/<slot>.json`` after every load or failure:
-  ``weights_version``, ``loads``, ``dataplane_loads``, ``file_loads``, ``bytes_fetched``,
+  ``weights_version``, ``loads``, ``dataplane_loads``, ``torch_loads``, ``file_loads``, ``bytes_fetched``,
   ``last_load_s``, ``last_fetch_s``, ``fetch_errors``, ``last_error`` and ``fetches`` (the last 50
   ``{"version", "via", "fetch_s", "load_s", "bytes"}``).
 - Fallback (documented, not used by ``python -m libra run``): a ``weights`` mapping with a ``path``
@@ -164,8 +164,11 @@ class RolloutRole:
         self.window_s = window_s
         self.keys = DataPlaneKeys.from_env()
         self.fetcher = fetcher or DataPlaneWeightFetcher(keys=self.keys, idle_timeout_s=fetch_timeout_s)
+        self.fetch_timeout_s = fetch_timeout_s
+        self._torch: Any = None  # TorchWeightFetcher, created on the first torch.distributed ref
         self._q: queue.SimpleQueue[tuple[dict[str, Any], Future]] = queue.SimpleQueue()
-        self.stats: dict[str, Any] = {"loads": 0, "dataplane_loads": 0, "file_loads": 0, "bytes_fetched": 0,
+        self.stats: dict[str, Any] = {"loads": 0, "dataplane_loads": 0, "torch_loads": 0, "file_loads": 0,
+                                      "bytes_fetched": 0,
                                       "last_load_s": 0.0, "last_fetch_s": 0.0, "fetch_errors": 0, "last_error": None,
                                       "fetches": []}
         self._source: dict[str, Any] | None = None  # the newest trainer ref seen: where idle polls ask
@@ -262,7 +265,10 @@ class RolloutRole:
             return {**nothing, "weights_error": self.stats["last_error"]}
         t0 = time.perf_counter()
         try:
-            if best.get("endpoint"):
+            if best.get("transport") == "torch":  # the trainer publishes over torch.distributed
+                sd, version, fs = self._torch_fetcher().fetch(best)
+                via, fetch_s, nbytes = "torch", fs.seconds, fs.nbytes
+            elif best.get("endpoint"):
                 sd, version, fs = self.fetcher.fetch(best)
                 via, fetch_s, nbytes = "dataplane", fs.seconds, fs.nbytes
             else:
@@ -292,6 +298,13 @@ class RolloutRole:
         log.info("weights_loaded", version=version, via=via, load_s=round(load_s, 4), fetch_s=round(fetch_s, 4))
         return {"load_s": load_s, "fetch_s": fetch_s, "weights_via": via, "weights_error": None}
 
+    def _torch_fetcher(self) -> Any:
+        if self._torch is None:
+            from libra.weights_dist import TorchWeightFetcher
+
+            self._torch = TorchWeightFetcher(timeout_s=max(30.0, self.fetch_timeout_s))
+        return self._torch
+
     def _poll_published(self) -> None:
         """Ask the last known trainer endpoint for its newest weights; load them if newer (idle only)."""
         from libra.dataplane import DataPlaneError, latest
@@ -305,15 +318,22 @@ class RolloutRole:
         if retry is not None and now < retry[0]:
             return
         try:
-            ref = latest(src["endpoint"], "weights", server_key=src.get("server_key"), keys=self.keys, timeout_s=1.0)
+            if src.get("transport") == "torch":  # the publisher's store keeps its newest ref
+                from libra.weights_dist import latest_ref
+
+                wire = latest_ref(src["endpoint"], timeout_s=1.0)
+            else:
+                ref = latest(src["endpoint"], "weights", server_key=src.get("server_key"), keys=self.keys,
+                             timeout_s=1.0)
+                wire = ref.to_wire() if ref is not None else None
         except DataPlaneError as exc:
             delay = min(self.BACKOFF_S[1], retry[1] * 2) if retry else self.BACKOFF_S[0]
             self._backoff[key] = (now + delay, delay)
             log.info("weights_poll_failed", endpoint=src["endpoint"], error=str(exc), retry_in_s=delay)
             return
         self._backoff.pop(key, None)
-        if ref is not None and ref.version is not None and ref.version > self.engine.weights_version:
-            self._maybe_load([ref.to_wire()])
+        if wire is not None and type(wire.get("version")) is int and wire["version"] > self.engine.weights_version:
+            self._maybe_load([wire])
 
     def _write_status(self) -> None:
         if self.run_dir is None:
@@ -359,7 +379,12 @@ class TrainRole:
         cfg = GRPOConfig(**opts)
         if rank == 0:  # before the (slow) model load, so a refused bind fails fast with its own message
             self.server = DataPlaneServer(keys=self.keys)
-            self.publisher = DataPlaneWeightPublisher(self.server, keep=2)
+            if os.environ.get("LIBRA_WEIGHTS_TRANSPORT", "dataplane") == "torch":
+                from libra.weights_dist import TorchWeightPublisher
+
+                self.publisher = TorchWeightPublisher(os.environ.get("LIBRA_WEIGHTS_HOST", "127.0.0.1"), keep=2)
+            else:
+                self.publisher = DataPlaneWeightPublisher(self.server, keep=2)
         self.trainer = GRPOTrainer(self.model_dir, cfg, dist_config=dist)
         self.rank = rank
         log.info("trainer_ready", rank=rank, world_size=ws, slot=self.slot,

@@ -197,7 +197,8 @@ class _Driver:
         """Weight loads the rollout actors report in their status files: how many came over the data plane
         (vs the file fallback), failures, and the data-plane fetch / fetch+load seconds of each."""
         fetches: list[dict[str, Any]] = []
-        out: dict[str, Any] = {"dataplane_loads": 0, "file_loads": 0, "fetch_errors": 0, "bytes_fetched": 0}
+        out: dict[str, Any] = {"dataplane_loads": 0, "torch_loads": 0, "file_loads": 0, "fetch_errors": 0,
+                               "bytes_fetched": 0}
         for f in sorted((self.run_dir / "actors").glob("*.json")):
             try:
                 st = json.loads(f.read_text())
@@ -206,7 +207,7 @@ class _Driver:
             for k in out:
                 out[k] += int(st.get(k, 0))
             fetches += [dict(x, slot=f.stem) for x in st.get("fetches", [])]
-        dp = [x for x in fetches if x.get("via") == "dataplane"]
+        dp = [x for x in fetches if x.get("via") in ("dataplane", "torch")]
         out["fetch_s_mean"] = statistics.fmean(x["fetch_s"] for x in dp) if dp else None
         out["load_s_mean"] = statistics.fmean(x["load_s"] for x in dp) if dp else None
         out["fetches"] = fetches
