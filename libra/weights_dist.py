@@ -147,7 +147,7 @@ class TorchWeightPublisher:
                                      daemon=True).start()
                 elif time.monotonic() - since > self.timeout_s:
                     del pending[t]  # the fetcher died between its ticket and its request
-            self._closed.wait(0.02)
+            self._closed.wait(0.005)
 
     def _serve_one(self, ticket: int) -> None:
         try:

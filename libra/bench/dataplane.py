@@ -10,7 +10,10 @@ What it runs (one process, same inputs for both sides):
    - *file* (the previous design): ``write_weights_file`` (serialise, CRC, write, atomic rename) then
      ``read_weights_file`` (read, CRC check, rebuild), in ``--dir`` (default: the system temp dir;
      the read is served from the page cache, so this is the file path's best case).
-   It prints both times and ``file / data plane``.
+   - *torch.distributed* (``LIBRA_WEIGHTS_TRANSPORT=torch``): ``TorchWeightPublisher.publish`` (snapshot into
+     per-dtype flat buffers, manifest into the rendezvous store) then ``TorchWeightFetcher.fetch`` (ticket,
+     a two-member gloo group formed for the fetch, broadcast, rebuild) in another thread of this process.
+   It prints the times, ``file / data plane`` and ``torch / data plane``.
 2. **Dispatch.** Synthetic batches of trajectory token lengths (``lognormal``: agentic multi-turn,
    median 2K, sigma 1, cap 32K; ``bimodal``: 80% short, 20% long; ``uniform``: 1-2K) over 2, 4 and 8
    ranks, ``--seeds`` batches each: the mean per-rank token imbalance (max/mean) of ``lpt`` vs
@@ -72,8 +75,10 @@ def bench_weights(sizes_mib: list[float], repeat: int, directory: str | None) ->
     """Publish-to-usable seconds of the data plane and of the file path for each size (best of ``repeat``)."""
     from libra.actors.roles import read_weights_file, write_weights_file
     from libra.dataplane import DataPlaneServer, fetch_state_dict
+    from libra.weights_dist import TorchWeightFetcher, TorchWeightPublisher
 
     out = []
+    torch_pub, torch_fetcher = TorchWeightPublisher(keep=1, backend="gloo"), TorchWeightFetcher()
     with DataPlaneServer() as server, tempfile.TemporaryDirectory(dir=directory) as tmp:
         for mib in sizes_mib:
             sd = _state_dict(mib)
@@ -94,10 +99,18 @@ def bench_weights(sizes_mib: list[float], repeat: int, directory: str | None) ->
                 assert got.keys() == sd.keys()
                 path.unlink()
 
+            def via_torch() -> None:
+                version[0] += 1
+                got, _, _ = torch_fetcher.fetch(torch_pub.publish(version[0], sd))
+                assert got.keys() == sd.keys()
+
             dp = _best(via_dataplane, repeat)
             fl = _best(via_file, repeat)
-            out.append({"mib": nbytes / 2**20, "dataplane_s": dp, "file_s": fl, "file_over_dataplane": fl / dp,
+            td = _best(via_torch, repeat)
+            out.append({"mib": nbytes / 2**20, "dataplane_s": dp, "file_s": fl, "torch_s": td,
+                        "file_over_dataplane": fl / dp, "torch_over_dataplane": td / dp,
                         "dataplane_mib_s": nbytes / 2**20 / dp})
+    torch_pub.close()
     return out
 
 
@@ -149,10 +162,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _print_table(res: dict[str, Any]) -> None:
     print("weights: publish -> usable state dict (best of repeats)")
-    print(f"{'MiB':>8} {'data plane s':>13} {'file s':>9} {'file/dp':>8} {'dp MiB/s':>9}")
+    print(f"{'MiB':>8} {'data plane s':>13} {'file s':>9} {'torch s':>9} {'file/dp':>8} {'torch/dp':>9} {'dp MiB/s':>9}")
     for r in res["weights"]:
-        print(f"{r['mib']:8.1f} {r['dataplane_s']:13.4f} {r['file_s']:9.4f} {r['file_over_dataplane']:8.2f} "
-              f"{r['dataplane_mib_s']:9.0f}")
+        print(f"{r['mib']:8.1f} {r['dataplane_s']:13.4f} {r['file_s']:9.4f} {r['torch_s']:9.4f} "
+              f"{r['file_over_dataplane']:8.2f} {r['torch_over_dataplane']:9.2f} {r['dataplane_mib_s']:9.0f}")
     print("\ndispatch: per-rank token imbalance (max/mean), mean over batches")
     print(f"{'lengths':>10} {'ranks':>5} {'lpt':>7} {'rr':>7} {'contig':>7} {'max cut vs rr':>14} {'plan ms':>8}")
     for r in res["dispatch"]:
