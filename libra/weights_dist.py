@@ -29,6 +29,7 @@ the cluster's trusted network, so the publisher binds to loopback unless given a
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import math
 import threading
@@ -97,6 +98,7 @@ class TorchWeightPublisher:
         self.served = 0
         self._thread = threading.Thread(target=self._serve, name="torch-weights", daemon=True)
         self._thread.start()
+        atexit.register(self.close)  # stop polling the store before the interpreter tears c10d down
 
     def publish(self, version: int, state_dict: Mapping[str, Any]) -> dict[str, Any]:
         """Snapshot ``state_dict`` as ``version``; returns the ref generate work carries to rollout actors."""
@@ -125,6 +127,7 @@ class TorchWeightPublisher:
         return ref
 
     def close(self) -> None:
+        """Stop serving (fetches in flight finish or fail on their own timeouts)."""
         self._closed.set()
         self._thread.join(timeout=5)
 

@@ -464,6 +464,9 @@ class TrainRole:
 
     def close(self) -> None:
         """Stop serving weights (rollouts that have not fetched the newest version keep theirs)."""
+        if self.publisher is not None and hasattr(self.publisher, "close"):
+            self.publisher.close()  # the torch.distributed publisher's serving thread and store
+        self.publisher = None
         if self.server is not None:
             self.server.close()
             self.server = None
