@@ -42,11 +42,11 @@ Contracts:
   server binds only to loopback: any other host raises :class:`InsecureDataPlane` unless
   ``insecure=True``.
 
-On GPU clusters weights would move GPU to GPU with ``torch.distributed`` (an NCCL broadcast from
-trainer rank 0 to a group of rollout ranks). :class:`WeightPublisher`/:class:`WeightFetcher` are the
-interface such a transport implements (``publish(version, state_dict) -> ref`` on the trainer,
-``fetch(ref) -> (state_dict, version, stats)`` on the rollout); the ZeroMQ transport here is the only
-implementation shipped and tested (there is no GPU in CI).
+:class:`WeightPublisher`/:class:`WeightFetcher` are the weights-transport interface
+(``publish(version, state_dict) -> ref`` on the trainer, ``fetch(ref) -> (state_dict, version, stats)`` on
+the rollout). Two implementations ship: the ZeroMQ data plane here, and ``torch.distributed``
+(:mod:`libra.weights_dist`: a gloo or NCCL broadcast from trainer rank 0 per fetch, GPU to GPU under NCCL;
+``LIBRA_WEIGHTS_TRANSPORT=torch``).
 """
 
 from __future__ import annotations
@@ -521,8 +521,8 @@ def latest(endpoint: str, topic: str, *, server_key: str | None = None, keys: Da
 class WeightPublisher(Protocol):
     """Trainer side of a weights transport: make ``state_dict`` fetchable as ``version``; returns the ref
     (a msgpack-able mapping with at least ``version``) that generate work carries to rollout instances.
-    An NCCL implementation would broadcast from rank 0 to a rollout group and return ``{"version",
-    "group"}``."""
+    :class:`libra.weights_dist.TorchWeightPublisher` returns ``{"version", "transport": "torch", "backend",
+    "endpoint", "name", "bytes"}``."""
 
     def publish(self, version: int, state_dict: Mapping[str, Any]) -> dict[str, Any]: ...
 
