@@ -90,6 +90,7 @@ class ActorsConfig:
     torch_threads: int = 1
     episode_concurrency: int = 64
     allow_unisolated: bool = False  # run python tool calls without bubblewrap (NOT safe)
+    weights_transport: str = "dataplane"  # or "torch": torch.distributed (gloo; NCCL on GPUs), libra.weights_dist
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +171,8 @@ def _check(c: JobConfig, where: str) -> None:
         problems.append(f"[grpo] lr must be > 0, got {c.grpo.lr}")
     if c.actors.rollout < 1 or c.actors.trainer < 1 or c.actors.action < 1:
         problems.append("[actors] rollout, trainer and action must each be >= 1")
+    if c.actors.weights_transport not in ("dataplane", "torch"):
+        problems.append(f"[actors] weights_transport must be 'dataplane' or 'torch', got {c.actors.weights_transport!r}")
     if c.env.max_turns < 1 or c.env.max_new_tokens < 1:
         problems.append("[env] max_turns and max_new_tokens must be >= 1")
     if not set(c.env.ops) <= {"+", "-", "*"} or not c.env.ops:

@@ -248,6 +248,8 @@ def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = T
         actor_args.append("--allow-unisolated")
     n = a.rollout + a.trainer + a.action + 1  # + one episode runner
     env = {"OMP_NUM_THREADS": str(max(1, a.torch_threads)), "TOKENIZERS_PARALLELISM": "false"}
+    if a.weights_transport == "torch":
+        env["LIBRA_WEIGHTS_TRANSPORT"] = "torch"
     with LocalCluster(cpu_slots=n, actor_args=actor_args, log_level=log_level, env=env) as cluster:
         cluster.wait_for_actors(n, timeout=300.0)
         return asyncio.run(run_job_async(cfg, cluster.url, progress=progress))

@@ -1,4 +1,4 @@
-"""The RL job with weights over torch.distributed (``LIBRA_WEIGHTS_TRANSPORT=torch``): the trainer's rank 0
+"""The RL job with weights over torch.distributed (``[actors] weights_transport = "torch"``): the trainer's rank 0
 broadcasts each version to every rollout actor that asks, over gloo on this CPU machine (NCCL on GPUs),
 with the same broker, roles and job as the data-plane run."""
 
@@ -20,9 +20,10 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "arith_tiny.toml"
 
 
 def test_rollout_actors_load_every_version_over_torch_distributed(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("LIBRA_WEIGHTS_TRANSPORT", "torch")  # inherited by the actors the job starts
+    monkeypatch.delenv("LIBRA_WEIGHTS_TRANSPORT", raising=False)  # the job file's setting alone selects it
     cfg = load_job(EXAMPLE).with_run_dir(str(tmp_path / "run"))
-    cfg = dataclasses.replace(cfg, actors=dataclasses.replace(cfg.actors, allow_unisolated=False))
+    cfg = dataclasses.replace(cfg, actors=dataclasses.replace(cfg.actors, allow_unisolated=False,
+                                                              weights_transport="torch"))
     summary = run_job(cfg, progress=False)
     run = tmp_path / "run"
     assert summary["final_version"] == 3 and summary["dropped_groups"] == 0

@@ -133,6 +133,7 @@ def test_example_job_files_load() -> None:
     ({"env": {"ops": ["/"]}}, "ops"),
     ({"job": {"max_policy_lag": -1}}, "max_policy_lag"),
     ({"job": {"dispatch": "random"}}, "dispatch must be one of lpt, round_robin, contiguous"),
+    ({"actors": {"weights_transport": "nccl"}}, "weights_transport must be 'dataplane' or 'torch'"),
 ])
 def test_bad_job_files_say_what_is_wrong(data: dict, msg: str) -> None:
     with pytest.raises(ConfigError, match=msg):
