@@ -278,16 +278,6 @@ class CostCMLFQRouter(CMLFQRouter):
         q = MigrationQuery(context, home.node is not None and home.node == dst.node, self._tp(home, view), dst_tp)
         return self.costs.kv_seconds(q) if self.choose_mode(q) == "kv" else self.costs.reprefill_seconds(q)
 
-    def _window(self, prompt_id: str | None, states: Sequence[str]) -> list[int]:
-        """Window samples of the node :meth:`CausalPrefixTree.lookup` matches (same prompt-vs-global rule)."""
-        found = self.tree.global_tree.deepest(states, self.min_visits)
-        if prompt_id is not None:
-            pt = self.tree.prompt_tree(prompt_id)
-            mine = pt.deepest(states, self.min_visits) if pt is not None else None
-            if mine is not None and (found is None or mine[1] >= found[1]):
-                found = mine
-        return list(found[0].window) if found is not None else []
-
     def _choose(self, track: Track, hist: list[tuple[float, float]], home: InstanceView | None,
                 cands: list[InstanceView], view: ClusterView, extra: Callable[[InstanceView], float]) -> InstanceView:
         """The candidate with the least expected seconds; the first candidate (home) wins ties and gains up to
@@ -310,8 +300,9 @@ class CostCMLFQRouter(CMLFQRouter):
     def _initial_bucket(self, traj: TrajectoryInfo, view: ClusterView) -> tuple[int, str]:
         if self.initial == "smallest":
             return 0, "initial"
-        self.last_estimate = est = self.tree.lookup(traj.prompt_id, (), min_visits=self.min_visits)
-        hist = histogram(self._window(traj.prompt_id, ()), view.buckets) if est is not None else []
+        found = self.tree.lookup_window(traj.prompt_id, (), min_visits=self.min_visits)
+        self.last_estimate = found[0] if found is not None else None
+        hist = histogram(found[1], view.buckets) if found is not None else []
         cands = [i for i in (self._room_in(view, b) for b in range(len(view.buckets))) if i is not None]
         if not hist or not cands:
             return 0, "initial"
@@ -323,11 +314,12 @@ class CostCMLFQRouter(CMLFQRouter):
     def _decide(self, track: Track, ret: ToolReturn, view: ClusterView) -> tuple[int, str]:
         track.states.append(tool_state_key(ret, self.thresholds))
         current = view.bucket_index(track.bucket)
-        est = self.tree.lookup(track.info.prompt_id, track.states, min_visits=self.min_visits)
-        self.last_estimate = est
-        if est is None:
+        found = self.tree.lookup_window(track.info.prompt_id, track.states, min_visits=self.min_visits)
+        self.last_estimate = found[0] if found is not None else None
+        if found is None:
             return current, "no_stats"
-        hist = histogram(self._window(track.info.prompt_id, track.states), view.buckets)
+        est, window = found
+        hist = histogram(window, view.buckets)
         home = view.instance(track.instance) if track.instance is not None else None
         usable = home if home is not None and home.ready else None
         cands = [usable] if usable is not None else []

@@ -340,6 +340,13 @@ class CausalPrefixTree:
 
         ``None`` means no statistics: the consulted tree has fewer than ``min_visits`` samples at its root.
         """
+        found = self.lookup_window(prompt_id, states, min_visits=min_visits)
+        return None if found is None else found[0]
+
+    def lookup_window(self, prompt_id: str | None, states: Sequence[str], *,
+                      min_visits: int = 1) -> tuple[NodeEstimate, tuple[int, ...]] | None:
+        """:meth:`lookup` plus the matched node's window of remaining-length samples (oldest first), for
+        policies that use the whole distribution (``cmlfq_cost``). Same node, same fallback rule."""
         _check_int("min_visits", min_visits, 1)
         found = self.global_tree.deepest(states, min_visits)
         source: Literal["prompt", "global"] = "global"
@@ -351,7 +358,8 @@ class CausalPrefixTree:
         if found is None:
             return None
         stats, depth = found
-        return NodeEstimate(count=stats.count, mean=stats.mean, p90=stats.p90, depth=depth, source=source)
+        est = NodeEstimate(count=stats.count, mean=stats.mean, p90=stats.p90, depth=depth, source=source)
+        return est, tuple(stats.window)
 
     # ----------------------------------------------------------------------------------------- updates
 
