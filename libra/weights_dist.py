@@ -169,12 +169,20 @@ class TorchWeightPublisher:
             log.warning("torch_weights_serve_failed", ticket=ticket, error=f"{type(exc).__name__}: {exc}")
 
 
+def _client_store(endpoint: str, timeout_s: float) -> Any:
+    """A client of the publisher's store at ``endpoint``; :class:`~libra.dataplane.PeerLost` if unreachable."""
+    host, _, port = endpoint.removeprefix(SCHEME).rpartition(":")
+    try:
+        return dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+    except (RuntimeError, ValueError) as exc:
+        raise PeerLost(f"torch weights {endpoint}: cannot reach the publisher ({type(exc).__name__})") from None
+
+
 def latest_ref(endpoint: str, timeout_s: float = 1.0) -> dict[str, Any] | None:
     """The newest ref published at ``endpoint`` (None if nothing is yet); raises
     :class:`~libra.dataplane.PeerLost` when the publisher cannot be reached."""
-    host, _, port = endpoint.removeprefix(SCHEME).rpartition(":")
+    store = _client_store(endpoint, timeout_s)
     try:
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
         if not store.check(["latest"]):
             return None
         ref = msgpack.unpackb(store.get("latest"), raw=False)
@@ -194,13 +202,8 @@ class TorchWeightFetcher:
         if not (isinstance(endpoint, str) and endpoint.startswith(SCHEME) and type(version) is int
                 and backend in ("gloo", "nccl")):
             raise TransferCorrupted(f"not a torch weights ref: {dict(ref)!r}")
-        host, _, port = endpoint.removeprefix(SCHEME).rpartition(":")
         t0 = time.perf_counter()
-        try:
-            store = dist.TCPStore(host, int(port), is_master=False,
-                                  timeout=datetime.timedelta(seconds=self.timeout_s))
-        except (RuntimeError, ValueError) as exc:
-            raise PeerLost(f"torch weights {endpoint}: cannot reach the publisher ({type(exc).__name__})") from None
+        store = _client_store(endpoint, self.timeout_s)
         try:
             if not store.check([f"manifest/{version}"]):
                 raise TransferCorrupted(f"torch weights {endpoint}: version {version} was never published there")
