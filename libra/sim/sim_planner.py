@@ -97,8 +97,6 @@ __all__ = ["PLANNER_ALLOCATIONS", "PlannerAllocation", "PlannerSimParams", "is_p
 #: mapped by default: on the ablation it neither predicted ``cmlfq`` better nor ran it faster
 #: (BENCHMARKS.md, "the planner models C-MLFQ's start-small routing").
 ROUTER_ROUTING: dict[str, str] = {"least_loaded": "length_blind", "round_robin": "round_robin"}
-#: The length-blind routers (the old name of :data:`ROUTER_ROUTING`).
-LENGTH_BLIND_ROUTERS = ROUTER_ROUTING
 
 
 def planner_routing(router: str, override: str | None = None) -> str:
