@@ -12,8 +12,9 @@
 3. **Simulator at paper scale** (15 × 256 = 3,840 cores, 40 GPUs): AI-coding at batch 1,280, mean ACT and
    cores used for ``tangram`` vs ``per_trajectory`` (peak-sized and evenly split sandboxes) vs
    ``fixed_dop`` 4/16, ratio = baseline ACT / tangram ACT (target ≥ 4.3× vs ``per_trajectory``); MOPD at
-   batch 2,048: GPUs of the static deployment vs the smallest evict-on-execution pool (80 GB GPUs, idle
-   teachers co-resident in GPU memory) whose mean ACT is within ``--ratio`` of it (target ≤ 30 %).
+   batch 2,048 (the ``breakdown`` load calibration, ``libra.sim.action_workloads.MOPD_LOADS``): GPUs of the
+   static deployment vs the smallest evict-on-execution pool (80 GB GPUs, idle teachers co-resident in GPU
+   memory) whose mean ACT is within ``--ratio`` of it (target ≤ 30 %).
 
 ``--quick`` trims iterations (sandbox 20/4, latency 3 × 50) so the whole run stays well under a minute or
 two; the full run stays under about three minutes on a 2-core machine.

@@ -21,9 +21,11 @@ Three parts, each against its baseline in the same run:
    evictions, and the same pool with exclusive cells. Also reported: the compute bound at the target's
    pool size (no placement can do better), the time-averaged GPUs held by executing (and restoring) calls
    in both, and tangram's ACT on the full 36-GPU pool against the baseline's (the paper's "18.1× at batch
-   2,048").
+   2,048"). Each load calibration of ``--mopd-loads`` (``libra.sim.action_workloads.MOPD_LOADS``) gets its
+   own rows; the first is also checked against the paper's ACT breakdown (tangram on its 10 GPUs at batch
+   2,048 and 3,072).
 
-``python -m libra.bench.actions_sched [--quick] [--skip-latency] [--skip-coding] [--json]``.
+``python -m libra.bench.actions_sched [--quick] [--skip-latency] [--skip-coding] [--mopd-loads L,...] [--json]``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from libra.policies.actions import (
     RunningView,
 )
 from libra.policies.actions_tangram_ref import ReferenceElasticScheduler
+from libra.sim.action_workloads import MOPD_LOADS
 from libra.sim.actions_sim import SimConfig, min_gpu_pool, run_sim
 
 __all__ = ["main", "run"]
@@ -165,9 +168,31 @@ def _brief(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+MOPD_PAPER_POOL = 10
+"""GPUs of the paper's tangram MOPD deployment (research-notes §2.6: 36 → 10)."""
+
+MOPD_PAPER_BREAKDOWN = {2048: {"exec": 0.621, "queue": 0.081, "overhead": 0.201},
+                        3072: {"exec": 0.705, "queue": 15.05, "overhead": 0.240}}
+"""The paper's MOPD ACT breakdown in seconds, per batch (research-notes §2.6 [W])."""
+
+
+def mopd_calibration(seed: int, load: str = "breakdown") -> list[dict[str, Any]]:
+    """Tangram on the paper's 10-GPU pool at batch 2,048 and 3,072 under the ``load`` calibration, next to the
+    paper's ACT breakdown (:data:`MOPD_PAPER_BREAKDOWN`): the check behind
+    :data:`libra.sim.action_workloads.MOPD_LOADS`."""
+    rows = []
+    for batch, paper in MOPD_PAPER_BREAKDOWN.items():
+        r = run_sim(SimConfig(workload="mopd", batch=batch, seed=seed, gpu_pool=MOPD_PAPER_POOL,
+                              workload_params={"think_mean_s": MOPD_LOADS[load]}))
+        rows.append({"load": load, "batch": batch, "gpus": MOPD_PAPER_POOL, "act_mean_s": r["act_mean_s"],
+                     "breakdown_s": r["act_breakdown_s"], "paper_breakdown_s": paper})
+    return rows
+
+
 def mopd(batch: int, seed: int, ratio: float, zipf: list[float], *, gpu_mem_gb: float | None = 80.0,
-         gpu_workspace_gb: float = 8.0, reserve_gb: float = 0.0) -> list[dict[str, Any]]:
-    """Static 36-GPU deployment vs the smallest tangram pool within ``ratio``, per Zipf exponent.
+         gpu_workspace_gb: float = 8.0, reserve_gb: float = 0.0, load: str = "breakdown") -> list[dict[str, Any]]:
+    """Static 36-GPU deployment vs the smallest tangram pool within ``ratio``, per Zipf exponent, under the
+    ``load`` calibration (a key of :data:`libra.sim.action_workloads.MOPD_LOADS`).
 
     Pools are tried in :data:`MOPD_CANDIDATES` order under the GPU memory model (``gpu_mem_gb`` per GPU,
     ``gpu_workspace_gb`` kept for activations, ``reserve_gb`` more per GPU for every resident teacher;
@@ -179,7 +204,8 @@ def mopd(batch: int, seed: int, ratio: float, zipf: list[float], *, gpu_mem_gb: 
     """
     rows = []
     for s in zipf:
-        cfg = SimConfig(workload="mopd", batch=batch, seed=seed, workload_params={"zipf_s": s, "reserve_gb": reserve_gb},
+        params = {"zipf_s": s, "reserve_gb": reserve_gb, "think_mean_s": MOPD_LOADS[load]}
+        cfg = SimConfig(workload="mopd", batch=batch, seed=seed, workload_params=params,
                         gpu_mem_gb=gpu_mem_gb, gpu_workspace_gb=gpu_workspace_gb)
         res = min_gpu_pool(cfg, ratio=ratio, candidates=MOPD_CANDIDATES)
         b, t = res["baseline"], res["tangram"]
@@ -190,7 +216,7 @@ def mopd(batch: int, seed: int, ratio: float, zipf: list[float], *, gpu_mem_gb: 
         if t is not None and gpu_mem_gb is not None:
             exclusive = _brief(run_sim(replace(cfg, gpu_pool=t["gpus_used"], gpu_mem_gb=None)))
         rows.append({
-            "zipf_s": s, "gpu_mem_gb": gpu_mem_gb, "gpu_workspace_gb": gpu_workspace_gb if gpu_mem_gb else None,
+            "load": load, "think_mean_s": MOPD_LOADS[load], "zipf_s": s, "gpu_mem_gb": gpu_mem_gb, "gpu_workspace_gb": gpu_workspace_gb if gpu_mem_gb else None,
             "reserve_gb": reserve_gb if gpu_mem_gb else None,
             "baseline_gpus": b["gpus_used"], "baseline_act_s": b["act_mean_s"],
             "baseline_breakdown_s": b["act_breakdown_s"], "baseline_gpus_busy_mean": b["gpus_busy_mean"],
@@ -225,9 +251,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         batches = [256, 1280] if args.quick else [256, 1280, 1536]
         if not args.skip_coding:
             out["coding"] = coding(batches, args.seed, args.steps)
-        out["mopd"] = mopd(2048, args.seed, args.ratio, [1.0] if args.quick else [1.0, 1.5],
-                           gpu_mem_gb=args.gpu_mem_gb or None, gpu_workspace_gb=args.gpu_workspace_gb,
-                           reserve_gb=args.teacher_reserve_gb)
+        loads = [x for x in args.mopd_loads.split(",") if x]
+        out["mopd_calibration"] = mopd_calibration(args.seed, loads[0])
+        out["mopd"] = [row for load in loads
+                       for row in mopd(2048, args.seed, args.ratio, [1.0] if args.quick else [1.0, 1.5],
+                                       gpu_mem_gb=args.gpu_mem_gb or None, gpu_workspace_gb=args.gpu_workspace_gb,
+                                       reserve_gb=args.teacher_reserve_gb, load=load)]
     return out
 
 
@@ -259,9 +288,14 @@ def _print(res: dict[str, Any]) -> None:
                  f"GPU memory model: {mem:g} GB per GPU, {rows[0]['gpu_workspace_gb']:g} GB kept for activations,"
                  f" {rows[0]['reserve_gb']:g} GB per GPU reserved by every resident teacher")
         print(f"\nMOPD batch 2048: static deployments vs smallest tangram pool within the ACT ratio; {model}")
+        for c in res.get("mopd_calibration", []):
+            bd, pb = c["breakdown_s"], c["paper_breakdown_s"]
+            print(f"  calibration ({c['load']} load), tangram on the paper's {c['gpus']} GPUs at batch {c['batch']}:"
+                  f" exec {bd['exec']:.3f} / queue {bd['queue']:.3f} / overhead {bd['overhead']:.3f} s"
+                  f" (paper {pb['exec']:.3f} / {pb['queue']:.3f} / {pb['overhead']:.3f})")
         for r in rows:
             t = r["tangram"]
-            print(f"  zipf {r['zipf_s']}: baseline {r['baseline_gpus']} GPUs, ACT {r['baseline_act_s']:.3f} s"
+            print(f"  {r['load']} load (think {r['think_mean_s']:g} s), zipf {r['zipf_s']}: baseline {r['baseline_gpus']} GPUs, ACT {r['baseline_act_s']:.3f} s"
                   f" (limit {r['act_limit_s']:.3f} s)")
             if t is None:
                 print("    tangram: no pool within the ratio")
@@ -303,8 +337,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="MOPD: GB per GPU kept free for the executing call's activations")
     p.add_argument("--teacher-reserve-gb", type=float, default=0.0,
                    help="MOPD: GB per GPU every resident teacher keeps beyond its 10 GB shard (e.g. a KV pool)")
+    p.add_argument("--mopd-loads", default="breakdown,burst",
+                   help="MOPD: comma-separated load calibrations to run, the first also checked against the paper's"
+                        f" ACT breakdown (known: {', '.join(MOPD_LOADS)}; default %(default)s)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    bad = [x for x in args.mopd_loads.split(",") if x and x not in MOPD_LOADS]
+    if bad or not args.mopd_loads.strip(","):
+        p.error(f"--mopd-loads: unknown or empty {bad or args.mopd_loads!r} (known: {', '.join(MOPD_LOADS)})")
     res = run(args)
     if args.json:
         print(json.dumps(res, sort_keys=True))

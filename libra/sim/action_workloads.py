@@ -11,14 +11,21 @@ calibration guess ([G]) aimed at the paper's reported aggregates ([W]):
   mean ``1.0 · (1/0.47 − 1)`` s so the environment is busy ≈ 47 % of a trajectory's life at base DoP.
 - ``mopd`` (multi-teacher on-policy distillation): GRPO groups of 16 share a prompt and therefore a teacher
   (9 teachers, Zipf s=1 popularity). Each trajectory makes 1–2 teacher log-prob calls after long
-  generations (group-correlated lognormal think, mean 600 s in total); each call holds a TP-4 replica (4 GPUs)
-  for 0.6–0.7 s. Teacher checkpoints are 40 GB in host RAM (restore ≈ 0.4 s at 25 GB/s per GPU); on the GPUs
-  a replica takes its 10 GB shard per GPU plus ``reserve_gb`` (default 0: a log-prob call is one prefill
-  forward, no KV cache outlives it; its activations use the simulator's per-GPU workspace). The think
-  time sets the load; 600 s is the value that reproduces the reported shape at batch 2,048 (research-notes
-  §2.6 [W]): tangram on 36 GPUs ≈ 18× lower mean ACT than the static deployment, and a pool whose
-  queueing is small at batch 2,048 (≈ 0.05 s, paper 0.08 s) explodes at 3,072 (paper 15 s). (The code
-  default had drifted to 1,200 s, halving the load and hiding the static baseline's queueing.)
+  generations (group-correlated lognormal think, ``think_mean_s`` in total); each call holds a TP-4 replica
+  (4 GPUs) for 0.6–0.7 s. Teacher checkpoints are 40 GB in host RAM (restore ≈ 0.4 s at 25 GB/s per GPU); on
+  the GPUs a replica takes its 10 GB shard per GPU plus ``reserve_gb`` (default 0: a log-prob call is one
+  prefill forward, no KV cache outlives it; its activations use the simulator's per-GPU workspace).
+  The think time sets the offered load. Two calibrations (:data:`MOPD_LOADS`):
+
+  - ``"breakdown"`` (default, 1,650 s): the paper's ACT breakdown of its own MOPD deployment (research-notes
+    §2.6 [W]: tangram on 10 GPUs, queueing 0.081 s at batch 2,048 and 15.05 s at 3,072). The restore
+    overhead in that table (0.2 s a call) only arises when teachers share GPUs, so the table describes the
+    10-GPU pool, not the 36. At 1,650 s tangram's queueing on 10 GPUs at batch 3,072 is 6–18 s over seeds
+    0–3 (mean 12 s; over seeds 0–2, 1,550 s gives a mean of 28 s and 1,700 s 9 s), and 0.16–0.29 s at 2,048 (paper 0.081 s: no single
+    think time fits both; the knee is the one fitted).
+  - ``"burst"`` (600 s, the earlier default): 2.75× the load, chosen to reproduce "18.1× better than the
+    SGLang baseline at batch 2,048" with tangram on the same 36 GPUs; under it the paper's 10-GPU pool
+    queues for minutes at batch 2,048, contradicting the breakdown table.
 - ``deepsearch``: 2–8 web-search calls per trajectory through a 200 rps API quota (latency lognormal mean
   1.2 s), think gaps lognormal mean 15 s, and a final GPU reward-model call (2 GPUs, 0.35 s) whose arrivals
   are bursty because the 16 samples of a group finish close together.
@@ -38,6 +45,7 @@ from typing import Any
 from libra.policies.actions_gpu_services import ServiceSpec
 
 __all__ = [
+    "MOPD_LOADS",
     "SCHEDULERS",
     "ActionPlan",
     "SimConfig",
@@ -158,6 +166,10 @@ def _zipf_weights(n: int, s: float) -> list[float]:
     return [x / tot for x in w]
 
 
+MOPD_LOADS: dict[str, float] = {"breakdown": 1650.0, "burst": 600.0}
+"""MOPD think time (seconds of generation per trajectory, in total) per calibration; see the module docstring."""
+
+
 def mopd(
     batch: int,
     seed: int = 0,
@@ -165,7 +177,7 @@ def mopd(
     teachers: int = 9,
     zipf_s: float = 1.0,
     tp: int = 4,
-    think_mean_s: float = 600.0,
+    think_mean_s: float = MOPD_LOADS["breakdown"],
     calls: tuple[int, int] = (1, 2),
     exec_s: tuple[float, float] = (0.6, 0.7),
     checkpoint_gb: float = 40.0,
@@ -200,7 +212,7 @@ def mopd(
     services = tuple(ServiceSpec(nm, tp, checkpoint_gb, reserve_gb) for nm in names)
     return Workload(
         "mopd", batch, seed, tuple(trajs), services=services,
-        params={"teachers": teachers, "zipf_s": zipf_s, "tp": tp, "popularity": weights},
+        params={"teachers": teachers, "zipf_s": zipf_s, "tp": tp, "popularity": weights, "think_mean_s": think_mean_s},
     )
 
 

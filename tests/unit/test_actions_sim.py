@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from libra.sim.action_workloads import coding, deepsearch, make_workload, mopd
+from libra.sim.action_workloads import MOPD_LOADS, coding, deepsearch, make_workload, mopd
 from libra.sim.actions_sim import SimConfig, SimError, _Sim, main, min_gpu_pool, run_sim
 
 SMALL = SimConfig(batch=96, cpu_nodes=2, cores_per_node=64)
@@ -67,7 +67,7 @@ def test_static_gpu_deployments_vs_evict_on_execution_pool() -> None:
 
 
 def test_min_gpu_pool_returns_the_first_pool_within_the_ratio() -> None:
-    cfg = SimConfig(workload="mopd", batch=512)
+    cfg = SimConfig(workload="mopd", batch=512, workload_params={"think_mean_s": MOPD_LOADS["burst"]})
     out = min_gpu_pool(cfg, ratio=1.25, candidates=[4, 8, 12, 16, 36])
     base = out["baseline"]["act_mean_s"]
     tried = out["tried"]
@@ -111,6 +111,16 @@ def test_search_calls_respect_the_api_rate_limit(pooled: bool) -> None:
         assert i - j + 1 <= 20 + 5 + 1
 
 
+def test_mopd_load_calibrations_scale_the_think_time_not_the_calls() -> None:
+    light, burst = mopd(256, 1), mopd(256, 1, think_mean_s=MOPD_LOADS["burst"])
+    assert light.params["think_mean_s"] == MOPD_LOADS["breakdown"] > MOPD_LOADS["burst"]  # the default is "breakdown"
+    assert [len(t.steps) for t in light.trajectories] == [len(t.steps) for t in burst.trajectories]
+    ratio = MOPD_LOADS["breakdown"] / MOPD_LOADS["burst"]
+    for a, b in zip(light.trajectories, burst.trajectories):
+        assert [th for th, _ in a.steps] == pytest.approx([th * ratio for th, _ in b.steps])
+        assert [act for _, act in a.steps] == [act for _, act in b.steps]
+
+
 def test_workload_generators_are_seeded_and_validated() -> None:
     assert mopd(64, 3) == mopd(64, 3)
     assert make_workload("coding", 10, 1).trajectories == coding(10, 1).trajectories
@@ -137,3 +147,12 @@ def test_cli_prints_one_json_object(capsys: pytest.CaptureFixture[str]) -> None:
         assert key in out
     assert set(out["step_time_s"]) == {"mean", "p50", "p99"}
     assert main(["--batch", "0"]) == 2
+
+
+def test_actions_bench_rejects_an_unknown_mopd_load(capsys: pytest.CaptureFixture[str]) -> None:
+    from libra.bench import actions_sched
+
+    with pytest.raises(SystemExit) as exc:
+        actions_sched.main(["--skip-latency", "--skip-sim", "--mopd-loads", "breakdown,heavy"])
+    assert exc.value.code == 2
+    assert "unknown or empty ['heavy']" in capsys.readouterr().err
