@@ -1,7 +1,7 @@
 """``python -m libra COMMAND``: the operator's command line.
 
 Commands: ``status`` (actors and queues; ``--watch`` for a live view), ``keys`` (CurveZMQ key pairs), ``demo`` (start a local broker + actors and run a workload
-through them). Each has ``--help``.
+through them), ``run`` (an RL job file), ``tree`` (build, merge or show C-MLFQ prefix-tree files). Each has ``--help``.
 """
 
 from __future__ import annotations
@@ -253,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     r.set_defaults(fn=_run)
+    from libra.tree_cli import add_parser as add_tree_parser
+
+    add_tree_parser(sub)
     return p
 
 

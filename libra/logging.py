@@ -23,6 +23,17 @@ _configured = False
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
+class _Stderr:
+    """Writes to whatever ``sys.stderr`` is at write time, not at :func:`configure` time (a test harness or a
+    daemoniser may swap it, and a closed captured stream must not break later log lines)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(level: str | None = None, *, json: bool | None = None, cache: bool = False) -> None:
     """Configure structlog and stdlib logging. Idempotent: later calls only change the level.
 
@@ -47,11 +58,11 @@ def configure(level: str | None = None, *, json: bool | None = None, cache: bool
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),
         cache_logger_on_first_use=cache,
     )
     # Foreign (stdlib) records get the same shape.
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(_Stderr())  # type: ignore[arg-type]
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processor=renderer,

@@ -38,6 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--curve-allow", help="directory of public keys (NAME.key) of actors and clients allowed in")
     p.add_argument("--journal", help="SQLite file journaling accepted work and replies: after a crash and restart, "
                    "unanswered work is re-queued and retried request ids get their original reply")
+    p.add_argument("--router-state", metavar="FILE",
+                   help="JSON file keeping the rollout router's learned state (C-MLFQ's causal prefix trees): loaded "
+                        "at start when present (an unreadable one is moved aside), saved every --router-state-interval-s "
+                        "and at shutdown, atomically")
+    p.add_argument("--router-state-interval-s", type=float, default=60.0,
+                   help="seconds between router-state saves (default: %(default)s)")
     p.add_argument("--insecure", action="store_true",
                    help="allow plaintext on a non-loopback endpoint (otherwise refused without --curve-secret)")
     return p
@@ -70,8 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyFileError, InsecureBind) as exc:
         print(f"libra.broker: {exc}", file=sys.stderr)
         return 2
+    if not args.router_state_interval_s > 0:
+        print(f"libra.broker: --router-state-interval-s must be > 0, got {args.router_state_interval_s}", file=sys.stderr)
+        return 2
     try:
         server = BrokerServer(args.bind, config, curve=curve, journal=args.journal,
+                              router_state=args.router_state, router_state_interval_s=args.router_state_interval_s,
                               on_ready=lambda ep: sdnotify.ready(f"listening on {ep}"))
     except Exception as exc:  # zmq.ZMQError: address in use, bad endpoint
         log.error("bind_failed", endpoint=args.bind, error=str(exc))

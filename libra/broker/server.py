@@ -23,6 +23,7 @@ from libra.zmqio import NOBLOCK, recv_frames, send_frames
 
 from .events import BadFrame, Command, PeerMessage, Tick
 from .journal import BrokerJournal
+from .router_state import RouterStateFile
 from .state import BrokerConfig, BrokerState
 
 if TYPE_CHECKING:  # prometheus-client is only imported when metrics are switched on
@@ -36,8 +37,11 @@ class BrokerServer:
 
     def __init__(self, bind: str, config: BrokerConfig | None = None, *, ctx: zmq.Context | None = None,
                  max_recv_per_poll: int = 2000, on_ready: Callable[[str], None] | None = None,
-                 curve: CurveServer | None = None, journal: str | None = None) -> None:
-        self.config = config or BrokerConfig()
+                 curve: CurveServer | None = None, journal: str | None = None,
+                 router_state: str | None = None, router_state_interval_s: float = 60.0) -> None:
+        self.router_state = RouterStateFile(router_state, router_state_interval_s) if router_state else None
+        config = config or BrokerConfig()
+        self.config = self.router_state.apply(config) if self.router_state is not None else config
         self.state = BrokerState(self.config)
         self._ctx = ctx or zmq.Context()
         self._own_ctx = ctx is None
@@ -171,10 +175,14 @@ class BrokerServer:
                     self._flush()
                     if self.metrics is not None:
                         self.metrics.tick(now, self.core_errors)
+                    if self.router_state is not None:
+                        self.router_state.maybe_save(self.state.rollout.router, self.state.rollout.learned, now)
                     next_tick = now + self._tick_s
         finally:
             log.info("broker_stopped", **{k: v for k, v in self.state.stats.items() if v})
             self.sock.close(0)
+            if self.router_state is not None:
+                self.router_state.close(self.state.rollout.router, self.state.rollout.learned)
             if self.metrics is not None:
                 self.metrics.close()
             if self._auth is not None:

@@ -66,6 +66,7 @@ __all__ = [
     "PredictorRouter",
     "RoundRobinRouter",
     "make_router",
+    "router_accepts",
     "router_names",
 ]
 
@@ -335,6 +336,11 @@ def _accepted(name: str) -> set[str]:
     cls = _ROUTERS[name]
     params = {p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "params")}
     return params | set(_SHARED_PARAMS)
+
+
+def router_accepts(name: str, param: str) -> bool:
+    """Whether router ``name`` takes keyword ``param`` (False for an unknown router)."""
+    return name in _ROUTERS and param in _accepted(name)
 
 
 def make_router(name: str, **params: Any) -> Router:

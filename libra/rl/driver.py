@@ -235,7 +235,7 @@ def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = T
     run.mkdir(parents=True, exist_ok=True)
     import shutil
 
-    for stale in ("metrics.jsonl", "samples.jsonl", "summary.json"):
+    for stale in ("metrics.jsonl", "samples.jsonl", "summary.json", "router_state.json"):
         (run / stale).unlink(missing_ok=True)
     for stale in ("actors", "weights", "batches"):  # a previous run's versions must not leak into this one
         shutil.rmtree(run / stale, ignore_errors=True)
@@ -250,6 +250,9 @@ def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = T
     env = {"OMP_NUM_THREADS": str(max(1, a.torch_threads)), "TOKENIZERS_PARALLELISM": "false"}
     if a.weights_transport == "torch":
         env["LIBRA_WEIGHTS_TRANSPORT"] = "torch"
-    with LocalCluster(cpu_slots=n, actor_args=actor_args, log_level=log_level, env=env) as cluster:
+    # the broker leaves its learned C-MLFQ tree in the run directory (python -m libra tree show ...)
+    broker_args = ["--router-state", str(run / "router_state.json")]
+    with LocalCluster(cpu_slots=n, actor_args=actor_args, broker_args=broker_args, log_level=log_level,
+                      env=env) as cluster:
         cluster.wait_for_actors(n, timeout=300.0)
         return asyncio.run(run_job_async(cfg, cluster.url, progress=progress))

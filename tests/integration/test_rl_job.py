@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from libra.policies.prefix_tree import CausalPrefixTree
 from libra.rl.config import load_job
 from libra.rl.driver import run_job
 from libra.rl.metrics import read_metrics
@@ -48,6 +49,9 @@ def test_three_steps_produce_versions_metrics_and_files(tiny_run: tuple[dict, Pa
     for name in ("config.toml", "metrics.jsonl", "reward.png", "throughput.png", "summary.json"):
         assert (run / name).is_file(), name
     assert (run / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the broker's C-MLFQ tree learned every finished episode, and the job left it in the run directory
+    tree = CausalPrefixTree.load(run / "router_state.json")
+    assert tree.global_tree.root.stats.count == sum(r["sequences"] for r in recs)
     ckpt = run / "checkpoints" / "step3"
     assert json.loads((ckpt / "trainer_state.json").read_text())["weights_version"] == 3
 

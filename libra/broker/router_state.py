@@ -1,0 +1,151 @@
+"""Keeps the rollout router's learned state on disk so a broker restart does not start C-MLFQ cold.
+
+C-MLFQ (and ``cmlfq_cost``) learn a causal prefix tree from every finished trajectory
+(research-notes §1.4.2: "trees are persisted per rank"). Without this file a restarted broker routes
+every trajectory to the smallest bucket until the tree has relearned. ``python -m libra.broker
+--router-state FILE`` turns it on:
+
+- **At start** (:meth:`RouterStateFile.apply`): if ``FILE`` exists and the configured router learns a
+  tree, the broker's ``router_params["tree"]`` becomes the saved tree, which takes precedence over a
+  ``tree`` bootstrap file in the config (the saved state grew from it). A file that cannot be read or is
+  not a prefix tree is moved aside to ``FILE.corrupt-<unix time>`` with an error log, and the broker
+  starts with an empty tree rather than refusing to start.
+- **While serving** (:meth:`RouterStateFile.maybe_save`, called from the broker's tick): every
+  ``interval_s`` seconds, if trajectories finished since the last save, the tree is snapshotted on the
+  loop thread (``CausalPrefixTree.to_dict`` copies everything) and written by one background thread:
+  JSON to ``FILE.tmp``, fsync, rename over ``FILE``. A save still running when the next one is due is
+  not doubled up; that interval is skipped.
+- **At shutdown** (:meth:`RouterStateFile.close`): the background write is joined and a last snapshot is
+  written synchronously.
+
+A router without a learned tree (``round_robin``, ``least_loaded``, ...) leaves the file alone. Write
+errors are logged (``router_state_save_failed``) and never stop the broker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from libra.logging import get_logger
+from libra.policies.prefix_tree import CausalPrefixTree, PrefixTreeError
+from libra.policies.routers import router_accepts
+
+from .sessions import BrokerConfig
+
+__all__ = ["RouterStateFile", "learned_tree"]
+
+log = get_logger("libra.broker")
+
+
+def learned_tree(router: Any) -> CausalPrefixTree | None:
+    """The prefix tree a router learns into, or ``None`` for a router that learns none."""
+    tree = getattr(router, "tree", None)
+    return tree if isinstance(tree, CausalPrefixTree) else None
+
+
+class RouterStateFile:
+    """Load, periodically save and finally save one router-state file (see the module docstring).
+
+    Raises ``ValueError`` for a non-positive ``interval_s``. Not thread-safe: call from the broker loop.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], interval_s: float = 60.0) -> None:
+        if not (interval_s > 0):
+            raise ValueError(f"router state interval must be > 0 seconds, got {interval_s!r}")
+        self.path = Path(path)
+        self.interval_s = float(interval_s)
+        self.saves = 0
+        self.failures = 0
+        self._next_at: float | None = None
+        self._saved_mark: tuple[int, int] | None = None
+        self._writer: threading.Thread | None = None
+
+    # ------------------------------------------------------------------------------------------ start
+
+    def apply(self, config: BrokerConfig) -> BrokerConfig:
+        """``config`` with the saved tree as ``router_params["tree"]`` when the file holds one and the router
+        learns a tree; otherwise ``config`` unchanged (an unreadable file is moved aside first)."""
+        if not router_accepts(config.router, "tree"):
+            log.info("router_state_unused", path=str(self.path), router=config.router)
+            return config
+        if not self.path.exists():
+            log.info("router_state_new", path=str(self.path))
+            return config
+        try:
+            tree = CausalPrefixTree.load(self.path)
+        except (OSError, UnicodeDecodeError, PrefixTreeError) as exc:
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            try:
+                os.replace(self.path, aside)
+            except OSError as move_exc:
+                log.error("router_state_unreadable", path=str(self.path), error=str(exc), moved_aside=None,
+                          move_error=str(move_exc))
+            else:
+                log.error("router_state_unreadable", path=str(self.path), error=str(exc), moved_aside=str(aside))
+            return config
+        log.info("router_state_loaded", path=str(self.path), prompts=tree.num_prompts,
+                 global_nodes=tree.global_tree.node_count, history=len(tree.history))
+        self._saved_mark = None
+        return dataclasses.replace(config, router_params={**config.router_params, "tree": tree})
+
+    # ------------------------------------------------------------------------------------------ saving
+
+    def maybe_save(self, router: Any, finished: int, now: float) -> bool:
+        """Start a background save if ``interval_s`` has passed since the last one and the router learned
+        something (``finished``: trajectories it has learned from so far). True if a save started."""
+        if self._next_at is None:
+            self._next_at = now + self.interval_s
+            return False
+        if now < self._next_at:
+            return False
+        self._next_at = now + self.interval_s
+        if self._writer is not None and self._writer.is_alive():
+            return False
+        snap = self._snapshot(router, finished)
+        if snap is None:
+            return False
+        self._writer = threading.Thread(target=self._write, args=(snap,), name="router-state", daemon=True)
+        self._writer.start()
+        return True
+
+    def close(self, router: Any, finished: int) -> None:
+        """Join a running save and write the final snapshot synchronously (if anything changed)."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        snap = self._snapshot(router, finished)
+        if snap is not None:
+            self._write(snap)
+
+    def _snapshot(self, router: Any, finished: int) -> dict[str, Any] | None:
+        tree = learned_tree(router)
+        if tree is None:
+            return None
+        mark = (finished, tree.rebuilds)
+        if mark == self._saved_mark:
+            return None
+        self._saved_mark = mark
+        return tree.to_dict()
+
+    def _write(self, snap: dict[str, Any]) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            data = json.dumps(snap, separators=(",", ":")).encode()
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            self.failures += 1
+            self._saved_mark = None  # retry at the next interval
+            log.error("router_state_save_failed", path=str(self.path), error=str(exc))
+            return
+        self.saves += 1
+        log.debug("router_state_saved", path=str(self.path), bytes=len(data))

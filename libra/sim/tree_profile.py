@@ -1,0 +1,43 @@
+"""The offline profiler: bootstrap C-MLFQ's causal prefix tree from logged trajectories (research-notes §1.4.2).
+
+A trace in the format of ``shared/workloads/README.md`` (recorded from a run, or generated) becomes the
+:class:`~libra.policies.prefix_tree.FinishedTrajectory` records the router would have learned had those
+trajectories run through the broker: each tool return's key is extracted exactly as the broker does for a
+simulated tool result (``{"payload_tokens": n, "status": s}``), its position is the response position
+(generated + tool-returned tokens, this return included) and the total is the response length.
+:func:`profile_tree` records them in trace order; the result loads into a broker with
+``router_params = {tree = "FILE"}`` or ``python -m libra.broker --router-state FILE``.
+
+Pure (no I/O); the command line is ``python -m libra tree`` (:mod:`libra.tree_cli`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from libra.policies.prefix_tree import CausalPrefixTree, FinishedTrajectory
+from libra.policies.tool_state import DEFAULT_THRESHOLDS, SizeThresholds, extract_tool_state
+
+from .trace import TrajectorySpec
+
+__all__ = ["finished_from_trace", "profile_tree"]
+
+
+def finished_from_trace(spec: TrajectorySpec, thresholds: SizeThresholds = DEFAULT_THRESHOLDS) -> FinishedTrajectory:
+    """What the router learns from ``spec`` once it finishes (see the module docstring)."""
+    states = []
+    for turn in spec.tool_turns:
+        n = turn.payload_tokens or 0
+        output = {"payload_tokens": n, "status": turn.status or "success"}
+        st = extract_tool_state(turn.tool or "tool", output, payload_tokens=n, payload_chars=len(str(output)),
+                                thresholds=thresholds)
+        states.append(st.key)
+    return FinishedTrajectory(spec.prompt_id, tuple(states), spec.response_positions, spec.total_response_tokens)
+
+
+def profile_tree(trajs: Iterable[TrajectorySpec], thresholds: SizeThresholds = DEFAULT_THRESHOLDS,
+                 **tree_params: Any) -> CausalPrefixTree:
+    """A prefix tree learned from ``trajs`` in order; ``tree_params`` go to :class:`CausalPrefixTree`
+    (``window_size``, ``max_prompts``, ``history_size``, ``rebuild_interval``)."""
+    return CausalPrefixTree.from_trajectories((finished_from_trace(t, thresholds) for t in trajs), **tree_params)

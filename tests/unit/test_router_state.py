@@ -1,0 +1,144 @@
+"""The broker's router-state file (``--router-state``): load at start, periodic and final saves, bad files."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from libra.broker.router_state import RouterStateFile, learned_tree
+from libra.broker.sessions import BrokerConfig
+from libra.broker.state import BrokerState
+from libra.policies.prefix_tree import CausalPrefixTree, FinishedTrajectory
+from libra.policies.routers import make_router, router_accepts
+
+
+def _traj(i: int) -> FinishedTrajectory:
+    states = ("python:small:success",) if i % 2 else ("python:small:failure", "python:medium:failure")
+    positions = (100,) if i % 2 else (200, 900)
+    return FinishedTrajectory(f"p{i % 3}", states, positions, 1000 + 100 * i)
+
+
+def _tree(n: int = 10) -> CausalPrefixTree:
+    return CausalPrefixTree.from_trajectories((_traj(i) for i in range(n)), rebuild_interval=0)
+
+
+def _wait_writer(store: RouterStateFile) -> None:
+    w = store._writer
+    if w is not None:
+        w.join(10)
+
+
+def test_a_missing_file_leaves_the_config_alone_and_a_saved_tree_comes_back(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    cfg = BrokerConfig(router="cmlfq")
+    assert RouterStateFile(path).apply(cfg) is cfg
+    _tree(10).save(path)
+    applied = RouterStateFile(path).apply(cfg)
+    tree = applied.router_params["tree"]
+    assert isinstance(tree, CausalPrefixTree) and tree.to_dict() == _tree(10).to_dict()
+    state = BrokerState(applied)  # the broker's router learns on from the saved tree
+    assert learned_tree(state.rollout.router) is tree
+    assert cfg.router_params == {}  # the original config is not mutated
+
+
+def test_the_saved_state_wins_over_a_bootstrap_tree_in_the_config(tmp_path: Path) -> None:
+    boot, path = tmp_path / "boot.json", tmp_path / "state.json"
+    _tree(2).save(boot)
+    _tree(7).save(path)
+    cfg = BrokerConfig(router="cmlfq", router_params={"tree": str(boot), "min_visits": 1})
+    applied = RouterStateFile(path).apply(cfg)
+    assert applied.router_params["min_visits"] == 1
+    assert applied.router_params["tree"].global_tree.root.stats.count == 7
+
+
+def test_an_unreadable_file_is_moved_aside_and_the_broker_starts_empty(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    path.write_text('{"format": "something else"}')
+    cfg = BrokerConfig(router="cmlfq")
+    assert RouterStateFile(path).apply(cfg) is cfg
+    assert not path.exists()
+    aside = list(tmp_path.glob("state.json.corrupt-*"))
+    assert len(aside) == 1 and json.loads(aside[0].read_text()) == {"format": "something else"}
+    path.write_bytes(b"\xff\xfe not utf-8")
+    assert RouterStateFile(path).apply(cfg) is cfg and not path.exists()
+
+
+def test_a_router_without_a_tree_ignores_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    path.write_text("not json at all")
+    cfg = BrokerConfig(router="least_loaded")
+    assert not router_accepts("least_loaded", "tree") and router_accepts("cmlfq", "tree")
+    assert router_accepts("cmlfq_cost", "tree") and not router_accepts("nope", "tree")
+    store = RouterStateFile(path, interval_s=0.01)
+    assert store.apply(cfg) is cfg
+    assert path.read_text() == "not json at all"  # untouched, not moved aside
+    router = make_router("least_loaded")
+    assert learned_tree(router) is None
+    store.maybe_save(router, 5, 0.0)
+    assert not store.maybe_save(router, 5, 1.0)
+    store.close(router, 5)
+    assert path.read_text() == "not json at all" and store.saves == 0
+
+
+def test_saves_happen_on_the_interval_only_when_something_was_learned(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    router = make_router("cmlfq", tree=_tree(4))
+    store = RouterStateFile(path, interval_s=10.0)
+    assert not store.maybe_save(router, 4, 100.0)  # the first call arms the timer
+    assert not store.maybe_save(router, 4, 105.0)  # not yet due
+    assert store.maybe_save(router, 4, 110.0)
+    _wait_writer(store)
+    assert store.saves == 1 and CausalPrefixTree.load(path).to_dict() == router.tree.to_dict()
+    assert not list(tmp_path.glob("*.tmp"))
+    assert not store.maybe_save(router, 4, 121.0)  # due, but nothing new: no write
+    router.tree.record(_traj(99))
+    assert store.maybe_save(router, 5, 131.0)
+    _wait_writer(store)
+    assert store.saves == 2 and CausalPrefixTree.load(path).global_tree.root.stats.count == 5
+    router.tree.record(_traj(100))
+    store.close(router, 6)  # the final save is synchronous
+    assert store.saves == 3 and CausalPrefixTree.load(path).global_tree.root.stats.count == 6
+    store.close(router, 6)
+    assert store.saves == 3
+
+
+def test_a_failed_write_is_logged_counted_and_retried(tmp_path: Path) -> None:
+    path = tmp_path / "missing-dir" / "state.json"
+    router = make_router("cmlfq", tree=_tree(3))
+    store = RouterStateFile(path, interval_s=1.0)
+    store.maybe_save(router, 3, 0.0)
+    assert store.maybe_save(router, 3, 1.0)
+    _wait_writer(store)
+    assert store.failures == 1 and store.saves == 0
+    path.parent.mkdir()
+    store.close(router, 3)  # same mark as the failed save: written anyway
+    assert store.saves == 1 and path.exists()
+
+
+def test_interval_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="interval"):
+        RouterStateFile(tmp_path / "x.json", interval_s=0)
+
+
+def test_a_save_is_not_doubled_while_one_is_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "state.json"
+    router = make_router("cmlfq", tree=_tree(3))
+    store = RouterStateFile(path, interval_s=1.0)
+    release = threading.Event()
+    real_write = store._write
+
+    def slow_write(snap):
+        release.wait(10)
+        real_write(snap)
+
+    monkeypatch.setattr(store, "_write", slow_write)
+    store.maybe_save(router, 3, 0.0)
+    assert store.maybe_save(router, 3, 1.0)
+    router.tree.record(_traj(5))
+    assert not store.maybe_save(router, 4, 2.0)  # the first write still runs
+    release.set()
+    store.close(router, 4)  # joins the running write, then writes the newer snapshot
+    assert store.saves == 2 and CausalPrefixTree.load(path).global_tree.root.stats.count == 4
