@@ -9,7 +9,7 @@ one table: tokens/s, routing accuracy, migrated-token ratio, mean step time, and
 and step time relative to C-MLFQ (the baseline of the comparison is every other router).
 
 ``python -m libra.bench routing [--workloads r2e,search_r1] [--steps 20] [--gpus 48] [--cap-metric load|queued]
-[--max-queue-length N] [--jobs 2] [--json]``; the cap options go to every router alike. The default cap is
+[--max-queue-length N] [--bootstrap-seed S] [--jobs 2] [--json]``; the cap options go to every router alike. The default cap is
 Libra's 48-GPU config: an instance has room while ``active + queued < 3`` (research-notes §1.4.3), then the
 other buckets, then the globally least-loaded instance. Lengths (bucket thresholds, routing accuracy) are
 response tokens: generated plus tool-returned.
@@ -28,6 +28,9 @@ from typing import Any
 
 __all__ = ["ROUTERS", "main", "run_one"]
 
+BOOTSTRAP_KEY = "_bootstrap_seed"
+"""Job parameter (not a router parameter): profile C-MLFQ's starting tree from this seed's trace."""
+
 ROUTERS = ("cmlfq", "cmlfq_cost", "round_robin", "least_loaded", "length_aware", "la_mlfq", "predictor", "noisy_predictor",
            "oracle")
 
@@ -41,13 +44,24 @@ def run_one(job: tuple[str, str, int, int, int, int, float, dict[str, Any]]) -> 
     workload, router, steps, prompts, gpus, seed, noise, params = job
     prof = get_profile(workload)
     trajs = generate(workload, steps, prompts, 16, seed)
+    params = dict(params)
+    boot = params.pop(BOOTSTRAP_KEY, None)
+    label = router
+    if boot is not None:  # C-MLFQ starting from a tree profiled offline from another seed's whole run
+        from libra.policies.tool_state import SizeThresholds
+        from libra.sim.tree_profile import profile_tree
+
+        params["tree"] = profile_tree(generate(workload, steps, prompts, 16, boot), SizeThresholds(*prof.size_thresholds),
+                                      rebuild_interval=SimConfig().rebuild_interval)
+        label = f"{router}+tree{boot}"
     cfg = SimConfig(router=router, allocation="hetero", gpus=gpus, seed=seed, predictor_noise=noise,
-                    router_params=dict(params),
+                    router_params=params,
                     bucket_thresholds=prof.bucket_thresholds, size_thresholds=prof.size_thresholds)
     t0 = time.perf_counter()
     out = Simulator(trajs, cfg).run().to_dict()
     out["wall_s"] = round(time.perf_counter() - t0, 2)
     out["workload"] = workload
+    out["router"] = label
     return out
 
 
@@ -66,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "'active < max_queue_length', research-notes §1.4.3), or queued turns only; "
                         "default %(default)s")
     p.add_argument("--max-queue-length", type=int, default=3, help="every router's per-instance cap (default 3)")
+    p.add_argument("--bootstrap-seed", type=int, default=None,
+                   help="also run cmlfq starting from a prefix tree profiled offline (libra.sim.tree_profile) from "
+                        "the same workload generated with this seed, all steps (row 'cmlfq+treeS'; default: off)")
     p.add_argument("--jobs", type=int, default=2, help="parallel simulations (default %(default)s)")
     p.add_argument("--json", action="store_true")
     return p
@@ -83,6 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     params = {"cap_metric": args.cap_metric, "max_queue_length": args.max_queue_length}
     jobs = [(w, r, args.steps, prompts, args.gpus, args.seed, args.predictor_noise, params)
             for w in workloads for r in routers]
+    if args.bootstrap_seed is not None:
+        jobs += [(w, "cmlfq", args.steps, prompts, args.gpus, args.seed, args.predictor_noise,
+                  {**params, BOOTSTRAP_KEY: args.bootstrap_seed}) for w in workloads]
     t0 = time.perf_counter()
     if args.jobs > 1:
         with ProcessPoolExecutor(max_workers=args.jobs) as ex:
