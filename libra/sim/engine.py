@@ -19,6 +19,9 @@ GRPO loop: a step's trajectories (its groups) are released when the policy-lag b
 step ``k + lag`` waits for the training of step ``k``; ``lag = 1`` is synchronous); a training step starts
 when its step's trajectories are all done and the previous training step has finished; its time comes
 from :class:`~libra.policies.cost_model.TrainingCostModel` (best TP/PP/DP layout of the training GPUs).
+The ``colocated`` layout (verl's time-sharing mode) also charges, inside each training phase, its two role
+switches of every GPU: to training (3.6 s snapshot + 4.4 s restore) and back to rollout (10.8 s), the
+measured transition costs of research-notes §1.3.5 (:data:`COLOCATED_SWITCH`).
 After training step ``k`` the router hears ``on_step(k + 1)`` (C-MLFQ's tree rebuild).
 
 ``noisy_predictor`` is a simulation-only router (research-notes §5.1): the oracle router given the true
@@ -53,6 +56,7 @@ from libra.policies.cost_model_training import TrainConfig
 from libra.policies.routing import MigrationQuery, bucket_index_for, mode_by_cost
 from libra.protocol import messages as m
 from libra.sim.sim_cluster import InstanceCosts, Layout, SimConfigError, make_layout
+from libra.sim.sim_gpus import TransitionCosts
 from libra.sim.sim_instance import Seq, SimInstance
 from libra.sim.sim_metrics import SimResult, TrajRecord, summarize
 from libra.sim.sim_planner import PlannerAllocation, is_planner_allocation
@@ -105,6 +109,10 @@ class _Traj:
     start: float = 0.0
     migrated_tokens: int = 0
     migrations: int = 0
+
+
+COLOCATED_SWITCH = TransitionCosts()
+"""Role-switch seconds the ``colocated`` layout pays twice per step (research-notes §1.3.5)."""
 
 
 class Simulator:
@@ -342,6 +350,9 @@ class Simulator:
             return  # a re-plan left no complete training replica yet: the allocation calls back
         lengths = [t.total_tokens for t in self.by_step[k]]
         dur = self.train_time(lengths)
+        if self.layout.colocated:  # every GPU switches to training and back to rollout each step
+            c = COLOCATED_SWITCH
+            dur += c.snapshot_s + c.restore_s + c.to_rollout_s
         self.training = True
         self.train_start[k] = self.now
         self._push(self.now + dur, "train", k)

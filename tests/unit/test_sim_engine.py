@@ -8,7 +8,7 @@ import pytest
 
 from libra.policies.routing import MigrationQuery
 from libra.sim.__main__ import main as sim_main
-from libra.sim.engine import SimConfig, Simulator
+from libra.sim.engine import COLOCATED_SWITCH, SimConfig, Simulator
 from libra.sim.sim_cluster import SimConfigError, make_layout
 from libra.sim.trace import TrajectorySpec, Turn
 from libra.sim.workload_profiles import get_profile
@@ -110,6 +110,12 @@ def test_colocated_runs_synchronously_on_all_gpus() -> None:
     res = sim.run()
     assert sim.lag == 1 and res.train_gpus == res.rollout_gpus == 16
     assert sim.rollout_start[1] >= sim.train_end[0]
+    # every step pays both role switches of every GPU on top of the training model's time
+    switches = COLOCATED_SWITCH.snapshot_s + COLOCATED_SWITCH.restore_s + COLOCATED_SWITCH.to_rollout_s
+    assert switches == pytest.approx(18.8)
+    for k, steps in enumerate(sim.by_step):
+        model = sim.train_time([t.total_tokens for t in steps])
+        assert sim.train_end[k] - sim.train_start[k] == pytest.approx(model + switches)
 
 
 def test_cli_json_has_the_contract_keys(capsys: pytest.CaptureFixture[str]) -> None:
