@@ -33,6 +33,17 @@ allocator's occupancy is the GPUs *executing* an action (taken at acquire, retur
 3. else ``None``: every cell is executing or already holds this service (whose replica is busy there, or
    idle behind another service's action), or ``max_replicas`` are resident. The action waits.
 
+**Wait or restore** (``wait_for_resident=True``, both contracts): before a restore (step 2 or 3 of either
+list), if a resident replica of the service is busy -- or, under the memory model, idle on a cell that is
+executing another service's action -- and is estimated to free up sooner than the restore would take,
+``acquire`` returns ``None`` and the action waits for it: it finishes earlier than after a restore, and
+the idle cell and the LRU victims are left alone. The estimate is the action's start + its restore + the
+service's mean action time, learned online from :meth:`~ServicePlacement.release` (no estimate before a
+service's first completed action; an action already past its estimate is not waited for, so a long tail
+cannot hold callers indefinitely). The ``k``-th caller told to wait for a service at the same ``now``
+counts the ``k`` earlier ones (replicas' free times in turn, then one mean action time per round). Times
+must be seconds for this; it is off by default.
+
 A busy replica is never evicted and a cell is never booked twice. The real engine
 (``libra/engines/services.py``) drives this class; the simulator does too. Pure state: no I/O, clocks or
 threads (time comes in as ``now``). Mutation rule: only :meth:`~ServicePlacement.acquire`,
@@ -96,6 +107,8 @@ class _Replica:
     alloc: Allocation
     busy: bool
     last_used: float
+    started: float = 0.0  # when its current action was placed
+    restore_s: float = 0.0  # the restore that action paid first
 
 
 @dataclass(slots=True)
@@ -106,6 +119,7 @@ class PlacementStats:
     restores: int = 0
     evictions: int = 0
     restore_s: float = 0.0
+    waits: int = 0  # acquisitions told to wait for a busy resident replica instead of restoring
 
 
 class ServicePlacement:
@@ -115,7 +129,8 @@ class ServicePlacement:
     cost is ``checkpoint_gb / (gpus · h2d_gbps)``. ``max_replicas`` caps resident replicas per service.
     ``gpu_mem_gb``: memory per GPU (GB) for the GPU memory model, or ``None`` for exclusive cells;
     ``workspace_gb``: memory per GPU kept free for the executing action's activations (memory model only;
-    see the module docstring). Raises :class:`GpuCellError` for an unknown service or instance, a bad
+    see the module docstring). ``wait_for_resident``: wait for a busy resident replica that frees up sooner
+    than a restore (module docstring; ``now`` must then be in seconds). Raises :class:`GpuCellError` for an unknown service or instance, a bad
     parameter, or a service whose replica does not fit in ``gpu_mem_gb − workspace_gb`` per GPU.
     """
 
@@ -128,6 +143,7 @@ class ServicePlacement:
         max_replicas: int | None = None,
         gpu_mem_gb: float | None = None,
         workspace_gb: float = 0.0,
+        wait_for_resident: bool = False,
     ) -> None:
         if not (h2d_gbps > 0 and math.isfinite(h2d_gbps)):
             raise GpuCellError(f"h2d_gbps must be a finite number > 0, got {h2d_gbps!r}")
@@ -158,6 +174,10 @@ class ServicePlacement:
         self._replicas: dict[int, _Replica] = {}
         self._next = 0
         self._busy_gpus = 0
+        self.wait_for_resident = wait_for_resident
+        self._exec: dict[str, tuple[int, float]] = {}  # service -> (completed actions, mean seconds)
+        self._wait_now: float | None = None
+        self._waiting: dict[str, int] = {}  # service -> callers told to wait at ``_wait_now``
 
     @property
     def replica_capacity_gb(self) -> float | None:
@@ -217,8 +237,10 @@ class ServicePlacement:
         if idle:
             rid = max(idle)[1]  # the most recently used replica: its node is warm
             self.stats.hits += 1
-            return self._start(rid, 0.0, ())
+            return self._start(rid, 0.0, (), now)
         if self.max_replicas is not None and len(mine) >= self.max_replicas:
+            return None
+        if self.wait_for_resident and self._worth_waiting(spec, [r for _rid, r in mine], now):
             return None
         alloc = self.allocator.allocate(spec.gpus)
         evicted: tuple[str, ...] = ()
@@ -240,10 +262,11 @@ class ServicePlacement:
         cost = self.restore_cost(spec.name)
         self.stats.restores += 1
         self.stats.restore_s += cost
-        return self._start(rid, cost, evicted)
+        return self._start(rid, cost, evicted, now)
 
-    def _start(self, rid: int, cost: float, evicted: tuple[str, ...]) -> Placement:
+    def _start(self, rid: int, cost: float, evicted: tuple[str, ...], now: float) -> Placement:
         r = self._replicas[rid]
+        r.started, r.restore_s = now, cost
         if self.shared:  # the cell's GPUs now execute: nothing else may start or restore there
             a = r.alloc
             assert a.level is not None and a.index is not None
@@ -293,8 +316,10 @@ class ServicePlacement:
         if ready:
             rid = max(ready)[1]  # the most recently used replica: its node is warm
             self.stats.hits += 1
-            return self._start(rid, 0.0, ())
+            return self._start(rid, 0.0, (), now)
         if self.max_replicas is not None and len(mine) >= self.max_replicas:
+            return None
+        if self.wait_for_resident and self._worth_waiting(spec, [r for _rid, r in mine], now):
             return None
         target = self._shared_target(spec, [r.alloc for _rid, r in mine])
         if target is None:
@@ -377,6 +402,46 @@ class ServicePlacement:
                 chosen = rest
         return chosen
 
+    # ------------------------------------------------------------------ wait or restore
+
+    def mean_action_s(self, service: str) -> float | None:
+        """Mean seconds of the service's completed actions (restore excluded), or ``None`` before the first."""
+        e = self._exec.get(service)
+        return None if e is None else e[1]
+
+    def _free_at(self, r: _Replica) -> float:
+        """Estimated time ``r``'s current action ends (``inf`` when its service has no estimate yet)."""
+        mean = self.mean_action_s(r.service)
+        return math.inf if mean is None else r.started + r.restore_s + mean
+
+    def _worth_waiting(self, spec: ServiceSpec, mine: list[_Replica], now: float) -> bool:
+        """Whether a resident replica of ``spec`` frees up sooner than a restore would take (module docstring);
+        if so, the caller is counted as waiting at ``now``."""
+        mean = self.mean_action_s(spec.name)
+        if mean is None or not mine:
+            return False
+        times = []
+        for r in mine:
+            if r.busy:
+                t = self._free_at(r)
+            else:  # idle, but its cell executes another service's action
+                t = max((self._free_at(q) for q in self._replicas.values()
+                         if q.busy and q.alloc.node == r.alloc.node and q.alloc.mask & r.alloc.mask), default=now)
+            if now < t < math.inf:  # overdue actions have no estimate left: not waited for
+                times.append(t)
+        if not times:
+            return False
+        if now != self._wait_now:
+            self._wait_now, self._waiting = now, {}
+        k = self._waiting.get(spec.name, 0)
+        times.sort()
+        free_at = times[k % len(times)] + (k // len(times)) * mean
+        if free_at - now >= self.restore_cost(spec.name):
+            return False
+        self._waiting[spec.name] = k + 1
+        self.stats.waits += 1
+        return True
+
     # ------------------------------------------------------------------ release / evict
 
     def release(self, instance: int, now: float) -> None:
@@ -387,6 +452,10 @@ class ServicePlacement:
             raise GpuCellError(f"replica {instance} is not executing an action")
         r.busy = False
         r.last_used = now
+        took = now - r.started - r.restore_s
+        if took >= 0:
+            n, mean = self._exec.get(r.service, (0, 0.0))
+            self._exec[r.service] = (n + 1, mean + (took - mean) / (n + 1))
         self._busy_gpus -= len(r.alloc.gpus)
         if self.shared:
             self.allocator.free(r.alloc)

@@ -20,9 +20,9 @@ calibration guess ([G]) aimed at the paper's reported aggregates ([W]):
   - ``"breakdown"`` (default, 1,650 s): the paper's ACT breakdown of its own MOPD deployment (research-notes
     §2.6 [W]: tangram on 10 GPUs, queueing 0.081 s at batch 2,048 and 15.05 s at 3,072). The restore
     overhead in that table (0.2 s a call) only arises when teachers share GPUs, so the table describes the
-    10-GPU pool, not the 36. At 1,650 s tangram's queueing on 10 GPUs at batch 3,072 is 6–18 s over seeds
-    0–3 (mean 12 s; over seeds 0–2, 1,550 s gives a mean of 28 s and 1,700 s 9 s), and 0.16–0.29 s at 2,048 (paper 0.081 s: no single
-    think time fits both; the knee is the one fitted).
+    10-GPU pool, not the 36. At 1,650 s tangram's queueing on 10 GPUs at batch 3,072 is 6–17 s over seeds
+    0–3 (mean 11 s; over seeds 0–2, 1,550 s gives a mean of 28 s and 1,700 s 9 s), and 0.16–0.28 s at 2,048
+    (paper 0.081 s: no single think time fits both; the knee is the one fitted).
   - ``"burst"`` (600 s, the earlier default): 2.75× the load, chosen to reproduce "18.1× better than the
     SGLang baseline at batch 2,048" with tangram on the same 36 GPUs; under it the paper's 10-GPU pool
     queues for minutes at batch 2,048, contradicting the breakdown table.
@@ -286,6 +286,9 @@ class SimConfig:
     teacher's chunked log-prob forward over a 16-sample group; one call runs per cell at a time, so one
     workspace per GPU suffices). Resident replicas then share 80 − 8 = 72 GB per GPU: seven 10 GB teacher
     shards. Services may add a per-replica reserve (``ServiceSpec.reserve_gb``; MOPD's ``reserve_gb``).
+    ``gpu_wait_for_resident``: a call waits for a busy resident replica of its service that is estimated to
+    free up sooner than a restore would take (``ServicePlacement(wait_for_resident=True)``; the estimate is
+    the service's mean action time learned online); ``False`` restores at once (the earlier behaviour).
     """
 
     workload: str = "coding"
@@ -305,6 +308,7 @@ class SimConfig:
     h2d_gbps: float = 25.0
     gpu_mem_gb: float | None = 80.0
     gpu_workspace_gb: float = 8.0
+    gpu_wait_for_resident: bool = True
     scheduler_params: dict[str, Any] = field(default_factory=dict)
     workload_params: dict[str, Any] = field(default_factory=dict)
 

@@ -172,7 +172,7 @@ class _Sim:
             sizes = [8] * (cfg.gpu_pool // 8) + ([cfg.gpu_pool % 8] if cfg.gpu_pool % 8 else [])
             self.placement = ServicePlacement(
                 MultiLevelCellAllocator(sizes), wl_services, h2d_gbps=cfg.h2d_gbps, gpu_mem_gb=cfg.gpu_mem_gb,
-                workspace_gb=cfg.gpu_workspace_gb,
+                workspace_gb=cfg.gpu_workspace_gb, wait_for_resident=cfg.gpu_wait_for_resident,
             )
             self.free["gpu"] = cfg.gpu_pool
             self.gpus_provisioned = cfg.gpu_pool
@@ -423,6 +423,7 @@ class _Sim:
             out["gpu_evictions"] = st.evictions
             out["gpu_hits"] = st.hits
             out["gpu_restore_s"] = st.restore_s
+            out["gpu_waits"] = st.waits
             out["gpu_mem_gb"] = cfg.gpu_mem_gb
             out["gpu_workspace_gb"] = cfg.gpu_workspace_gb if cfg.gpu_mem_gb is not None else None
         return out

@@ -156,3 +156,14 @@ def test_actions_bench_rejects_an_unknown_mopd_load(capsys: pytest.CaptureFixtur
         actions_sched.main(["--skip-latency", "--skip-sim", "--mopd-loads", "breakdown,heavy"])
     assert exc.value.code == 2
     assert "unknown or empty ['heavy']" in capsys.readouterr().err
+
+
+def test_waiting_for_a_resident_teacher_restores_less_and_loses_no_call() -> None:
+    cfg = SimConfig(workload="mopd", batch=512, gpu_pool=8, workload_params={"think_mean_s": MOPD_LOADS["burst"]})
+    wait = run_sim(cfg)
+    eager = run_sim(replace(cfg, gpu_wait_for_resident=False))
+    assert wait["gpu_waits"] > 0 and eager["gpu_waits"] == 0
+    assert wait["gpu_restores"] < eager["gpu_restores"]
+    for r in (wait, eager):
+        assert r["actions"] == sum(len(t.steps) for t in mopd(512, 0, think_mean_s=MOPD_LOADS["burst"]).trajectories)
+        assert r["gpu_hits"] + r["gpu_restores"] == r["actions"]

@@ -359,3 +359,50 @@ def test_memory_model_validation() -> None:
         ServiceSpec("s", 4, 40.0, reserve_gb=-1.0)
     sp = shared([4], 80.0, workspace_gb=8.0)
     assert sp.replica_capacity_gb == 72.0 and sp.shared
+
+
+# ---------------------------------------------------------------------- wait for a resident replica or restore
+
+
+@pytest.mark.parametrize("memory_model", [False, True])
+def test_a_call_waits_for_a_busy_replica_that_frees_sooner_than_a_restore(memory_model: bool) -> None:
+    kw = {"wait_for_resident": True}
+    services = [ServiceSpec(f"s{i}", 4, 40.0) for i in range(3)]
+    cells = MultiLevelCellAllocator([8, 4])  # three TP-4 cells
+    sp = ServicePlacement(cells, services, h2d_gbps=25.0, gpu_mem_gb=80.0 if memory_model else None, **kw)
+    assert sp.restore_cost("s0") == pytest.approx(0.4)
+    first = sp.acquire("s0", 0.0)
+    assert first is not None and first.restore_s == pytest.approx(0.4)
+    second = sp.acquire("s0", 0.0)  # no estimate yet (nothing completed): restores a copy as before
+    assert second is not None and second.restore_s == pytest.approx(0.4) and sp.stats.waits == 0
+    sp.release(first.instance, 1.0)  # s0's actions take 1.0 - 0.4 = 0.6 s
+    sp.release(second.instance, 1.0)
+    assert sp.mean_action_s("s0") == pytest.approx(0.6)
+    sp.evict_idle("s0")
+    a = sp.acquire("s0", 2.0)  # restore, busy until 2.0 + 0.4 + 0.6 = 3.0
+    assert a is not None and a.restore_s > 0
+    assert sp.acquire("s0", 2.5) is not None  # frees in 0.5 s > 0.4 s restore: restore a second copy
+    assert sp.acquire("s0", 2.9) is None  # the first copy frees at 3.0, within the 0.4 s restore: wait
+    assert sp.stats.waits == 1
+    third = sp.acquire("s0", 2.9)  # the next caller at this instant counts the first: 3.5 - 2.9 > 0.4
+    assert third is not None and third.restore_s > 0 and sp.stats.waits == 1
+    assert sp.acquire("s0", 3.3) is None  # later: copies free at 3.0 (overdue, skipped) and 3.5: wait
+    assert sp.stats.waits == 2
+
+
+def test_an_overdue_action_is_not_waited_for_and_waiting_is_off_by_default() -> None:
+    sp = placement(pool=8, wait_for_resident=True)
+    p = sp.acquire("s0", 0.0)
+    assert p is not None
+    sp.release(p.instance, 1.4)  # 1.0 s of work after the restore
+    q = sp.acquire("s0", 2.0)
+    assert q is not None and q.restore_s == 0.0  # a hit, busy until ~3.0
+    assert sp.acquire("s0", 2.8) is None  # 0.2 s left: wait
+    assert sp.acquire("s0", 3.5) is not None  # past its estimate: no estimate left, restore a copy
+    off = placement(pool=8)
+    assert off.wait_for_resident is False
+    x = off.acquire("s0", 0.0)
+    assert x is not None
+    off.release(x.instance, 1.0)
+    assert off.acquire("s0", 2.0) is not None
+    assert off.acquire("s0", 2.1) is not None and off.stats.waits == 0  # restores at once, as before
