@@ -27,6 +27,7 @@ Contracts:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 import time
 from collections import deque
@@ -121,8 +122,11 @@ class EpisodeRole:
         text = tok.apply_chat_template(problem.prompt, add_generation_prompt=True, tokenize=False)
         prompt_ids = tok.encode(text, add_special_tokens=False)
         traj_id = f"{ctx.trajectory or args.get('job', 'job')}/{ctx.work_id}"
+        # one id per prompt text, stable across steps and epochs: the GRPO group's samples share C-MLFQ's
+        # per-prompt prefix tree
+        prompt_id = "p-" + hashlib.sha1(text.encode()).hexdigest()[:16]
         s = EpisodeSession(client, tok, traj_id, prompt_ids, params, lambda: None, stop_ids,
-                           seed=int(args.get("seed", 0)))
+                           seed=int(args.get("seed", 0)), prompt_id=prompt_id)
         t0 = time.time()
         try:
             reward, info = await env.episode(s, problem, env_cfg)

@@ -61,6 +61,7 @@ class EpisodeSession:
     weights: Callable[[], dict[str, Any] | None]  # newest published weights: a data-plane ref {"version", "endpoint", ...}
     stop_token_ids: list[int]
     seed: int | None = None
+    prompt_id: str | None = None  # the same for every sample of a prompt: C-MLFQ's per-prompt tree key
     input_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -91,6 +92,8 @@ class EpisodeSession:
         }
         if self.seed is not None:
             args["seed"] = self.seed + len(self.versions)
+        if self.prompt_id is not None:
+            args["prompt_id"] = self.prompt_id
         res = await self.client.request("generate", GENERATE_BUCKET, args, self.trajectory,
                                         timeout=self.params.timeout_s)
         out = res.output

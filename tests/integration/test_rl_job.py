@@ -52,6 +52,7 @@ def test_three_steps_produce_versions_metrics_and_files(tiny_run: tuple[dict, Pa
     # the broker's C-MLFQ tree learned every finished episode, and the job left it in the run directory
     tree = CausalPrefixTree.load(run / "router_state.json")
     assert tree.global_tree.root.stats.count == sum(r["sequences"] for r in recs)
+    assert 1 <= tree.num_prompts <= tree.global_tree.root.stats.count // 2  # a GRPO group shares one prompt tree
     ckpt = run / "checkpoints" / "step3"
     assert json.loads((ckpt / "trainer_state.json").read_text())["weights_version"] == 3
 

@@ -138,3 +138,32 @@ def test_example_job_files_load() -> None:
 def test_bad_job_files_say_what_is_wrong(data: dict, msg: str) -> None:
     with pytest.raises(ConfigError, match=msg):
         job_from_mapping(data, "x.toml")
+
+
+def test_episode_session_sends_its_prompt_id_with_every_turn() -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from libra.rl.episode import EpisodeSession, SamplingParams
+
+    sent: list[dict] = []
+
+    class _Client:  # records the generate requests; answers one token
+        async def request(self, kind, name, args, trajectory, timeout):
+            sent.append({"kind": kind, "trajectory": trajectory, **args})
+            return SimpleNamespace(output={"token_ids": [7], "logprobs": [-0.5], "weights_version": 0})
+
+    class _Tok:
+        def decode(self, ids, skip_special_tokens=True):
+            return "x" * len(ids)
+
+    async def two_turns(prompt_id):
+        s = EpisodeSession(_Client(), _Tok(), "t1", [1, 2, 3], SamplingParams(), lambda: None, [0], prompt_id=prompt_id)
+        await s.generate()
+        await s.generate()
+
+    asyncio.run(two_turns("p-abc"))
+    assert [a["prompt_id"] for a in sent] == ["p-abc", "p-abc"] and sent[0]["prompt_tokens"] == 3
+    sent.clear()
+    asyncio.run(two_turns(None))
+    assert all("prompt_id" not in a for a in sent)
