@@ -1,7 +1,7 @@
 """``python -m libra.sim``: run the discrete-event simulator on a generated workload or a trace file.
 
 ``python -m libra.sim --workload r2e|search_r1|dapo_math | --trace FILE --gpus 48 --steps N --router NAME
---allocation NAME --seed S [--json]`` prints tokens/s, trajectories/s, step time (mean, p50, p99), rollout
+--allocation NAME --seed S [--per-step] [--json]`` prints tokens/s, trajectories/s, step time (mean, p50, p99), rollout
 and training time, GPU idle fraction, routing accuracy and migrated-token ratio (``--json``: one object, see
 :mod:`libra.sim.sim_metrics`). Action workloads (``--workload coding|mopd|deepsearch``) are delegated to
 :func:`libra.sim.actions_sim.main` with ``--steps``, ``--seed``, ``--json`` and any options it accepts.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -59,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="router's per-instance room test: queued turns, or active + queued (default load: Libra's rule, active + queued < cap, as in `python -m libra.bench routing`)")
     p.add_argument("--max-queue-length", type=int, default=3, help="router's per-instance cap (default 3)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--per-step", action="store_true",
+                   help="also report each step: mean trajectory length, rollout and training seconds and their "
+                        "ratio (which stage is the bottleneck as lengths drift)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -105,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"libra.sim: {exc}", file=sys.stderr)
         return 2
     out = res.to_dict()
+    if args.per_step:
+        out["per_step"] = per_step(sim)
     report = sim.alloc.report() if sim.alloc is not None else None
     if report is not None:
         out["planner"] = report
@@ -132,7 +138,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                  ("charged s (switch / search)", f"{report['transition_s']:.1f} / {report['search_s']:.1f}")]
     for k, v in rows:
         print(f"{k:<28} {v}")
+    if args.per_step:
+        print(f"\n{'step':>4} {'trajs':>6} {'mean len':>9} {'rollout s':>10} {'train s':>8} {'roll/train':>10}")
+        for r in out["per_step"]:
+            print(f"{r['step']:>4} {r['trajectories']:>6} {r['mean_tokens']:>9.0f} {r['rollout_s']:>10.1f}"
+                  f" {r['train_s']:>8.1f} {r['rollout_over_train']:>10.2f}")
     return 0
+
+
+def per_step(sim: Simulator) -> list[dict[str, float]]:
+    """Per RL step: trajectories, their mean total tokens, rollout seconds (release to last end), training
+    seconds and rollout / training."""
+    rows = []
+    for k, trajs in enumerate(sim.by_step):
+        roll = sim.rollout_end[k] - sim.rollout_start[k]
+        train = sim.train_end[k] - sim.train_start[k]
+        rows.append({"step": k, "trajectories": len(trajs),
+                     "mean_tokens": sum(t.total_tokens for t in trajs) / max(1, len(trajs)),
+                     "rollout_s": roll, "train_s": train, "rollout_over_train": roll / train if train > 0 else math.inf})
+    return rows
 
 
 if __name__ == "__main__":

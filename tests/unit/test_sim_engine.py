@@ -126,6 +126,14 @@ def test_cli_json_has_the_contract_keys(capsys: pytest.CaptureFixture[str]) -> N
                 "routing_accuracy", "migrated_token_ratio"):
         assert isinstance(out[key], float), key
     assert set(out["step_time_s"]) >= {"mean", "p50", "p99"}
+    assert "per_step" not in out
+    assert sim_main(["--workload", "r2e", "--steps", "2", "--prompts", "1", "--router", "least_loaded",
+                     "--allocation", "static_uniform", "--lag", "1", "--per-step", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["per_step"]
+    assert [r["step"] for r in rows] == [0, 1] and all(r["trajectories"] == 16 for r in rows)
+    for r in rows:
+        assert r["rollout_s"] > 0 and r["train_s"] > 0
+        assert r["rollout_over_train"] == pytest.approx(r["rollout_s"] / r["train_s"])
     assert sim_main(["--trace", "/nonexistent.jsonl", "--json"]) == 2
 
 
