@@ -115,6 +115,7 @@ def model_check(sim: Any, trajs: Sequence[Any], allocation: str) -> dict[str, fl
     from libra.policies.cost_model import RolloutCostModel, TrainingCostModel, load_hardware, load_model
     from libra.policies.planner import PlannerConfig, make_allocator
     from libra.policies.planner_types import pipeline_objective
+    from libra.sim.engine import COLOCATED_SWITCH
     from libra.sim.sim_planner import workload_of
 
     by_step: dict[int, list[Any]] = {}
@@ -145,7 +146,9 @@ def model_check(sim: Any, trajs: Sequence[Any], allocation: str) -> dict[str, fl
             t_roll = fixed.t_rollout
             t_train = sim.train_time([x.total_tokens for x in by_step[steps[k]]])
             chain = fixed.t_chain if fixed.overlap_steps > 1 else t_roll
-            if lay.colocated:
+            if lay.colocated:  # the simulator charges both role switches inside the training phase
+                sw = COLOCATED_SWITCH
+                t_train += sw.snapshot_s + sw.restore_s + sw.to_rollout_s
                 return t_roll, t_train, t_roll + t_train, t_roll
             return t_roll, t_train, pipeline_objective(t_train, t_roll, fixed.t_chain, fixed.overlap_steps), chain
     pr, pt, ps, sr, st, pc_ = [], [], [], [], [], []
