@@ -230,18 +230,21 @@ class ServicePlacement:
         """Place one action of ``service`` (the steps of the module docstring for the memory contract in
         force). ``None`` if the action must wait."""
         spec = self._spec(service)
-        if self.shared:
-            return self._acquire_shared(spec, now)
-        mine = [(rid, r) for rid, r in self._replicas.items() if r.service == service]
-        idle = [(r.last_used, rid) for rid, r in mine if not r.busy]
-        if idle:
-            rid = max(idle)[1]  # the most recently used replica: its node is warm
+        mine = [r for r in self._replicas.values() if r.service == service]
+        # ready: idle, and (memory model) on a cell that executes nothing; exclusive cells are their own
+        occ = self.allocator.occupancy if self.shared else None
+        ready = [(r.last_used, rid) for rid, r in self._replicas.items()
+                 if r.service == service and not r.busy and not (occ is not None and occ[r.alloc.node] & r.alloc.mask)]
+        if ready:
+            rid = max(ready)[1]  # the most recently used replica: its node is warm
             self.stats.hits += 1
             return self._start(rid, 0.0, (), now)
         if self.max_replicas is not None and len(mine) >= self.max_replicas:
             return None
-        if self.wait_for_resident and self._worth_waiting(spec, [r for _rid, r in mine], now):
+        if self.wait_for_resident and self._worth_waiting(spec, mine, now):
             return None
+        if self.shared:
+            return self._restore_shared(spec, mine, now)
         alloc = self.allocator.allocate(spec.gpus)
         evicted: tuple[str, ...] = ()
         if alloc is None:
@@ -309,19 +312,9 @@ class ServicePlacement:
 
     # ------------------------------------------------------------------ GPU memory model
 
-    def _acquire_shared(self, spec: ServiceSpec, now: float) -> Placement | None:
-        occ = self.allocator.occupancy
-        mine = [(rid, r) for rid, r in self._replicas.items() if r.service == spec.name]
-        ready = [(r.last_used, rid) for rid, r in mine if not r.busy and not occ[r.alloc.node] & r.alloc.mask]
-        if ready:
-            rid = max(ready)[1]  # the most recently used replica: its node is warm
-            self.stats.hits += 1
-            return self._start(rid, 0.0, (), now)
-        if self.max_replicas is not None and len(mine) >= self.max_replicas:
-            return None
-        if self.wait_for_resident and self._worth_waiting(spec, [r for _rid, r in mine], now):
-            return None
-        target = self._shared_target(spec, [r.alloc for _rid, r in mine])
+    def _restore_shared(self, spec: ServiceSpec, mine: list[_Replica], now: float) -> Placement | None:
+        """Step 2 of the memory model: a new replica on an idle cell, evicting only what memory needs."""
+        target = self._shared_target(spec, [r.alloc for r in mine])
         if target is None:
             return None
         alloc, victims = target
