@@ -23,11 +23,11 @@ __all__ = ["add_parser", "summarize"]
 
 
 def _thresholds(text: str) -> Any:
-    from libra.policies.tool_state import DEFAULT_THRESHOLDS, R2E_THRESHOLDS, SizeThresholds
+    from libra.policies.routers import NAMED_THRESHOLDS
+    from libra.policies.tool_state import SizeThresholds
 
-    named = {"default": DEFAULT_THRESHOLDS, "r2e": R2E_THRESHOLDS}
-    if text in named:
-        return named[text]
+    if text in NAMED_THRESHOLDS:
+        return NAMED_THRESHOLDS[text]
     try:
         small, medium = (int(x) for x in text.split(","))
         return SizeThresholds(small, medium)

@@ -62,6 +62,7 @@ __all__ = [
     "LAMLFQRouter",
     "LeastLoadedRouter",
     "LengthAwareRouter",
+    "NAMED_THRESHOLDS",
     "OracleRouter",
     "PredictorRouter",
     "RoundRobinRouter",
@@ -324,7 +325,8 @@ _ROUTERS: Final[dict[str, Callable[..., StickyRouter]]] = {
     "cmlfq_cost": CostCMLFQRouter,
 }
 _SHARED_PARAMS: Final = ("max_queue_length", "cap_metric", "when_full", "choose_mode")
-_NAMED_THRESHOLDS: Final = {"default": DEFAULT_THRESHOLDS, "r2e": R2E_THRESHOLDS}
+NAMED_THRESHOLDS: Final = {"default": DEFAULT_THRESHOLDS, "r2e": R2E_THRESHOLDS}
+"""Payload size-class thresholds by name (a router's ``thresholds = "r2e"`` in config, ``python -m libra tree build``)."""
 
 
 def router_names() -> tuple[str, ...]:
@@ -358,9 +360,9 @@ def make_router(name: str, **params: Any) -> Router:
             raise ValueError(f"router {name!r}: unknown parameter {key!r} (accepted: {', '.join(sorted(accepted))})")
     th = params.get("thresholds")
     if isinstance(th, str):
-        if th not in _NAMED_THRESHOLDS:
-            raise ValueError(f"unknown thresholds: {th!r} (known: {', '.join(_NAMED_THRESHOLDS)})")
-        params["thresholds"] = _NAMED_THRESHOLDS[th]
+        if th not in NAMED_THRESHOLDS:
+            raise ValueError(f"unknown thresholds: {th!r} (known: {', '.join(NAMED_THRESHOLDS)})")
+        params["thresholds"] = NAMED_THRESHOLDS[th]
     elif isinstance(th, Mapping):
         extra = set(th) - {"small", "medium"}
         if extra:
