@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import os
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -50,6 +50,7 @@ __all__ = [
     "NodeStats",
     "PrefixTree",
     "PrefixTreeError",
+    "Snapshot",
     "percentile",
 ]
 
@@ -270,6 +271,31 @@ class PrefixTree:
 
         return dump(self.root)
 
+    def iter_json(self) -> Iterator[str]:
+        """``json.dumps(self.to_dict(), separators=(",", ":"))`` in pieces, without building the dicts (a
+        big tree's dicts are enough objects to trigger full garbage collections)."""
+        dumps = json.dumps
+        stack: list[tuple[Iterator[tuple[str, _Node]], bool]] = []
+        node: _Node | None = self.root
+        while True:
+            if node is not None:
+                st = node.stats
+                yield (f'{{"n":{st.count},"mean":{dumps(st.mean)},"window":[{",".join(map(str, st.window))}],'
+                       '"children":{')
+                stack.append((iter(node.children.items()), True))
+                node = None
+            if not stack:
+                return
+            it, first = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                stack.pop()
+                yield "}}"
+                continue
+            stack[-1] = (it, False)
+            yield ("" if first else ",") + dumps(nxt[0]) + ":"
+            node = nxt[1]
+
     @classmethod
     def from_dict(cls, data: Any, window_size: int, where: str) -> PrefixTree:
         """Parse a saved tree; raises :class:`PrefixTreeError` naming the bad node's path."""
@@ -296,7 +322,8 @@ class CausalPrefixTree:
     """Per-prompt forest plus global tree, with history-based rebuild, persistence and merge.
 
     Mutated only by :meth:`record`, :meth:`rebuild`/:meth:`maybe_rebuild`, :meth:`merge` and LRU reordering in
-    :meth:`lookup`. Raises :class:`PrefixTreeError` for bad parameters.
+    :meth:`lookup`. Raises :class:`PrefixTreeError` for bad parameters. :meth:`freeze` / :meth:`thaw` let
+    another thread serialise a consistent snapshot while the owner keeps routing and learning.
     """
 
     def __init__(
@@ -317,6 +344,7 @@ class CausalPrefixTree:
         self._history: deque[FinishedTrajectory] = deque(maxlen=history_size)
         self._last_rebuild_step = 0
         self.rebuilds = 0
+        self._deferred: list[FinishedTrajectory] | None = None  # records held back while frozen
 
     # ----------------------------------------------------------------------------------------- queries
 
@@ -364,7 +392,11 @@ class CausalPrefixTree:
     # ----------------------------------------------------------------------------------------- updates
 
     def record(self, traj: FinishedTrajectory) -> None:
-        """Learn from one finished trajectory (both trees) and append it to the rebuild history."""
+        """Learn from one finished trajectory (both trees) and append it to the rebuild history. While the
+        tree is frozen (:meth:`freeze`) the record is held back and applied by :meth:`thaw`."""
+        if self._deferred is not None:
+            self._deferred.append(traj)
+            return
         self._insert(traj)
         self._history.append(traj)
 
@@ -403,8 +435,10 @@ class CausalPrefixTree:
 
         Node means combine count-weighted, windows concatenate (ours first, keeping the newest
         ``window_size``), prompts absent here are added, histories concatenate (keeping the newest
-        ``history_size``). ``other`` is not modified.
+        ``history_size``). ``other`` is not modified. Raises :class:`PrefixTreeError` while frozen.
         """
+        if self._deferred is not None:
+            raise PrefixTreeError("cannot merge into a prefix tree frozen for a snapshot")
         self.global_tree.merge(other.global_tree)
         for prompt_id, tree in other._prompts.items():
             mine = self._prompts.get(prompt_id)
@@ -427,24 +461,77 @@ class CausalPrefixTree:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready, versioned snapshot (trees, parameters and rebuild history)."""
+        return self._dump(self.global_tree, list(self._prompts.items()), list(self._history), self._last_rebuild_step)
+
+    def iter_json(self) -> Iterator[str]:
+        """:meth:`to_dict` as compact JSON text in pieces (what :meth:`save` writes), without building it."""
+        return self._iter_json(self.global_tree, list(self._prompts.items()), list(self._history),
+                               self._last_rebuild_step)
+
+    def freeze(self) -> Snapshot:
+        """Begin a snapshot that another thread may build while this one keeps using the tree.
+
+        Until :meth:`thaw`, :meth:`record` holds trajectories back, so the nodes the snapshot reads do not
+        change; lookups go on (they only reorder the prompt LRU, copied here), and a rebuild replaces the
+        trees rather than changing the frozen ones. Returns the :class:`Snapshot` of the state at this
+        call: read it from any one thread, then call :meth:`thaw` on the owning thread. Costs a copy of the
+        prompt and history lists here (no tree walk). Raises :class:`PrefixTreeError` if the tree is
+        already frozen."""
+        if self._deferred is not None:
+            raise PrefixTreeError("prefix tree is already frozen for a snapshot")
+        self._deferred = []
+        return Snapshot(self, (self.global_tree, list(self._prompts.items()), list(self._history),
+                               self._last_rebuild_step))
+
+    def thaw(self) -> int:
+        """End a snapshot: apply the records held back since :meth:`freeze` (in order); returns how many.
+        A tree that is not frozen returns 0."""
+        held, self._deferred = self._deferred, None
+        for traj in held or ():
+            self.record(traj)
+        return len(held or ())
+
+    @property
+    def frozen(self) -> bool:
+        """Whether a snapshot is open (:meth:`freeze` without :meth:`thaw`)."""
+        return self._deferred is not None
+
+    def _params(self) -> dict[str, int]:
+        return {"window_size": self.window_size, "max_prompts": self.max_prompts,
+                "history_size": self.history_size, "rebuild_interval": self.rebuild_interval}
+
+    @staticmethod
+    def _record(t: FinishedTrajectory) -> dict[str, Any]:
+        return {"prompt_id": t.prompt_id, "states": list(t.states), "positions": list(t.positions),
+                "total": t.total_output_tokens}
+
+    def _dump(self, glob: PrefixTree, prompts: list[tuple[str, PrefixTree]], history: list[FinishedTrajectory],
+              last_rebuild: int) -> dict[str, Any]:
         return {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
-            "params": {
-                "window_size": self.window_size,
-                "max_prompts": self.max_prompts,
-                "history_size": self.history_size,
-                "rebuild_interval": self.rebuild_interval,
-            },
-            "last_rebuild_step": self._last_rebuild_step,
-            "global": self.global_tree.to_dict(),
-            "prompts": {pid: tree.to_dict() for pid, tree in self._prompts.items()},
-            "history": [
-                {"prompt_id": t.prompt_id, "states": list(t.states), "positions": list(t.positions),
-                 "total": t.total_output_tokens}
-                for t in self._history
-            ],
+            "params": self._params(),
+            "last_rebuild_step": last_rebuild,
+            "global": glob.to_dict(),
+            "prompts": {pid: tree.to_dict() for pid, tree in prompts},
+            "history": [self._record(t) for t in history],
         }
+
+    def _iter_json(self, glob: PrefixTree, prompts: list[tuple[str, PrefixTree]], history: list[FinishedTrajectory],
+                   last_rebuild: int) -> Iterator[str]:
+        """``json.dumps(self._dump(...), separators=(",", ":"))`` in pieces."""
+        dumps = json.dumps
+        yield (f'{{"format":{dumps(FORMAT_NAME)},"version":{FORMAT_VERSION},'
+               f'"params":{dumps(self._params(), separators=(",", ":"))},"last_rebuild_step":{last_rebuild},"global":')
+        yield from glob.iter_json()
+        yield ',"prompts":{'
+        for i, (pid, tree) in enumerate(prompts):
+            yield ("," if i else "") + dumps(pid) + ":"
+            yield from tree.iter_json()
+        yield '},"history":['
+        for i, t in enumerate(history):
+            yield ("," if i else "") + dumps(self._record(t), separators=(",", ":"))
+        yield "]}"
 
     @classmethod
     def from_dict(cls, data: Any, **overrides: Any) -> CausalPrefixTree:
@@ -491,10 +578,11 @@ class CausalPrefixTree:
         return tree
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write :meth:`to_dict` as JSON, atomically (write to a temporary file, then rename)."""
+        """Write :meth:`to_dict` as JSON (:meth:`iter_json`), atomically (a temporary file, then rename)."""
         target = Path(path)
         tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), separators=(",", ":")), encoding="utf-8")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.writelines(self.iter_json())
         os.replace(tmp, target)
 
     @classmethod
@@ -508,3 +596,21 @@ class CausalPrefixTree:
             return cls.from_dict(data, **overrides)
         except PrefixTreeError as exc:
             raise PrefixTreeError(f"{path}: {exc}") from None
+
+
+class Snapshot:
+    """The state of a :class:`CausalPrefixTree` at :meth:`~CausalPrefixTree.freeze`; readable from another
+    thread until the owner calls :meth:`~CausalPrefixTree.thaw`."""
+
+    __slots__ = ("_args", "_tree")
+
+    def __init__(self, tree: CausalPrefixTree, args: tuple[Any, ...]) -> None:
+        self._tree, self._args = tree, args
+
+    def to_dict(self) -> dict[str, Any]:
+        """What :meth:`CausalPrefixTree.to_dict` returned at the freeze."""
+        return self._tree._dump(*self._args)
+
+    def iter_json(self) -> Iterator[str]:
+        """The same as compact JSON text in pieces, without building the dicts."""
+        return self._tree._iter_json(*self._args)

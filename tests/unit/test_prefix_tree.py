@@ -291,3 +291,58 @@ def test_prompt_tree_missing_the_state_does_not_hide_the_global_node() -> None:
     # With min_visits the prompt's sparse node counts as unseen and the global node answers.
     tree.record(traj("p2", [B], [300], 2_300))
     assert tree.lookup("p1", [B], min_visits=2).source == "global"  # type: ignore[union-attr]
+
+
+# --------------------------------------------------------------------------------------------- snapshots
+
+
+def test_a_frozen_tree_snapshots_its_state_at_freeze_while_it_keeps_serving() -> None:
+    import threading
+
+    tree = CausalPrefixTree(rebuild_interval=0)
+    for i in range(6):
+        tree.record(traj(f"p{i % 2}", [A, B][: 1 + i % 2], [100, 300][: 1 + i % 2], 1000 + i))
+    before = tree.to_dict()
+    snap = tree.freeze()
+    assert tree.frozen
+    with pytest.raises(PrefixTreeError, match="already frozen"):
+        tree.freeze()
+    with pytest.raises(PrefixTreeError, match="frozen"):
+        tree.merge(CausalPrefixTree())
+    tree.record(traj("p9", [C], [50], 400))  # held back: the snapshot's nodes do not change
+    assert tree.lookup("p0", [A]) is not None  # lookups go on (they reorder the LRU only)
+    assert tree.global_tree.root.stats.count == 6 and not tree.knows_prompt("p9")
+    out: list[dict] = []
+    t = threading.Thread(target=lambda: out.append(snap.to_dict()))
+    t.start()
+    t.join()
+    assert out[0] == before and json.loads("".join(snap.iter_json())) == before
+    assert tree.thaw() == 1 and not tree.frozen
+    assert tree.global_tree.root.stats.count == 7 and tree.knows_prompt("p9") and len(tree.history) == 7
+    assert tree.thaw() == 0
+
+
+def test_a_rebuild_while_frozen_leaves_the_snapshot_alone() -> None:
+    tree = CausalPrefixTree(rebuild_interval=1, history_size=2)
+    for i in range(4):
+        tree.record(traj("p", [A], [100], 1000 + i))
+    before = tree.to_dict()
+    snap = tree.freeze()
+    assert tree.maybe_rebuild(5)  # keeps only the 2 newest trajectories, in new tree objects
+    assert tree.global_tree.root.stats.count == 2
+    assert snap.to_dict() == before
+    tree.thaw()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["p0", "p1", 'p"2', None]),
+                          st.lists(st.sampled_from([A, B, C, "x:y:\u00e9"]), max_size=4),
+                          st.integers(0, 50_000)), max_size=25),
+       st.integers(1, 5))
+def test_streamed_json_is_exactly_the_compact_dump(records, window: int) -> None:
+    tree = CausalPrefixTree(window_size=window, history_size=10, rebuild_interval=0)
+    for pid, states, total in records:
+        positions = sorted(min(total, 100 * (i + 1)) for i in range(len(states)))
+        tree.record(traj(pid, states, positions, total))
+    assert "".join(tree.iter_json()) == json.dumps(tree.to_dict(), separators=(",", ":"))
+    assert "".join(tree.global_tree.iter_json()) == json.dumps(tree.global_tree.to_dict(), separators=(",", ":"))

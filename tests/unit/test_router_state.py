@@ -137,8 +137,22 @@ def test_a_save_is_not_doubled_while_one_is_running(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(store, "_write", slow_write)
     store.maybe_save(router, 3, 0.0)
     assert store.maybe_save(router, 3, 1.0)
-    router.tree.record(_traj(5))
+    assert router.tree.frozen  # the writer thread reads a frozen tree ...
+    router.tree.record(_traj(5))  # ... so what finishes meanwhile is held back
+    assert router.tree.global_tree.root.stats.count == 3
     assert not store.maybe_save(router, 4, 2.0)  # the first write still runs
     release.set()
-    store.close(router, 4)  # joins the running write, then writes the newer snapshot
+    _wait_writer(store)
+    assert store.saves == 1 and CausalPrefixTree.load(path).global_tree.root.stats.count == 3
+    assert not store.maybe_save(router, 4, 2.5)  # not due, but the write is done: the tree thaws
+    assert not router.tree.frozen and router.tree.global_tree.root.stats.count == 4
+    store.close(router, 4)  # writes the newer snapshot synchronously
     assert store.saves == 2 and CausalPrefixTree.load(path).global_tree.root.stats.count == 4
+
+
+def test_router_state_bench_runs_and_thaws_its_tree() -> None:
+    from libra.bench.router_state import run
+
+    res = run(steps=1, prompts=2, repeat=1)
+    assert res["trajectories"] == 32 and res["prompts"] == 2
+    assert res["naive_loop_stall_ms"] > 0 and res["freeze_pause_ms"] >= 0 and res["background_write_ms"] > 0
