@@ -27,11 +27,13 @@ def _loop_gaps_while(worker: threading.Thread) -> float:
     worker.start()
     last = time.perf_counter()
     worst = 0.0
-    while worker.is_alive():
+    while True:  # at least one iteration, so the gap is never 0
         time.sleep(0.0005)
         now = time.perf_counter()
         worst = max(worst, now - last)
         last = now
+        if not worker.is_alive():
+            break
     worker.join()
     return worst
 
