@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "--list"):
         print("usage: python -m libra.bench NAME [--help]\n\nbenchmarks:")
         for name, (_, what) in BENCHMARKS.items():
-            print(f"  {name:<10} {what}")
+            print(f"  {name:<13} {what}")
         return 0
     name = argv.pop(0)
     if name not in BENCHMARKS:
