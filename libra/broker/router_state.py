@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from libra.logging import get_logger
-from libra.policies.prefix_tree import CausalPrefixTree, PrefixTreeError
+from libra.policies.prefix_tree import CausalPrefixTree, PrefixTreeError, write_atomic
 from libra.policies.routers import router_accepts
 
 from .sessions import BrokerConfig
@@ -153,15 +153,9 @@ class RouterStateFile:
         return tree
 
     def _write(self, chunks: Iterable[str]) -> None:
-        """Write the JSON ``chunks`` to ``FILE.tmp``, fsync, rename over ``FILE``."""
-        tmp = self.path.with_name(self.path.name + ".tmp")
+        """Write the JSON ``chunks`` atomically (``prefix_tree.write_atomic``); errors are logged and counted."""
         try:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.writelines(chunks)
-                fh.flush()
-                os.fsync(fh.fileno())
-                size = fh.tell()
-            os.replace(tmp, self.path)
+            size = write_atomic(self.path, chunks)
         except OSError as exc:
             self.failures += 1
             self._saved_mark = None  # retry at the next interval

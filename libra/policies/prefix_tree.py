@@ -52,6 +52,7 @@ __all__ = [
     "PrefixTreeError",
     "Snapshot",
     "percentile",
+    "write_atomic",
 ]
 
 FORMAT_NAME: Final = "libra-cmlfq-prefix-tree"
@@ -461,12 +462,15 @@ class CausalPrefixTree:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready, versioned snapshot (trees, parameters and rebuild history)."""
-        return self._dump(self.global_tree, list(self._prompts.items()), list(self._history), self._last_rebuild_step)
+        return self._dump(*self._state())
 
     def iter_json(self) -> Iterator[str]:
         """:meth:`to_dict` as compact JSON text in pieces (what :meth:`save` writes), without building it."""
-        return self._iter_json(self.global_tree, list(self._prompts.items()), list(self._history),
-                               self._last_rebuild_step)
+        return self._iter_json(*self._state())
+
+    def _state(self) -> tuple[PrefixTree, list[tuple[str, PrefixTree]], list[FinishedTrajectory], int]:
+        """What a snapshot reads: the global tree, the prompt trees and history (copied lists), the last rebuild."""
+        return self.global_tree, list(self._prompts.items()), list(self._history), self._last_rebuild_step
 
     def freeze(self) -> Snapshot:
         """Begin a snapshot that another thread may build while this one keeps using the tree.
@@ -480,16 +484,15 @@ class CausalPrefixTree:
         if self._deferred is not None:
             raise PrefixTreeError("prefix tree is already frozen for a snapshot")
         self._deferred = []
-        return Snapshot(self, (self.global_tree, list(self._prompts.items()), list(self._history),
-                               self._last_rebuild_step))
+        return Snapshot(self, self._state())
 
     def thaw(self) -> int:
         """End a snapshot: apply the records held back since :meth:`freeze` (in order); returns how many.
         A tree that is not frozen returns 0."""
-        held, self._deferred = self._deferred, None
-        for traj in held or ():
+        held, self._deferred = self._deferred or [], None
+        for traj in held:
             self.record(traj)
-        return len(held or ())
+        return len(held)
 
     @property
     def frozen(self) -> bool:
@@ -578,12 +581,8 @@ class CausalPrefixTree:
         return tree
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write :meth:`to_dict` as JSON (:meth:`iter_json`), atomically (a temporary file, then rename)."""
-        target = Path(path)
-        tmp = target.with_name(target.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.writelines(self.iter_json())
-        os.replace(tmp, target)
+        """Write :meth:`to_dict` as JSON (:meth:`iter_json`), atomically (:func:`write_atomic`)."""
+        write_atomic(path, self.iter_json())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], **overrides: Any) -> CausalPrefixTree:
@@ -596,6 +595,20 @@ class CausalPrefixTree:
             return cls.from_dict(data, **overrides)
         except PrefixTreeError as exc:
             raise PrefixTreeError(f"{path}: {exc}") from None
+
+
+def write_atomic(path: str | os.PathLike[str], chunks: Iterable[str]) -> int:
+    """Write the text ``chunks`` to ``PATH.tmp``, fsync it and rename it over ``path``; returns the bytes
+    written. A reader sees the old file or the new one, never a partial one. Raises ``OSError``."""
+    target = Path(path)
+    tmp = target.with_name(target.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.writelines(chunks)
+        fh.flush()
+        os.fsync(fh.fileno())
+        size = fh.tell()
+    os.replace(tmp, target)
+    return size
 
 
 class Snapshot:
