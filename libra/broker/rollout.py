@@ -70,7 +70,6 @@ class RolloutRouting:
         self.buckets: tuple[BucketSpec, ...] = tuple(sorted(buckets, key=lambda b: b.max_tokens)) or DEFAULT_BUCKETS
         self.trajs: dict[str, TrajRoute] = {}
         self.stats = {"turns": 0, "migrations": 0, "migrated_tokens": 0, "tokens": 0}
-        self.learned = 0  # finished trajectories handed to the router to learn from
 
     def set_buckets(self, buckets: list[BucketSpec]) -> None:
         """Replace the bucket layout (the planner's re-plan); live trajectories are re-mapped by the router."""
@@ -176,7 +175,6 @@ class RolloutRouting:
         if ok:
             unseen = max(0, _nonneg(total_output_tokens) - tr.generated)
             self.router.finish(traj_id, tr.context - tr.prompt + unseen)
-            self.learned += 1
         else:
             self.router.discard(traj_id)
         return tr

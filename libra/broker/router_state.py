@@ -100,10 +100,10 @@ class RouterStateFile:
 
     # ------------------------------------------------------------------------------------------ saving
 
-    def maybe_save(self, router: Any, finished: int, now: float) -> bool:
-        """Start a background save if ``interval_s`` has passed since the last one and the router learned
-        something (``finished``: trajectories it has learned from so far). True if a save started. Also
-        thaws the tree once the previous background save is done."""
+    def maybe_save(self, router: Any, now: float) -> bool:
+        """Start a background save if ``interval_s`` has passed since the last one and the router's tree
+        changed since the last save. True if a save started. Also thaws the tree once the previous
+        background save is done."""
         writing = self._writer is not None and self._writer.is_alive()
         if not writing:
             self._thaw()
@@ -115,7 +115,7 @@ class RouterStateFile:
         self._next_at = now + self.interval_s
         if writing:
             return False
-        tree = self._changed(router, finished)
+        tree = self._changed(router)
         if tree is None:
             return False
         snap = tree.freeze()
@@ -125,14 +125,14 @@ class RouterStateFile:
         self._writer.start()
         return True
 
-    def close(self, router: Any, finished: int) -> None:
+    def close(self, router: Any) -> None:
         """Join a running save, thaw the tree, and write the final snapshot synchronously (if anything
         changed)."""
         if self._writer is not None:
             self._writer.join()
             self._writer = None
         self._thaw()
-        tree = self._changed(router, finished)
+        tree = self._changed(router)
         if tree is not None:
             self._write(tree.iter_json())
 
@@ -141,12 +141,13 @@ class RouterStateFile:
             self._frozen.thaw()
             self._frozen = None
 
-    def _changed(self, router: Any, finished: int) -> CausalPrefixTree | None:
-        """The router's tree if it learned something since the last save (and mark it saved), else None."""
+    def _changed(self, router: Any) -> CausalPrefixTree | None:
+        """The router's tree if it changed since the last save (and mark it saved), else None. Between
+        rebuilds every learned trajectory adds one to the global root's count."""
         tree = learned_tree(router)
         if tree is None:
             return None
-        mark = (finished, tree.rebuilds)
+        mark = (tree.rebuilds, tree.global_tree.root.stats.count)
         if mark == self._saved_mark:
             return None
         self._saved_mark = mark

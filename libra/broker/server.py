@@ -176,13 +176,13 @@ class BrokerServer:
                     if self.metrics is not None:
                         self.metrics.tick(now, self.core_errors)
                     if self.router_state is not None:
-                        self.router_state.maybe_save(self.state.rollout.router, self.state.rollout.learned, now)
+                        self.router_state.maybe_save(self.state.rollout.router, now)
                     next_tick = now + self._tick_s
         finally:
             log.info("broker_stopped", **{k: v for k, v in self.state.stats.items() if v})
             self.sock.close(0)
             if self.router_state is not None:
-                self.router_state.close(self.state.rollout.router, self.state.rollout.learned)
+                self.router_state.close(self.state.rollout.router)
             if self.metrics is not None:
                 self.metrics.close()
             if self._auth is not None:

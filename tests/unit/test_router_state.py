@@ -77,9 +77,9 @@ def test_a_router_without_a_tree_ignores_the_file(tmp_path: Path) -> None:
     assert path.read_text() == "not json at all"  # untouched, not moved aside
     router = make_router("least_loaded")
     assert learned_tree(router) is None
-    store.maybe_save(router, 5, 0.0)
-    assert not store.maybe_save(router, 5, 1.0)
-    store.close(router, 5)
+    store.maybe_save(router, 0.0)
+    assert not store.maybe_save(router, 1.0)
+    store.close(router)
     assert path.read_text() == "not json at all" and store.saves == 0
 
 
@@ -87,21 +87,21 @@ def test_saves_happen_on_the_interval_only_when_something_was_learned(tmp_path: 
     path = tmp_path / "state.json"
     router = make_router("cmlfq", tree=_tree(4))
     store = RouterStateFile(path, interval_s=10.0)
-    assert not store.maybe_save(router, 4, 100.0)  # the first call arms the timer
-    assert not store.maybe_save(router, 4, 105.0)  # not yet due
-    assert store.maybe_save(router, 4, 110.0)
+    assert not store.maybe_save(router, 100.0)  # the first call arms the timer
+    assert not store.maybe_save(router, 105.0)  # not yet due
+    assert store.maybe_save(router, 110.0)
     _wait_writer(store)
     assert store.saves == 1 and CausalPrefixTree.load(path).to_dict() == router.tree.to_dict()
     assert not list(tmp_path.glob("*.tmp"))
-    assert not store.maybe_save(router, 4, 121.0)  # due, but nothing new: no write
+    assert not store.maybe_save(router, 121.0)  # due, but nothing new: no write
     router.tree.record(_traj(99))
-    assert store.maybe_save(router, 5, 131.0)
+    assert store.maybe_save(router, 131.0)
     _wait_writer(store)
     assert store.saves == 2 and CausalPrefixTree.load(path).global_tree.root.stats.count == 5
     router.tree.record(_traj(100))
-    store.close(router, 6)  # the final save is synchronous
+    store.close(router)  # the final save is synchronous
     assert store.saves == 3 and CausalPrefixTree.load(path).global_tree.root.stats.count == 6
-    store.close(router, 6)
+    store.close(router)
     assert store.saves == 3
 
 
@@ -109,12 +109,12 @@ def test_a_failed_write_is_logged_counted_and_retried(tmp_path: Path) -> None:
     path = tmp_path / "missing-dir" / "state.json"
     router = make_router("cmlfq", tree=_tree(3))
     store = RouterStateFile(path, interval_s=1.0)
-    store.maybe_save(router, 3, 0.0)
-    assert store.maybe_save(router, 3, 1.0)
+    store.maybe_save(router, 0.0)
+    assert store.maybe_save(router, 1.0)
     _wait_writer(store)
     assert store.failures == 1 and store.saves == 0
     path.parent.mkdir()
-    store.close(router, 3)  # same mark as the failed save: written anyway
+    store.close(router)  # same mark as the failed save: written anyway
     assert store.saves == 1 and path.exists()
 
 
@@ -135,18 +135,18 @@ def test_a_save_is_not_doubled_while_one_is_running(tmp_path: Path, monkeypatch:
         real_write(snap)
 
     monkeypatch.setattr(store, "_write", slow_write)
-    store.maybe_save(router, 3, 0.0)
-    assert store.maybe_save(router, 3, 1.0)
+    store.maybe_save(router, 0.0)
+    assert store.maybe_save(router, 1.0)
     assert router.tree.frozen  # the writer thread reads a frozen tree ...
     router.tree.record(_traj(5))  # ... so what finishes meanwhile is held back
     assert router.tree.global_tree.root.stats.count == 3
-    assert not store.maybe_save(router, 4, 2.0)  # the first write still runs
+    assert not store.maybe_save(router, 2.0)  # the first write still runs
     release.set()
     _wait_writer(store)
     assert store.saves == 1 and CausalPrefixTree.load(path).global_tree.root.stats.count == 3
-    assert not store.maybe_save(router, 4, 2.5)  # not due, but the write is done: the tree thaws
+    assert not store.maybe_save(router, 2.5)  # not due, but the write is done: the tree thaws
     assert not router.tree.frozen and router.tree.global_tree.root.stats.count == 4
-    store.close(router, 4)  # writes the newer snapshot synchronously
+    store.close(router)  # writes the newer snapshot synchronously
     assert store.saves == 2 and CausalPrefixTree.load(path).global_tree.root.stats.count == 4
 
 
