@@ -147,8 +147,7 @@ def model_check(sim: Any, trajs: Sequence[Any], allocation: str) -> dict[str, fl
             t_train = sim.train_time([x.total_tokens for x in by_step[steps[k]]])
             chain = fixed.t_chain if fixed.overlap_steps > 1 else t_roll
             if lay.colocated:  # the simulator charges both role switches inside the training phase
-                sw = COLOCATED_SWITCH
-                t_train += sw.snapshot_s + sw.restore_s + sw.to_rollout_s
+                t_train += COLOCATED_SWITCH.round_trip_s
                 return t_roll, t_train, t_roll + t_train, t_roll
             return t_roll, t_train, pipeline_objective(t_train, t_roll, fixed.t_chain, fixed.overlap_steps), chain
     pr, pt, ps, sr, st, pc_ = [], [], [], [], [], []

@@ -152,11 +152,7 @@ class RolloutRouting:
         tr = self.trajs.get(traj_id)
         if tr is None:
             return
-        payload_tokens = None
-        if isinstance(output, dict) and isinstance(output.get("payload_tokens"), int):
-            payload_tokens = max(0, output["payload_tokens"])
-        chars = len(str(output)) if output is not None else 0
-        status = None if ok else ("timeout" if error_code == "timeout" else "failure")
+        payload_tokens, chars, status = tool_output_fields(output, ok, error_code)
         tr.context += payload_tokens if payload_tokens is not None else chars // 4
         tr.pending_return = ToolReturn(tool, tr.generated, tr.context, output=output, status=status,
                                        payload_tokens=payload_tokens, payload_chars=chars,
@@ -181,6 +177,18 @@ class RolloutRouting:
 
     def on_step(self, step: int) -> None:
         self.router.on_step(step)
+
+
+def tool_output_fields(output: Any, ok: bool, error_code: str = "") -> tuple[int | None, int, str | None]:
+    """What the broker reads from a tool's reply for the router's tool-return state: ``(payload_tokens``
+    (the output's own ``payload_tokens`` count, else ``None``), ``payload_chars``, ``status`` (``None`` for
+    a success: the extractor then reads the output itself; else ``"timeout"`` or ``"failure"``))``."""
+    payload_tokens = None
+    if isinstance(output, dict) and isinstance(output.get("payload_tokens"), int):
+        payload_tokens = max(0, output["payload_tokens"])
+    chars = len(str(output)) if output is not None else 0
+    status = None if ok else ("timeout" if error_code == "timeout" else "failure")
+    return payload_tokens, chars, status
 
 
 def _nonneg(x: Any) -> int:

@@ -351,8 +351,7 @@ class Simulator:
         lengths = [t.total_tokens for t in self.by_step[k]]
         dur = self.train_time(lengths)
         if self.layout.colocated:  # every GPU switches to training and back to rollout each step
-            c = COLOCATED_SWITCH
-            dur += c.snapshot_s + c.restore_s + c.to_rollout_s
+            dur += COLOCATED_SWITCH.round_trip_s
         self.training = True
         self.train_start[k] = self.now
         self._push(self.now + dur, "train", k)

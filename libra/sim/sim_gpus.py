@@ -67,6 +67,11 @@ class TransitionCosts:
     restore_s: float = 4.4
     drain_poll_s: float = 0.5
 
+    @property
+    def round_trip_s(self) -> float:
+        """Rollout → training → rollout: what time-sharing (verl's colocated mode) pays every step."""
+        return self.snapshot_s + self.restore_s + self.to_rollout_s
+
     def seconds(self, old: Role, new: Role) -> float:
         """Transition time from ``old`` to ``new`` (0 when the role does not change)."""
         if old == new or new.kind == "idle":

@@ -2,8 +2,9 @@
 
 A trace in the format of ``shared/workloads/README.md`` (recorded from a run, or generated) becomes the
 :class:`~libra.policies.prefix_tree.FinishedTrajectory` records the router would have learned had those
-trajectories run through the broker: each tool return's key is extracted exactly as the broker does for a
-simulated tool result (``{"payload_tokens": n, "status": s}``), its position is the response position
+trajectories run through the broker: each tool return's key is extracted as the broker does
+(:func:`libra.broker.rollout.tool_output_fields`, then the extractor) for a simulated tool result
+(``{"payload_tokens": n, "status": s}``), its position is the response position
 (generated + tool-returned tokens, this return included) and the total is the response length.
 :func:`profile_tree` records them in trace order; the result loads into a broker with
 ``router_params = {tree = "FILE"}`` or ``python -m libra.broker --router-state FILE``.
@@ -16,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from libra.broker.rollout import tool_output_fields
 from libra.policies.prefix_tree import CausalPrefixTree, FinishedTrajectory
 from libra.policies.tool_state import DEFAULT_THRESHOLDS, SizeThresholds, extract_tool_state
 
@@ -28,10 +30,10 @@ def finished_from_trace(spec: TrajectorySpec, thresholds: SizeThresholds = DEFAU
     """What the router learns from ``spec`` once it finishes (see the module docstring)."""
     states = []
     for turn in spec.tool_turns:
-        n = turn.payload_tokens or 0
-        output = {"payload_tokens": n, "status": turn.status or "success"}
-        st = extract_tool_state(turn.tool or "tool", output, payload_tokens=n, payload_chars=len(str(output)),
-                                thresholds=thresholds)
+        output = {"payload_tokens": turn.payload_tokens or 0, "status": turn.status or "success"}
+        tokens, chars, status = tool_output_fields(output, True)  # the simulator's tool actor answers ok
+        st = extract_tool_state(turn.tool or "tool", output, status=status, payload_tokens=tokens,
+                                payload_chars=chars, thresholds=thresholds)
         states.append(st.key)
     return FinishedTrajectory(spec.prompt_id, tuple(states), spec.response_positions, spec.total_response_tokens)
 
