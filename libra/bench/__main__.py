@@ -9,6 +9,7 @@ import sys
 BENCHMARKS = {
     "broker": ("libra.bench.broker", "broker round trip and throughput vs raw pyzmq"),
     "planner": ("libra.bench.planner", "GRP planner search time with and without memoisation"),
+    "planner_accuracy": ("libra.bench.planner_accuracy", "planner rollout predictions vs the simulator: residency vs mean-request model"),
     "sandbox": ("libra.bench.sandbox", "warm sandbox dispatch vs plain subprocess"),
     "actions": ("libra.bench.actions", "actions end to end: sandbox dispatch vs subprocess, decision latency, sim ACT/cores/GPUs"),
     "actions_sched": ("libra.bench.actions_sched", "action scheduling: latency sweep, ACT and cores/GPUs in the simulator"),
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "--list"):
         print("usage: python -m libra.bench NAME [--help]\n\nbenchmarks:")
         for name, (_, what) in BENCHMARKS.items():
-            print(f"  {name:<13} {what}")
+            print(f"  {name:<16} {what}")
         return 0
     name = argv.pop(0)
     if name not in BENCHMARKS:

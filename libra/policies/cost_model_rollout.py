@@ -16,7 +16,10 @@ The model (per instance of ``tp`` GPUs):
   ``(weights_read / tp + T * kv) / (mem_bw * decode_bw_util) + [tp > 1] * 2 * layers * (latency +
   ring bytes / bw_intra) + b * per_seq_step_overhead``. A dense model reads all weights; an MoE model
   reads its dense part plus the experts the batch touches (``1 - (1 - k/E)^b`` of them).
-- Steady batch ``b = clamp(min(n, max_batch, capacity / (avg_prompt + f * avg_gen)), 1)``.
+- Steady batch ``b = clamp(min(n, max_batch, capacity / reserve), 1)`` and the batch's mean context:
+  per request ``reserve = avg_prompt + f * avg_gen``, ``ctx = avg_prompt + avg_gen / 2``, or, given the
+  residency sums of the requests, their generation-weighted means (:meth:`RolloutCostModel.resident_context`:
+  long requests stay resident longest).
 - Segment cost (one instance serving ``n`` requests): ``n * per_request_overhead + prefill +
   max(sum_gen / b, longest_gen) * step(b, b * (avg_prompt + avg_gen / 2))``. O(1) given the sums, and
   it broadcasts over numpy arrays so the planner's DP can build whole cost matrices at once.
@@ -161,27 +164,57 @@ class RolloutCostModel:
         return _out(t)
 
     def steady_batch(self, tp: int, n: Any, avg_prompt: Any, avg_gen: Any) -> Any:
-        """Running sequences in steady state: ``clamp(min(n, max_batch, capacity / reserve), 1)``."""
-        reserve = np.maximum(
-            np.asarray(avg_prompt, dtype=float) + self.cal.kv_reserve_gen_fraction * np.asarray(avg_gen, dtype=float),
-            1.0,
+        """Running sequences in steady state: ``clamp(min(n, max_batch, capacity / reserve), 1)`` with
+        ``reserve = avg_prompt + kv_reserve_gen_fraction * avg_gen``."""
+        return self.batch_for_reserve(
+            tp, n, np.asarray(avg_prompt, dtype=float) + self.cal.kv_reserve_gen_fraction * np.asarray(avg_gen, dtype=float)
         )
-        b = np.minimum(
-            np.minimum(np.asarray(n, dtype=float), float(self.cal.max_batch)), self.token_capacity(tp) / reserve
-        )
+
+    def batch_for_reserve(self, tp: int, n: Any, reserve: Any) -> Any:
+        """``clamp(min(n, max_batch, capacity / reserve), 1)``: running sequences when each holds
+        ``reserve`` KV tokens on average. Broadcasts over numpy arrays."""
+        r = np.maximum(np.asarray(reserve, dtype=float), 1.0)
+        b = np.minimum(np.minimum(np.asarray(n, dtype=float), float(self.cal.max_batch)), self.token_capacity(tp) / r)
         return _out(np.maximum(b, 1.0))
+
+    def resident_context(self, avg_prompt: Any, avg_gen: Any, gen_sum: Any = None, gen_prompt_sum: Any = None,
+                         gen_sq_sum: Any = None) -> tuple[Any, Any]:
+        """``(ctx, reserve)``: the mean KV tokens a running sequence holds, and the per-sequence
+        reserve the steady batch is sized by (``kv_reserve_gen_fraction`` of the generation in place
+        of 1/2).
+
+        A request holds KV only while it decodes, one token per step, so over a set of requests the
+        running batch's mean context is *generation-weighted*: with the residency sums
+        ``gen_prompt_sum = sum(g * resident_prompt)`` and ``gen_sq_sum = sum(g^2)`` (see
+        ``planner_rollout.resident_prompt``), ``ctx = (gen_prompt_sum + gen_sq_sum / 2) / gen_sum``.
+        Long requests stay resident longest (the inspection paradox): with a long-tailed mix this is
+        about twice the per-request mean ``avg_prompt + avg_gen / 2``, which is what is returned
+        without the sums (or where ``gen_sum`` is 0). Broadcasts over numpy arrays.
+        """
+        f = self.cal.kv_reserve_gen_fraction
+        ap, ag = np.asarray(avg_prompt, dtype=float), np.asarray(avg_gen, dtype=float)
+        ctx, reserve = ap + 0.5 * ag, ap + f * ag
+        if gen_sum is None or gen_prompt_sum is None or gen_sq_sum is None:
+            return _out(ctx), _out(reserve)
+        g = np.asarray(gen_sum, dtype=float)
+        has = g > 0
+        gw = np.where(has, g, 1.0)
+        mp, mg = np.asarray(gen_prompt_sum, dtype=float) / gw, np.asarray(gen_sq_sum, dtype=float) / gw
+        return _out(np.where(has, mp + 0.5 * mg, ctx)), _out(np.where(has, mp + f * mg, reserve))
 
     # -- what the planner calls -----------------------------------------------------------------
     def segment_cost(self, tp: int, prompt_tokens_sum: Any, gen_tokens_sum: Any, n: Any, max_seq: Any,
-                     max_gen: Any = None) -> Any:
+                     max_gen: Any = None, gen_prompt_sum: Any = None, gen_sq_sum: Any = None) -> Any:
         """Seconds for one instance to serve ``n`` requests with the given token sums (O(1)).
 
         ``max_seq`` is the longest request's total length: it decides OOM (cost ``inf``) and, unless
         ``max_gen`` (the most tokens one request generates) is given, bounds the decode steps from
         below by ``max_seq * gen / total`` (the segment's generated share); with ``max_gen`` the
-        bound is ``max_gen`` (a request decodes one token per step). ``n == 0`` costs 0. Broadcasts
-        over numpy arrays, so the planner evaluates every contiguous segment of a sorted request
-        list from prefix sums.
+        bound is ``max_gen`` (a request decodes one token per step). The residency sums, when given,
+        size the running batch and its KV by the generation-weighted context
+        (:meth:`resident_context`); without them, by the mean request. ``n == 0`` costs 0.
+        Broadcasts over numpy arrays, so the planner evaluates every contiguous segment of a sorted
+        request list from prefix sums.
         """
         tp = _check_tp(tp)
         p = np.asarray(prompt_tokens_sum, dtype=float)
@@ -190,8 +223,9 @@ class RolloutCostModel:
         ms = np.asarray(max_seq, dtype=float)
         safe_n = np.maximum(n_arr, 1e-12)
         avg_p, avg_g = p / safe_n, g / safe_n
-        b = np.asarray(self.steady_batch(tp, n_arr, avg_p, avg_g), dtype=float)
-        step = np.asarray(self.decode_step(tp, b, b * (avg_p + 0.5 * avg_g)), dtype=float)
+        ctx, reserve = self.resident_context(avg_p, avg_g, g, gen_prompt_sum, gen_sq_sum)
+        b = np.asarray(self.batch_for_reserve(tp, n_arr, reserve), dtype=float)
+        step = np.asarray(self.decode_step(tp, b, b * np.asarray(ctx, dtype=float)), dtype=float)
         total = np.maximum(p + g, 1e-12)
         tail = ms * g / total if max_gen is None else np.asarray(max_gen, dtype=float)
         steps = np.maximum(g / b, tail)

@@ -353,7 +353,8 @@ class BlindCosts:
             d = x / tp if self.weighted else x
             ok = d >= 1.0 - 1e-12
             seg = self._whole
-            rep = [getattr(seg, f)[self._idx:self._idx + 1].repeat(int(ok.sum())) for f in _SEG_FIELDS]
+            rep = [None if getattr(seg, f) is None else getattr(seg, f)[self._idx:self._idx + 1].repeat(int(ok.sum()))
+                   for f in _SEG_FIELDS]
             one = type(seg)(np.ones(1, bool), *rep)
             cost, chain = agentic_cost(self.cm, tp, one, np.minimum(d[ok], self.total), self.overlap_steps)
             c = np.full(x.size, np.inf)
@@ -390,7 +391,8 @@ class BlindCosts:
         return max(v[0] for v in vals), max(v[1] for v in vals)
 
 
-_SEG_FIELDS = ("jj", "ii", "prompt", "gen", "n", "calls", "tool", "max_seq", "gen_star", "tool_star")
+_SEG_FIELDS = ("jj", "ii", "prompt", "gen", "n", "calls", "tool", "max_seq", "gen_star", "tool_star", "gen_prompt",
+               "gen_sq")
 
 
 class BlindTable:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -39,7 +39,7 @@ from libra.policies.cost_model_rollout import RolloutCostModel
 from libra.policies.planner_types import PlannerError, RolloutInstance, Workload
 
 __all__ = ["RolloutSample", "RolloutTable", "SegmentStats", "agentic_cost", "cost_matrices", "evaluate_layout",
-           "segment_stats", "to_instances"]
+           "resident_prompt", "segment_stats", "to_instances"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,12 +52,14 @@ class RolloutSample:
     weight: np.ndarray
     calls: np.ndarray | None = None  # serving calls per item (multi-turn requests); None = 1 each
     tool: np.ndarray | None = None  # tool seconds per item (agentic trajectories); None = 0 each
+    residency: bool = True  # segments carry residency sums (False: batches sized by the mean request)
 
     @classmethod
-    def from_workload(cls, workload: Workload, batch: int | None = None, max_requests: int = 64) -> RolloutSample:
+    def from_workload(cls, workload: Workload, batch: int | None = None, max_requests: int = 64, *,
+                      residency: bool = True) -> RolloutSample:
         """Sort ``workload`` by total length and keep <= ``max_requests`` items at evenly spaced
         quantiles (always the shortest and the longest); weights scale the sample to ``batch``
-        requests (default: the workload's size)."""
+        requests (default: the workload's size). ``residency``: see :meth:`segments`."""
         if max_requests < 1:
             raise PlannerError(f"max_requests must be >= 1, got {max_requests}")
         order = np.argsort(workload.totals, kind="stable")
@@ -72,7 +74,7 @@ class RolloutSample:
             tool = tool[idx] if tool is not None else None
         total = float(batch if batch is not None else n)
         weight = np.full(prompt.size, total / prompt.size)
-        return cls(prompt + gen, prompt, gen, weight, calls, tool)
+        return cls(prompt + gen, prompt, gen, weight, calls, tool, residency)
 
     @property
     def size(self) -> int:
@@ -80,11 +82,13 @@ class RolloutSample:
         return int(self.lengths.size)
 
     def segments(self) -> SegmentStats:
-        """Every contiguous segment ``j..i-1`` of the sample, flattened (see :class:`SegmentStats`)."""
+        """Every contiguous segment ``j..i-1`` of the sample, flattened (see :class:`SegmentStats`);
+        without the residency sums when ``residency`` is False."""
         ones = np.ones(self.size)
-        return segment_stats(self.lengths, self.prompt, self.gen, self.weight,
-                             self.calls if self.calls is not None else ones,
-                             self.tool if self.tool is not None else 0.0 * ones)
+        seg = segment_stats(self.lengths, self.prompt, self.gen, self.weight,
+                            self.calls if self.calls is not None else ones,
+                            self.tool if self.tool is not None else 0.0 * ones)
+        return seg if self.residency else replace(seg, gen_prompt=None, gen_sq=None)
 
     def prefix(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Prefix sums ``(weighted prompt, weighted gen, weight)``, each of length ``size + 1``."""
@@ -96,13 +100,21 @@ class RolloutSample:
         )
 
 
+def resident_prompt(prompt: np.ndarray, calls: np.ndarray) -> np.ndarray:
+    """Mean prefilled context of a request while it generates: its ``prompt`` (prompt + tool payload)
+    arrives in ``calls`` equal parts, one before each turn, and it generates evenly across the turns,
+    so turn ``k`` holds ``k / calls`` of it: ``prompt * (1 + 1 / calls) / 2`` (the whole prompt for a
+    single-turn request). The same arrival model as the start-small planner (``planner_start_small``)."""
+    return prompt * (1.0 + 1.0 / np.maximum(calls, 1.0)) / 2.0
+
+
 def segment_stats(lengths: np.ndarray, prompt: np.ndarray, gen: np.ndarray, weight: np.ndarray,
                   calls: np.ndarray, tool: np.ndarray, star_gen: np.ndarray | None = None,
                   star_tool: np.ndarray | None = None) -> SegmentStats:
     """Every contiguous segment ``j..i-1`` (``j < i``) of per-item arrays, flattened.
 
-    Sums (``prompt``, ``gen``, request ``weight``, ``calls``, ``tool``) are weighted by ``weight`` and
-    taken from prefix sums; ``max_seq`` is the largest ``lengths`` entry of the segment (the last one
+    Sums (``prompt``, ``gen``, request ``weight``, ``calls``, ``tool``, and the residency sums
+    ``gen * resident_prompt(prompt, calls)`` and ``gen * gen``) are weighted by ``weight`` and taken from prefix sums; ``max_seq`` is the largest ``lengths`` entry of the segment (the last one
     when ``lengths`` ascends, as in a :class:`RolloutSample`); the segment's *star* is its item with
     the largest ``star_gen`` (default ``gen``; ties: the last), and ``gen_star`` / ``tool_star`` are
     that item's ``star_gen`` / ``star_tool`` (default ``tool``). The start-small model
@@ -117,6 +129,8 @@ def segment_stats(lengths: np.ndarray, prompt: np.ndarray, gen: np.ndarray, weig
     W = np.concatenate([z, np.cumsum(weight)])
     C = np.concatenate([z, np.cumsum(calls * weight)])
     T = np.concatenate([z, np.cumsum(tool * weight)])
+    GP = np.concatenate([z, np.cumsum(gen * resident_prompt(prompt, calls) * weight)])
+    GG = np.concatenate([z, np.cumsum(gen * gen * weight)])
     j, i = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
     valid = j < i
     jj, ii = j[valid], i[valid]
@@ -130,15 +144,17 @@ def segment_stats(lengths: np.ndarray, prompt: np.ndarray, gen: np.ndarray, weig
         top[a, a + 1:] = np.maximum.accumulate(lengths[a:])
     s = star[valid]
     return SegmentStats(valid, jj, ii, P[ii] - P[jj], G[ii] - G[jj], W[ii] - W[jj], C[ii] - C[jj],
-                        T[ii] - T[jj], top[valid], star_gen[s], star_tool[s])
+                        T[ii] - T[jj], top[valid], star_gen[s], star_tool[s], GP[ii] - GP[jj], GG[ii] - GG[jj])
 
 
 @dataclass(frozen=True, slots=True)
 class SegmentStats:
     """Flattened sums of every segment ``j..i-1`` of a :class:`RolloutSample` (``valid`` masks the
     ``(n + 1, n + 1)`` matrix, ``jj``/``ii`` index it): weighted prompt, generated, request, call and
-    tool-second sums, the longest total length, and the generated tokens and tool seconds of the
-    segment's item that generates the most (``gen_star``, ``tool_star``)."""
+    tool-second sums, the longest total length, the generated tokens and tool seconds of the
+    segment's item that generates the most (``gen_star``, ``tool_star``), and the residency sums
+    ``gen_prompt = sum(w * gen * resident_prompt)`` and ``gen_sq = sum(w * gen^2)`` (``None``: unknown;
+    the running batch is then sized by the mean request, see :func:`agentic_cost`)."""
 
     valid: np.ndarray
     jj: np.ndarray
@@ -151,6 +167,8 @@ class SegmentStats:
     max_seq: np.ndarray
     gen_star: np.ndarray
     tool_star: np.ndarray
+    gen_prompt: np.ndarray | None = None
+    gen_sq: np.ndarray | None = None
 
 
 def agentic_cost(cm: RolloutCostModel, tp: int, seg: SegmentStats, share: Any = None,
@@ -160,6 +178,14 @@ def agentic_cost(cm: RolloutCostModel, tp: int, seg: SegmentStats, share: Any = 
 
     Terms (per instance; sums are the instance's share, ``L = overlap_steps``):
 
+    - resident context: a request holds KV only while it decodes, one token per step, so a request
+      that generates ``g`` tokens is resident ``g`` steps, holding on average ``c = resident_prompt +
+      g / 2`` tokens (:func:`resident_prompt`: payloads arrive turn by turn). The KV the instance reads
+      over the segment is ``sum(g * c)`` token-steps, so the running batch's mean context ``ctx`` is
+      the *generation-weighted* mean ``sum(g * c) / sum(g)``, and the batch ``b0`` the cost model's
+      steady batch for the matching reserve (``RolloutCostModel.resident_context``), not the
+      per-request mean ``avg_prompt + avg_gen / 2``: long requests stay resident longer (the
+      inspection paradox). Without residency sums (``seg.gen_prompt`` None) the per-request mean;
     - ``stall = calls * per_request_overhead + prefill(prompt, n)``: serial work that stalls every
       running sequence of the instance (the simulator charges each turn the same way);
     - occupancy: a trajectory holds a batch slot only while it generates; while it waits on a tool the
@@ -176,7 +202,7 @@ def agentic_cost(cm: RolloutCostModel, tp: int, seg: SegmentStats, share: Any = 
       ``gen_star``, as ``segment_cost`` without ``max_gen`` does;
     - ``cost = max(work, chain / L)`` (``inf`` if the longest request does not fit; 0 for no request).
       With no tool seconds this equals ``segment_cost``'s ``stall + max(gen / b0, gen_star / L) *
-      step(b0)``.
+      step(b0)`` given the same residency sums.
     """
     share = 1.0 if share is None else share
     share = np.maximum(np.asarray(share, dtype=float), 1e-12)
@@ -184,8 +210,9 @@ def agentic_cost(cm: RolloutCostModel, tp: int, seg: SegmentStats, share: Any = 
     calls, tool = seg.calls / share, seg.tool / share
     safe_n = np.maximum(n, 1e-12)
     avg_p, avg_g = p / safe_n, g / safe_n
-    ctx = avg_p + 0.5 * avg_g
-    b0 = np.asarray(cm.steady_batch(tp, n, avg_p, avg_g), dtype=float)
+    ctx, reserve = cm.resident_context(avg_p, avg_g, seg.gen, seg.gen_prompt, seg.gen_sq)
+    ctx = np.asarray(ctx, dtype=float)
+    b0 = np.asarray(cm.batch_for_reserve(tp, n, reserve), dtype=float)
     step0 = np.asarray(cm.decode_step(tp, b0, b0 * ctx), dtype=float)
     if np.any(tool > 0):
         f = tool / np.maximum(tool + g * step0, 1e-12)

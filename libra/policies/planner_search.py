@@ -132,7 +132,7 @@ class GlobalResourcePlanner:
     # -- preparation ------------------------------------------------------------------------------
     def _context(self, workload: Workload) -> _Context:
         cfg = self.config
-        sample = RolloutSample.from_workload(workload, cfg.global_batch, cfg.max_dp_requests)
+        sample = RolloutSample.from_workload(workload, cfg.global_batch, cfg.max_dp_requests, residency=cfg.residency)
         chains: dict[int, Any] = {}
         costs: Any
         if cfg.routing in BLIND_ROUTINGS:

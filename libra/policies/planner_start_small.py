@@ -52,12 +52,13 @@ from __future__ import annotations
 import copy
 import math
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 
 from libra.policies.cost_model_rollout import RolloutCostModel
 from libra.policies.planner_buckets import next_state
-from libra.policies.planner_rollout import RolloutSample, SegmentStats, agentic_cost, segment_stats
+from libra.policies.planner_rollout import RolloutSample, SegmentStats, agentic_cost, resident_prompt, segment_stats
 from libra.policies.planner_types import PlannerError, RolloutInstance
 
 __all__ = ["StartSmallCosts", "StartSmallTable", "evaluate_start_small", "start_small_instances"]
@@ -97,6 +98,8 @@ class StartSmallCosts:
             np.where(multi, lengths, zero), np.where(multi, p + phi * g, zero), np.where(multi, (1.0 - phi) * g, zero),
             w * multi, np.where(multi, calls - 1.0, zero), np.where(multi, tool, zero),
             np.where(multi, g, zero), np.where(multi, tool, zero))
+        if not sample.residency:
+            self.rest_seg = replace(self.rest_seg, gen_prompt=None, gen_sq=None)
         self._flat = np.full((n + 1,) * 2, -1)
         self._flat[self.rest_seg.valid] = np.arange(int(self.rest_seg.valid.sum()))
         # head stats for every i0 = 0..n: whole requests 0..i0-1 + first turns of i0..n-1
@@ -128,7 +131,9 @@ class StartSmallCosts:
         b_gen = np.where(b_idx >= 0, fg[np.maximum(b_idx, 0)], 0.0)
         b_tool = np.where(b_idx >= 0, ft[np.maximum(b_idx, 0)], 0.0)
         sums = dict(prompt=Pw + suf(fp), gen=Gw + suf(fg), n=Ww + suf(ones), calls=Cw + suf(ones),
-                    tool=Tw + suf(ft), max_seq=np.maximum(whole_max, first_max))
+                    tool=Tw + suf(ft), max_seq=np.maximum(whole_max, first_max),
+                    gen_prompt=pre(g * resident_prompt(p, calls)) + suf(fg * fp) if sample.residency else None,
+                    gen_sq=pre(g * g) + suf(fg * fg) if sample.residency else None)
         dummy = np.ones(n + 1, bool)
         self._head_a = SegmentStats(dummy, i0, i0, gen_star=a_gen, tool_star=a_tool, **sums)
         self._head_b = SegmentStats(dummy, i0, i0, gen_star=b_gen, tool_star=b_tool, **sums)

@@ -131,6 +131,11 @@ class PlannerConfig:
     (``planner_search.py``); False: the rollout DP minimises ``T_rollout`` alone (the earlier search,
     which can return a plan predicted slower than another layout on the same data; kept because the
     simulated ablation measured it faster, see BENCHMARKS.md). No effect at ``overlap_steps = 1``.
+
+    ``residency`` (default True): size each instance's running batch and its KV by the
+    generation-weighted context of its requests (long requests stay resident longest;
+    ``RolloutCostModel.resident_context``); False: by the mean request (the earlier model, kept for
+    ``python -m libra.bench planner_accuracy``, which measures both against the simulator).
     """
 
     n_gpus: int
@@ -152,6 +157,7 @@ class PlannerConfig:
     overlap_steps: int = 1
     routing: str = "by_length"
     exact_pipeline: bool = True
+    residency: bool = True
 
     def __post_init__(self) -> None:
         for name in ("n_gpus", "global_batch", "group_size", "granularity", "max_dp_requests", "max_micro_batch",

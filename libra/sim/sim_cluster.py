@@ -33,7 +33,8 @@ from typing import Final
 from libra.policies.cost_model import RolloutCostModel
 from libra.policies.routing import BucketSpec, MigrationQuery
 
-__all__ = ["ALLOCATIONS", "PLANNER_ALLOCATIONS", "STATIC_ALLOCATIONS", "InstanceCosts", "Layout", "RolloutInstanceSpec", "SimConfigError", "make_layout"]
+__all__ = ["ALLOCATIONS", "PLANNER_ALLOCATIONS", "STATIC_ALLOCATIONS", "InstanceCosts", "Layout", "RolloutInstanceSpec",
+           "SimConfigError", "homogeneous_layout", "make_layout"]
 
 STATIC_ALLOCATIONS: Final = ("static_uniform", "hetero", "colocated")
 PLANNER_ALLOCATIONS: Final = ("grp_homogeneous", "grp", "grp_ehp", "static_best", "greedy")
@@ -73,7 +74,10 @@ class Layout:
         return sum(i.tp for i in self.instances)
 
 
-def _homogeneous(name: str, gpus: int, rollout_gpus: int, tp: int, train_gpus: int, colocated: bool) -> Layout:
+def homogeneous_layout(name: str, gpus: int, rollout_gpus: int, tp: int, train_gpus: int,
+                       colocated: bool = False) -> Layout:
+    """``rollout_gpus // tp`` TP-``tp`` instances in one bucket (``"all"``), ``train_gpus`` training
+    GPUs; raises :class:`SimConfigError` if not one instance fits."""
     n = rollout_gpus // tp
     if n < 1:
         raise SimConfigError(f"allocation {name!r}: {rollout_gpus} rollout GPUs cannot hold one TP-{tp} instance")
@@ -90,9 +94,9 @@ def make_layout(allocation: str, gpus: int, bucket_thresholds: tuple[int, ...] =
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 2:
         raise SimConfigError(f"--gpus must be an integer >= 2, got {gpus!r}")
     if allocation == "static_uniform":
-        return _homogeneous(allocation, gpus, gpus // 2, 2, gpus - gpus // 2, False)
+        return homogeneous_layout(allocation, gpus, gpus // 2, 2, gpus - gpus // 2, False)
     if allocation == "colocated":
-        return _homogeneous(allocation, gpus, gpus, 2, gpus, True)
+        return homogeneous_layout(allocation, gpus, gpus, 2, gpus, True)
     if allocation == "hetero":
         if gpus < 2 * NODE_GPUS:
             raise SimConfigError(f"allocation 'hetero' needs at least {2 * NODE_GPUS} GPUs, got {gpus}")

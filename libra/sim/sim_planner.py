@@ -130,7 +130,8 @@ class PlannerSimParams:
     the reference's 48-GPU R2E config [C]: whole 8-GPU steps, at least 8 training and 8 rollout GPUs.
     ``planner_routing``: the planner's ``PlannerConfig.routing`` (None: :func:`planner_routing` of the
     router); ``exact_pipeline``: ``PlannerConfig.exact_pipeline`` (off by default here: measured slower
-    on the ablation, BENCHMARKS.md "the planner models C-MLFQ's start-small routing")."""
+    on the ablation, BENCHMARKS.md "the planner models C-MLFQ's start-small routing"); ``residency``:
+    ``PlannerConfig.residency``."""
 
     plan_interval: int = 5
     cooldown_steps: int = 1
@@ -159,6 +160,7 @@ class PlannerSimParams:
     error_window: int = 4
     planner_routing: str | None = None
     exact_pipeline: bool = False
+    residency: bool = True
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PlannerSimParams:
@@ -223,7 +225,7 @@ class PlannerAllocation:
                                             min_train_gpus=p.min_train_gpus, min_rollout_gpus=p.min_rollout_gpus,
                                             overlap_steps=cfg.lag,
                                             routing=planner_routing(cfg.router, p.planner_routing),
-                                            exact_pipeline=p.exact_pipeline)
+                                            exact_pipeline=p.exact_pipeline, residency=p.residency)
         self.allocator = make_allocator(allocator_name, rollout_model=RolloutCostModel(hw, model),
                                         train_model=self.train_model, config=self.planner_config)
         self.replanner = Replanner(self.allocator, plan_interval=p.plan_interval, cooldown_steps=p.cooldown_steps,

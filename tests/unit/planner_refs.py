@@ -25,6 +25,20 @@ def _agentic_requests(n: int, seed: int) -> list[tuple[float, float, float, floa
     return [(p, g, c, float(t)) for (p, g, c), t in zip(_requests(n, seed), rng.uniform(0.0, 400.0, n))]
 
 
+def _resident(items: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """``(ctx, reserve)`` of a running batch drawn from ``items`` (``(prompt, gen, calls)`` each), by
+    loops: each item is resident for its ``gen`` decode steps, holding its prompt as it arrives (one
+    part per call, ``prompt * (1 + 1 / calls) / 2`` on average) plus half its generation."""
+    f = RM.cal.kv_reserve_gen_fraction
+    gsum = sum(g for _, g, _ in items)
+    if gsum <= 0:
+        n = max(len(items), 1)
+        ap, ag = sum(p for p, _, _ in items) / n, sum(g for _, g, _ in items) / n
+        return ap + ag / 2, ap + f * ag
+    held = [(g, p * (1 + 1 / max(c, 1.0)) / 2, g) for p, g, c in items]
+    return (sum(g * (rp + x / 2) for g, rp, x in held) / gsum, sum(g * (rp + f * x) for g, rp, x in held) / gsum)
+
+
 def _pooled_agentic(reqs: list[tuple[float, float, float, float]], tp: int, k: int, lag: int) -> tuple[float, float]:
     """Direct sums of ``agentic_cost`` for the busiest of ``k`` instances: ``(cost, chain)``."""
     n = len(reqs)
@@ -33,11 +47,11 @@ def _pooled_agentic(reqs: list[tuple[float, float, float, float]], tp: int, k: i
     m = n / share
     if max(r[0] + r[1] for r in reqs) > RM.token_capacity(tp):
         return math.inf, math.inf
-    avg_p, avg_g = p / m, g / m
-    b0 = float(RM.steady_batch(tp, m, avg_p, avg_g))
-    step0 = float(RM.decode_step(tp, b0, b0 * (avg_p + avg_g / 2)))
+    ctx, reserve = _resident([(r[0], r[1], r[2]) for r in reqs])
+    b0 = float(RM.batch_for_reserve(tp, m, reserve))
+    step0 = float(RM.decode_step(tp, b0, b0 * ctx))
     b = max(b0 * (1 - tool / (tool + g * step0)), 1.0) if tool > 0 else b0
-    step = float(RM.decode_step(tp, b, b * (avg_p + avg_g / 2)))
+    step = float(RM.decode_step(tp, b, b * ctx))
     stall = c * RM.cal.per_request_overhead_s + float(RM.prefill_time(tp, p, m))
     star = max(range(n), key=lambda a: (reqs[a][1], a))  # most generated tokens (ties: the last)
     chain = lag * stall + reqs[star][1] * step + reqs[star][3]
@@ -56,11 +70,11 @@ def _direct_parts(parts: list[tuple[float, float, float, float, float]], n_req: 
     share = min(k, n_req)
     p, g, c, tool = (sum(x[i] for x in parts) / share for i in range(4))
     m = n_req / share
-    avg_p, avg_g = p / m, g / m
-    b0 = float(RM.steady_batch(tp, m, avg_p, avg_g))
-    step0 = float(RM.decode_step(tp, b0, b0 * (avg_p + avg_g / 2)))
+    ctx, reserve = _resident([(x[0], x[1], x[2]) for x in parts])
+    b0 = float(RM.batch_for_reserve(tp, m, reserve))
+    step0 = float(RM.decode_step(tp, b0, b0 * ctx))
     b = max(b0 * (1 - tool / (tool + g * step0)), 1.0) if tool > 0 else b0
-    step = float(RM.decode_step(tp, b, b * (avg_p + avg_g / 2)))
+    step = float(RM.decode_step(tp, b, b * ctx))
     stall = c * RM.cal.per_request_overhead_s + float(RM.prefill_time(tp, p, m))
     chain = max(lag * stall + gs * step + ts for gs, ts in stars)
     return max(stall + g / b * step, chain / lag), chain

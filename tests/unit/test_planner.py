@@ -53,7 +53,8 @@ def _brute_rollout(
         part = reqs[j:i]
         return float(
             cm.segment_cost(
-                tp, sum(p for p, _ in part), sum(g for _, g in part), len(part), max(p + g for p, g in part)
+                tp, sum(p for p, _ in part), sum(g for _, g in part), len(part), max(p + g for p, g in part),
+                gen_prompt_sum=sum(g * p for p, g in part), gen_sq_sum=sum(g * g for _, g in part),
             )
         )
 

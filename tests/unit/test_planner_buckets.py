@@ -20,8 +20,10 @@ def _pooled(reqs: list[tuple[float, float, float]], tp: int, k: int, lag: int = 
     n = len(reqs)
     share = min(k, n)
     p, g, c = (sum(r[x] for r in reqs) for x in range(3))
+    gp = sum(r[1] * r[0] * (1 + 1 / r[2]) / 2 for r in reqs)  # generation-weighted resident prompt
+    gg = sum(r[1] * r[1] for r in reqs)
     cost = RM.segment_cost(tp, p / share, g / share, n / share, max(r[0] + r[1] for r in reqs),
-                           max(r[1] for r in reqs) / lag)
+                           max(r[1] for r in reqs) / lag, gp / share, gg / share)
     return float(cost) + (c - n) / share * RM.cal.per_request_overhead_s
 
 

@@ -205,7 +205,7 @@ def test_exact_pipeline_off_is_the_rollout_only_search() -> None:
     workload it returns a plan that another layout beats on its own objective."""
     cfg = PlannerConfig(n_gpus=24, global_batch=32, group_size=16, granularity=8, min_train_gpus=8,
                         min_rollout_gpus=8, overlap_steps=2, rollout_tps=(1, 2, 4), max_dp_requests=8)
-    reqs = [(p, g, c, t * 3) for p, g, c, t in _agentic_requests(32, 29)]
+    reqs = [(p, g, c, t * 3) for p, g, c, t in _agentic_requests(32, 30)]
     exact = GlobalResourcePlanner(RM, TM, cfg).search(reqs)
     loose = GlobalResourcePlanner(RM, TM, replace(cfg, exact_pipeline=False)).search(reqs)
     assert exact.objective < loose.objective

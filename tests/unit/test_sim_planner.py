@@ -4,6 +4,7 @@ and the plan-application ordering they rely on. Structure and invariants only, n
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -247,7 +248,9 @@ def test_reconfig_feedback_reports_the_measured_cost_of_a_deployment() -> None:
     on.run()
     assert on.alloc is not None and on.alloc.applied  # this run deploys a new plan at least once
     costs = on.alloc.report()["reconfig_costs"]
-    assert costs and all(c["deployments"] >= 1 and c["cost_s"] >= 0 for c in costs)
+    # the report keeps the measured excess as measured (negative: the steps around the deployment beat
+    # their prediction); the Replanner charges it clamped at 0
+    assert costs and all(c["deployments"] >= 1 and math.isfinite(c["cost_s"]) for c in costs)
     assert list(on.alloc.replanner.reconfigs) == pytest.approx([max(0.0, c["cost_s"]) for c in costs], abs=1e-3)
     off = _sim("grp", gpus=24, steps=6, plan_interval=1, reconfig_feedback=False)
     off.run()
