@@ -324,11 +324,14 @@ class DataPlaneServer:
         finally:
             sock.close(0)
 
-    def _send(self, ident: bytes, frames: list[Any]) -> None:
+    def _send(self, ident: bytes, frames: list[Any]) -> bool:
+        """Send one reply; False if the client is gone (its transfer is abandoned)."""
         try:
             self.sock.send_multipart([ident, PROTO, *frames], copy=False)
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the client is gone; its transfer is abandoned
             log.info("dataplane_peer_gone", error=str(exc))
+            return False
+        return True
 
     def _error(self, ident: bytes, req: Any, code: str, message: str) -> None:
         self._send(ident, [_pack({"ok": False, "req": req, "code": code, "message": message})])
@@ -377,9 +380,13 @@ class DataPlaneServer:
                 return
             for i in range(start, start + count):
                 chunk = obj.chunks[i]
-                self._send(ident, [_pack({"op": "chunk", "req": req, "name": obj.name, "index": i}), chunk])
+                # counted before the send: a client that has its last chunk sees the final counts
                 self.bytes_served += len(chunk)
                 self.chunks_served += 1
+                if not self._send(ident, [_pack({"op": "chunk", "req": req, "name": obj.name, "index": i}), chunk]):
+                    self.bytes_served -= len(chunk)
+                    self.chunks_served -= 1
+                    return
 
 
 # ---------------------------------------------------------------------- client side

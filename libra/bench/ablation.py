@@ -38,7 +38,6 @@ benchmark reports what it measures and whether each target holds; it does not as
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -46,6 +45,8 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
+
+from libra.bench.output import emit
 
 __all__ = ["RUNGS", "earl_run", "main", "measure_tgs", "run", "run_rung"]
 
@@ -337,11 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     out = run(steps, gpus, prompts, args.seed, args.base_router, args.jobs, points)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
-    if args.json:
-        print(json.dumps(out, default=lambda o: None if isinstance(o, float) and not math.isfinite(o) else o))
-    else:
-        print(_fmt(out))
-        print(f"(wall {out['wall_s']} s)")
+    emit(out, args.json, _fmt)
     return 0
 
 

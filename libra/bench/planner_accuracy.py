@@ -24,11 +24,12 @@ pick over the best simulated time). The summary line gives both models' mean err
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from collections.abc import Sequence
 from typing import Any
+
+from libra.bench.output import emit
 
 __all__ = ["build_parser", "main", "run", "run_case"]
 
@@ -154,11 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     out = run(args.cases, args.gpus, args.train, args.seed)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
-    if args.json:
-        print(json.dumps(out, default=lambda o: None if isinstance(o, float) and not math.isfinite(o) else o))
-    else:
-        print(_fmt(out))
-        print(f"(wall {out['wall_s']} s)")
+    emit(out, args.json, _fmt)
     return 0
 
 
