@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         server = BrokerServer(args.bind, config, curve=curve, journal=args.journal,
                               router_state=args.router_state, router_state_interval_s=args.router_state_interval_s,
                               on_ready=lambda ep: sdnotify.ready(f"listening on {ep}"))
+    except ValueError as exc:  # a setting the core rejects: router, buckets, planner table
+        print(f"libra.broker: bad configuration: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:  # zmq.ZMQError: address in use, bad endpoint
         log.error("bind_failed", endpoint=args.bind, error=str(exc))
         print(f"libra.broker: cannot bind {args.bind}: {exc}", file=sys.stderr)

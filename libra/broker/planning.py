@@ -1,12 +1,13 @@
-"""Applying a planner's plan to the live broker: GPU actors → roles → directives (friend functions of
-:class:`~libra.broker.state.BrokerState`; pure like it). The layout and ordering rules are in ``pools``."""
+"""Applying a planner's plan to the live broker: GPU actors → roles → directives, and the periodic
+planning round (friend functions of :class:`~libra.broker.state.BrokerState`; pure like it). The layout
+and ordering rules are in ``pools``, the round's decision in ``planner_loop``."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from .events import Command
-from .pools import GpuSlot, PlanApplier, Role, bucket_specs, layout_roles
+from .pools import GpuSlot, PlanApplier, PlanError, Role, bucket_specs, layout_roles
 
 if TYPE_CHECKING:
     from .state import BrokerState
@@ -41,3 +42,25 @@ def apply_plan(self: BrokerState, plan: Any, now: float) -> list[Command]:
     for aid, role in self.plan_applier.start():
         out.extend(self.direct(aid, role.kinds, now, "finish", role.config())[1])
     return out
+
+
+def plan_round(self: BrokerState, now: float) -> list[Command]:
+    """On the timer: when a round of the broker's planner (``planner_loop``) is due and no plan is still
+    being applied, decide on the connected GPU actors and apply the plan it returns. A plan that does
+    not fit the actors (``PlanError``) is recorded as ``apply_failed``; nothing is sent."""
+    loop = self.planner
+    if loop is None or not loop.due(now) or (self.plan_applier is not None and not self.plan_applier.done):
+        return []
+    gen = [s for s in self.actors.values() if "generate" in s.accepting]
+    cap = max(1, sum(s.capacity for s in gen))
+    queued = sum(len(q) for (kind, _), q in self.queues.items() if kind == "generate")
+    active = sum(len(s.held) for s in gen)
+    plan = loop.decide(len(self.gpu_slots()), now, queue_pressure=min(1.0, queued / cap),
+                       active_pressure=min(1.0, active / cap), rejected_total=self.stats["busy"])
+    if plan is None:
+        return []
+    try:
+        return self.apply_plan(plan, now)
+    except PlanError as exc:
+        loop.rejected(plan, str(exc))
+        return []

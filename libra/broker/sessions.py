@@ -32,6 +32,7 @@ class BrokerConfig:
     action_scheduler: str = ""  # "" = first come first served by credit; or tangram | fixed_dop | per_trajectory
     action_scheduler_params: dict[str, Any] = field(default_factory=dict)
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool -> {cpu, max_cpu, parallel_fraction, duration_s}
+    planner: dict[str, Any] = field(default_factory=dict)  # [broker.planner]: periodic GRP (planner_loop.py); {} = off
 
 
 @dataclass(slots=True)

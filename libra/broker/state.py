@@ -34,6 +34,7 @@ from . import views
 from . import jobs, journal, planning
 from .actions import ActionPlacement, schedule_actions
 from .events import BadFrame, Command, Event, Journal, PeerMessage, Send, Tick
+from .planner_loop import PlannerLoop, PlannerSettings
 from .pools import GpuSlot, PlanApplier
 from .rollout import RolloutRouting, route_generate
 from .sessions import ActorSession, BrokerConfig, ClientSession
@@ -67,6 +68,7 @@ class BrokerState:
         self._directives = itertools.count(1)
         self._sessions = itertools.count(1)
         self.plan_applier: PlanApplier | None = None
+        self.planner = PlannerLoop(PlannerSettings.from_dict(self.config.planner)) if self.config.planner else None
         self.journaling = False  # the shell turns this on and drains ``journal_out`` after every event
         self.journal_out: list[Journal] = []
         self._plan_generation = 0
@@ -395,7 +397,9 @@ class BrokerState:
 
     def _on_end_trajectory(self, peer: bytes, msg: m.EndTrajectory, now: float, out: list[Command]) -> None:
         if peer in self.clients:
-            self.rollout.end(msg.trajectory, msg.total_output_tokens, msg.ok)
+            tr = self.rollout.end(msg.trajectory, msg.total_output_tokens, msg.ok)
+            if tr is not None and msg.ok and self.planner is not None:
+                self.planner.observe(tr.context - tr.generated, max(tr.generated, msg.total_output_tokens), tr.turns)
             if self.actions is not None:
                 self.actions.trajectory_finished(msg.trajectory, now)
 
@@ -492,6 +496,7 @@ class BrokerState:
         for peer, cs in list(self.clients.items()):
             if cs.inflight <= 0 and now - cs.last_seen > c.client_idle_s:
                 del self.clients[peer]
+        out.extend(planning.plan_round(self, now))
         return out
 
     # ------------------------------------------------------------------ matching

@@ -30,6 +30,8 @@ def snapshot(self: BrokerState, request_id: str, now: float) -> m.StatusReply:
     stats["clients"] = len(self.clients)
     if self.jobs:
         stats["jobs"] = {name: host.summary() for name, host in self.jobs.items()}
+    if self.planner is not None:
+        stats["planner"] = self.planner.summary()
     return m.StatusReply(request_id, actors, queues, stats)
 
 def validate(self: BrokerState) -> None:

@@ -1,0 +1,115 @@
+"""The broker's periodic Global Resource Planner (``[broker.planner]``): finished trajectories in, role
+directives out, on the broker's timer; bad settings are clear errors. Pure core, no sockets."""
+
+from __future__ import annotations
+
+import pytest
+
+from libra.broker.events import PeerMessage, Tick
+from libra.broker.planner_loop import PlannerLoop, PlannerSettings
+from libra.broker.sessions import BrokerConfig
+from libra.broker.state import BrokerState
+from libra.protocol import messages as m
+
+CAPS = {"generate": ["*"], "train": ["*"], "sync": ["*"]}
+CLIENT = b"client-1"
+
+
+def _broker(n_gpus: int = 16, **planner: object) -> BrokerState:
+    s = BrokerState(BrokerConfig(heartbeat_s=1e9, planner={"allocation": "grp", "interval_s": 60.0, **planner}))
+    for k in range(n_gpus):
+        aid = f"n{k // 8}/gpu{k % 8}"
+        s.handle(PeerMessage(aid.encode(), m.ActorHello(aid, f"n{k // 8}", f"gpu{k % 8}", 1, CAPS, ["generate"], 4,
+                                                       {"slot_kind": "gpu"})), 0.0)
+    s.handle(PeerMessage(CLIENT, m.ClientHello("c", 1)), 0.0)
+    return s
+
+
+def _finish(s: BrokerState, n: int, now: float) -> None:
+    """``n`` multi-turn trajectories run through the broker's rollout bookkeeping (routed turns, generated
+    tokens, tool payloads) and end through the wire path (EndTrajectory from a client)."""
+    view = s.rollout.view([("n0/gpu0", s.rollout.buckets[0].name, 0, 0, "n0")])
+    for i in range(n):
+        tid, turns = f"t{now}-{i}", 1 + i % 5
+        gen = 800 + 700 * (i % 7) + (9000 if i % 13 == 0 else 0)
+        for turn in range(turns):
+            s.rollout.route(tid, {"prompt_tokens": 700}, view)
+            s.rollout.turn_done(tid, {"gen_tokens": gen // turns})
+            if turn < turns - 1:
+                s.rollout.tool_returned(tid, "bash", True, {"payload_tokens": 1500 * (i % 3)}, "")
+        s.handle(PeerMessage(CLIENT, m.EndTrajectory(tid, gen, True)), now)
+
+
+def _directives(out: list) -> dict[str, m.Directive]:
+    return {c.peer.decode(): c.msg for c in out if isinstance(getattr(c, "msg", None), m.Directive)}
+
+
+def test_a_round_applies_the_first_plan_with_directives_and_shows_it_in_status() -> None:
+    s = _broker()
+    assert not _directives(s.handle(Tick(), 1.0))  # the first tick starts the planner's clock
+    _finish(s, 64, 10.0)
+    assert s.planner is not None and len(s.planner.history) == 64
+    # (prompt + tool payload, generated (the client's count when larger), generate turns)
+    assert s.planner.history[0] == (700.0, 9800.0, 1.0) and s.planner.history[2] == (6700.0, 2200.0, 3.0)
+    assert not _directives(s.handle(Tick(), 30.0))  # not due yet (interval 60 s)
+    out = s.handle(Tick(), 62.0)
+    d = _directives(out)
+    assert len(d) == 16 and s.plan_applier is not None  # every GPU actor gets its role
+    plan = s.planner.plan
+    assert plan is not None and plan.n_gpus == 16 and plan.n_train >= 1
+    assert sum(x.config.get("role") == "train" for x in d.values()) == plan.n_train
+    st = s.snapshot("x", 62.0).stats["planner"]
+    assert st["plans_applied"] == 1 and st["decisions"][-1]["reason"] == "initial_plan"
+    assert st["plan"]["n_train"] == plan.n_train and st["allocation"] == "grp"
+    # while the plan is still being applied, no round runs
+    assert not _directives(s.handle(Tick(), 200.0)) and s.planner.rounds == 1
+    for aid, x in d.items():
+        s.handle(PeerMessage(aid.encode(), m.DirectiveDone(x.directive_id, x.kinds)), 201.0)
+        s.handle(PeerMessage(aid.encode(), m.Bid(x.kinds, 4)), 201.0)
+    assert s.plan_applier.done
+    _finish(s, 64, 250.0)
+    s.handle(Tick(), 262.0)  # the next round re-evaluates the deployed plan against the candidate
+    assert s.planner.rounds == 2 and s.planner.decisions[-1]["reason"] != "initial_plan"
+    s.validate()
+
+
+def test_too_few_gpu_actors_or_too_little_history_is_a_decision_not_an_error() -> None:
+    s = _broker(n_gpus=1)
+    s.handle(Tick(), 0.5)
+    _finish(s, 32, 5.0)
+    assert not _directives(s.handle(Tick(), 61.0))
+    assert s.planner is not None and s.planner.decisions[-1]["reason"] == "too_few_gpu_actors"
+    s2 = _broker(n_gpus=8)
+    s2.handle(Tick(), 0.5)
+    _finish(s2, 3, 5.0)  # below the re-planner's minimum history
+    assert not _directives(s2.handle(Tick(), 61.0))
+    assert s2.planner is not None and s2.planner.decisions[-1]["reason"] == "insufficient_history"
+
+
+def test_without_a_planner_table_the_broker_never_plans() -> None:
+    s = BrokerState(BrokerConfig())
+    assert s.planner is None and "planner" not in s.snapshot("x", 0.0).stats
+
+
+@pytest.mark.parametrize(("table", "match"), [
+    ({}, "'allocation' is required"),
+    ({"allocation": "best"}, "unknown allocation 'best'"),
+    ({"allocation": "grp", "interval": 5}, r"unknown key\(s\) \['interval'\]"),
+    ({"allocation": "grp", "interval_s": 0}, "interval_s must be > 0"),
+    ({"allocation": "grp", "batch": 20}, "batch must be a positive multiple of group_size=16"),
+    ({"allocation": "grp", "params": 3}, "params and replanner must be tables"),
+])
+def test_bad_planner_settings_name_the_problem(table: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        PlannerSettings.from_dict(table)
+
+
+def test_unknown_profiles_and_the_broker_command_line_report_bad_configuration(tmp_path, capsys) -> None:
+    with pytest.raises(ValueError, match="broker planner"):
+        PlannerLoop(PlannerSettings.from_dict({"allocation": "grp", "hardware": "tpu9"}))
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text('[broker]\n[broker.planner]\nallocation = "grp"\nhardware = "tpu9"\n')
+    from libra.broker.__main__ import main
+
+    assert main(["--bind", "tcp://127.0.0.1:0", "--config", str(cfg)]) == 2
+    assert "bad configuration" in capsys.readouterr().err
