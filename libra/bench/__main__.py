@@ -9,6 +9,7 @@ import sys
 BENCHMARKS = {
     "broker": ("libra.bench.broker", "broker round trip and throughput vs raw pyzmq"),
     "planner": ("libra.bench.planner", "GRP planner search time with and without memoisation"),
+    "planner_round": ("libra.bench.planner_round", "broker loop stall of a planning round: search on a worker thread vs inline"),
     "planner_accuracy": ("libra.bench.planner_accuracy", "planner rollout predictions vs the simulator: residency vs mean-request model"),
     "sandbox": ("libra.bench.sandbox", "warm sandbox dispatch vs plain subprocess"),
     "actions": ("libra.bench.actions", "actions end to end: sandbox dispatch vs subprocess, decision latency, sim ACT/cores/GPUs"),

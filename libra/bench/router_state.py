@@ -19,23 +19,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from libra.bench.loop_gap import loop_gaps_while
+
 __all__ = ["main", "run"]
-
-
-def _loop_gaps_while(worker: threading.Thread) -> float:
-    """Longest gap (s) between iterations of a loop doing 0.5 ms sleeps while ``worker`` runs."""
-    worker.start()
-    last = time.perf_counter()
-    worst = 0.0
-    while True:  # at least one iteration, so the gap is never 0
-        time.sleep(0.0005)
-        now = time.perf_counter()
-        worst = max(worst, now - last)
-        last = now
-        if not worker.is_alive():
-            break
-    worker.join()
-    return worst
 
 
 def run(steps: int, prompts: int, repeat: int) -> dict[str, Any]:
@@ -59,7 +45,7 @@ def run(steps: int, prompts: int, repeat: int) -> dict[str, Any]:
             sum(map(len, snap.iter_json()))  # what the broker's writer thread streams to the file
             spent.append(time.perf_counter() - t)
 
-        gaps.append(_loop_gaps_while(threading.Thread(target=write)))
+        gaps.append(loop_gaps_while(threading.Thread(target=write)))
         tree.thaw()
         build.append(spent[0])
     best = min(naive)

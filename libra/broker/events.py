@@ -1,7 +1,7 @@
 """Inputs to and outputs of the broker's pure core (``BrokerState.handle``).
 
 Events are what the shell observed (a decoded frame from a peer, a frame that failed to decode, a
-timer tick). Commands are what the core wants done (send a message to a peer). Both are plain frozen
+timer tick, a planner search it ran off the loop). Commands are what the core wants done (send a message to a peer). Both are plain frozen
 dataclasses so tests can build and compare them directly.
 """
 
@@ -35,7 +35,15 @@ class Tick:
     """Periodic timer: liveness, leases, deadlines, heartbeats."""
 
 
-Event = PeerMessage | BadFrame | Tick
+@dataclass(frozen=True, slots=True)
+class PlannerDone:
+    """The search of a broker planning round finished (``job``: a ``planner_loop.PlanJob`` the shell
+    ran off the event loop)."""
+
+    job: Any
+
+
+Event = PeerMessage | BadFrame | Tick | PlannerDone
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,13 +21,18 @@ Settings (:class:`PlannerSettings`, every key optional but ``allocation``):
 
 The cluster size is the number of connected GPU actors at each round (a plan needs at least two). A
 round with too few GPU actors or too little history is a decision with a reason, never an error.
-Pure: no I/O, clocks or threads; the search runs inline (about 35 ms at 48 GPUs, 0.15 s at 128,
-``python -m libra.bench planner``), once per round.
+
+A round is :meth:`PlannerLoop.start` (on the broker's loop: snapshot the pressure, build the re-planner),
+:meth:`PlanJob.run` (the search: about 35 ms at 48 GPUs, 0.2 s at 128, 3 s at 512, so the server runs it
+on a worker thread) and :meth:`PlannerLoop.finish` (back on the loop: record, apply). Trajectories that
+finish while a search runs are held and reach the re-planner afterwards. Pure but for the search's
+own timer (reported as ``search_s``, never decided on): no I/O or threads here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,10 +47,10 @@ from libra.policies.cost_model import (
     load_model,
 )
 from libra.policies.planner import ALLOCATORS, PlannerConfig, make_allocator
-from libra.policies.planner_online import PressureSnapshot, Replanner
+from libra.policies.planner_online import PressureSnapshot, ReplanDecision, Replanner
 from libra.policies.planner_types import Plan, PlannerError
 
-__all__ = ["PlannerLoop", "PlannerSettings"]
+__all__ = ["PlanJob", "PlannerLoop", "PlannerSettings"]
 
 log = get_logger(__name__)
 
@@ -112,27 +117,36 @@ class PlannerLoop:
         self.decisions: deque[dict[str, Any]] = deque(maxlen=16)
         self._replanner: Replanner | None = None
         self._key: tuple[int, int] | None = None  # (GPUs, batch) the replanner was built for
+        self.job: PlanJob | None = None  # the round whose search is in flight
+        self._held: list[tuple[float, float, float]] = []  # observed while it is
 
     def observe(self, prompt_tokens: int, generated: int, turns: int) -> None:
-        """Record one finished trajectory: prompt + tool-payload tokens, generated tokens, generate turns."""
+        """Record one finished trajectory: prompt + tool-payload tokens, generated tokens, generate turns.
+        While a search is in flight the re-planner is not touched (:attr:`job` runs on another thread);
+        the record reaches it when the round finishes."""
         if prompt_tokens + generated <= 0:
             return
-        self.history.append((float(max(0, prompt_tokens)), float(max(1, generated)), float(max(1, turns))))
+        row = (float(max(0, prompt_tokens)), float(max(1, generated)), float(max(1, turns)))
+        self.history.append(row)
         self.finished_since += 1
-        if self._replanner is not None:
-            self._replanner.observe(*self.history[-1][:2], int(self.history[-1][2]))
+        if self.job is not None:
+            self._held.append(row)
+        elif self._replanner is not None:
+            self._replanner.observe(row[0], row[1], int(row[2]))
 
     def due(self, now: float) -> bool:
-        """Whether a planning round is due at ``now`` (the first one ``interval_s`` after start)."""
+        """Whether a planning round is due at ``now`` (the first one ``interval_s`` after start; never
+        while a round's search is in flight)."""
         if self.last_round_t is None:
             self.last_round_t = now
             return False
-        return now - self.last_round_t >= self.settings.interval_s
+        return self.job is None and now - self.last_round_t >= self.settings.interval_s
 
-    def decide(self, n_gpus: int, now: float, *, queue_pressure: float = 0.0, active_pressure: float = 0.0,
-               rejected_total: int = 0) -> Plan | None:
-        """One planning round on ``n_gpus`` connected GPU actors: the plan to apply now, or None. The
-        caller applies it and reports failure with :meth:`rejected`."""
+    def start(self, n_gpus: int, now: float, *, queue_pressure: float = 0.0, active_pressure: float = 0.0,
+              rejected_total: int = 0) -> PlanJob | None:
+        """Begin a planning round on ``n_gpus`` connected GPU actors. Returns the search to run (also kept
+        as :attr:`job` until :meth:`finish`), or None when the round ended at once (too few GPU actors,
+        a configuration the planner refuses: the decision is recorded)."""
         self.last_round_t = now
         self.rounds += 1
         s = self.settings
@@ -147,17 +161,38 @@ class PlannerLoop:
                 return self._record(now, "planner_config_error", error=str(exc))
         assert self._replanner is not None
         snap = PressureSnapshot(self.rounds, queue_pressure, active_pressure, rejected_total)
-        try:
-            dec = self._replanner.step(snap, self.plan)
-        except (PlannerError, ValueError) as exc:
-            return self._record(now, "planner_error", error=str(exc))
+        self.job = PlanJob(self._replanner, snap, self.plan)
+        return self.job
+
+    def finish(self, job: PlanJob, now: float) -> Plan | None:
+        """End the round of ``job`` (after :meth:`PlanJob.run`): record its decision and return the plan to
+        apply now, or None. The caller applies it and reports a layout failure with :meth:`rejected`."""
+        if job is not self.job:  # not this loop's round (stale): nothing to do
+            return None
+        self.job = None
+        held, self._held = self._held, []
+        if job.replanner is self._replanner:
+            for p, g, t in held:
+                job.replanner.observe(p, g, int(t))
+        if job.error is not None:
+            return self._record(now, "planner_error", error=job.error)
+        dec = job.decision
+        assert dec is not None, "PlanJob.run() was not called"
         plan = dec.plan if dec.apply else None
         self._record(now, dec.reason, trigger=dec.trigger, current_s=dec.current_time, candidate_s=dec.candidate_time,
-                     plan=_plan_summary(plan) if plan is not None else None)
+                     search_s=round(job.seconds, 4), plan=_plan_summary(plan) if plan is not None else None)
         if plan is not None:
             self.plan = plan
             self.applied += 1
         return plan
+
+    def decide(self, n_gpus: int, now: float, **pressure: Any) -> Plan | None:
+        """A whole round inline (:meth:`start`, :meth:`PlanJob.run`, :meth:`finish`)."""
+        job = self.start(n_gpus, now, **pressure)
+        if job is None:
+            return None
+        job.run()
+        return self.finish(job, now)
 
     def rejected(self, plan: Plan, error: str) -> None:
         """The broker could not lay ``plan`` out (``PlanError``): forget it as the deployed plan."""
@@ -197,6 +232,28 @@ class PlannerLoop:
         self.decisions.append(entry)
         log.info("planner_round", **{k: v for k, v in entry.items() if k != "plan"})
         return None
+
+
+class PlanJob:
+    """One round's search: the re-planner's decision on the round's pressure snapshot. :meth:`run` may
+    run on another thread; until :meth:`PlannerLoop.finish` nothing else touches ``replanner``."""
+
+    def __init__(self, replanner: Replanner, snapshot: PressureSnapshot, current: Plan | None) -> None:
+        self.replanner, self.snapshot, self.current = replanner, snapshot, current
+        self.decision: ReplanDecision | None = None
+        self.error: str | None = None
+        self.seconds = 0.0
+
+    def run(self) -> PlanJob:
+        """Search (the expensive part: about 35 ms at 48 GPUs, 3 s at 512). Never raises: a planner
+        error is kept in :attr:`error`."""
+        t0 = time.perf_counter()
+        try:
+            self.decision = self.replanner.step(self.snapshot, self.current)
+        except (PlannerError, ValueError, ArithmeticError) as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+        self.seconds = time.perf_counter() - t0
+        return self
 
 
 def _plan_summary(plan: Plan) -> dict[str, Any]:

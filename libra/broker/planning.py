@@ -46,8 +46,9 @@ def apply_plan(self: BrokerState, plan: Any, now: float) -> list[Command]:
 
 def plan_round(self: BrokerState, now: float) -> list[Command]:
     """On the timer: when a round of the broker's planner (``planner_loop``) is due and no plan is still
-    being applied, decide on the connected GPU actors and apply the plan it returns. A plan that does
-    not fit the actors (``PlanError``) is recorded as ``apply_failed``; nothing is sent."""
+    being applied, start it on the connected GPU actors. Inline (``planner_offload`` False) the search
+    runs here and its plan is applied at once; offloaded, the shell runs ``planner.job`` and reports
+    back with a ``PlannerDone`` event (:func:`plan_done`)."""
     loop = self.planner
     if loop is None or not loop.due(now) or (self.plan_applier is not None and not self.plan_applier.done):
         return []
@@ -55,8 +56,20 @@ def plan_round(self: BrokerState, now: float) -> list[Command]:
     cap = max(1, sum(s.capacity for s in gen))
     queued = sum(len(q) for (kind, _), q in self.queues.items() if kind == "generate")
     active = sum(len(s.held) for s in gen)
-    plan = loop.decide(len(self.gpu_slots()), now, queue_pressure=min(1.0, queued / cap),
-                       active_pressure=min(1.0, active / cap), rejected_total=self.stats["busy"])
+    job = loop.start(len(self.gpu_slots()), now, queue_pressure=min(1.0, queued / cap),
+                     active_pressure=min(1.0, active / cap), rejected_total=self.stats["busy"])
+    if job is None or self.planner_offload:
+        return []
+    return plan_done(self, job.run(), now)
+
+
+def plan_done(self: BrokerState, job: Any, now: float) -> list[Command]:
+    """A round's search finished: apply the plan it decided on, if any. A plan that does not fit the
+    actors connected now (``PlanError``: some left meanwhile) is recorded as ``apply_failed``."""
+    loop = self.planner
+    if loop is None:
+        return []
+    plan = loop.finish(job, now)
     if plan is None:
         return []
     try:

@@ -2,7 +2,8 @@
 
 Nothing here decides anything. The loop drains up to ``max_recv_per_poll`` frames without blocking
 (so a burst cannot starve the timers), feeds each to the core, executes the returned commands, and
-ticks the core every ``tick_s``. A frame that fails to decode becomes a ``BadFrame`` event (the core
+ticks the core every ``tick_s``; a broker planner round's search (``planner_loop``) runs on one worker
+thread and comes back as a ``PlannerDone`` event. A frame that fails to decode becomes a ``BadFrame`` event (the core
 answers known peers with an ``Error`` and ignores strangers); an exception inside the core is logged
 with its traceback and counted, and the broker keeps serving. SIGTERM/SIGINT only set a flag.
 """
@@ -12,7 +13,8 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Callable
 
 import zmq
 
@@ -21,7 +23,7 @@ from libra.security import Authenticator, CurveServer, apply_server
 from libra.protocol import ProtocolError, decode_many, encode, encode_many
 from libra.zmqio import NOBLOCK, recv_frames, send_frames
 
-from .events import BadFrame, Command, PeerMessage, Tick
+from .events import BadFrame, Command, PeerMessage, PlannerDone, Tick
 from .journal import BrokerJournal
 from .router_state import RouterStateFile
 from .state import BrokerConfig, BrokerState
@@ -72,6 +74,13 @@ class BrokerServer:
             self.state.journaling = True
             log.info("journal_restored", path=journal, requeued=len(self.state.works), replies=len(done))
         self.metrics: BrokerMetrics | None = None  # optional Prometheus hook (set by __main__ / tests)
+        # the broker planner's searches run on one worker thread, so a round never stalls the loop
+        # (3 s at 512 GPUs); their result comes back to the core as a PlannerDone event
+        self._planner_pool: ThreadPoolExecutor | None = None
+        self._plan_running: tuple[Any, Future] | None = None
+        if self.state.planner is not None:
+            self.state.planner_offload = True
+            self._planner_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="libra-planner")
 
     def stop(self) -> None:
         """Ask the loop to exit (safe from signal handlers and other threads)."""
@@ -127,6 +136,26 @@ class BrokerServer:
         if cmds:
             self._execute(cmds)
 
+    def _pump_planner(self) -> None:
+        """Start the planner round's search the core left in ``planner.job``; hand a finished one back."""
+        running = self._plan_running
+        if running is None:
+            job = self.state.planner.job if self.state.planner is not None else None
+            if job is not None:
+                assert self._planner_pool is not None
+                self._plan_running = (job, self._planner_pool.submit(job.run))
+            return
+        job, fut = running
+        if not fut.done():
+            return
+        self._plan_running = None
+        exc = fut.exception()
+        if exc is not None:  # PlanJob.run keeps planner errors; anything else is a bug, reported as one
+            log.error("planner_search_crashed", error=repr(exc))
+            job.error = f"search crashed: {exc!r}"
+        self._handle(PlannerDone(job), time.monotonic())
+        self._flush()
+
     def _note_bad(self, err: ProtocolError, now: float) -> None:
         self._bad_since_log += 1
         if now - self._bad_logged_at >= 1.0:  # rate-limited: a flood must not flood the log
@@ -178,8 +207,12 @@ class BrokerServer:
                     if self.router_state is not None:
                         self.router_state.maybe_save(self.state.rollout.router, now)
                     next_tick = now + self._tick_s
+                if self._planner_pool is not None:
+                    self._pump_planner()
         finally:
             log.info("broker_stopped", **{k: v for k, v in self.state.stats.items() if v})
+            if self._planner_pool is not None:
+                self._planner_pool.shutdown(wait=False, cancel_futures=True)
             self.sock.close(0)
             if self.router_state is not None:
                 self.router_state.close(self.state.rollout.router)

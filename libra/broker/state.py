@@ -33,7 +33,7 @@ from libra.policies.routing import BucketSpec
 from . import views
 from . import jobs, journal, planning
 from .actions import ActionPlacement, schedule_actions
-from .events import BadFrame, Command, Event, Journal, PeerMessage, Send, Tick
+from .events import BadFrame, Command, Event, Journal, PeerMessage, PlannerDone, Send, Tick
 from .planner_loop import PlannerLoop, PlannerSettings
 from .pools import GpuSlot, PlanApplier
 from .rollout import RolloutRouting, route_generate
@@ -69,6 +69,9 @@ class BrokerState:
         self._sessions = itertools.count(1)
         self.plan_applier: PlanApplier | None = None
         self.planner = PlannerLoop(PlannerSettings.from_dict(self.config.planner)) if self.config.planner else None
+        #: False: a planning round searches inline; True (the server): the round's search is left in
+        #: ``planner.job`` for the shell to run off the loop and hand back as a ``PlannerDone`` event.
+        self.planner_offload = False
         self.journaling = False  # the shell turns this on and drains ``journal_out`` after every event
         self.journal_out: list[Journal] = []
         self._plan_generation = 0
@@ -124,6 +127,8 @@ class BrokerState:
             if self.jobs_dirty:
                 jobs.pump(self, now, out)
             return out
+        if type(event) is PlannerDone:
+            return planning.plan_done(self, event.job, now)
         if type(event) is BadFrame:
             self.stats["bad_frames"] += 1
             if event.peer in self.actors or event.peer in self.clients:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from libra.broker.events import PeerMessage, Tick
+from libra.broker.events import PeerMessage, PlannerDone, Tick
 from libra.broker.planner_loop import PlannerLoop, PlannerSettings
 from libra.broker.sessions import BrokerConfig
 from libra.broker.state import BrokerState
@@ -113,3 +113,46 @@ def test_unknown_profiles_and_the_broker_command_line_report_bad_configuration(t
 
     assert main(["--bind", "tcp://127.0.0.1:0", "--config", str(cfg)]) == 2
     assert "bad configuration" in capsys.readouterr().err
+
+
+def test_an_offloaded_round_leaves_its_search_to_the_shell_and_applies_its_result() -> None:
+    s = _broker()
+    s.planner_offload = True  # what the server does: the search runs off the event loop
+    s.handle(Tick(), 1.0)
+    _finish(s, 64, 10.0)
+    assert not _directives(s.handle(Tick(), 62.0))
+    loop = s.planner
+    assert loop is not None and loop.job is not None and loop.job.decision is None
+    job = loop.job
+    assert not loop.due(500.0)  # no second round while one is in flight
+    _finish(s, 5, 63.0)  # these wait for the search, then reach the re-planner
+    assert len(loop._held) == 5 and len(job.replanner.history) == 64
+    job.run()  # the shell's worker thread
+    d = _directives(s.handle(PlannerDone(job), 64.0))
+    assert len(d) == 16 and loop.job is None and len(job.replanner.history) == 69
+    assert loop.decisions[-1]["reason"] == "initial_plan" and loop.decisions[-1]["search_s"] >= 0
+    assert s.handle(PlannerDone(job), 65.0) == []  # a stale (already finished) round does nothing
+
+
+def test_a_crashed_or_failing_search_is_a_recorded_decision() -> None:
+    s = _broker()
+    s.planner_offload = True
+    s.handle(Tick(), 1.0)
+    _finish(s, 64, 10.0)
+    s.handle(Tick(), 62.0)
+    job = s.planner.job
+    job.error = "search crashed: RuntimeError('boom')"  # what the server sets when the thread raised
+    assert s.handle(PlannerDone(job), 63.0) == []
+    assert s.planner.decisions[-1]["reason"] == "planner_error" and "boom" in s.planner.decisions[-1]["error"]
+    assert s.planner.plan is None and s.planner.due(200.0)  # the next round runs as usual
+
+
+def test_planner_round_bench_measures_inline_and_offloaded_rounds(capsys) -> None:
+    import json
+
+    from libra.bench import planner_round
+
+    assert planner_round.main(["--gpus", "8", "--repeat", "1", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert row["gpus"] == 8 and row["inline_stall_ms"] > 0 and row["search_ms"] > 0
+    assert row["max_loop_gap_during_search_ms"] > 0 and row["stall_ratio"] > 0
