@@ -31,13 +31,13 @@ own timer (reported as ``search_s``, never decided on): no I/O or threads here.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from libra.config import from_mapping
 from libra.logging import get_logger
 from libra.policies.cost_model import (
     ProfileError,
@@ -70,26 +70,20 @@ class PlannerSettings:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PlannerSettings:
-        """Validate a config table. Raises ``ValueError`` naming the bad key or value."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        bad = sorted(set(d) - known)
-        if bad:
-            raise ValueError(f"broker planner: unknown key(s) {bad} (known: {', '.join(sorted(known))})")
+        """Validate a config table (strict types, no unknown keys). Raises ``ValueError`` naming the bad
+        key or value."""
         if "allocation" not in d:
             raise ValueError(f"broker planner: 'allocation' is required (one of {', '.join(ALLOCATORS)})")
-        s = cls(**d)
+        s = from_mapping(cls, dict(d), "broker planner")
         if s.allocation not in ALLOCATORS:
             raise ValueError(f"broker planner: unknown allocation {s.allocation!r} (known: {', '.join(ALLOCATORS)})")
-        if not (isinstance(s.interval_s, (int, float)) and s.interval_s > 0):
+        if not s.interval_s > 0:
             raise ValueError(f"broker planner: interval_s must be > 0, got {s.interval_s!r}")
-        if isinstance(s.group_size, bool) or not isinstance(s.group_size, int) or s.group_size < 1:
-            raise ValueError(f"broker planner: group_size must be a positive integer, got {s.group_size!r}")
-        if s.batch is not None and (isinstance(s.batch, bool) or not isinstance(s.batch, int)
-                                    or s.batch < s.group_size or s.batch % s.group_size):
+        if s.group_size < 1:
+            raise ValueError(f"broker planner: group_size must be >= 1, got {s.group_size!r}")
+        if s.batch is not None and (s.batch < s.group_size or s.batch % s.group_size):
             raise ValueError(f"broker planner: batch must be a positive multiple of group_size={s.group_size}, "
                              f"got {s.batch!r}")
-        if not isinstance(s.params, dict) or not isinstance(s.replanner, dict):
-            raise ValueError("broker planner: params and replanner must be tables")
         return s
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,6 +15,7 @@ import pytest
 from libra.client import Client
 from libra.engines.tiny_model import ensure_tiny_model
 from libra.local import free_port
+from .steady_load import SteadyLoad
 
 pytestmark = pytest.mark.integration
 
@@ -48,11 +48,6 @@ def test_the_broker_planner_applies_a_plan_under_load(tmp_path) -> None:
             while len(c.status().actors) < 4:
                 assert time.monotonic() < deadline, "actors did not connect"
                 time.sleep(0.2)
-            stop = threading.Event()
-            results: list = []
-            errors: list[str] = []
-            submitted = 0
-
             def one(i: int):
                 tid = f"traj-{i}"
                 r = c.request("generate", "", {"prompt_ids": [1, 2, 3 + i % 5], "max_new_tokens": 4, "seed": i},
@@ -60,21 +55,7 @@ def test_the_broker_planner_applies_a_plan_under_load(tmp_path) -> None:
                 c.end_trajectory(tid, total_output_tokens=len(r.output["token_ids"]))
                 return i, r
 
-            def load() -> None:
-                nonlocal submitted
-                futs = []
-                while not stop.is_set():
-                    futs.append(pool.submit(one, submitted))
-                    submitted += 1
-                    time.sleep(0.03)
-                for f in futs:
-                    try:
-                        results.append(f.result())
-                    except Exception as exc:  # recorded: the assertion below names it
-                        errors.append(repr(exc))
-
-            t = threading.Thread(target=load)
-            t.start()
+            load = SteadyLoad(pool, one, period_s=0.03).start()
             try:
                 deadline = time.monotonic() + 90
                 while True:
@@ -89,8 +70,7 @@ def test_the_broker_planner_applies_a_plan_under_load(tmp_path) -> None:
                     time.sleep(0.2)
                 time.sleep(1.0)  # keep serving on the new layout
             finally:
-                stop.set()
-                t.join(300)
+                load.stop()
             stats = c.status().stats
     finally:
         for p in procs:
@@ -100,8 +80,8 @@ def test_the_broker_planner_applies_a_plan_under_load(tmp_path) -> None:
     assert planner["decisions"][0]["reason"] in ("insufficient_history", "initial_plan")
     assert any(d["reason"] == "initial_plan" for d in planner["decisions"])
     assert 1 <= plan["n_train"] < 4 and sum(plan["rollout_tps"]) + plan["n_train"] <= 4
-    assert not errors, errors[:5]
-    assert len(results) == submitted > 20
-    assert sorted(i for i, _ in results) == list(range(submitted))  # every request answered, once each
-    assert all(len(r.output["token_ids"]) == 4 for _, r in results)
-    assert stats["completed"] == submitted and stats["failed"] == 0 and stats["duplicates"] == 0
+    assert not load.errors, load.errors[:5]
+    assert len(load.results) == load.submitted > 20
+    assert sorted(i for i, _ in load.results) == list(range(load.submitted))  # every request answered, once each
+    assert all(len(r.output["token_ids"]) == 4 for _, r in load.results)
+    assert stats["completed"] == load.submitted and stats["failed"] == 0 and stats["duplicates"] == 0

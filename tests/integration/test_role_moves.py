@@ -4,7 +4,6 @@ status shows the new roles (issue #4)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,6 +12,7 @@ import pytest
 from libra.client import Client
 from libra.engines.tiny_model import ensure_tiny_model
 from libra.local import LocalCluster
+from .steady_load import SteadyLoad
 
 pytestmark = pytest.mark.integration
 
@@ -39,35 +39,12 @@ def test_plan_moves_two_actors_to_training_and_back_under_load(tmp_path) -> None
     with cluster, Client(cluster.url) as c, ThreadPoolExecutor(6) as pool:
         actors = sorted(_kinds(c))
         assert len(actors) == 4 and all(k == ["generate"] for k in _kinds(c).values())
-        stop = threading.Event()
-        results: list = []
-        errors: list[str] = []
-        submitted = 0
-        lock = threading.Lock()
-
         def one(i: int):
             r = c.request("generate", "", {"prompt_ids": [1, 2, 3 + i % 5], "max_new_tokens": 4, "seed": i},
                           timeout=120)
             return i, r
 
-        def load() -> None:
-            nonlocal submitted
-            i = 0
-            futs = []
-            while not stop.is_set():
-                with lock:
-                    submitted += 1
-                futs.append(pool.submit(one, i))
-                i += 1
-                time.sleep(0.02)
-            for f in futs:
-                try:
-                    results.append(f.result())
-                except Exception as exc:  # recorded: the assertion below names it
-                    errors.append(repr(exc))
-
-        t = threading.Thread(target=load)
-        t.start()
+        load = SteadyLoad(pool, one).start()
         time.sleep(1.0)
         movers = actors[:2]
         for a in movers:
@@ -81,14 +58,13 @@ def test_plan_moves_two_actors_to_training_and_back_under_load(tmp_path) -> None
             c.direct(a, ["generate"], config={"role": "rollout", "bucket": "default"})
         _wait_kinds(c, {a: ["generate"] for a in actors})
         time.sleep(1.0)
-        stop.set()
-        t.join(300)
+        load.stop()
         stats = c.status().stats
-    assert not errors, errors[:5]
-    assert len(results) == submitted > 20
-    ids = sorted(i for i, _ in results)
-    assert ids == list(range(submitted))  # every request answered, once each
-    assert all(len(r.output["token_ids"]) == 4 for _, r in results)
-    assert {r.actor_id for _, r in results} >= set(movers)  # movers served before or after their switch
-    assert stats["completed"] == submitted and stats["failed"] == 0 and stats["duplicates"] == 0
+    assert not load.errors, load.errors[:5]
+    assert len(load.results) == load.submitted > 20
+    ids = sorted(i for i, _ in load.results)
+    assert ids == list(range(load.submitted))  # every request answered, once each
+    assert all(len(r.output["token_ids"]) == 4 for _, r in load.results)
+    assert {r.actor_id for _, r in load.results} >= set(movers)  # movers served before or after their switch
+    assert stats["completed"] == load.submitted and stats["failed"] == 0 and stats["duplicates"] == 0
     assert stats["stale_results"] == 0

@@ -94,10 +94,11 @@ def test_without_a_planner_table_the_broker_never_plans() -> None:
 @pytest.mark.parametrize(("table", "match"), [
     ({}, "'allocation' is required"),
     ({"allocation": "best"}, "unknown allocation 'best'"),
-    ({"allocation": "grp", "interval": 5}, r"unknown key\(s\) \['interval'\]"),
+    ({"allocation": "grp", "interval": 5}, r"unknown key\(s\) interval"),
+    ({"allocation": "grp", "interval_s": "5"}, "interval_s: Input should be a valid number"),
     ({"allocation": "grp", "interval_s": 0}, "interval_s must be > 0"),
     ({"allocation": "grp", "batch": 20}, "batch must be a positive multiple of group_size=16"),
-    ({"allocation": "grp", "params": 3}, "params and replanner must be tables"),
+    ({"allocation": "grp", "params": 3}, "params: Input should be a valid dictionary"),
 ])
 def test_bad_planner_settings_name_the_problem(table: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
