@@ -1,8 +1,9 @@
 """The broker's periodic Global Resource Planner: observed trajectories in, plans out.
 
 Role: the "global planner (periodic) -> role directives" box of the design. When the broker config has
-a ``[broker.planner]`` table, :class:`~libra.broker.state.BrokerState` feeds every finished trajectory to
-:meth:`PlannerLoop.observe` and, on its timer, asks :meth:`PlannerLoop.decide` for a plan every
+a ``[broker.planner]`` table, :class:`~libra.broker.state.BrokerState` feeds every finished trajectory
+(prompt and tool-payload tokens, generated tokens, generate turns, seconds its tool calls took from
+submission to result) to :meth:`PlannerLoop.observe` and, on its timer, asks :meth:`PlannerLoop.decide` for a plan every
 ``interval_s`` seconds; a plan it returns is applied with ``BrokerState.apply_plan`` (role directives;
 nothing stops). The decision itself is the planner's online rule (:class:`~libra.policies.planner_online.
 Replanner`: triggers, the gain-over-reconfiguration-cost test; the first plan is applied outright).
@@ -31,6 +32,7 @@ own timer (reported as ``search_s``, never decided on): no I/O or threads here.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -102,7 +104,7 @@ class PlannerLoop:
             raise ValueError(f"broker planner: {exc}") from None
         self._rollout_model = RolloutCostModel(hw, model)
         self._train_model = TrainingCostModel(hw, model)
-        self.history: deque[tuple[float, float, float]] = deque(maxlen=4096)
+        self.history: deque[tuple[float, float, float, float]] = deque(maxlen=4096)
         self.finished_since = 0  # trajectories observed since the last round
         self.rounds = 0
         self.last_round_t: float | None = None
@@ -112,21 +114,22 @@ class PlannerLoop:
         self._replanner: Replanner | None = None
         self._key: tuple[int, int] | None = None  # (GPUs, batch) the replanner was built for
         self.job: PlanJob | None = None  # the round whose search is in flight
-        self._held: list[tuple[float, float, float]] = []  # observed while it is
+        self._held: list[tuple[float, float, float, float]] = []  # observed while it is
 
-    def observe(self, prompt_tokens: int, generated: int, turns: int) -> None:
-        """Record one finished trajectory: prompt + tool-payload tokens, generated tokens, generate turns.
-        While a search is in flight the re-planner is not touched (:attr:`job` runs on another thread);
-        the record reaches it when the round finishes."""
+    def observe(self, prompt_tokens: int, generated: int, turns: int, tool_seconds: float = 0.0) -> None:
+        """Record one finished trajectory: prompt + tool-payload tokens, generated tokens, generate turns
+        and the seconds it waited on tools. While a search is in flight the re-planner is not touched
+        (:attr:`job` runs on another thread); the record reaches it when the round finishes."""
         if prompt_tokens + generated <= 0:
             return
-        row = (float(max(0, prompt_tokens)), float(max(1, generated)), float(max(1, turns)))
+        row = (float(max(0, prompt_tokens)), float(max(1, generated)), float(max(1, turns)),
+               float(tool_seconds) if tool_seconds > 0 and math.isfinite(tool_seconds) else 0.0)
         self.history.append(row)
         self.finished_since += 1
         if self.job is not None:
             self._held.append(row)
         elif self._replanner is not None:
-            self._replanner.observe(row[0], row[1], int(row[2]))
+            _feed(self._replanner, row)
 
     def due(self, now: float) -> bool:
         """Whether a planning round is due at ``now`` (the first one ``interval_s`` after start; never
@@ -166,8 +169,8 @@ class PlannerLoop:
         self.job = None
         held, self._held = self._held, []
         if job.replanner is self._replanner:
-            for p, g, t in held:
-                job.replanner.observe(p, g, int(t))
+            for row in held:
+                _feed(job.replanner, row)
         if job.error is not None:
             return self._record(now, "planner_error", error=job.error)
         dec = job.decision
@@ -212,8 +215,8 @@ class PlannerLoop:
                                    config=cfg, **s.params)
         kw = {"plan_interval": 1, **s.replanner}
         rp = Replanner(allocator, **kw)
-        for p, g, t in self.history:
-            rp.observe(p, g, int(t))
+        for row in self.history:
+            _feed(rp, row)
         if self._replanner is not None:  # keep the re-plan clock across a rebuild
             rp.last_replan, rp.last_rejected = self._replanner.last_replan, self._replanner.last_rejected
         self._replanner, self._key = rp, (n_gpus, batch)
@@ -248,6 +251,10 @@ class PlanJob:
             self.error = f"{type(exc).__name__}: {exc}"
         self.seconds = time.perf_counter() - t0
         return self
+
+
+def _feed(rp: Replanner, row: tuple[float, float, float, float]) -> None:
+    rp.observe(row[0], row[1], int(row[2]), row[3])
 
 
 def _plan_summary(plan: Plan) -> dict[str, Any]:

@@ -55,6 +55,7 @@ class TrajRoute:
     prompt: int = 0  # prompt tokens (context - prompt = response tokens so far)
     pending_return: ToolReturn | None = None
     turns: int = 0
+    tool_s: float = 0.0  # seconds its tool calls took, submission to result
     migrations: int = 0
     migrated_tokens: int = 0
     decisions: list[tuple[str, str, bool]] = field(default_factory=list)  # (bucket, reason, migrated)
@@ -148,10 +149,13 @@ class RolloutRouting:
         self.stats["tokens"] += gen
         self.router.on_turn_end(traj_id, tr.generated)
 
-    def tool_returned(self, traj_id: str, tool: str, ok: bool, output: Any, error_code: str) -> None:
+    def tool_returned(self, traj_id: str, tool: str, ok: bool, output: Any, error_code: str,
+                      seconds: float = 0.0) -> None:
+        """A tool call of ``traj_id`` returned after ``seconds`` (submission to result)."""
         tr = self.trajs.get(traj_id)
         if tr is None:
             return
+        tr.tool_s += max(0.0, seconds)
         payload_tokens, chars, status = tool_output_fields(output, ok, error_code)
         tr.context += payload_tokens if payload_tokens is not None else chars // 4
         tr.pending_return = ToolReturn(tool, tr.generated, tr.context, output=output, status=status,

@@ -404,7 +404,8 @@ class BrokerState:
         if peer in self.clients:
             tr = self.rollout.end(msg.trajectory, msg.total_output_tokens, msg.ok)
             if tr is not None and msg.ok and self.planner is not None:
-                self.planner.observe(tr.context - tr.generated, max(tr.generated, msg.total_output_tokens), tr.turns)
+                self.planner.observe(tr.context - tr.generated, max(tr.generated, msg.total_output_tokens), tr.turns,
+                                     tr.tool_s)
             if self.actions is not None:
                 self.actions.trajectory_finished(msg.trajectory, now)
 
@@ -440,7 +441,8 @@ class BrokerState:
             if w.kind == "generate" and msg.ok:
                 self.rollout.turn_done(w.trajectory, msg.output)
             elif w.kind == "action":
-                self.rollout.tool_returned(w.trajectory, w.name, msg.ok, msg.output, msg.error_code)
+                self.rollout.tool_returned(w.trajectory, w.name, msg.ok, msg.output, msg.error_code,
+                                           now - w.submitted_at)
         if msg.ok:
             w.move(WorkState.DONE, "result")
             self.stats["completed"] += 1

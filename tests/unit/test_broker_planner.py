@@ -49,8 +49,8 @@ def test_a_round_applies_the_first_plan_with_directives_and_shows_it_in_status()
     assert not _directives(s.handle(Tick(), 1.0))  # the first tick starts the planner's clock
     _finish(s, 64, 10.0)
     assert s.planner is not None and len(s.planner.history) == 64
-    # (prompt + tool payload, generated (the client's count when larger), generate turns)
-    assert s.planner.history[0] == (700.0, 9800.0, 1.0) and s.planner.history[2] == (6700.0, 2200.0, 3.0)
+    # (prompt + tool payload, generated (the client's count when larger), generate turns, tool seconds)
+    assert s.planner.history[0] == (700.0, 9800.0, 1.0, 0.0) and s.planner.history[2] == (6700.0, 2200.0, 3.0, 0.0)
     assert not _directives(s.handle(Tick(), 30.0))  # not due yet (interval 60 s)
     out = s.handle(Tick(), 62.0)
     d = _directives(out)
@@ -157,3 +157,20 @@ def test_planner_round_bench_measures_inline_and_offloaded_rounds(capsys) -> Non
     (row,) = json.loads(capsys.readouterr().out)["rows"]
     assert row["gpus"] == 8 and row["inline_stall_ms"] > 0 and row["search_ms"] > 0
     assert row["max_loop_gap_during_search_ms"] > 0 and row["stall_ratio"] > 0
+
+
+def test_tool_calls_of_a_trajectory_count_their_seconds_from_submission_to_result() -> None:
+    s = _broker(n_gpus=0)
+    tool = b"tools-1"
+    s.handle(PeerMessage(tool, m.ActorHello("h/cpu0", "h", "cpu0", 1, {"action": ["bash"]}, ["action"], 4,
+                                            {"slot_kind": "cpu"})), 0.0)
+    view = s.rollout.view([("n0/gpu0", s.rollout.buckets[0].name, 0, 0, "n0")])
+    s.rollout.route("t1", {"prompt_tokens": 500}, view)
+    s.rollout.turn_done("t1", {"gen_tokens": 300})
+    out = s.handle(PeerMessage(CLIENT, m.Submit("r1", "action", "bash", {"cmd": "ls"}, "t1")), 10.0)
+    (a,) = [c.msg for c in out if isinstance(c.msg, m.Assign)]
+    s.handle(PeerMessage(tool, m.WorkResult(a.work_id, a.lease, True, {"payload_tokens": 40})), 12.5)
+    s.rollout.route("t1", {}, view)
+    s.rollout.turn_done("t1", {"gen_tokens": 200})
+    s.handle(PeerMessage(CLIENT, m.EndTrajectory("t1", 500, True)), 13.0)
+    assert s.planner is not None and s.planner.history[-1] == (540.0, 500.0, 2.0, 2.5)
