@@ -174,3 +174,21 @@ def test_tool_calls_of_a_trajectory_count_their_seconds_from_submission_to_resul
     s.rollout.turn_done("t1", {"gen_tokens": 200})
     s.handle(PeerMessage(CLIENT, m.EndTrajectory("t1", 500, True)), 13.0)
     assert s.planner is not None and s.planner.history[-1] == (540.0, 500.0, 2.0, 2.5)
+
+
+def test_a_plan_that_does_not_fit_the_actors_is_recorded_as_apply_failed() -> None:
+    # four GPU actors on four hosts: no host can hold the TP-2 rollout instances static_uniform wants
+    s = BrokerState(BrokerConfig(heartbeat_s=1e9, planner={"allocation": "static_uniform", "interval_s": 60.0,
+                                                           "hardware": "cpu", "model": "tiny",
+                                                           "params": {"rollout_tp": 2}}))
+    for k in range(4):
+        aid = f"h{k}/gpu0"
+        s.handle(PeerMessage(aid.encode(), m.ActorHello(aid, f"h{k}", "gpu0", 1, CAPS, ["generate"], 4,
+                                                       {"slot_kind": "gpu"})), 0.0)
+    s.handle(PeerMessage(CLIENT, m.ClientHello("c", 1)), 0.0)
+    s.handle(Tick(), 1.0)
+    _finish(s, 32, 10.0)
+    assert not _directives(s.handle(Tick(), 62.0))
+    last = s.planner.decisions[-1]
+    assert last["reason"] == "apply_failed" and "aligned block" in last["error"], last
+    assert s.planner.plan is None and s.planner.applied == 0 and s.plan_applier is None
