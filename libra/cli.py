@@ -46,8 +46,28 @@ def format_status(actors: list[dict], queues: dict[str, int], stats: dict) -> st
     if not queues:
         lines.append("(no queued work)")
     lines.append("")
-    lines.append("  ".join(f"{k}={v}" for k, v in stats.items() if v))
+    lines.append(_counters(stats))
+    planner = stats.get("planner")
+    if isinstance(planner, dict):
+        lines += ["", planner_line(planner)]
     return "\n".join(lines)
+
+
+def _counters(stats: dict) -> str:
+    return "  ".join(f"{k}={v}" for k, v in stats.items() if v and k != "planner")
+
+
+def planner_line(p: dict) -> str:
+    """One line for the broker planner's status (``stats.planner``): allocation, rounds, plans applied,
+    the deployed plan and the last decision."""
+    plan = p.get("plan")
+    deployed = (f"train {plan['n_train']} ({plan['train']}), rollout TP {plan['rollout_tps']}" if plan
+                else "no plan deployed")
+    last = p.get("decisions") or [{}]
+    reason = last[-1].get("reason", "-")
+    return (f"PLANNER {p.get('allocation')} ({p.get('hardware')}/{p.get('model')}, every {p.get('interval_s')} s): "
+            f"rounds={p.get('rounds')} plans={p.get('plans_applied')} history={p.get('history')}; {deployed}; "
+            f"last: {reason}")
 
 
 _RATE_KEYS = ("submitted", "completed", "failed", "requeued")
@@ -95,7 +115,9 @@ def render_watch_rich(actors: list[dict], queues: dict[str, int], stats: dict, *
         q.add_row(k, str(v))
     parts: list[Any] = [Text(head, style="bold"), Text(rates, style="red" if error else "")]
     parts += [t if actors else Text("(no actors connected)"), q if queues else Text("(no queued work)")]
-    parts.append(Text("  ".join(f"{k}={v}" for k, v in stats.items() if v), style="dim"))
+    parts.append(Text(_counters(stats), style="dim"))
+    if isinstance(stats.get("planner"), dict):
+        parts.append(Text(planner_line(stats["planner"])))
     return Group(*parts)
 
 

@@ -192,3 +192,19 @@ def test_a_plan_that_does_not_fit_the_actors_is_recorded_as_apply_failed() -> No
     last = s.planner.decisions[-1]
     assert last["reason"] == "apply_failed" and "aligned block" in last["error"], last
     assert s.planner.plan is None and s.planner.applied == 0 and s.plan_applier is None
+
+
+def test_status_prints_the_planner_on_one_line() -> None:
+    from libra.cli import format_status
+
+    s = _broker()
+    s.handle(Tick(), 1.0)
+    _finish(s, 64, 10.0)
+    s.handle(Tick(), 62.0)
+    snap = s.snapshot("x", 62.0)
+    text = format_status(snap.actors, snap.queues, snap.stats)
+    (line,) = [x for x in text.splitlines() if x.startswith("PLANNER")]
+    plan = s.planner.plan
+    assert "PLANNER grp (a800/qwen3-14b, every 60.0 s): rounds=1 plans=1 history=64" in line
+    assert f"train {plan.n_train} " in line and line.endswith("last: initial_plan")
+    assert "planner=" not in text  # not dumped into the counters line
