@@ -199,6 +199,12 @@ class PlannerLoop:
         self.decisions[-1]["reason"] = "apply_failed"
         self.decisions[-1]["error"] = error
 
+    def abandoned(self, actor_id: str, why: str, now: float) -> None:
+        """The deployed plan's application was abandoned (an actor in it left): forget the plan, so the
+        next round plans afresh for the actors then connected."""
+        self.plan = None
+        self._record(now, "plan_abandoned", actor=actor_id, why=why)
+
     def summary(self) -> dict[str, Any]:
         """For the status reply: settings, rounds, plans applied, the deployed plan, recent decisions."""
         return {"allocation": self.settings.allocation, "hardware": self.settings.hardware,

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from libra.logging import get_logger
+
 from .events import Command
 from .pools import GpuSlot, PlanApplier, PlanError, Role, bucket_specs, layout_roles
 
 if TYPE_CHECKING:
     from .state import BrokerState
+
+log = get_logger(__name__)
 
 
 def gpu_slots(self: BrokerState) -> list[GpuSlot]:
@@ -77,3 +81,13 @@ def plan_done(self: BrokerState, job: Any, now: float) -> list[Command]:
     except PlanError as exc:
         loop.rejected(plan, str(exc))
         return []
+
+
+def abandon_plan(self: BrokerState, actor_id: str, why: str, now: float) -> None:
+    """An actor of the plan being applied left (``why``): stop sequencing it. Actors already told keep
+    switching and bid with their new roles; the rest keep theirs. The broker's planner (if any) forgets
+    the plan, so its next round plans afresh for the actors still connected."""
+    self.plan_applier = None
+    log.warning("plan_abandoned", actor=actor_id, why=why)
+    if self.planner is not None:
+        self.planner.abandoned(actor_id, why, now)

@@ -239,6 +239,8 @@ class BrokerState:
         sess = self.actors.pop(peer, None)
         if sess is None:
             return
+        if self.plan_applier is not None and not self.plan_applier.done and sess.actor_id in self.plan_applier.target:
+            planning.abandon_plan(self, sess.actor_id, why, now)
         self._refresh_offers()
         self._release_targets(peer)
         for wid in sorted(sess.held, key=lambda w: self.works[w].seq):

@@ -208,3 +208,24 @@ def test_status_prints_the_planner_on_one_line() -> None:
     assert "PLANNER grp (a800/qwen3-14b, every 60.0 s): rounds=1 plans=1 history=64" in line
     assert f"train {plan.n_train} " in line and line.endswith("last: initial_plan")
     assert "planner=" not in text  # not dumped into the counters line
+
+
+def test_an_actor_leaving_mid_application_abandons_the_plan_and_the_next_round_replans() -> None:
+    s = _broker()
+    s.handle(Tick(), 1.0)
+    _finish(s, 64, 10.0)
+    d = _directives(s.handle(Tick(), 62.0))
+    assert len(d) == 16 and s.plan_applier is not None
+    gone = sorted(d)[0]
+    for aid, x in d.items():  # all but one finish switching; that one's process dies
+        if aid != gone:
+            s.handle(PeerMessage(aid.encode(), m.DirectiveDone(x.directive_id, x.kinds)), 63.0)
+            s.handle(PeerMessage(aid.encode(), m.Bid(x.kinds, 4)), 63.0)
+    s.handle(PeerMessage(gone.encode(), m.Goodbye("killed")), 64.0)
+    assert s.plan_applier is None and s.planner.plan is None
+    assert s.planner.decisions[-1]["reason"] == "plan_abandoned" and s.planner.decisions[-1]["actor"] == gone
+    _finish(s, 64, 100.0)
+    d2 = _directives(s.handle(Tick(), 130.0))  # the next round plans for the 15 actors left
+    assert s.planner.plan is not None and s.planner.plan.n_gpus == 15 and gone not in d2
+    assert s.planner.decisions[-1]["reason"] == "initial_plan"
+    s.validate()
