@@ -275,9 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     r.set_defaults(fn=_run)
+    from libra.plan_cli import add_parser as add_plan_parser
     from libra.tree_cli import add_parser as add_tree_parser
 
     add_tree_parser(sub)
+    add_plan_parser(sub)
     return p
 
 
