@@ -140,10 +140,13 @@ class PlannerLoop:
         return self.job is None and now - self.last_round_t >= self.settings.interval_s
 
     def start(self, n_gpus: int, now: float, *, queue_pressure: float = 0.0, active_pressure: float = 0.0,
-              rejected_total: int = 0) -> PlanJob | None:
-        """Begin a planning round on ``n_gpus`` connected GPU actors. Returns the search to run (also kept
-        as :attr:`job` until :meth:`finish`), or None when the round ended at once (too few GPU actors,
-        a configuration the planner refuses: the decision is recorded)."""
+              rejected_total: int = 0, rollout_time: float | None = None,
+              train_time: float | None = None) -> PlanJob | None:
+        """Begin a planning round on ``n_gpus`` connected GPU actors (``rollout_time`` / ``train_time``:
+        the last measured stage seconds of an RL step, when the broker runs a job; they drive the
+        re-planner's stage-imbalance trigger). Returns the search to run (also kept as :attr:`job`
+        until :meth:`finish`), or None when the round ended at once (too few GPU actors, a
+        configuration the planner refuses: the decision is recorded)."""
         self.last_round_t = now
         self.rounds += 1
         s = self.settings
@@ -157,7 +160,7 @@ class PlannerLoop:
             except (PlannerError, ValueError) as exc:
                 return self._record(now, "planner_config_error", error=str(exc))
         assert self._replanner is not None
-        snap = PressureSnapshot(self.rounds, queue_pressure, active_pressure, rejected_total)
+        snap = PressureSnapshot(self.rounds, queue_pressure, active_pressure, rejected_total, rollout_time, train_time)
         self.job = PlanJob(self._replanner, snap, self.plan)
         return self.job
 

@@ -60,11 +60,28 @@ def plan_round(self: BrokerState, now: float) -> list[Command]:
     cap = max(1, sum(s.capacity for s in gen))
     queued = sum(len(q) for (kind, _), q in self.queues.items() if kind == "generate")
     active = sum(len(s.held) for s in gen)
+    stage = _last_step_times(self)
     job = loop.start(len(self.gpu_slots()), now, queue_pressure=min(1.0, queued / cap),
-                     active_pressure=min(1.0, active / cap), rejected_total=self.stats["busy"])
+                     active_pressure=min(1.0, active / cap), rejected_total=self.stats["busy"],
+                     rollout_time=stage[0], train_time=stage[1])
     if job is None or self.planner_offload:
         return []
     return plan_done(self, job.run(), now)
+
+
+def _last_step_times(self: BrokerState) -> tuple[float | None, float | None]:
+    """``(rollout s, training s)`` of the newest RL step recorded by a job this broker runs (None, None
+    without one)."""
+    newest: dict[str, Any] | None = None
+    for host in self.jobs.values():
+        recs = getattr(host, "records", None)
+        if recs and (newest is None or recs[-1].get("step", 0) >= newest.get("step", 0)):
+            newest = recs[-1]
+    if newest is None:
+        return None, None
+    roll, train = newest.get("rollout_time_s"), newest.get("train_time_s")
+    ok = [isinstance(x, (int, float)) and x > 0 for x in (roll, train)]
+    return (float(roll) if ok[0] else None), (float(train) if ok[1] else None)
 
 
 def plan_done(self: BrokerState, job: Any, now: float) -> list[Command]:

@@ -229,3 +229,21 @@ def test_an_actor_leaving_mid_application_abandons_the_plan_and_the_next_round_r
     assert s.planner.plan is not None and s.planner.plan.n_gpus == 15 and gone not in d2
     assert s.planner.decisions[-1]["reason"] == "initial_plan"
     s.validate()
+
+
+def test_an_rl_jobs_stage_times_drive_the_stage_imbalance_trigger() -> None:
+    from types import SimpleNamespace
+
+    s = _broker(replanner={"plan_interval": 100})  # no interval trigger in these rounds
+    s.handle(Tick(), 1.0)
+    _finish(s, 64, 10.0)
+    d = _directives(s.handle(Tick(), 62.0))  # the first plan needs no trigger
+    for aid, x in d.items():
+        s.handle(PeerMessage(aid.encode(), m.DirectiveDone(x.directive_id, x.kinds)), 63.0)
+        s.handle(PeerMessage(aid.encode(), m.Bid(x.kinds, 4)), 63.0)
+    s.handle(Tick(), 130.0)
+    assert s.planner.decisions[-1]["reason"] == "no_trigger"
+    # an RL job in this broker recorded a step whose rollout took 3x its training
+    s.jobs["j"] = SimpleNamespace(records=[{"step": 4, "rollout_time_s": 300.0, "train_time_s": 100.0}])
+    s.handle(Tick(), 200.0)
+    assert s.planner.decisions[-1]["trigger"] == "stage_imbalance"
