@@ -10,8 +10,9 @@ Replanner`: triggers, the gain-over-reconfiguration-cost test; the first plan is
 
 Settings (:class:`PlannerSettings`, every key optional but ``allocation``):
 
-- ``allocation``: an allocator of :mod:`libra.policies.planner` (``grp``, ``grp_homogeneous``,
-  ``static_uniform``, ``static_best``, ``greedy``, ``colocated``);
+- ``allocation``: an allocator of :mod:`libra.policies.planner` whose plans are role layouts (``grp``,
+  ``grp_homogeneous``, ``static_uniform``, ``static_best``, ``greedy``; not ``colocated``, which
+  time-shares every GPU inside a step);
 - ``hardware`` / ``model``: cost-model profiles (``libra/policies/profiles``; default ``a800`` /
   ``qwen3-14b``);
 - ``interval_s`` (default 300): seconds between planning rounds;
@@ -52,7 +53,10 @@ from libra.policies.planner import ALLOCATORS, PlannerConfig, make_allocator
 from libra.policies.planner_online import PressureSnapshot, ReplanDecision, Replanner
 from libra.policies.planner_types import Plan, PlannerError
 
-__all__ = ["PlanJob", "PlannerLoop", "PlannerSettings"]
+__all__ = ["BROKER_ALLOCATORS", "PlanJob", "PlannerLoop", "PlannerSettings"]
+
+#: The allocators whose plans are role layouts the broker can apply (not ``colocated``'s time-sharing).
+BROKER_ALLOCATORS = tuple(a for a in ALLOCATORS if a != "colocated")
 
 log = get_logger(__name__)
 
@@ -75,10 +79,15 @@ class PlannerSettings:
         """Validate a config table (strict types, no unknown keys). Raises ``ValueError`` naming the bad
         key or value."""
         if "allocation" not in d:
-            raise ValueError(f"broker planner: 'allocation' is required (one of {', '.join(ALLOCATORS)})")
+            raise ValueError(f"broker planner: 'allocation' is required (one of {', '.join(BROKER_ALLOCATORS)})")
         s = from_mapping(cls, dict(d), "broker planner")
-        if s.allocation not in ALLOCATORS:
-            raise ValueError(f"broker planner: unknown allocation {s.allocation!r} (known: {', '.join(ALLOCATORS)})")
+        if s.allocation not in BROKER_ALLOCATORS:
+            if s.allocation == "colocated":
+                raise ValueError("broker planner: 'colocated' time-shares every GPU between rollout and training "
+                                 "inside each step, which a layout of roles cannot express (it is a baseline of the "
+                                 f"simulator and of `python -m libra plan`); use one of {', '.join(BROKER_ALLOCATORS)}")
+            raise ValueError(f"broker planner: unknown allocation {s.allocation!r} "
+                             f"(known: {', '.join(BROKER_ALLOCATORS)})")
         if not s.interval_s > 0:
             raise ValueError(f"broker planner: interval_s must be > 0, got {s.interval_s!r}")
         if s.group_size < 1:

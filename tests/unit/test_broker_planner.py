@@ -94,6 +94,7 @@ def test_without_a_planner_table_the_broker_never_plans() -> None:
 @pytest.mark.parametrize(("table", "match"), [
     ({}, "'allocation' is required"),
     ({"allocation": "best"}, "unknown allocation 'best'"),
+    ({"allocation": "colocated"}, "time-shares every GPU"),
     ({"allocation": "grp", "interval": 5}, r"unknown key\(s\) interval"),
     ({"allocation": "grp", "interval_s": "5"}, "interval_s: Input should be a valid number"),
     ({"allocation": "grp", "interval_s": 0}, "interval_s must be > 0"),
