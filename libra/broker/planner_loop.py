@@ -18,8 +18,10 @@ Settings (:class:`PlannerSettings`, every key optional but ``allocation``):
 - ``interval_s`` (default 300): seconds between planning rounds;
 - ``group_size`` (default 16): GRPO group size; ``batch``: trajectories per training step (default: the
   trajectories finished in the last round, rounded down to whole groups, at least one group);
-- ``params``: allocator knobs (``make_allocator``); ``replanner``: :class:`Replanner` keyword arguments
-  (``plan_interval`` counts rounds; default 1: every round may re-plan).
+- ``params``: ``make_allocator`` knobs: ``PlannerConfig`` fields (e.g. ``granularity = 8``,
+  ``min_train_gpus = 8``, ``rollout_tps``) and the allocator's own (``rollout_tp``); ``replanner``:
+  :class:`Replanner` keyword arguments (``plan_interval`` counts rounds; default 1: every round may
+  re-plan).
 
 The cluster size is the number of connected GPU actors at each round (a plan needs at least two). A
 round with too few GPU actors or too little history is a decision with a reason, never an error.
@@ -101,8 +103,10 @@ class PlannerSettings:
 class PlannerLoop:
     """Periodic planning state of one broker (see the module docstring).
 
-    Mutation rule: :meth:`observe` and :meth:`decide` change state. Raises ``ValueError`` at
-    construction for unknown profiles.
+    Mutation rule: :meth:`observe`, :meth:`start`, :meth:`finish` (and :meth:`decide`, which is both),
+    :meth:`rejected` and :meth:`abandoned` change state. Raises ``ValueError`` at construction for
+    unknown profiles, allocator knobs or re-planner arguments (so a bad table stops the broker at start,
+    not every round).
     """
 
     def __init__(self, settings: PlannerSettings) -> None:
@@ -113,6 +117,10 @@ class PlannerLoop:
             raise ValueError(f"broker planner: {exc}") from None
         self._rollout_model = RolloutCostModel(hw, model)
         self._train_model = TrainingCostModel(hw, model)
+        try:  # the knobs are checked once here, on a nominal cluster large enough for any minimum
+            self._make(1024, settings.batch or settings.group_size)
+        except (PlannerError, ValueError, TypeError) as exc:
+            raise ValueError(f"broker planner: params or replanner: {exc}") from None
         self.history: deque[tuple[float, float, float, float]] = deque(maxlen=4096)
         self.finished_since = 0  # trajectories observed since the last round
         self.rounds = 0
@@ -226,13 +234,15 @@ class PlannerLoop:
                 "decisions": list(self.decisions)}
 
     # -- internals -------------------------------------------------------------------------------
-    def _build(self, n_gpus: int, batch: int) -> None:
+    def _make(self, n_gpus: int, batch: int) -> Replanner:
         s = self.settings
         cfg = PlannerConfig(n_gpus=n_gpus, global_batch=batch, group_size=s.group_size)
         allocator = make_allocator(s.allocation, rollout_model=self._rollout_model, train_model=self._train_model,
                                    config=cfg, **s.params)
-        kw = {"plan_interval": 1, **s.replanner}
-        rp = Replanner(allocator, **kw)
+        return Replanner(allocator, **{"plan_interval": 1, **s.replanner})
+
+    def _build(self, n_gpus: int, batch: int) -> None:
+        rp = self._make(n_gpus, batch)
         for row in self.history:
             _feed(rp, row)
         if self._replanner is not None:  # keep the re-plan clock across a rebuild

@@ -109,6 +109,13 @@ def test_bad_planner_settings_name_the_problem(table: dict, match: str) -> None:
 def test_unknown_profiles_and_the_broker_command_line_report_bad_configuration(tmp_path, capsys) -> None:
     with pytest.raises(ValueError, match="broker planner"):
         PlannerLoop(PlannerSettings.from_dict({"allocation": "grp", "hardware": "tpu9"}))
+    with pytest.raises(ValueError, match="params or replanner: .*cooldown"):
+        PlannerLoop(PlannerSettings.from_dict({"allocation": "grp", "replanner": {"cooldown": 2}}))
+    with pytest.raises(ValueError, match="params or replanner"):
+        PlannerLoop(PlannerSettings.from_dict({"allocation": "static_uniform", "params": {"rollout_tpp": 2}}))
+    # planner-config knobs (8-GPU steps, minimum pools) are fine, whatever the cluster will be
+    PlannerLoop(PlannerSettings.from_dict({"allocation": "grp", "params": {"granularity": 8, "min_train_gpus": 8,
+                                                                           "min_rollout_gpus": 8}}))
     cfg = tmp_path / "broker.toml"
     cfg.write_text('[broker]\n[broker.planner]\nallocation = "grp"\nhardware = "tpu9"\n')
     from libra.broker.__main__ import main
