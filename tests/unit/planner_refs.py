@@ -40,22 +40,10 @@ def _resident(items: list[tuple[float, float, float]]) -> tuple[float, float]:
 
 
 def _pooled_agentic(reqs: list[tuple[float, float, float, float]], tp: int, k: int, lag: int) -> tuple[float, float]:
-    """Direct sums of ``agentic_cost`` for the busiest of ``k`` instances: ``(cost, chain)``."""
-    n = len(reqs)
-    share = min(k, n)
-    p, g, c, tool = (sum(r[x] for r in reqs) / share for x in range(4))
-    m = n / share
-    if max(r[0] + r[1] for r in reqs) > RM.token_capacity(tp):
-        return math.inf, math.inf
-    ctx, reserve = _resident([(r[0], r[1], r[2]) for r in reqs])
-    b0 = float(RM.batch_for_reserve(tp, m, reserve))
-    step0 = float(RM.decode_step(tp, b0, b0 * ctx))
-    b = max(b0 * (1 - tool / (tool + g * step0)), 1.0) if tool > 0 else b0
-    step = float(RM.decode_step(tp, b, b * ctx))
-    stall = c * RM.cal.per_request_overhead_s + float(RM.prefill_time(tp, p, m))
-    star = max(range(n), key=lambda a: (reqs[a][1], a))  # most generated tokens (ties: the last)
-    chain = lag * stall + reqs[star][1] * step + reqs[star][3]
-    return max(stall + g / b * step, chain / lag), chain
+    """Direct sums of ``agentic_cost`` for the busiest of ``k`` instances: ``(cost, chain)``; the chain is
+    the request generating the most (ties: the last)."""
+    parts = [(p, g, c, t, p + g) for p, g, c, t in reqs]
+    return _direct_parts(parts, float(len(reqs)), tp, k, lag, [_star([(r[1], r[3]) for r in reqs])])
 
 
 def _direct_parts(parts: list[tuple[float, float, float, float, float]], n_req: float, tp: int, k: int, lag: int,
