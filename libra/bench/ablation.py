@@ -1,6 +1,6 @@
 """Benchmark: the Libra ablation ladder and the EARL parallelism selector, in the simulator, in one run.
 
-Part 1, the ladder (research-notes §1.5, R2E-Gym ablation; §5.1): one generated R2E-like trace (48 GPUs,
+Part 1, the ladder (docs/papers.md §1.5, R2E-Gym ablation; §5.1): one generated R2E-like trace (48 GPUs,
 20 steps, ``gpus / 3`` GRPO groups of 16 per step by default) is replayed by the discrete-event simulator
 (:mod:`libra.sim.engine`: the real ``BrokerState``, the real routers, the real planner and plan
 application) under each rung, cumulatively:
@@ -12,16 +12,16 @@ application) under each rung, cumulatively:
 5. ``+ elastic pool (EHP)``: ``grp_ehp`` with ``cmlfq``: full Libra;
 
 rungs 4 and 5 are run again with the distribution- and cost-based C-MLFQ (``cmlfq_cost``,
-:mod:`libra.policies.cmlfq_cost`), and the targets are checked for both ladders (suffix ``_cmlfq_cost``);
+:mod:`libra.policies.routing.cmlfq_cost`), and the targets are checked for both ladders (suffix ``_cmlfq_cost``);
 
 plus the baselines ``verl-colocated`` (``colocated``: all GPUs roll out, then all train, synchronously)
 and ``static_best`` (AReaL-Static-Optimal: the GRP plan of the first 5 steps, frozen). Every rung sees the
 same trace and seed. The table: tokens/s, mean step time, GPU idle fraction, and the ratios to
 static uniform and to colocated; planner rungs add plans applied and the transition seconds charged.
 
-Part 2, EARL (research-notes §3.2.1, §5.3): a context-growth run (the mean context rises geometrically
+Part 2, EARL (docs/papers.md §3.2.1, §5.3): a context-growth run (the mean context rises geometrically
 from 1K to 32K tokens over ``--earl-points`` steps, at a fixed number of concurrent
-responses: 32 and 64) on 16 GPUs. At each point the selector (:func:`libra.policies.parallelism.make_selector`,
+responses: 32 and 64) on 16 GPUs. At each point the selector (:func:`libra.policies.parallelism.selector.make_selector`,
 cost-model profile table, OOM guard) picks the rollout TP; every fixed TP is measured too. Throughput
 (tokens per GPU per second) is measured by simulating the batch on :class:`~libra.sim.sim_instance.SimInstance`
 instances (continuous batching: prefill, then decode with growing KV; responses dealt round-robin); a TP
@@ -62,7 +62,7 @@ RUNGS: tuple[tuple[str, str, str, str | None], ...] = (
     ("cmlfq_cost", "+ C-MLFQ, cost-based", "grp", "cmlfq_cost"),
     ("ehp_cost", "+ EHP = Libra, cost-based", "grp_ehp", "cmlfq_cost"),
 )
-#: Every rung's router gets Libra's per-instance room rule (research-notes §1.4.3: active + queued < 3), as in
+#: Every rung's router gets Libra's per-instance room rule (docs/papers.md §1.4.3: active + queued < 3), as in
 #: ``python -m libra.bench routing`` and ``python -m libra.sim``.
 ROUTER_PARAMS: dict[str, Any] = {"cap_metric": "load", "max_queue_length": 3}
 LADDER = ("static_uniform", "homogeneous", "heterogeneous", "cmlfq", "ehp")
@@ -113,11 +113,11 @@ def model_check(sim: Any, trajs: Sequence[Any], allocation: str) -> dict[str, fl
     ``sim_train_s`` and ``sim_step_s`` (mean interval between training-step ends).
     ``ratio_step`` = ``sim_step_s / pred_step_s``.
     """
-    from libra.policies.cost_model import RolloutCostModel, TrainingCostModel, load_hardware, load_model
-    from libra.policies.planner import PlannerConfig, make_allocator
-    from libra.policies.planner_types import pipeline_objective
+    from libra.policies.cost import RolloutCostModel, TrainingCostModel, load_hardware, load_model
+    from libra.policies.planner.allocators import PlannerConfig, make_allocator
+    from libra.policies.planner.types import pipeline_objective
     from libra.sim.engine import COLOCATED_SWITCH
-    from libra.sim.sim_planner import workload_of
+    from libra.traces import workload_of
 
     by_step: dict[int, list[Any]] = {}
     for t in trajs:
@@ -206,8 +206,8 @@ def earl_run(points: int = 12, min_context: float = 1024.0, max_context: float =
              loads: Sequence[int] = (32, 64), n_gpus: int = 16, configs: Sequence[int] = (1, 2, 4, 8),
              hardware: str = "a800", model: str = "qwen3-14b") -> dict[str, Any]:
     """The EARL context-growth comparison (see the module docstring). One row per (load, point)."""
-    from libra.policies.cost_model import RolloutCostModel, load_hardware, load_model
-    from libra.policies.parallelism import make_selector
+    from libra.policies.cost import RolloutCostModel, load_hardware, load_model
+    from libra.policies.parallelism.selector import make_selector
     from libra.sim.sim_cluster import InstanceCosts
 
     cm = RolloutCostModel(load_hardware(hardware), load_model(model))

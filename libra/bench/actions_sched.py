@@ -1,4 +1,4 @@
-"""Benchmark: ARL-Tangram action scheduling (research-notes §5.2, §5.4).
+"""Benchmark: ARL-Tangram action scheduling (docs/papers.md §5.2, §5.4).
 
 Three parts, each against its baseline in the same run:
 
@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from libra.policies.actions import (
+from libra.policies.actions.registry import (
     ActionQueue,
     ActionSpec,
     Amdahl,
@@ -50,7 +50,7 @@ from libra.policies.actions import (
     RunningSet,
     RunningView,
 )
-from libra.policies.actions_tangram_ref import ReferenceElasticScheduler
+from libra.bench.tangram_ref import ReferenceElasticScheduler
 from libra.sim.action_workloads import MOPD_LOADS
 from libra.sim.actions_sim import SimConfig, min_gpu_pool, run_sim
 
@@ -169,11 +169,11 @@ def _brief(r: dict[str, Any]) -> dict[str, Any]:
 
 
 MOPD_PAPER_POOL = 10
-"""GPUs of the paper's tangram MOPD deployment (research-notes §2.6: 36 → 10)."""
+"""GPUs of the paper's tangram MOPD deployment (docs/papers.md §2.6: 36 → 10)."""
 
 MOPD_PAPER_BREAKDOWN = {2048: {"exec": 0.621, "queue": 0.081, "overhead": 0.201},
                         3072: {"exec": 0.705, "queue": 15.05, "overhead": 0.240}}
-"""The paper's MOPD ACT breakdown in seconds, per batch (research-notes §2.6 [W])."""
+"""The paper's MOPD ACT breakdown in seconds, per batch (docs/papers.md §2.6 [W])."""
 
 
 def mopd_calibration(seed: int, load: str = "breakdown") -> list[dict[str, Any]]:

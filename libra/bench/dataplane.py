@@ -129,7 +129,7 @@ def _lengths(kind: str, n: int, rng: np.random.Generator) -> list[int]:
 
 def bench_dispatch(batch: int, ranks: list[int], seeds: int) -> list[dict[str, Any]]:
     """Mean imbalance of each strategy per (distribution, world size) over ``seeds`` random batches."""
-    from libra.policies.dispatch import plan_dispatch
+    from libra.policies.parallelism.dispatch import plan_dispatch
 
     out = []
     for kind in ("lognormal", "bimodal", "uniform"):

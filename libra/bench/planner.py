@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from libra.policies.cost_model import (
+from libra.policies.cost import (
     RolloutCostModel,
     TrainingCostModel,
     calibration_report,
@@ -31,7 +31,7 @@ from libra.policies.cost_model import (
     load_model,
     training_time_ratio,
 )
-from libra.policies.planner import GlobalResourcePlanner, PlannerConfig, Workload
+from libra.policies.planner.allocators import GlobalResourcePlanner, PlannerConfig, Workload
 
 __all__ = ["build_parser", "long_tail_workload", "main", "run"]
 

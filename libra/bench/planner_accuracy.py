@@ -41,11 +41,11 @@ def run_case(groups: int, step: int, gpus: int, train: int, seed: int) -> dict[s
     """One case: per homogeneous layout, the simulated and both predicted rollout times."""
     from dataclasses import replace
 
-    from libra.policies.cost_model import RolloutCostModel, TrainingCostModel, load_hardware, load_model
-    from libra.policies.planner import GlobalResourcePlanner, PlannerConfig
+    from libra.policies.cost import RolloutCostModel, TrainingCostModel, load_hardware, load_model
+    from libra.policies.planner.allocators import GlobalResourcePlanner, PlannerConfig
     from libra.sim.engine import SimConfig, Simulator
     from libra.sim.sim_cluster import homogeneous_layout
-    from libra.sim.sim_planner import workload_of
+    from libra.traces import workload_of
     from libra.sim.workload_profiles import get_profile
     from libra.sim.workloads import generate
 

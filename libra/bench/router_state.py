@@ -25,8 +25,8 @@ __all__ = ["main", "run"]
 
 
 def run(steps: int, prompts: int, repeat: int) -> dict[str, Any]:
-    from libra.policies.tool_state import R2E_THRESHOLDS
-    from libra.sim.tree_profile import profile_tree
+    from libra.policies.routing.tool_state import R2E_THRESHOLDS
+    from libra.commands.tree_profile import profile_tree
     from libra.sim.workloads import generate
 
     tree = profile_tree(generate("r2e", steps, prompts, 16, 0), R2E_THRESHOLDS, rebuild_interval=0)

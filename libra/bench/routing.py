@@ -3,14 +3,14 @@
 What it runs: for each workload (default R2E-like and Search-R1-like, generated with the same seed), the
 discrete-event simulator (:mod:`libra.sim.engine`, the real ``BrokerState`` and real routers) once per
 router -- ``cmlfq``, ``cmlfq_cost`` (distribution- and cost-based C-MLFQ), ``round_robin``, ``least_loaded``, ``length_aware``, ``la_mlfq``, ``predictor``,
-``noisy_predictor`` (the simulation's noisy T=0 length predictor, research-notes §5.1) and ``oracle`` -- on
+``noisy_predictor`` (the simulation's noisy T=0 length predictor, docs/papers.md §5.1) and ``oracle`` -- on
 the ``hetero`` layout (48 GPUs: 2 rollout nodes of [TP1, TP1, TP2, TP4], 32 training GPUs). It prints
 one table: tokens/s, routing accuracy, migrated-token ratio, mean step time, and each router's tokens/s
 and step time relative to C-MLFQ (the baseline of the comparison is every other router).
 
 ``python -m libra.bench routing [--workloads r2e,search_r1] [--steps 20] [--gpus 48] [--cap-metric load|queued]
 [--max-queue-length N] [--bootstrap-seed S] [--jobs 2] [--json]``; the cap options go to every router alike. The default cap is
-Libra's 48-GPU config: an instance has room while ``active + queued < 3`` (research-notes §1.4.3), then the
+Libra's 48-GPU config: an instance has room while ``active + queued < 3`` (docs/papers.md §1.4.3), then the
 other buckets, then the globally least-loaded instance. Lengths (bucket thresholds, routing accuracy) are
 response tokens: generated plus tool-returned.
 Targets (issue #3): C-MLFQ accuracy >= 0.91 with <= 0.08 of tokens migrated, and throughput above every
@@ -48,8 +48,8 @@ def run_one(job: tuple[str, str, int, int, int, int, float, dict[str, Any]]) -> 
     boot = params.pop(BOOTSTRAP_KEY, None)
     label = router
     if boot is not None:  # C-MLFQ starting from a tree profiled offline from another seed's whole run
-        from libra.policies.tool_state import SizeThresholds
-        from libra.sim.tree_profile import profile_tree
+        from libra.policies.routing.tool_state import SizeThresholds
+        from libra.commands.tree_profile import profile_tree
 
         params["tree"] = profile_tree(generate(workload, steps, prompts, 16, boot), SizeThresholds(*prof.size_thresholds),
                                       rebuild_interval=SimConfig().rebuild_interval)
@@ -77,11 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="noisy_predictor log-normal sigma (default %(default)s: about 65%% accuracy on R2E)")
     p.add_argument("--cap-metric", default="load", choices=("queued", "load"),
                    help="every router's per-instance room test: active + queued turns (Libra's "
-                        "'active < max_queue_length', research-notes §1.4.3), or queued turns only; "
+                        "'active < max_queue_length', docs/papers.md §1.4.3), or queued turns only; "
                         "default %(default)s")
     p.add_argument("--max-queue-length", type=int, default=3, help="every router's per-instance cap (default 3)")
     p.add_argument("--bootstrap-seed", type=int, default=None,
-                   help="also run cmlfq starting from a prefix tree profiled offline (libra.sim.tree_profile) from "
+                   help="also run cmlfq starting from a prefix tree profiled offline (libra.commands.tree_profile) from "
                         "the same workload generated with this seed, all steps (row 'cmlfq+treeS'; default: off)")
     p.add_argument("--jobs", type=int, default=2, help="parallel simulations (default %(default)s)")
     p.add_argument("--json", action="store_true")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from libra.policies.actions import ActionSpec, Amdahl, ElasticSpec, RunningView, make_action_scheduler
+from libra.policies.actions.registry import ActionSpec, Amdahl, ElasticSpec, RunningView, make_action_scheduler
 
 if TYPE_CHECKING:
     from .events import Command

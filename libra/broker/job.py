@@ -14,7 +14,7 @@ The flow, per the design's RL job:
   versions, token counts and the data-plane ``ref``.
 - **Training.** When a batch is cut, the host computes the group-relative advantages from the rewards
   (the same formula as :func:`libra.engines.grpo.group_advantages`), asks the dispatch policy
-  (``libra.policies.dispatch``, EARL's layout-aware dispatch: balance tokens per rank) which rank trains on
+  (``libra.policies.parallelism.dispatch``, EARL's layout-aware dispatch: balance tokens per rank) which rank trains on
   which trajectory, and submits one ``train`` work per rank naming, for every rank, the refs of its
   trajectories with their advantages and micro-batches. Each rank fetches its trajectories straight from
   the runners that hold them: the broker decides who gets what; the bytes never pass through it.
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from libra.config import ConfigError, from_mapping
-from libra.policies.dispatch import STRATEGIES, plan_dispatch
+from libra.policies.parallelism.dispatch import STRATEGIES, plan_dispatch
 
 from .job_state import Group, JobState, Trajectory
 

@@ -5,15 +5,15 @@ a ``[broker.planner]`` table, :class:`~libra.broker.state.BrokerState` feeds eve
 (prompt and tool-payload tokens, generated tokens, generate turns, seconds its tool calls took from
 submission to result) to :meth:`PlannerLoop.observe` and, on its timer, asks :meth:`PlannerLoop.decide` for a plan every
 ``interval_s`` seconds; a plan it returns is applied with ``BrokerState.apply_plan`` (role directives;
-nothing stops). The decision itself is the planner's online rule (:class:`~libra.policies.planner_online.
+nothing stops). The decision itself is the planner's online rule (:class:`~libra.policies.planner.online.
 Replanner`: triggers, the gain-over-reconfiguration-cost test; the first plan is applied outright).
 
 Settings (:class:`PlannerSettings`, every key optional but ``allocation``):
 
-- ``allocation``: an allocator of :mod:`libra.policies.planner` whose plans are role layouts (``grp``,
+- ``allocation``: an allocator of :mod:`libra.policies.planner.allocators` whose plans are role layouts (``grp``,
   ``grp_homogeneous``, ``static_uniform``, ``static_best``, ``greedy``; not ``colocated``, which
   time-shares every GPU inside a step);
-- ``hardware`` / ``model``: cost-model profiles (``libra/policies/profiles``; default ``a800`` /
+- ``hardware`` / ``model``: cost-model profiles (``libra/policies/cost/data``; default ``a800`` /
   ``qwen3-14b``);
 - ``interval_s`` (default 300): seconds between planning rounds;
 - ``group_size`` (default 16): GRPO group size; ``batch``: trajectories per training step (default: the
@@ -44,16 +44,16 @@ from typing import Any
 
 from libra.config import from_mapping
 from libra.logging import get_logger
-from libra.policies.cost_model import (
+from libra.policies.cost import (
     ProfileError,
     RolloutCostModel,
     TrainingCostModel,
     load_hardware,
     load_model,
 )
-from libra.policies.planner import ALLOCATORS, PlannerConfig, make_allocator
-from libra.policies.planner_online import PressureSnapshot, ReplanDecision, Replanner
-from libra.policies.planner_types import Plan, PlannerError
+from libra.policies.planner.allocators import ALLOCATORS, PlannerConfig, make_allocator
+from libra.policies.planner.online import PressureSnapshot, ReplanDecision, Replanner
+from libra.policies.planner.types import Plan, PlannerError
 
 __all__ = ["BROKER_ALLOCATORS", "PlanJob", "PlannerLoop", "PlannerSettings"]
 

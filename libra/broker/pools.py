@@ -1,6 +1,6 @@
 """Applying a resource plan: GPU slots → roles, and the order in which actors switch. Pure.
 
-``layout_roles(plan, slots, current)`` turns a :class:`~libra.policies.planner_types.Plan` into one
+``layout_roles(plan, slots, current)`` turns a :class:`~libra.policies.planner.types.Plan` into one
 :class:`Role` per GPU slot: training replicas of ``tp × pp`` GPUs and rollout instances of ``tp`` GPUs,
 each TP group inside one node on an aligned block (NVLink locality), preferring blocks whose slots already
 hold the same role so that as few actors as possible switch. Unused slots are ``idle``. Raises
@@ -28,8 +28,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from libra.policies.planner_types import Plan
-from libra.policies.routing import BucketSpec
+from libra.policies.planner.types import Plan
+from libra.policies.routing.interface import BucketSpec
 
 MAX_BUCKET_TOKENS = 1 << 30
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from libra.logging import get_logger
-from libra.policies.routers import make_router
-from libra.policies.routing import (
+from libra.policies.routing.baselines import make_router
+from libra.policies.routing.interface import (
     BucketSpec,
     ClusterView,
     InstanceView,

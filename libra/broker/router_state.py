@@ -1,7 +1,7 @@
 """Keeps the rollout router's learned state on disk so a broker restart does not start C-MLFQ cold.
 
 C-MLFQ (and ``cmlfq_cost``) learn a causal prefix tree from every finished trajectory
-(research-notes §1.4.2: "trees are persisted per rank"). Without this file a restarted broker routes
+(docs/papers.md §1.4.2: "trees are persisted per rank"). Without this file a restarted broker routes
 every trajectory to the smallest bucket until the tree has relearned. ``python -m libra.broker
 --router-state FILE`` turns it on:
 
@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from libra.logging import get_logger
-from libra.policies.prefix_tree import CausalPrefixTree, PrefixTreeError, write_atomic
-from libra.policies.routers import router_accepts
+from libra.policies.routing.prefix_tree import CausalPrefixTree, PrefixTreeError, write_atomic
+from libra.policies.routing.baselines import router_accepts
 
 from .sessions import BrokerConfig
 

@@ -26,7 +26,7 @@ class BrokerConfig:
     max_inflight_per_client: int = 50_000  # back-pressure: Busy beyond this many unanswered per client
     reply_cache: int = 20_000  # finished requests remembered for idempotent resubmission
     client_idle_s: float = 300.0  # forget silent clients with nothing in flight
-    router: str = "cmlfq"  # rollout router for generate turns (libra.policies.routers)
+    router: str = "cmlfq"  # rollout router for generate turns (libra.policies.routing.baselines)
     router_params: dict[str, Any] = field(default_factory=dict)
     buckets: list[dict[str, Any]] = field(default_factory=list)  # [{name, tp, max_tokens}], ascending
     action_scheduler: str = ""  # "" = first come first served by credit; or tangram | fixed_dop | per_trajectory

@@ -28,7 +28,7 @@ from typing import Any
 from libra.protocol import messages as m
 from libra.protocol.errors import ErrorCode, ProtocolCode
 
-from libra.policies.routing import BucketSpec
+from libra.policies.routing.interface import BucketSpec
 
 from . import views
 from . import jobs, journal, planning

@@ -1,5 +1,5 @@
 """GPU resource manager for model services (ARL-Tangram §2.5 "evict on execution"), driven by
-:class:`~libra.policies.actions_gpu_services.ServicePlacement`.
+:class:`~libra.policies.actions.gpu_services.ServicePlacement`.
 
 A *service* (a reward model first) is registered once with a **host-memory copy** of its weights (every
 parameter and buffer as a CPU tensor; pinned when CUDA is in use). A service is either *resident* (one or
@@ -46,8 +46,8 @@ from typing import Any
 import torch
 
 from libra.logging import get_logger
-from libra.policies.actions_gpu_services import ServicePlacement, ServiceSpec
-from libra.policies.gpu_cells import Allocation, MultiLevelCellAllocator
+from libra.policies.actions.gpu_services import ServicePlacement, ServiceSpec
+from libra.policies.actions.gpu_cells import Allocation, MultiLevelCellAllocator
 
 __all__ = ["ServiceError", "ServiceManager", "UnknownService", "service_tools"]
 

@@ -23,7 +23,7 @@ Contracts:
   resumed run continues bit-identically (tested).
 
 Not in this module: the GRPO formula (``grpo.py``), deciding batches or staleness (the broker's job
-state), which rank trains on what (``libra.policies.dispatch``), moving weights to rollout engines and
+state), which rank trains on what (``libra.policies.parallelism.dispatch``), moving weights to rollout engines and
 shards to ranks (``libra.dataplane``, driven by ``libra.actors.roles``).
 """
 

@@ -38,7 +38,7 @@ class JobSection:
     seed: int = 0
     run_dir: str = "runs/job"
     checkpoint_every: int = 0  # steps between checkpoints; 0: only the final one
-    dispatch: str = "lpt"  # how a batch is split over trainer ranks (libra.policies.dispatch.STRATEGIES)
+    dispatch: str = "lpt"  # how a batch is split over trainer ranks (libra.policies.parallelism.dispatch.STRATEGIES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +159,7 @@ def _check(c: JobConfig, where: str) -> None:
         problems.append(f"[job] steps must be >= 1, got {c.job.steps}")
     if c.job.prompts_per_step < 1:
         problems.append(f"[job] prompts_per_step must be >= 1, got {c.job.prompts_per_step}")
-    from libra.policies.dispatch import STRATEGIES
+    from libra.policies.parallelism.dispatch import STRATEGIES
 
     if c.job.dispatch not in STRATEGIES:
         problems.append(f"[job] dispatch must be one of {', '.join(STRATEGIES)}, got {c.job.dispatch!r}")

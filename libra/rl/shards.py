@@ -1,6 +1,6 @@
 """The wire form of one trainer rank's training shard: a dict of flat tensors for the data plane.
 
-Role: the job driver encodes each rank's share of a batch (chosen by ``libra.policies.dispatch``) with
+Role: the job driver encodes each rank's share of a batch (chosen by ``libra.policies.parallelism.dispatch``) with
 :func:`encode_shard` and publishes it on its :class:`~libra.dataplane.DataPlaneServer`; the trainer rank
 fetches it and rebuilds the :class:`~libra.engines.grpo.TrainBatch` with :func:`decode_shard`. The
 chunked, CRC-checked ``libra.engines.weights`` format carries it, so a shard is verified exactly like

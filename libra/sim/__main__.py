@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from libra.sim.engine import SIM_ROUTERS, SimConfig, Simulator
 from libra.sim.sim_cluster import ALLOCATIONS, PLANNER_ALLOCATIONS, SimConfigError
-from libra.sim.trace import TraceError, read_trace
+from libra.traces import TraceError, read_trace
 from libra.sim.workload_profiles import PROFILES, get_profile
 from libra.sim.workloads import generate
 
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m libra.sim", description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", choices=sorted(PROFILES) + list(ACTION_WORKLOADS), help="generated workload")
-    src.add_argument("--trace", help="replay a JSON Lines trace (shared/workloads/README.md format)")
+    src.add_argument("--trace", help="replay a JSON Lines trace (docs/trace-format.md format)")
     p.add_argument("--profile", default="r2e", choices=sorted(PROFILES),
                    help="with --trace: the workload whose bucket and tool-size thresholds to use (default r2e)")
     p.add_argument("--gpus", type=int, default=48, help="GPUs in the cluster (default 48)")

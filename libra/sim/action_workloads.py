@@ -1,4 +1,4 @@
-"""Seeded workload generators for the action-level simulator (research-notes §5.2).
+"""Seeded workload generators for the action-level simulator (docs/papers.md §5.2).
 
 A workload is a batch of :class:`TrajectoryPlan` s: each trajectory alternates LLM "think" gaps (fixed time,
 not contended here) and actions (:class:`ActionPlan`), then a final think. Three families, every constant a
@@ -17,7 +17,7 @@ calibration guess ([G]) aimed at the paper's reported aggregates ([W]):
   prefill forward, no KV cache outlives it; its activations use the simulator's per-GPU workspace).
   The think time sets the offered load. Two calibrations (:data:`MOPD_LOADS`):
 
-  - ``"breakdown"`` (default, 1,650 s): the paper's ACT breakdown of its own MOPD deployment (research-notes
+  - ``"breakdown"`` (default, 1,650 s): the paper's ACT breakdown of its own MOPD deployment (docs/papers.md
     §2.6 [W]: tangram on 10 GPUs, queueing 0.081 s at batch 2,048 and 15.05 s at 3,072). The restore
     overhead in that table (0.2 s a call) only arises when teachers share GPUs, so the table describes the
     10-GPU pool, not the 36. At 1,650 s tangram's queueing on 10 GPUs at batch 3,072 is 6–17 s over seeds
@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from libra.policies.actions_gpu_services import ServiceSpec
+from libra.policies.actions.gpu_services import ServiceSpec
 
 __all__ = [
     "MOPD_LOADS",

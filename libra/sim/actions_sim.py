@@ -1,8 +1,8 @@
-"""Discrete-event simulator of action-level resource scheduling (ARL-Tangram, research-notes §5.2).
+"""Discrete-event simulator of action-level resource scheduling (ARL-Tangram, docs/papers.md §5.2).
 
 Trajectories from :mod:`libra.sim.action_workloads` alternate LLM think gaps (fixed time) and actions; the
 actions are served by an external-resource pool under one scheduler from
-:func:`libra.policies.actions.make_action_scheduler`, on a virtual clock (event heap). Nothing sleeps,
+:func:`libra.policies.actions.registry.make_action_scheduler`, on a virtual clock (event heap). Nothing sleeps,
 opens sockets or reads the wall clock except to report how long the simulation itself took.
 
 Resources (defaults = the paper's clusters):
@@ -13,7 +13,7 @@ Resources (defaults = the paper's clusters):
   over domains runs ``numa_penalty`` slower. Pooled schedulers pay ``aoe_overhead_s`` per action for the
   allocate-on-execution cgroup update.
 - **GPU**: pooled mode (``tangram``, ``fixed_dop``): a pool of ``gpu_pool`` GPUs (nodes of 8) holding service
-  replicas through :class:`~libra.policies.actions_gpu_services.ServicePlacement` (evict-on-execution, LRU, Multi-Level
+  replicas through :class:`~libra.policies.actions.gpu_services.ServicePlacement` (evict-on-execution, LRU, Multi-Level
   Cell cells); a call on an evicted service pays the restore time as overhead. With ``gpu_mem_gb`` (default
   80 GB, the paper's A800/H800-class GPUs) the placement models GPU memory: replicas of several services stay
   resident on the same cell while their shards plus reserves fit in ``gpu_mem_gb − gpu_workspace_gb`` (8 GB
@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from libra.policies.actions import (
+from libra.policies.actions.registry import (
     ActionQueue,
     ActionSpec,
     Amdahl,
@@ -63,8 +63,8 @@ from libra.policies.actions import (
     make_action_scheduler,
     resource_kind,
 )
-from libra.policies.actions_gpu_services import ServicePlacement
-from libra.policies.gpu_cells import MultiLevelCellAllocator
+from libra.policies.actions.gpu_services import ServicePlacement
+from libra.policies.actions.gpu_cells import MultiLevelCellAllocator
 from libra.sim.action_workloads import SCHEDULERS, ActionPlan, SimConfig, SimError, TrajectoryPlan, make_workload
 
 __all__ = ["SimConfig", "SimError", "main", "min_gpu_pool", "run_sim"]

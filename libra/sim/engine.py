@@ -18,13 +18,13 @@ every ``Send`` it returns by simulating the receiver:
 GRPO loop: a step's trajectories (its groups) are released when the policy-lag bound allows (rollout of
 step ``k + lag`` waits for the training of step ``k``; ``lag = 1`` is synchronous); a training step starts
 when its step's trajectories are all done and the previous training step has finished; its time comes
-from :class:`~libra.policies.cost_model.TrainingCostModel` (best TP/PP/DP layout of the training GPUs).
+from :class:`~libra.policies.cost.TrainingCostModel` (best TP/PP/DP layout of the training GPUs).
 The ``colocated`` layout (verl's time-sharing mode) also charges, inside each training phase, its two role
 switches of every GPU: to training (3.6 s snapshot + 4.4 s restore) and back to rollout (10.8 s), the
-measured transition costs of research-notes §1.3.5 (:data:`COLOCATED_SWITCH`).
+measured transition costs of docs/papers.md §1.3.5 (:data:`COLOCATED_SWITCH`).
 After training step ``k`` the router hears ``on_step(k + 1)`` (C-MLFQ's tree rebuild).
 
-``noisy_predictor`` is a simulation-only router (research-notes §5.1): the oracle router given the true
+``noisy_predictor`` is a simulation-only router (docs/papers.md §5.1): the oracle router given the true
 total length times ``exp(predictor_noise · N(0, 1))`` at T=0, never corrected afterwards.
 
 Metrics (:meth:`Simulator.run` returns a :class:`~libra.sim.sim_metrics.SimResult`): see
@@ -46,21 +46,21 @@ import numpy as np
 from libra.broker.events import PeerMessage, Send, Tick
 from libra.broker.state import BrokerConfig, BrokerState
 from libra.logging import get_logger
-from libra.policies.cost_model import (
+from libra.policies.cost import (
     RolloutCostModel,
     TrainingCostModel,
     load_hardware,
     load_model,
 )
-from libra.policies.cost_model_training import TrainConfig
-from libra.policies.routing import MigrationQuery, bucket_index_for, mode_by_cost
+from libra.policies.cost.training import TrainConfig
+from libra.policies.routing.interface import MigrationQuery, bucket_index_for, mode_by_cost
 from libra.protocol import messages as m
 from libra.sim.sim_cluster import InstanceCosts, Layout, SimConfigError, make_layout
 from libra.sim.sim_gpus import TransitionCosts
 from libra.sim.sim_instance import Seq, SimInstance
 from libra.sim.sim_metrics import SimResult, TrajRecord, summarize
 from libra.sim.sim_planner import PlannerAllocation, is_planner_allocation
-from libra.sim.trace import TrajectorySpec
+from libra.traces import TrajectorySpec
 
 __all__ = ["SIM_ROUTERS", "SimConfig", "SimConfigError", "Simulator", "simulate"]
 
@@ -112,7 +112,7 @@ class _Traj:
 
 
 COLOCATED_SWITCH = TransitionCosts()
-"""Role-switch seconds the ``colocated`` layout pays twice per step (research-notes §1.3.5)."""
+"""Role-switch seconds the ``colocated`` layout pays twice per step (docs/papers.md §1.3.5)."""
 
 
 class Simulator:

@@ -17,11 +17,11 @@ Planner-driven allocations (:data:`PLANNER_ALLOCATIONS`: ``grp_homogeneous``, ``
 ``static_best``, ``greedy``) start from a plan and re-plan online; their layouts come from
 :mod:`libra.sim.sim_planner`, not from :func:`make_layout`.
 
-:class:`InstanceCosts` wraps :class:`~libra.policies.cost_model.RolloutCostModel`: for a dense model the
+:class:`InstanceCosts` wraps :class:`~libra.policies.cost.RolloutCostModel`: for a dense model the
 decode step is exactly linear in running sequences and KV tokens, so it is fitted once per TP degree
 and evaluated as ``a + b·tokens + c·seqs`` (MoE models call the cost model each time). KV migration
 costs ``fixed + tokens·kv_bytes/bandwidth`` (defaults: 25 GB/s same node, 10 GB/s across nodes, so
-40K tokens move in < 330 ms on one node and ≤ 733 ms across nodes, research-notes §1.4.3).
+40K tokens move in < 330 ms on one node and ≤ 733 ms across nodes, docs/papers.md §1.4.3).
 Pure: no I/O, no clocks.
 """
 
@@ -30,8 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-from libra.policies.cost_model import RolloutCostModel
-from libra.policies.routing import BucketSpec, MigrationQuery
+from libra.policies.cost import RolloutCostModel
+from libra.policies.routing.interface import BucketSpec, MigrationQuery
 
 __all__ = ["ALLOCATIONS", "PLANNER_ALLOCATIONS", "STATIC_ALLOCATIONS", "InstanceCosts", "Layout", "RolloutInstanceSpec",
            "SimConfigError", "homogeneous_layout", "make_layout"]

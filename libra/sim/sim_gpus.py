@@ -20,7 +20,7 @@ old role, then pays the transition, then answers ``DirectiveDone`` + ``Bid`` wit
   none); every member of the group waits for that, and the instance is then torn down (the KV caches
   it held are gone: those trajectories re-prefill wherever they go next). A training member that is
   part of the running training step waits for the step to end. Nothing else waits.
-- transition (virtual seconds, research-notes §1.3.5): into ``rollout`` ``to_rollout_s`` (10.8 s,
+- transition (virtual seconds, docs/papers.md §1.3.5): into ``rollout`` ``to_rollout_s`` (10.8 s,
   dominated by vLLM activation); into ``train`` ``snapshot_s + restore_s`` (3.6 s background snapshot
   + 4.4 s state restore); into ``idle`` 0. A role change inside the same kind (another TP group or
   replica) costs the same as entering that kind.
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from libra.broker.pools import Role
-from libra.policies.cost_model_training import TrainConfig
+from libra.policies.cost.training import TrainConfig
 from libra.protocol import messages as m
 from libra.sim.sim_cluster import NODE_GPUS, RolloutInstanceSpec
 from libra.sim.sim_instance import SimInstance
@@ -60,7 +60,7 @@ class FleetError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class TransitionCosts:
-    """Virtual seconds a GPU spends switching (research-notes §1.3.5) and the drain poll period."""
+    """Virtual seconds a GPU spends switching (docs/papers.md §1.3.5) and the drain poll period."""
 
     to_rollout_s: float = 10.8
     snapshot_s: float = 3.6

@@ -1,7 +1,7 @@
 """Planner-driven allocations in the simulator: GRP plans, online re-planning and the Elastic Hybrid Pool.
 
 Role: the allocation policy of a :class:`~libra.sim.engine.Simulator` whose ``SimConfig.allocation`` is
-one of :data:`PLANNER_ALLOCATIONS`. It drives the real planner (:mod:`libra.policies.planner`) and the
+one of :data:`PLANNER_ALLOCATIONS`. It drives the real planner (:mod:`libra.policies.planner.allocators`) and the
 real broker plan application (:meth:`BrokerState.apply_plan`, directives) on the simulated GPU fleet
 (:mod:`libra.sim.sim_gpus`, which charges the transition costs in virtual time).
 
@@ -24,7 +24,7 @@ Contract of one run:
    the generate turns of each trajectory, each turn paying the serving overhead, and its tool seconds). The cluster
    starts in that layout (no transition cost).
 2. **Online re-planning** at every training-step boundary: a
-   :class:`~libra.policies.planner_online.Replanner` over the history the simulator has observed (the
+   :class:`~libra.policies.planner.online.Replanner` over the history the simulator has observed (the
    last ``history_steps`` steps of finished trajectories), with its triggers (interval
    ``plan_interval``, queue pressure, active pressure, rollout/train imbalance, cooldown) and its rule
    (apply iff the layout differs, net gain over ``reconfig_cost_s`` > 0 and gain ratio >=
@@ -49,7 +49,7 @@ Contract of one run:
 5. **EHP** (``grp_ehp``): new training replicas join as whole DP replicas through the hybrid join
    protocol (:class:`~libra.broker.hybrid.HybridReplica`: fetch the snapshot in the background, one
    zero-gradient core step, activation at a step boundary) and core training never pauses; after each
-   step :func:`~libra.policies.planner_online.ehp_signal` sets the number of hybrid replicas (whole
+   step :func:`~libra.policies.planner.online.ehp_signal` sets the number of hybrid replicas (whole
    ``tp × pp`` replicas borrowed from the rollout pool when training is the bottleneck, released when
    rollout is) and the rollout pool is re-planned by the GRP DP for the GPUs left.
 
@@ -71,18 +71,18 @@ from typing import TYPE_CHECKING, Any
 
 from libra.broker.hybrid import HybridReplica, JoinState
 from libra.broker.pools import GpuSlot, Role, bucket_specs, layout_roles
-from libra.policies.cost_model import RolloutCostModel, TrainingCostModel, load_hardware, load_model
-from libra.policies.cost_model_training import TrainConfig
-from libra.policies.planner import Plan, PlannerConfig, PressureSnapshot, Replanner, Workload, make_allocator
-from libra.policies.planner_online import ehp_signal, layout_class
-from libra.policies.planner_types import ROUTINGS
-from libra.policies.routing import BucketSpec
+from libra.policies.cost import RolloutCostModel, TrainingCostModel, load_hardware, load_model
+from libra.policies.cost.training import TrainConfig
+from libra.policies.planner.allocators import Plan, PlannerConfig, PressureSnapshot, Replanner, make_allocator
+from libra.policies.planner.online import ehp_signal, layout_class
+from libra.policies.planner.types import ROUTINGS
+from libra.policies.routing.interface import BucketSpec
 from libra.protocol import messages as m
 from libra.sim import sim_cluster
 from libra.sim.sim_cluster import Layout, RolloutInstanceSpec, SimConfigError
 from libra.sim.sim_gpus import GpuFleet, TransitionCosts, gpu_id
 from libra.sim.sim_metrics import SimResult, summarize
-from libra.sim.trace import TrajectorySpec
+from libra.traces import TrajectorySpec, tool_seconds_of, workload_of
 
 if TYPE_CHECKING:
     from libra.sim.engine import SimConfig, Simulator
@@ -126,7 +126,7 @@ def is_planner_allocation(name: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class PlannerSimParams:
     """Knobs of a planner-driven allocation (``SimConfig.allocation_params``; see the module docstring).
-    ``profile_steps`` None means 1 (5 for ``static_best``, research-notes §5.1). The search space follows
+    ``profile_steps`` None means 1 (5 for ``static_best``, docs/papers.md §5.1). The search space follows
     the reference's 48-GPU R2E config [C]: whole 8-GPU steps, at least 8 training and 8 rollout GPUs.
     ``planner_routing``: the planner's ``PlannerConfig.routing`` (None: :func:`planner_routing` of the
     router); ``exact_pipeline``: ``PlannerConfig.exact_pipeline`` (off by default here: measured slower
@@ -178,19 +178,6 @@ class PlannerSimParams:
             raise SimConfigError(f"allocation parameter planner_routing must be one of {ROUTINGS} or None, "
                                  f"got {p.planner_routing!r}")
         return p
-
-
-def tool_seconds_of(t: TrajectorySpec) -> float:
-    """Seconds trajectory ``t`` waits on its tool calls (the simulator's tool actor takes each call's
-    ``tool_seconds``)."""
-    return float(sum(x.tool_seconds or 0.0 for x in t.turns))
-
-
-def workload_of(trajs: Sequence[TrajectorySpec]) -> Workload:
-    """Planner workload of trajectories: (prompt + tool payload, generated tokens, generate turns, tool
-    seconds) each."""
-    return Workload.from_pairs((t.prompt_tokens + t.total_payload_tokens, max(1, t.total_gen_tokens), t.num_turns,
-                                tool_seconds_of(t)) for t in trajs)
 
 
 def _group_size(trajs: Sequence[TrajectorySpec]) -> int:

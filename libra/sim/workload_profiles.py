@@ -6,7 +6,7 @@ A :data:`Span` ``(at_step_0, at_last_step)`` is interpolated linearly in the ste
 exponent straightens the mean-length curve, since several drifting factors multiply). No sampling code
 and no mutable state live here.
 
-Provenance (``shared/research-notes.md``): the 40,960-token cap, 16 samples per prompt, the 2,048-token
+Provenance (``docs/papers.md``): the 40,960-token cap, 16 samples per prompt, the 2,048-token
 R2E prompt cap, the R2E payload-size thresholds 1000/12000, the per-workload bucket thresholds, the
 tool-time ranges and Tangram's elastic parallel fraction 0.6-0.8 come from the sources [W][C], as do
 R2E's calibration targets (long tail, tool outcome → length examples, mean length 2.5K → 11.5K). The

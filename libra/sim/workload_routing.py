@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from libra.sim.trace import TrajectorySpec
+from libra.traces import TrajectorySpec
 
 TREE_WINDOW = 200
 """Observations kept per prefix node (C-MLFQ's window)."""

@@ -1,10 +1,10 @@
 """Calibration statistics of a workload trace: the facts the generators are tuned to reproduce.
 
-:func:`workload_stats` summarises any list of :class:`~libra.sim.trace.TrajectorySpec` (generated or
+:func:`workload_stats` summarises any list of :class:`~libra.traces.TrajectorySpec` (generated or
 recorded) into one JSON-able dict; :func:`format_stats` renders it as a two-column table. Pure
 functions: no I/O, no randomness.
 
-The facts (research-notes §1.2, §5.1):
+The facts (docs/papers.md §1.2, §5.1):
 
 - long tail: the share of total decode work (Σ over turns of generated tokens × context, the
   rollout-time proxy ``TrajectorySpec.decode_work``) and of generated tokens taken by the top 10% of
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from libra.sim.trace import TrajectorySpec
+from libra.traces import TrajectorySpec
 from libra.sim.workload_routing import routing_accuracy
 
 __all__ = ["format_stats", "routing_accuracy", "workload_stats"]

@@ -1,6 +1,6 @@
 """Seeded, calibrated generators of agentic-RL workload traces (``r2e``, ``search_r1``, ``dapo_math``).
 
-:func:`generate` returns :class:`~libra.sim.trace.TrajectorySpec` lists in submission order (step by
+:func:`generate` returns :class:`~libra.traces.TrajectorySpec` lists in submission order (step by
 step, GRPO group by group); :func:`workload_stats` (from ``workload_stats.py``) reports the calibration
 facts; ``python -m libra.sim.workloads ... --out FILE.jsonl [--stats]`` writes a trace file.
 
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from libra.sim.trace import ElasticSpec, TrajectorySpec, Turn, size_class, write_trace
+from libra.traces import ElasticSpec, TrajectorySpec, Turn, size_class, write_trace
 from libra.sim.workload_profiles import (
     PROFILES,
     PayloadMix,
@@ -312,7 +312,7 @@ def generate(
 def _build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m libra.sim.workloads",
-        description="Generate a calibrated agentic-RL workload trace (JSON Lines, see shared/workloads/README.md).",
+        description="Generate a calibrated agentic-RL workload trace (JSON Lines, see docs/trace-format.md).",
     )
     ap.add_argument("--workload", required=True, choices=sorted(PROFILES), help="workload profile")
     ap.add_argument("--steps", type=int, default=20, help="RL steps (lengths drift over them; default 20)")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from libra.policies.prefix_tree import CausalPrefixTree
+from libra.policies.routing.prefix_tree import CausalPrefixTree
 from libra.rl.config import load_job
 from libra.rl.driver import run_job
 from libra.rl.metrics import read_metrics

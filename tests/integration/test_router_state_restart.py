@@ -14,7 +14,7 @@ import pytest
 from libra.client import Client
 from libra.engines.tiny_model import ensure_tiny_model
 from libra.local import LocalCluster, free_port
-from libra.policies.prefix_tree import CausalPrefixTree
+from libra.policies.routing.prefix_tree import CausalPrefixTree
 
 pytestmark = pytest.mark.integration
 N = 6

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from libra.policies.cost_model import RolloutCostModel, load_hardware, load_model
+from libra.policies.cost import RolloutCostModel, load_hardware, load_model
 
 RM = RolloutCostModel(load_hardware("a800"), load_model("qwen3-14b"))
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from libra.policies.actions import (
+from libra.policies.actions.registry import (
     ActionModelError,
     ActionQueue,
     ActionSpec,

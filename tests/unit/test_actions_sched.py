@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from libra.policies.actions import (
+from libra.policies.actions.registry import (
     ActionQueue,
     ActionSpec,
     Amdahl,

@@ -1,6 +1,6 @@
 """The optimised ``tangram`` scheduler makes exactly the decisions of the reference implementation.
 
-:class:`~libra.policies.actions_tangram_ref.ReferenceElasticScheduler` is the first implementation, kept
+:class:`~libra.bench.tangram_ref.ReferenceElasticScheduler` is the first implementation, kept
 verbatim. On randomised instances (convex and non-convex profiles, size-restricted GPU actions, fixed and
 multi-resource actions, ties in the marginal gains, overdue releases, every parameter) both must return the
 same grants, with the same units, in the same order. Also checks the sorted release index of
@@ -14,7 +14,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from libra.policies.actions import (
+from libra.policies.actions.registry import (
     ActionQueue,
     ActionSpec,
     Amdahl,
@@ -25,8 +25,8 @@ from libra.policies.actions import (
     TableProfile,
     release_list,
 )
-from libra.policies.actions_tangram_ref import ReferenceElasticScheduler
-from libra.policies.actions_views import sorted_releases
+from libra.bench.tangram_ref import ReferenceElasticScheduler
+from libra.policies.actions.views import sorted_releases
 
 RES = ["cpu@n0", "cpu@n1", "gpu"]
 # A few shared (T, p) pairs make equal marginal gains across actions likely (the tie rule matters).
@@ -142,8 +142,8 @@ def test_running_set_keeps_its_release_index_sorted(ops: list) -> None:
 @given(seed=st.integers(0, 2**31), n_run=st.integers(0, 120), n_wait=st.integers(0, 6), n_ev=st.integers(0, 3))
 def test_completion_time_estimate_matches_the_reference_heap(seed: int, n_run: int, n_wait: int, n_ev: int) -> None:
     """The sorted-list estimate with the release horizon equals the reference completion-time heap."""
-    from libra.policies import actions_estimate as ae
-    from libra.policies import actions_tangram_ref as ref
+    from libra.policies.actions import estimate as ae
+    from libra.bench import tangram_ref as ref
 
     rng = random.Random(seed)
     r, now = "cpu", rng.choice([0.0, 2.0])
@@ -228,9 +228,9 @@ def test_split_after_evictions_matches_the_reference_splitter(seed: int, n: int,
     ``_ConvexSplit`` after ``drop_last`` calls: same extras, bit-identical cost."""
     from bisect import insort as _insort
 
-    from libra.policies import actions_estimate as ae
-    from libra.policies import actions_tangram as at
-    from libra.policies import actions_tangram_ref as ref
+    from libra.policies.actions import estimate as ae
+    from libra.policies.actions import tangram as at
+    from libra.bench import tangram_ref as ref
 
     rng = random.Random(seed)
     el = []

@@ -203,7 +203,7 @@ def test_a_plan_that_does_not_fit_the_actors_is_recorded_as_apply_failed() -> No
 
 
 def test_status_prints_the_planner_on_one_line() -> None:
-    from libra.cli import format_status
+    from libra.commands.status import format_status
 
     s = _broker()
     s.handle(Tick(), 1.0)

@@ -122,9 +122,9 @@ def test_instance_death_releases_its_queued_turns_to_the_bucket() -> None:
 
 def test_rollout_bookkeeping_reports_response_positions_and_learns_the_response_length() -> None:
     """The router sees positions and totals in response tokens (generated + tool-returned), the unit of the
-    bucket thresholds; the broker counts them itself (research-notes §1.4.1-§1.4.2)."""
+    bucket thresholds; the broker counts them itself (docs/papers.md §1.4.1-§1.4.2)."""
     from libra.broker.rollout import RolloutRouting
-    from libra.policies.routing import BucketSpec
+    from libra.policies.routing.interface import BucketSpec
 
     rr = RolloutRouting("cmlfq", [BucketSpec("short", 1, 4000), BucketSpec("long", 4, 40960)])
     view = rr.view([("s1", "short", 0, 0, "h"), ("l1", "long", 0, 0, "h")])
@@ -160,7 +160,7 @@ def test_generate_before_any_rollout_instance_is_queued_then_served() -> None:
 
 
 def test_turns_queued_under_a_removed_bucket_are_served_after_a_replan() -> None:
-    from libra.policies.routing import BucketSpec
+    from libra.policies.routing.interface import BucketSpec
 
     s = setup(router="round_robin", capacity=1)
     held = [gen(s, f"h{i}", f"h{i}", prompt_tokens=10) for i in range(3)]  # every instance busy

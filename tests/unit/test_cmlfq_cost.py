@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from libra.policies.cmlfq_cost import CostCMLFQRouter, ModelRouterCosts, histogram
-from libra.policies.cost_model import RolloutCostModel, load_hardware, load_model
-from libra.policies.prefix_tree import CausalPrefixTree, FinishedTrajectory
-from libra.policies.routers import make_router, router_names
-from libra.policies.routing import (
+from libra.policies.routing.cmlfq_cost import CostCMLFQRouter, ModelRouterCosts, histogram
+from libra.policies.cost import RolloutCostModel, load_hardware, load_model
+from libra.policies.routing.prefix_tree import CausalPrefixTree, FinishedTrajectory
+from libra.policies.routing.baselines import make_router, router_names
+from libra.policies.routing.interface import (
     BucketSpec,
     ClusterView,
     ClusterViewError,
@@ -167,7 +167,7 @@ def test_model_costs_match_the_cost_model() -> None:
     assert c.decode_step(4, 8, 1e5) == pytest.approx(float(cm.decode_step(4, 8, 1e5)))
     assert c.prefill(2, 0) == 0.0 and c.prefill(2, 4096) == pytest.approx(float(cm.prefill_time(2, 4096)))
     q = MigrationQuery(40000, True, 1, 4)
-    assert c.kv_seconds(q) < 0.33 < c.reprefill_seconds(q)  # research-notes §1.4.3: < 330 ms at 40K same node
+    assert c.kv_seconds(q) < 0.33 < c.reprefill_seconds(q)  # docs/papers.md §1.4.3: < 330 ms at 40K same node
 
 
 def test_per_instance_load_is_kept_incrementally_and_matches_a_full_scan() -> None:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libra.policies.cost_model import (
+from libra.policies.cost import (
     CALIBRATION_TARGETS,
     CostModelError,
     ProfileError,
@@ -118,7 +118,7 @@ def test_bad_hardware_file_names_the_field(tmp_path: Path, text: str, pattern: s
 
 
 def test_bad_model_file_names_the_field(tmp_path: Path) -> None:
-    good = Path(__file__).resolve().parents[2] / "libra/policies/profiles/models/qwen3-14b.toml"
+    good = Path(__file__).resolve().parents[2] / "libra/policies/cost/data/models/qwen3-14b.toml"
     text = good.read_text()
     with pytest.raises(ProfileError, match="missing field n_kv_heads"):
         load_model(_write(tmp_path, text.replace("n_kv_heads = 8\n", "")))

@@ -13,7 +13,7 @@ import pytest
 import zmq
 import zmq.auth
 
-from libra.cli import render_watch, render_watch_rich
+from libra.commands.status import render_watch, render_watch_rich
 from libra.keys import KeyFileError, create_keypair, load_keypair
 
 needs_curve = pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")

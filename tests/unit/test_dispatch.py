@@ -1,4 +1,4 @@
-"""Layout-aware dispatch (libra.policies.dispatch): LPT + local search against brute force and the naive
+"""Layout-aware dispatch (libra.policies.parallelism.dispatch): LPT + local search against brute force and the naive
 splits, micro-batch packing within budget, and the plan's contracts."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libra.policies.dispatch import (
+from libra.policies.parallelism.dispatch import (
     contiguous_split,
     imbalance,
     lpt_split,

@@ -8,15 +8,14 @@ import random
 
 import pytest
 
-from libra.policies.gpu_cells import (
+from libra.policies.actions.gpu_cells import (
     FirstFitAllocator,
     GpuCellError,
     MultiLevelCellAllocator,
-    ServicePlacement,
-    ServiceSpec,
     level_free_masks,
     node_value,
 )
+from libra.policies.actions.gpu_services import ServicePlacement, ServiceSpec
 
 MIX = (1, 1, 1, 2, 2, 4, 4, 8)
 

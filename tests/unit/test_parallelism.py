@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from libra.policies.cost_model import RolloutCostModel, load_hardware, load_model
-from libra.policies.parallelism import (
+from libra.policies.cost import RolloutCostModel, load_hardware, load_model
+from libra.policies.parallelism.selector import (
     ParallelismError,
     ParallelismSelector,
     ProfileRow,

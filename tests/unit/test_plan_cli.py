@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from libra.cli import main as cli_main
-from libra.policies.cost_model import RolloutCostModel, TrainingCostModel, load_hardware, load_model
-from libra.policies.planner import PlannerConfig, make_allocator
-from libra.sim.sim_planner import workload_of
-from libra.sim.trace import write_trace
+from libra.policies.cost import RolloutCostModel, TrainingCostModel, load_hardware, load_model
+from libra.policies.planner.allocators import PlannerConfig, make_allocator
+from libra.traces import workload_of
+from libra.traces import write_trace
 from libra.sim.workloads import generate
 
 

@@ -9,8 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from libra.policies.cost_model import RolloutCostModel, TrainConfig, TrainingCostModel, load_hardware, load_model
-from libra.policies.planner import (
+from libra.policies.cost import RolloutCostModel, TrainConfig, TrainingCostModel, load_hardware, load_model
+from libra.policies.planner.allocators import (
     ALLOCATORS,
     GlobalResourcePlanner,
     Plan,
@@ -19,8 +19,8 @@ from libra.policies.planner import (
     Workload,
     make_allocator,
 )
-from libra.policies.planner_rollout import RolloutSample, RolloutTable, cost_matrices, evaluate_layout
-from libra.policies.planner_training import TrainingSearch
+from libra.policies.planner.rollout_dp import RolloutSample, RolloutTable, cost_matrices, evaluate_layout
+from libra.policies.planner.training import TrainingSearch
 
 A800 = load_hardware("a800")
 Q14 = load_model("qwen3-14b")

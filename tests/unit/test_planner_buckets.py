@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from libra.policies.cost_model import TrainingCostModel, load_hardware, load_model
-from libra.policies.planner import GlobalResourcePlanner, PlannerConfig, Workload
-from libra.policies.planner_buckets import BucketCosts, BucketTable, evaluate_buckets
-from libra.policies.planner_rollout import RolloutSample
+from libra.policies.cost import TrainingCostModel, load_hardware, load_model
+from libra.policies.planner.allocators import GlobalResourcePlanner, PlannerConfig, Workload
+from libra.policies.planner.buckets import BucketCosts, BucketTable, evaluate_buckets
+from libra.policies.planner.rollout_dp import RolloutSample
 
 from planner_refs import RM, _agentic_requests, _pooled_agentic, _requests  # reference sums (tests/unit)
 
@@ -148,7 +148,7 @@ def test_tool_seconds_lengthen_the_chain_and_shrink_the_batch() -> None:
 
 
 def test_pipeline_objective_charges_chain_plus_training_over_the_lag() -> None:
-    from libra.policies.planner_types import Plan, pipeline_objective
+    from libra.policies.planner.types import Plan, pipeline_objective
     assert pipeline_objective(100.0, 200.0, 900.0, 1) == 200.0  # the paper's max for L = 1
     assert pipeline_objective(100.0, 200.0, 900.0, 2) == 500.0
     assert Plan(8, 4, None, (), 100.0, 200.0, t_chain=900.0, overlap_steps=2).objective == 500.0

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from libra.policies.cost_model import TrainConfig
-from libra.policies.planner import (
+from libra.policies.cost import TrainConfig
+from libra.policies.planner.allocators import (
     Plan,
     PlannerError,
     PressureSnapshot,
@@ -17,7 +17,7 @@ from libra.policies.planner import (
     ehp_signal,
     make_allocator,
 )
-from libra.policies.planner_online import layout_class
+from libra.policies.planner.online import layout_class
 
 
 def _plan(n_train: int, t_train: float, t_rollout: float, tps: tuple[int, ...] = (2, 2)) -> Plan:

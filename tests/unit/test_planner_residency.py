@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libra.bench import planner_accuracy
-from libra.policies.cost_model import TrainingCostModel, load_hardware, load_model
-from libra.policies.planner import GlobalResourcePlanner, PlannerConfig
-from libra.policies.planner_buckets import BucketCosts
-from libra.policies.planner_rollout import RolloutSample, resident_prompt
-from libra.policies.planner_types import Workload
+from libra.policies.cost import TrainingCostModel, load_hardware, load_model
+from libra.policies.planner.allocators import GlobalResourcePlanner, PlannerConfig
+from libra.policies.planner.buckets import BucketCosts
+from libra.policies.planner.rollout_dp import RolloutSample, resident_prompt
+from libra.policies.planner.types import Workload
 from planner_refs import RM  # reference cost model (tests/unit)
 
 TM = TrainingCostModel(load_hardware("a800"), load_model("qwen3-14b"))

@@ -10,10 +10,10 @@ from collections import Counter
 import pytest
 from planner_refs import RM, _agentic_requests, _pooled_agentic  # direct sums of agentic_cost (tests/unit)
 
-from libra.policies.cost_model import TrainingCostModel, load_hardware, load_model
-from libra.policies.planner import GlobalResourcePlanner, PlannerConfig, PlannerError, Workload
-from libra.policies.planner_buckets import BlindCosts, BlindTable, BucketCosts, evaluate_blind, evaluate_buckets
-from libra.policies.planner_rollout import RolloutSample
+from libra.policies.cost import TrainingCostModel, load_hardware, load_model
+from libra.policies.planner.allocators import GlobalResourcePlanner, PlannerConfig, PlannerError, Workload
+from libra.policies.planner.buckets import BlindCosts, BlindTable, BucketCosts, evaluate_blind, evaluate_buckets
+from libra.policies.planner.rollout_dp import RolloutSample
 
 TM = TrainingCostModel(load_hardware("a800"), load_model("qwen3-14b"))
 

@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 from planner_refs import RM, _agentic_requests, _start_small_bucket  # direct sums (tests/unit)
 
-from libra.policies.cost_model import TrainingCostModel, load_hardware, load_model
-from libra.policies.planner import GlobalResourcePlanner, PlannerConfig, Workload
-from libra.policies.planner_buckets import BucketCosts, BucketTable
-from libra.policies.planner_rollout import RolloutSample
-from libra.policies.planner_start_small import (
+from libra.policies.cost import TrainingCostModel, load_hardware, load_model
+from libra.policies.planner.allocators import GlobalResourcePlanner, PlannerConfig, Workload
+from libra.policies.planner.buckets import BucketCosts, BucketTable
+from libra.policies.planner.rollout_dp import RolloutSample
+from libra.policies.planner.start_small import (
     StartSmallCosts,
     StartSmallTable,
     evaluate_start_small,

@@ -9,10 +9,10 @@ import pytest
 
 from libra.broker.hybrid import HybridReplica, JoinError, JoinState
 from libra.broker.pools import GpuSlot, PlanApplier, PlanError, Role, bucket_specs, layout_roles
-from libra.policies.cost_model import RolloutCostModel, TrainingCostModel, load_hardware, load_model
-from libra.policies.cost_model_training import TrainConfig
-from libra.policies.planner_search import GlobalResourcePlanner
-from libra.policies.planner_types import Plan, PlannerConfig, RolloutInstance
+from libra.policies.cost import RolloutCostModel, TrainingCostModel, load_hardware, load_model
+from libra.policies.cost.training import TrainConfig
+from libra.policies.planner.search import GlobalResourcePlanner
+from libra.policies.planner.types import Plan, PlannerConfig, RolloutInstance
 
 SLOTS = [GpuSlot(f"n{n}/gpu{i}", f"n{n}", i) for n in range(2) for i in range(8)]
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libra.policies.prefix_tree import (
+from libra.policies.routing.prefix_tree import (
     FORMAT_VERSION,
     CausalPrefixTree,
     FinishedTrajectory,

@@ -11,8 +11,8 @@ import pytest
 from libra.broker.router_state import RouterStateFile, learned_tree
 from libra.broker.sessions import BrokerConfig
 from libra.broker.state import BrokerState
-from libra.policies.prefix_tree import CausalPrefixTree, FinishedTrajectory
-from libra.policies.routers import make_router, router_accepts
+from libra.policies.routing.prefix_tree import CausalPrefixTree, FinishedTrajectory
+from libra.policies.routing.baselines import make_router, router_accepts
 
 
 def _traj(i: int) -> FinishedTrajectory:

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libra.policies.cmlfq import CMLFQRouter, tool_state_key
-from libra.policies.prefix_tree import CausalPrefixTree, FinishedTrajectory
-from libra.policies.routers import (
+from libra.policies.routing.cmlfq import CMLFQRouter, tool_state_key
+from libra.policies.routing.prefix_tree import CausalPrefixTree, FinishedTrajectory
+from libra.policies.routing.baselines import (
     LAMLFQRouter,
     LengthAwareRouter,
     OracleRouter,
@@ -18,7 +18,7 @@ from libra.policies.routers import (
     make_router,
     router_names,
 )
-from libra.policies.routing import (
+from libra.policies.routing.interface import (
     BucketSpec,
     ClusterView,
     ClusterViewError,
@@ -34,7 +34,7 @@ from libra.policies.routing import (
     heuristic_migrate_mode,
     mode_by_cost,
 )
-from libra.policies.tool_state import R2E_THRESHOLDS
+from libra.policies.routing.tool_state import R2E_THRESHOLDS
 
 # The 48-GPU R2E bucket configuration: short TP1 <= 4000, medium TP2 <= 12000, long TP4 <= 30000.
 BUCKETS = (BucketSpec("short", 1, 4000), BucketSpec("medium", 2, 12000), BucketSpec("long", 4, 30000))
@@ -505,7 +505,7 @@ def test_registry_errors_and_conveniences(tmp_path) -> None:
 
 
 def test_positions_are_response_tokens_and_the_tree_learns_remaining_response() -> None:
-    """p_i = generated + tool-returned tokens with this return's payload (research-notes §1.4.2), from
+    """p_i = generated + tool-returned tokens with this return's payload (docs/papers.md §1.4.2), from
     ``response_tokens``, else ``context_tokens - prompt``, else generated + payloads reported so far."""
     r = CMLFQRouter()
     r.start(info("t1", "p1", prompt_tokens=100), cluster())
@@ -523,7 +523,7 @@ def test_positions_are_response_tokens_and_the_tree_learns_remaining_response() 
 
 
 def test_response_position_fallbacks() -> None:
-    from libra.policies.routing import response_position
+    from libra.policies.routing.interface import response_position
 
     assert response_position(ToolReturn("t", 10, context_tokens=900, response_tokens=700), 100) == 700
     assert response_position(ToolReturn("t", 10, context_tokens=900), 100) == 800

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libra.policies.tool_state import (
+from libra.policies.routing.tool_state import (
     DEFAULT_THRESHOLDS,
     R2E_THRESHOLDS,
     SizeThresholds,

@@ -10,9 +10,9 @@ import pytest
 
 from libra.bench import ablation
 from libra.broker.pools import GpuSlot, PlanApplier, layout_roles
-from libra.policies.cost_model_training import TrainConfig
-from libra.policies.planner import Workload, make_allocator
-from libra.policies.planner_types import Plan, RolloutInstance
+from libra.policies.cost.training import TrainConfig
+from libra.policies.planner.allocators import Workload, make_allocator
+from libra.policies.planner.types import Plan, RolloutInstance
 from libra.sim.__main__ import main as sim_main
 from libra.sim.engine import SimConfig, Simulator
 from libra.sim.sim_cluster import ALLOCATIONS, SimConfigError, make_layout

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from libra.sim.trace import (
+from libra.traces import (
     ElasticSpec,
     TraceError,
     TrajectorySpec,

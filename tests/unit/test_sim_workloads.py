@@ -1,4 +1,4 @@
-"""Workload generators: determinism, trace validity, and the calibration facts of research-notes §1.2/§5.1.
+"""Workload generators: determinism, trace validity, and the calibration facts of docs/papers.md §1.2/§5.1.
 
 Calibration tests run on fixed seeds. R2E facts use 10 steps × 60 prompts × 4 samples (2,400 trajectories)
 so that per-step means are not dominated by a handful of GRPO groups; the group-size-16 default is
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from libra.sim.trace import TrajectorySpec, read_trace
+from libra.traces import TrajectorySpec, read_trace
 from libra.sim.workload_profiles import R2E, WorkloadProfile, get_profile
 from libra.sim.workload_routing import routing_accuracy
 from libra.sim.workload_stats import workload_stats

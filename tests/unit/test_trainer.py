@@ -111,7 +111,7 @@ def test_micro_batching_does_not_change_the_gradient(model_dir, batch):
 
 
 def test_a_given_micro_batch_plan_is_used_and_exact(model_dir, batch):
-    from libra.policies.dispatch import pack_micro_batches
+    from libra.policies.parallelism.dispatch import pack_micro_batches
 
     default = GRPOTrainer(model_dir, lr=1e-3, micro_batch_tokens=10_000)
     planned = GRPOTrainer(model_dir, lr=1e-3, micro_batch_tokens=10_000)

@@ -1,4 +1,4 @@
-"""The offline profiler (``libra.sim.tree_profile``) and ``python -m libra tree``: a tree built from a trace
+"""The offline profiler (``libra.commands.tree_profile``) and ``python -m libra tree``: a tree built from a trace
 equals the tree C-MLFQ learns when the same trace runs through the real broker in the simulator."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from libra.cli import main as cli_main
-from libra.policies.prefix_tree import CausalPrefixTree
-from libra.policies.tool_state import R2E_THRESHOLDS
+from libra.policies.routing.prefix_tree import CausalPrefixTree
+from libra.policies.routing.tool_state import R2E_THRESHOLDS
 from libra.sim.engine import SimConfig, Simulator
-from libra.sim.trace import write_trace
-from libra.sim.tree_profile import finished_from_trace, profile_tree
+from libra.traces import write_trace
+from libra.commands.tree_profile import finished_from_trace, profile_tree
 from libra.sim.workloads import generate
 
 

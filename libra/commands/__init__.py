@@ -1,0 +1,1 @@
+"""Operator commands behind ``python -m libra``: ``plan``, ``tree`` (with its offline profiler) and ``demo``."""

@@ -1,0 +1,95 @@
+"""What ``python -m libra status`` prints: the actor table, queue depths, counters and the planner line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+def format_status(actors: list[dict], queues: dict[str, int], stats: dict) -> str:
+    """Human-readable status table."""
+    lines = [f"{'ACTOR':<28} {'HOST':<14} {'SLOT':<6} {'KINDS':<18} {'STATE':<9} {'LOAD':>9} {'DONE':>8}"]
+    for a in sorted(actors, key=lambda a: a["id"]):
+        load = f"{a['load']}/{a['capacity']}"
+        lines.append(f"{a['id']:<28} {a['host']:<14} {a['slot']:<6} {','.join(a['kinds']) or '-':<18} "
+                     f"{a['state']:<9} {load:>9} {a['completed']:>8}")
+    if not actors:
+        lines.append("(no actors connected)")
+    lines.append("")
+    lines.append("QUEUE" + " " * 29 + "DEPTH")
+    for k, v in sorted(queues.items()):
+        lines.append(f"{k:<34} {v:>5}")
+    if not queues:
+        lines.append("(no queued work)")
+    lines.append("")
+    lines.append(_counters(stats))
+    planner = stats.get("planner")
+    if isinstance(planner, dict):
+        lines += ["", planner_line(planner)]
+    return "\n".join(lines)
+
+
+def _counters(stats: dict) -> str:
+    return "  ".join(f"{k}={v}" for k, v in stats.items() if v and k != "planner")
+
+
+def planner_line(p: dict) -> str:
+    """One line for the broker planner's status (``stats.planner``): allocation, rounds, plans applied,
+    the deployed plan and the last decision."""
+    plan = p.get("plan")
+    deployed = (f"train {plan['n_train']} ({plan['train']}), rollout TP {plan['rollout_tps']}" if plan
+                else "no plan deployed")
+    last = p.get("decisions") or [{}]
+    reason = last[-1].get("reason", "-")
+    return (f"PLANNER {p.get('allocation')} ({p.get('hardware')}/{p.get('model')}, every {p.get('interval_s')} s): "
+            f"rounds={p.get('rounds')} plans={p.get('plans_applied')} history={p.get('history')}; {deployed}; "
+            f"last: {reason}")
+
+
+_RATE_KEYS = ("submitted", "completed", "failed", "requeued")
+
+
+def _watch_lines(broker: str, stats: dict, prev_stats: dict | None, dt: float, clock: str,
+                 error: str = "") -> tuple[str, str]:
+    head = f"libra status --watch  {broker}  {clock}  (Ctrl-C to quit)"
+    if error:
+        return head, f"!! {error} (retrying)"
+    if not prev_stats or dt <= 0:
+        return head, "rates/s: (first sample)"
+    rates = [f"{k}={(stats.get(k, 0) - prev_stats.get(k, 0)) / dt:.1f}" for k in _RATE_KEYS if k in stats]
+    return head, "rates/s: " + "  ".join(rates)
+
+
+def render_watch(actors: list[dict], queues: dict[str, int], stats: dict, *, broker: str,
+                 prev_stats: dict | None = None, dt: float = 0.0, clock: str = "", error: str = "") -> str:
+    """One frame of ``status --watch`` as plain text: header, per-second rates since the last frame, table."""
+    head, rates = _watch_lines(broker, stats, prev_stats, dt, clock, error)
+    return "\n".join([head, rates, "", format_status(actors, queues, stats)])
+
+
+def render_watch_rich(actors: list[dict], queues: dict[str, int], stats: dict, *, broker: str,
+                      prev_stats: dict | None = None, dt: float = 0.0, clock: str = "", error: str = "") -> Any:
+    """The same frame as a ``rich`` renderable (used when rich is installed and stdout is a terminal)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    head, rates = _watch_lines(broker, stats, prev_stats, dt, clock, error)
+    t = Table(title="actors", title_justify="left", expand=False)
+    for col, just in (("ACTOR", "left"), ("HOST", "left"), ("SLOT", "left"), ("KINDS", "left"),
+                      ("STATE", "left"), ("LOAD", "right"), ("DONE", "right")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    style = {"idle": "green", "busy": "yellow", "draining": "magenta"}
+    for a in sorted(actors, key=lambda a: a["id"]):
+        t.add_row(a["id"], a["host"], a["slot"], ",".join(a["kinds"]) or "-",
+                  Text(a["state"], style=style.get(a["state"], "")), f"{a['load']}/{a['capacity']}",
+                  str(a["completed"]))
+    q = Table(title="queues", title_justify="left")
+    q.add_column("QUEUE")
+    q.add_column("DEPTH", justify="right")
+    for k, v in sorted(queues.items()):
+        q.add_row(k, str(v))
+    parts: list[Any] = [Text(head, style="bold"), Text(rates, style="red" if error else "")]
+    parts += [t if actors else Text("(no actors connected)"), q if queues else Text("(no queued work)")]
+    parts.append(Text(_counters(stats), style="dim"))
+    if isinstance(stats.get("planner"), dict):
+        parts.append(Text(planner_line(stats["planner"])))
+    return Group(*parts)

@@ -1,0 +1,523 @@
+"""ARL-Tangram elastic action scheduler (``tangram``; docs/papers.md §2.4, §4 item 12).
+
+Objective: minimise the total action completion time ``Σ ACT = Σ (queueing + execution)``. One decision:
+
+1. **FCFS candidate window.** Scan the queue in order and take the first ``window`` actions whose *minimum*
+   demand fits what is still free (an action that does not fit is skipped, not waited for). The scan is
+   bounded by ``max_scan`` entries; after the window is full up to ``lookahead`` more actions are read as
+   "waiting" for the estimate below.
+2. **Partition** the candidates by resource: an elastic action by its key elastic resource (``cpu@n03``,
+   ``gpu`` ...), any other action by its first resource. Partitions without an elastic candidate are
+   granted as they are.
+3. **Greedy eviction**, per elastic partition, with leftover ``L`` units after every candidate's minimum:
+   - if ``L`` covers every candidate's maximum, all run at their maximum (nothing can improve on that);
+   - else split ``L`` among the candidates minimising ``Σ duration`` (:func:`split_units`, exact), and
+     estimate ``J = Σ duration(candidates) + Σ estimated ACT(waiting)``. The waiting actions (evicted
+     candidates plus ``lookahead`` queued actions that need this resource, in FCFS order) are placed on a
+     **completion-time heap** of projected releases (running actions' ``expected_end``, the candidates'
+     ``now + duration``, then each waiting action's own completion): a fixed action starts once its demand
+     is free, an elastic one at the release that gives it the earliest completion (it may wait for more
+     units), taking what is free then up to its maximum;
+   - tentatively evict the *last* candidate of the partition (elastic or not; its demand returns to ``L``)
+     and re-evaluate; accept while ``J`` strictly improves, at most ``depth`` times (the search-depth
+     bound). The sole candidate may be evicted too: then the estimate judged waiting for more units better
+     than starting narrow now.
+
+Exactness of the split: for convex duration curves (Amdahl, convex tables, no size restriction) taking the
+``L`` largest marginal gains is optimal for this separable convex problem, so :func:`split_units` does that
+in O(N log N) over the first ``L + freed`` gains of each candidate; otherwise it runs the DP over unit
+counts (O(k·L·m)) on the first ``dp_top`` candidates (later ones get their minimum). Both are checked
+against brute force in the tests.
+
+Hot path (issue #5: window 64, depth 2). Every per-candidate quantity is computed once per action, at
+``ActionSpec`` construction (``row = (solo, part_units, span, min_duration, convex, grant)``, the duration
+and gain tables, ``grant`` = the grant at exactly the demand), and a decision reads whole columns at C
+speed instead of looping over the candidates in Python:
+
+- **bulk window**: the first ``window`` queue entries are read with ``islice`` and their columns with one
+  ``zip(*rows)``; when they all demand a single resource ``r`` and their sum fits (then the FCFS scan
+  would take every one), the per-action scan loop and the partitioning are skipped entirely; otherwise
+  the general scan runs (same decisions);
+- an eviction trial differs from the previous one by one candidate and a few freed units: the
+  candidates' capped marginal gains are sorted once; a trial finds its threshold by walking past the
+  evicted candidates' gains in that list (:func:`split_sorted`) and re-sums only its prefix (in the same
+  ascending order as the reference, so the sums are bit-identical);
+- the candidates' projected releases are built once (one pass over the window when every candidate runs
+  at its minimum) and filtered by a provable pop horizon; a trial copies the short list and moves the few
+  entries whose units changed;
+- the running actions' releases come pre-sorted from :class:`~libra.policies.actions.views.RunningSet`
+  (kept sorted on ``add`` / ``remove``), so the completion-time "heap" is a sorted list read in order plus
+  one small heap (the candidates' releases and those the estimate pushes): the estimate costs
+  O(releases it pops), not O(running + candidates);
+- grants: every kept candidate's precomputed ``grant``, replaced only for the elastic candidates given
+  extra units.
+
+Not done, by design: state carried across decisions (and memoising the estimate on the window): a
+candidate of one decision is a candidate of the next only if that decision evicted it, at most ``depth``
+per partition, so a full window shares at most ``depth / window`` of its candidates with the previous one;
+windows that do recur are those of one or two candidates, already cheap. A lower-bound pruning of trial
+estimates (shortest durations of the waiting actions) proved too weak to pay for itself (it skips ~5 % of
+the rejected trials on random instances, none on the benchmark's, where both trials are accepted).
+
+The decisions are identical to the first implementation, kept verbatim as
+:class:`libra.bench.tangram_ref.ReferenceElasticScheduler` (same grants and units in the same
+order, same floating-point arithmetic): ``tests/unit/test_actions_tangram_equiv.py`` checks that on
+randomised instances. Bounded work per decision: ``max_scan`` queue entries, ``window`` candidates,
+``depth + 1`` estimates of at most ``lookahead + depth`` waiting actions each.
+
+Pure: ``schedule`` reads its arguments and returns grants; the scheduler holds only its parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from functools import reduce
+from itertools import chain, compress, islice, repeat
+from operator import add, attrgetter, getitem, le, not_
+from operator import ne as ne_
+
+from libra.policies.actions.model import ActionSpec, Grant
+from libra.policies.actions.views import RunningView, scan_order, sorted_releases
+from libra.policies.actions.estimate import estimate_act, merge_pos, note_waiting, release_horizon, split_sorted
+from libra.policies.actions.split import convex_extras, split_units, split_units_dp
+
+__all__ = ["ElasticScheduler", "split_units", "split_units_dp"]
+
+_INF = math.inf
+# Column accessors: the hot path extracts one field of every candidate with C-level ``map`` calls.
+_durations = attrgetter("durations")
+_min_units = attrgetter("min_units")
+_neg_gains = attrgetter("neg_gains")
+_part = attrgetter("part")
+_grant = attrgetter("grant")  # an action's grant at exactly its demand (built with the spec)
+_row = attrgetter("row")  # (solo, part_units, span, min_duration, convex, grant)
+
+
+class ElasticScheduler:
+    """The ``tangram`` policy: FCFS window + per-resource greedy eviction minimising estimated ``Σ ACT``.
+
+    Parameters: ``window`` (n, max candidates), ``depth`` (max evictions per partition per decision; 0
+    disables eviction), ``lookahead`` (queued actions beyond the candidates that enter the estimate, per
+    resource), ``max_scan`` (queue entries read per decision, default ``4·window + lookahead``), ``dp_top``
+    (candidates given extra units by the non-convex DP), ``keep_head`` (never evict a partition's first
+    candidate: no waiting for more units). Raises ``ValueError`` for a bad parameter.
+    """
+
+    name = "tangram"
+
+    def __init__(
+        self,
+        *,
+        window: int = 64,
+        depth: int = 2,
+        lookahead: int = 4,
+        max_scan: int | None = None,
+        dp_top: int = 32,
+        keep_head: bool = False,
+    ) -> None:
+        for pname, val, lo in (("window", window, 1), ("depth", depth, 0), ("lookahead", lookahead, 0), ("dp_top", dp_top, 1)):
+            if isinstance(val, bool) or not isinstance(val, int) or val < lo:
+                raise ValueError(f"tangram: {pname} must be an integer >= {lo}, got {val!r}")
+        if max_scan is None:
+            max_scan = 4 * window + lookahead
+        if isinstance(max_scan, bool) or not isinstance(max_scan, int) or max_scan < window:
+            raise ValueError(f"tangram: max_scan must be an integer >= window ({window}), got {max_scan!r}")
+        self.window = window
+        self.depth = depth
+        self.lookahead = lookahead
+        self.max_scan = max_scan
+        self.dp_top = dp_top
+        self.keep_head = bool(keep_head)
+
+    def trajectory_finished(self, trajectory: str, now: float) -> None:
+        """No per-trajectory state: resources return to the pool when each action ends."""
+
+    def schedule(
+        self,
+        queue: Sequence[ActionSpec],
+        free: Mapping[str, int],
+        running: Sequence[RunningView],
+        now: float,
+    ) -> list[Grant]:
+        """Decide which queued actions start now and with how many units.
+
+        ``queue`` is read once in FCFS order; ``free`` is what no running action holds; ``running`` gives
+        projected release times (a :class:`~libra.policies.actions.views.RunningSet` makes that O(1)).
+        Returns grants in queue order; every grant fits ``free`` jointly.
+        """
+        window, lookahead = self.window, self.lookahead
+        limit = self.max_scan
+        it = scan_order(queue, free)
+        # Bulk window: the first ``window`` entries, read at C speed. When every one demands a single unit
+        # count of one and the same resource and their sum fits, the FCFS scan would take all of them (each
+        # fits what the earlier ones left), so the per-action loop is skipped. ``limit >= window``.
+        head = list(islice(it, window))
+        n = len(head)
+        if not n:
+            return []
+        # The columns (solo, part_units, span, min_duration, convex, grant) of the window, one attribute read
+        # per action (``ActionSpec.row``) and one transposition.
+        solos, units, spans, mind, convs, grants0 = zip(*map(_row, head))
+        r = solos[0]
+        if r is not None and solos.count(r) == n:
+            a = free.get(r, 0)
+            need = sum(units)
+            if need <= a:
+                if not any(spans):
+                    return list(grants0)
+                # The waiting actions filed under r (see note_waiting): at most ``lookahead`` reads, so the
+                # per-resource bound cannot bind.
+                waiting: list[tuple[int, ActionSpec]] = []
+                if n == window and lookahead:
+                    for pos, spec in zip(range(n, min(n + lookahead, limit)), it):
+                        key = spec.key
+                        if key == r if key is not None else r in spec.demand:
+                            waiting.append((pos, spec))
+                k, el, extras = self._decide_partition(r, head, range(n), (units, spans, mind, convs), a - need,
+                                                       waiting, running, now)
+                grants = list(grants0[:k] if k < n else grants0)
+                if any(extras):
+                    _regrant(grants, compress(range(k), spans), el, extras, r)
+                return grants
+        return self._schedule_general(chain(head, it), free, running, now)
+
+    def _schedule_general(
+        self,
+        it: Iterator[ActionSpec],
+        free: Mapping[str, int],
+        running: Sequence[RunningView],
+        now: float,
+    ) -> list[Grant]:
+        """:meth:`schedule` for any window: the FCFS scan action by action, then every partition."""
+        avail = dict(free)
+        cand: list[ActionSpec] = []
+        cpos: list[int] = []
+        waiting: dict[str, list[tuple[int, ActionSpec]]] = {}
+        window, lookahead = self.window, self.lookahead
+        limit = self.max_scan
+        pos = -1
+        full = False
+        # Phase 1: fill the window; actions that do not fit are waiting.
+        for spec in it:
+            pos += 1
+            if pos >= limit:
+                break
+            items = spec.items
+            if len(items) == 1:
+                r, u = items[0]
+                a = avail.get(r, 0)
+                if a >= u:
+                    avail[r] = a - u
+                    cand.append(spec)
+                    cpos.append(pos)
+                    if len(cand) >= window:
+                        full = True
+                        break
+                    continue
+            else:
+                for r, u in items:
+                    if avail.get(r, 0) < u:
+                        break
+                else:
+                    for r, u in items:
+                        avail[r] -= u
+                    cand.append(spec)
+                    cpos.append(pos)
+                    if len(cand) >= window:
+                        full = True
+                        break
+                    continue
+            if lookahead:
+                note_waiting(waiting, pos, spec, lookahead)
+        # Phase 2: up to ``lookahead`` more reads, all waiting.
+        if full and lookahead:
+            reads = 0
+            for spec in it:
+                pos += 1
+                reads += 1
+                if pos >= limit or reads > lookahead:
+                    break
+                note_waiting(waiting, pos, spec, lookahead)
+        if not cand:
+            return []
+
+        # Partition: an elastic action by its key resource, any other action by its first resource
+        # (``ActionSpec.part``). Only a partition with an elastic candidate has anything to decide.
+        n = len(cand)
+        keys = list(map(_part, cand))
+        k0 = keys[0]
+        groups: dict[str | None, list[int] | None]
+        if keys.count(k0) == n:
+            groups = {k0: None}  # None: the whole window, in order
+        else:
+            groups = {}
+            for i, k in enumerate(keys):
+                g = groups.get(k)
+                if g is None:
+                    groups[k] = [i]
+                else:
+                    g.append(i)
+        grants = list(map(_grant, cand))  # every candidate at its demand; elastic ones re-granted below
+        drop: list[int] = []
+        for r, idx in groups.items():
+            if r is None:
+                continue
+            if idx is None:
+                gspecs, gpos = cand, cpos
+            else:
+                gspecs = [cand[i] for i in idx]
+                gpos = [cpos[i] for i in idx]
+            _solos, units, spans, mind, convs, _g = zip(*map(_row, gspecs))
+            if not any(spans):
+                continue
+            k, el, extras = self._decide_partition(r, gspecs, gpos, (units, spans, mind, convs), avail.get(r, 0),
+                                                   waiting.get(r, ()), running, now)
+            if k < len(gspecs):
+                drop.extend(range(k, len(gspecs)) if idx is None else idx[k:])
+            if any(extras):
+                _regrant(grants, compress(range(len(gspecs)) if idx is None else idx, spans), el, extras, r)
+        if drop:
+            keep = [True] * n
+            for i in drop:
+                keep[i] = False
+            return list(compress(grants, keep))
+        return grants
+
+    # ----------------------------------------------------------------------------------------- internals
+
+    def _decide_partition(
+        self,
+        r: str,
+        gspecs: list[ActionSpec],
+        gpos: Sequence[int],
+        cols: tuple[Sequence[int], Sequence[int], Sequence[float], Sequence[bool]],
+        leftover: int,
+        waiting: Sequence[tuple[int, ActionSpec]],
+        running: Sequence[RunningView],
+        now: float,
+    ) -> tuple[int, list[ActionSpec], list[int]]:
+        """Split ``leftover`` units of ``r`` over the partition ``gspecs`` (FCFS order, queue positions
+        ``gpos``; elastic and fixed actions) and evict trailing candidates while the estimated Σ ACT improves.
+        ``cols`` are the partition's ``(part_units, span, min_duration, convex)`` columns (``part_units`` is
+        each candidate's demand of ``r``).
+
+        Returns ``(k, el, extras)``: the first ``k`` candidates start (the rest are evicted), ``el`` lists the
+        partition's elastic candidates and ``extras`` the units of ``r`` beyond the minimum of the first
+        ``len(extras)`` of them (the elastic ones kept), in order."""
+        units, spans, mind, convs = cols
+        if leftover >= sum(spans):
+            return len(gspecs), list(compress(gspecs, spans)), list(compress(spans, spans))
+        convex = all(convs)
+        # Elastic candidates get the split; fixed ones contribute a constant duration and release.
+        ng = len(gspecs)
+        el = list(compress(gspecs, spans))
+        if len(el) == ng:
+            fdem: list[int] = []
+            fixed_dur: list[float] = []
+        else:
+            nsp = list(map(not_, spans))
+            fdem = list(compress(units, nsp))
+            fixed_dur = list(compress(mind, nsp))
+        depth = self.depth
+        if not depth:
+            if convex:
+                neg = _gather(list(map(_neg_gains, el)), spans, leftover)
+                neg.sort()
+                extras = convex_extras(el, neg, leftover, leftover)
+            else:
+                extras, _cost = split_units_dp(el, leftover, self.dp_top)
+            return ng, el, extras
+        fixed_cost = sum(fixed_dur)
+        # Evictions free at most the demand of the last ``depth`` candidates.
+        cap = leftover + sum(units[max(0, ng - depth):])
+        if convex:
+            k, extras = self._evict_convex(r, gspecs, gpos, cols, el, fdem, fixed_dur, leftover, cap, fixed_cost,
+                                           waiting, running, now)
+        else:
+            k, extras = self._evict_dp(r, gspecs, gpos, el, fdem, fixed_dur, leftover, fixed_cost, waiting, running, now)
+        return k, el, extras
+
+    def _evict_convex(
+        self,
+        r: str,
+        gspecs: list[ActionSpec],
+        gpos: Sequence[int],
+        cols: tuple[Sequence[int], Sequence[int], Sequence[float], Sequence[bool]],
+        el: list[ActionSpec],
+        fdem: list[int],
+        fixed_dur: list[float],
+        leftover: int,
+        cap: int,
+        fixed_cost: float,
+        waiting: Sequence[tuple[int, ActionSpec]],
+        running: Sequence[RunningView],
+        now: float,
+    ) -> tuple[int, list[int]]:
+        """Greedy eviction with the convex split, evaluated incrementally (see the module docstring).
+
+        Returns ``(k, extras)``: the first ``k`` candidates stay, and ``extras`` gives the extra units of the
+        elastic ones among them (in order; as long as the number of elastic candidates kept)."""
+        units, spans, mind, _convs = cols
+        ng, ne = len(gspecs), len(el)
+        floor = 1 if self.keep_head else 0
+        nev = min(self.depth, ng - floor)  # trailing candidates an eviction trial may remove
+        # ---- trial 0: the split of ``leftover`` units over every candidate
+        negs = list(map(_neg_gains, el))
+        el_spans = list(compress(spans, spans))
+        neg = _gather(negs, el_spans, cap)
+        neg.sort()
+        base = reduce(add, compress(mind, spans), 0.0)  # left to right, as Σ over the elastic candidates
+        L = leftover
+        extras, cost = split_sorted(el, negs, el_spans, neg, (), L, cap, base)
+        # ---- the candidates' releases an estimate can reach
+        brel = sorted_releases(running, r)
+        horizon = release_horizon(r, brel, waiting, gspecs[ng - nev:] if nev > 0 else ())
+        if any(extras):
+            if fdem and min(fdem) < 1:
+                horizon = _INF  # a zero-unit release breaks the pop bound behind the horizon
+            ms = list(map(add, map(_min_units, el), extras))
+            times = list(map(add, repeat(now), map(getitem, map(_durations, el), ms)))
+            if horizon == _INF:
+                crel = list(zip(times, ms))
+                if fdem:
+                    crel += zip(map(add, repeat(now), fixed_dur), fdem)
+            else:
+                crel = list(compress(zip(times, ms), map(le, times, repeat(horizon))))
+                if fdem:
+                    ftimes = list(map(add, repeat(now), fixed_dur))
+                    crel += compress(zip(ftimes, fdem), map(le, ftimes, repeat(horizon)))
+        else:
+            # Every candidate at its minimum (no unit left to split): one pass over the partition, elastic and
+            # fixed alike; ``part_units`` is the minimum of r (elastic) or the demand of r (fixed).
+            if min(units) < 1:
+                horizon = _INF
+            times = list(map(add, repeat(now), mind))
+            if horizon == _INF:
+                crel = list(zip(times, units))
+            else:
+                crel = list(compress(zip(times, units), map(le, times, repeat(horizon))))
+        crel.sort()
+        j = cost + fixed_cost + estimate_act(r, crel, brel, L - sum(extras), waiting, now, _INF)
+        if nev <= 0:
+            return ng, extras
+        # ---- eviction trials: trial t keeps the first ``ng - t`` candidates and splits ``freed >= L`` units
+        # over the elastic ones left: the sorted gains minus the evicted candidates' (``removed``).
+        k, freed, ne_all = ng, L, ne
+        removed: list[float] = []  # every capped negated gain of the evicted elastic candidates, ascending
+        for _ in range(nev):
+            k2 = k - 1
+            u_last = units[k2]
+            freed2 = freed + u_last
+            if spans[k2]:
+                last = gspecs[k2]
+                ne2 = ne - 1
+                base2 = base - mind[k2]
+                fixed2 = fixed_cost
+                removed2 = sorted(removed + list(negs[ne2][:cap]))
+                m = last.min_units + extras[ne2]
+                rel_out = (now + last.durations[m], m)
+            else:
+                ne2, base2, removed2 = ne, base, removed
+                fixed2 = fixed_cost - mind[k2]
+                rel_out = (now + mind[k2], u_last)
+            if ne2 == ne_all:
+                ext2, cost2 = split_sorted(el, negs, el_spans, neg, removed2, freed2, cap, base2)
+            else:
+                ext2, cost2 = split_sorted(el[:ne2], negs[:ne2], el_spans[:ne2], neg, removed2, freed2, cap, base2)
+            cost2 += fixed2
+            order = merge_pos(list(zip(gpos[k2:], gspecs[k2:])), waiting)
+            # The releases: drop the evicted candidate's, move those of the kept ones whose units changed.
+            crel2 = crel[:]
+            if rel_out[0] <= horizon:
+                del crel2[bisect_left(crel2, rel_out)]
+            for i in compress(range(ne2), map(ne_, extras, ext2)):
+                s = el[i]
+                d = s.durations
+                m = s.min_units + extras[i]
+                tr = now + d[m]
+                if tr <= horizon:
+                    del crel2[bisect_left(crel2, (tr, m))]
+                m = s.min_units + ext2[i]
+                tr = now + d[m]
+                if tr <= horizon:
+                    insort(crel2, (tr, m))
+            # Only an improvement matters: the estimate stops once it cannot beat j.
+            j2 = cost2 + estimate_act(r, crel2, brel, freed2 - sum(ext2), order, now, j - cost2)
+            if j2 < j - 1e-9:
+                k, j, extras, freed, ne, base, fixed_cost, removed, crel = (
+                    k2, j2, ext2, freed2, ne2, base2, fixed2, removed2, crel2)
+            else:
+                break
+        return k, extras
+
+    def _evict_dp(
+        self,
+        r: str,
+        gspecs: list[ActionSpec],
+        gpos: Sequence[int],
+        el: list[ActionSpec],
+        fdem: list[int],
+        fixed_dur: list[float],
+        leftover: int,
+        fixed_cost: float,
+        waiting: Sequence[tuple[int, ActionSpec]],
+        running: Sequence[RunningView],
+        now: float,
+    ) -> tuple[int, list[int]]:
+        """Greedy eviction with the DP split (non-convex curves or size restrictions); the DP is re-run per
+        trial. Returns ``(k, extras)`` like :meth:`_evict_convex`."""
+        frel = [(now + d, u) for d, u in zip(fixed_dur, fdem)]
+        extras, cost = split_units_dp(el, leftover, self.dp_top)
+        brel = sorted_releases(running, r)
+        crel = sorted(frel + [(now + s.durations[s.min_units + e], s.min_units + e) for s, e in zip(el, extras)])
+        j = cost + fixed_cost + estimate_act(r, crel, brel, leftover - sum(extras), waiting, now, _INF)
+        k, ne, nf, freed = len(gspecs), len(el), len(frel), leftover
+        floor = 1 if self.keep_head else 0
+        for _ in range(self.depth):
+            if k <= floor:
+                break
+            k2 = k - 1
+            last = gspecs[k2]
+            freed2 = freed + last.demand.get(r, 0)
+            ne2, nf2, fixed2 = ne, nf, fixed_cost
+            if last.span:
+                ne2 -= 1
+            else:
+                nf2 -= 1
+                fixed2 -= fixed_dur[nf2]
+            ext2, cost2 = split_units_dp(el[:ne2], freed2, self.dp_top)
+            cost2 += fixed2
+            crel2 = sorted(frel[:nf2] + [(now + s.durations[s.min_units + e], s.min_units + e)
+                                         for s, e in zip(el[:ne2], ext2)])
+            order = merge_pos(list(zip(gpos[k2:], gspecs[k2:])), waiting)
+            j2 = cost2 + estimate_act(r, crel2, brel, freed2 - sum(ext2), order, now, j - cost2)
+            if j2 < j - 1e-9:
+                k, j, extras, freed, ne, nf, fixed_cost = k2, j2, ext2, freed2, ne2, nf2, fixed2
+            else:
+                break
+        return k, extras
+
+
+def _regrant(grants: list[Grant], idx: Iterable[int], el: Sequence[ActionSpec], extras: Sequence[int], r: str) -> None:
+    """Replace ``grants[i]`` (the demand grant of elastic candidate ``el[j]``, ``i`` the ``j``-th index of
+    ``idx``) by a grant with ``min + extras[j]`` units of ``r`` wherever ``extras[j] > 0``."""
+    new = tuple.__new__
+    for i, s, e in zip(idx, el, extras):
+        if e:
+            m = s.min_units + e
+            if s.solo is None:
+                u = dict(s.demand)
+                u[r] = m
+            else:
+                u = {r: m}
+            grants[i] = new(Grant, (s.id, u, None))
+
+
+def _gather(negs: list[tuple[float, ...]], spans: Sequence[int], cap: int) -> list[float]:
+    """The first ``cap`` entries of every negated-gain tuple in ``negs``, concatenated (unsorted); ``spans``
+    bounds their lengths."""
+    if cap < max(spans):
+        return list(chain.from_iterable(map(getitem, negs, repeat(slice(None, cap)))))
+    return list(chain.from_iterable(negs))

@@ -1,0 +1,1 @@
+"""EARL: the rollout parallelism selector (:mod:`.selector`) and layout-aware data dispatch (:mod:`.dispatch`)."""
