@@ -21,31 +21,11 @@ from __future__ import annotations
 
 import importlib.util
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from libra.engines.handlers import Handler, ToolError, WorkContext
 
-class ToolError(Exception):
-    """A typed tool failure; ``code`` travels to the client (e.g. ``timeout``, ``memory``, ``bad_request``)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-@dataclass(slots=True)
-class WorkContext:
-    work_id: str
-    trajectory: str | None
-    budget_s: float
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    actor_id: str = ""
-    cores: int = 1  # cores the action scheduler granted this action (sandbox tools pin to this many)
-
-
-Handler = Callable[[Any, WorkContext], Any]
+__all__ = ["Handler", "ToolError", "WorkContext", "action_tools", "builtin_tools", "echo", "sleep"]
 
 
 def echo(args: Any, ctx: WorkContext) -> Any:
@@ -79,8 +59,8 @@ def action_tools(enable_sandbox: bool = True, allow_unisolated: bool = False,
     tools = builtin_tools()
     if enable_sandbox:
         try:  # the sandbox engine is optional
-            from libra.engines.sandbox import SandboxUnavailable
-            from libra.engines.sandbox_tools import sandbox_tools
+            from libra.engines.sandbox.errors import SandboxUnavailable
+            from libra.engines.sandbox.handlers import sandbox_tools
         except ImportError:
             pass
         else:

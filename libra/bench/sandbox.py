@@ -31,8 +31,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from libra.engines.sandbox import SandboxLimits, SandboxPool
-from libra.engines.sandbox_isolation import (
+from libra.engines.sandbox.pool import SandboxLimits, SandboxPool
+from libra.engines.sandbox.isolation import (
     build_bwrap_argv,
     host_root_links,
     interpreter_paths,

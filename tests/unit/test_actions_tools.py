@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from libra.actors.tools import ToolError, WorkContext
-from libra.engines.sandbox import SandboxLimits, SandboxPool
-from libra.engines.sandbox_tools import sandbox_tools
+from libra.engines.sandbox.pool import SandboxLimits, SandboxPool
+from libra.engines.sandbox.handlers import sandbox_tools
 
 NCPU = len(os.sched_getaffinity(0))
 PROBE = "import os; print(len(os.sched_getaffinity(0)), os.environ['LIBRA_CORES'])"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from libra.engines.sandbox import (
+from libra.engines.sandbox.pool import (
     SandboxCrashed,
     SandboxError,
     SandboxLimits,

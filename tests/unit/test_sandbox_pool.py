@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from libra.engines.sandbox import (
+from libra.engines.sandbox.pool import (
     SandboxCancelled,
     SandboxDenied,
     SandboxError,
@@ -253,7 +253,7 @@ def test_cancel_kills_a_running_action(pool: SandboxPool) -> None:
 @needs_bwrap
 def test_actor_handlers(pool: SandboxPool) -> None:
     from libra.actors.tools import ToolError, WorkContext
-    from libra.engines.sandbox_tools import sandbox_tools
+    from libra.engines.sandbox.handlers import sandbox_tools
 
     handlers = sandbox_tools(pool=pool)
     assert set(handlers) == {"bash", "pytest", "python"}

@@ -9,15 +9,15 @@ import signal
 
 import pytest
 
-from libra.engines.sandbox_cgroup import (
+from libra.engines.sandbox.cgroup import (
     IDLE_QUOTA_US,
     PERIOD_US,
     CgroupV2,
     detect_cgroup_v2,
     setup_cgroup,
 )
-from libra.engines.sandbox_cores import CoreAllocator, parse_cpulist, read_numa_nodes
-from libra.engines.sandbox_errors import (
+from libra.engines.sandbox.cores import CoreAllocator, parse_cpulist, read_numa_nodes
+from libra.engines.sandbox.errors import (
     SandboxBusy,
     SandboxCancelled,
     SandboxCrashed,
@@ -29,14 +29,14 @@ from libra.engines.sandbox_errors import (
     SandboxTimeout,
     SandboxUnavailable,
 )
-from libra.engines.sandbox_isolation import (
+from libra.engines.sandbox.isolation import (
     WORKSPACE_MOUNT,
     build_bwrap_argv,
     interpreter_paths,
 )
-from libra.engines.sandbox_outcome import interpret_outcome
-from libra.engines.sandbox_proc import RawOutcome
-from libra.engines.sandbox_tools import (
+from libra.engines.sandbox.outcome import interpret_outcome
+from libra.engines.sandbox.proc import RawOutcome
+from libra.engines.sandbox.tools import (
     ToolContext,
     get_tool,
     parse_pytest_summary,

@@ -24,7 +24,7 @@ import errno
 import os
 from pathlib import Path
 
-from libra.engines.sandbox_errors import SandboxUnavailable
+from libra.engines.sandbox.errors import SandboxUnavailable
 from libra.logging import get_logger
 
 __all__ = ["CgroupV2", "detect_cgroup_v2", "setup_cgroup"]

@@ -1,7 +1,7 @@
 """From what happened to an action to what the caller gets: a result mapping or a typed error (pure).
 
-Role: :func:`interpret_outcome` applies the contract documented in :mod:`libra.engines.sandbox_errors`
-to a :class:`~libra.engines.sandbox_proc.RawOutcome`. Order of precedence: the pool's wall-clock kill
+Role: :func:`interpret_outcome` applies the contract documented in :mod:`libra.engines.sandbox.errors`
+to a :class:`~libra.engines.sandbox.proc.RawOutcome`. Order of precedence: the pool's wall-clock kill
 (timeout) first, then the caller's cancellation, then a sandbox that died under the action (crashed), then output over the cap (a
 truncated *result*), then the way the process ended: ``SIGXCPU`` (CPU-time limit: timeout), ``SIGXFSZ``
 (file-size limit: output_limit), ``SIGKILL`` with the cgroup's OOM counter raised (memory), a fatal
@@ -16,7 +16,7 @@ import os
 import signal
 from typing import Any
 
-from libra.engines.sandbox_errors import (
+from libra.engines.sandbox.errors import (
     SandboxCancelled,
     SandboxCrashed,
     SandboxLimits,
@@ -24,8 +24,8 @@ from libra.engines.sandbox_errors import (
     SandboxOutputLimit,
     SandboxTimeout,
 )
-from libra.engines.sandbox_proc import RawOutcome
-from libra.engines.sandbox_tools import ToolCall
+from libra.engines.sandbox.proc import RawOutcome
+from libra.engines.sandbox.tools import ToolCall
 
 __all__ = ["FATAL_SIGNALS", "interpret_outcome"]
 

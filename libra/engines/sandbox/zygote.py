@@ -1,6 +1,6 @@
 """Sandbox zygote: the long-lived process inside one sandbox that forks a fresh child per action.
 
-Role: :mod:`libra.engines.sandbox_proc` runs this file as a program inside a bubblewrap sandbox (bound
+Role: :mod:`libra.engines.sandbox.proc` runs this file as a program inside a bubblewrap sandbox (bound
 read-only at ``/.libra-zygote.py``) with ``python -I -S ZYGOTE CTRL_FD MODE``. It must use the standard library only, import nothing
 from ``libra`` and keep no state between actions except the sandbox itself. Paying bwrap's namespace
 setup and the interpreter start once per sandbox, instead of once per action, is what makes dispatch warm.

@@ -1,4 +1,4 @@
-"""Errors and limits of the tool sandbox (:mod:`libra.engines.sandbox`).
+"""Errors and limits of the tool sandbox (:mod:`libra.engines.sandbox.pool`).
 
 The error contract, in one place:
 

@@ -1,6 +1,6 @@
 """One sandbox as seen from the pool: its zygote process, control channel and per-action I/O.
 
-Role: start a zygote (:mod:`libra.engines.sandbox_zygote`) inside bubblewrap, or unisolated, and run one
+Role: start a zygote (:mod:`libra.engines.sandbox.zygote`) inside bubblewrap, or unisolated, and run one
 action at a time through it: create the stdout/stderr pipes, hand their write ends to the zygote with the
 request, read both pipes incrementally while enforcing the wall-clock deadline and the per-stream byte
 cap, and return a :class:`RawOutcome`. Interpreting the outcome (result dict vs typed error) is the
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from libra.engines.sandbox_errors import SandboxUnavailable
+from libra.engines.sandbox.errors import SandboxUnavailable
 
 __all__ = ["ZYGOTE_FILE", "RawOutcome", "SandboxProcess", "ZygoteGone", "wipe_tree"]
 
@@ -48,7 +48,7 @@ _READ_CHUNK = 1 << 16
 _EOF_GRACE_S = 0.5  # after the exit report, how long leftover pipe writers may keep a stream open
 
 
-ZYGOTE_FILE = str(Path(__file__).with_name("sandbox_zygote.py"))
+ZYGOTE_FILE = str(Path(__file__).with_name("zygote.py"))
 """The zygote program on the host (bound read-only into each sandbox)."""
 
 

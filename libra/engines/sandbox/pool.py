@@ -5,8 +5,8 @@ workspace directory bound to one trajectory (state survives between that traject
 sleeping zygote process inside bubblewrap; it holds no cores while idle. Each action is a fresh process
 forked by the zygote, started as an unprivileged uid with rlimits, pinned to the cores granted for this
 action (and, where cgroup v2 is delegated, given a ``cpu.max`` quota of exactly those cores, reclaimed
-when the action ends). See :mod:`~libra.engines.sandbox_isolation` for what the sandbox can see and
-:mod:`~libra.engines.sandbox_errors` for the result/error contract.
+when the action ends). See :mod:`~libra.engines.sandbox.isolation` for what the sandbox can see and
+:mod:`~libra.engines.sandbox.errors` for the result/error contract.
 
 Public API::
 
@@ -53,9 +53,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-from libra.engines.sandbox_cgroup import setup_cgroup
-from libra.engines.sandbox_cores import CoreAllocator, read_numa_nodes
-from libra.engines.sandbox_errors import (
+from libra.engines.sandbox.cgroup import setup_cgroup
+from libra.engines.sandbox.cores import CoreAllocator, read_numa_nodes
+from libra.engines.sandbox.errors import (
     SandboxBusy,
     SandboxCancelled,
     SandboxCrashed,
@@ -67,7 +67,7 @@ from libra.engines.sandbox_errors import (
     SandboxTimeout,
     SandboxUnavailable,
 )
-from libra.engines.sandbox_isolation import (
+from libra.engines.sandbox.isolation import (
     WORKSPACE_MOUNT,
     ZYGOTE_MOUNT,
     build_bwrap_argv,
@@ -76,15 +76,15 @@ from libra.engines.sandbox_isolation import (
     host_root_links,
     interpreter_paths,
 )
-from libra.engines.sandbox_outcome import interpret_outcome
-from libra.engines.sandbox_proc import (
+from libra.engines.sandbox.outcome import interpret_outcome
+from libra.engines.sandbox.proc import (
     ZYGOTE_FILE,
     RawOutcome,
     SandboxProcess,
     ZygoteGone,
     wipe_tree,
 )
-from libra.engines.sandbox_tools import ToolCall, ToolContext, get_tool, xdist_available
+from libra.engines.sandbox.tools import ToolCall, ToolContext, get_tool, xdist_available
 from libra.logging import get_logger
 
 __all__ = [
@@ -242,7 +242,7 @@ class SandboxPool:
 
         Returns the result mapping ``{"stdout", "stderr", "exit_code", "truncated", "duration_s"}`` (plus
         tool extras). Raises :class:`SandboxDenied` for a bad request and the other
-        :class:`SandboxError` subclasses as documented in :mod:`~libra.engines.sandbox_errors`."""
+        :class:`SandboxError` subclasses as documented in :mod:`~libra.engines.sandbox.errors`."""
         if not isinstance(trajectory, str) or not trajectory:
             raise SandboxDenied(f"trajectory must be a non-empty string, got {trajectory!r}")
         try:

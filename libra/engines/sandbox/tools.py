@@ -1,7 +1,7 @@
 """Built-in sandbox tools: argument validation and the command each tool runs.
 
 Everything here is pure except :func:`xdist_available`, which asks the interpreter once per pool, and
-:func:`sandbox_tools`, the adapter that hands these tools to an actor as work handlers.
+:mod:`libra.engines.sandbox.handlers` hands these tools to an actor as work handlers.
 
 Role: a tool turns the caller's ``args`` mapping into a :class:`ToolCall` (argv, environment, files to
 write, timeout) and optionally post-processes the result. Tools are selected by name through
@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from libra.engines.sandbox_errors import SandboxDenied, SandboxLimits
+from libra.engines.sandbox.errors import SandboxDenied, SandboxLimits
 
-__all__ = ["TOOLS", "ToolCall", "ToolContext", "get_tool", "parse_pytest_summary", "sandbox_tools",
+__all__ = ["TOOLS", "ToolCall", "ToolContext", "get_tool", "parse_pytest_summary",
            "validate_files", "xdist_available"]
 
 _INLINE_CODE_MAX = 64 * 1024  # larger code goes through a file: one argv string may not exceed 128 KiB
@@ -254,57 +254,3 @@ def xdist_available(python: str) -> bool:
     except (OSError, subprocess.SubprocessError):
         return False
     return probe.returncode == 0
-
-
-# Sandbox error codes as the actor reports them (the client maps ``timeout``/``bad_request``/``busy``/
-# ``cancelled`` to its own typed errors; the rest arrive as ``ToolFailed`` with this tool code).
-_ACTOR_CODES = {"denied": "bad_request"}
-
-
-def sandbox_tools(*, allow_unisolated: bool = False, pool: Any = None, **pool_options: Any) -> dict[str, Any]:
-    """Work handlers ``{"python", "bash", "pytest"}`` for an actor (``libra.actors.tools`` contract).
-
-    Each handler is ``fn(args, ctx)`` with ``ctx`` a ``libra.actors.tools.WorkContext``: it runs the tool
-    in ``ctx.trajectory``'s sandbox (a throw-away one, released afterwards, when the call has no
-    trajectory), with ``timeout_s`` defaulting to ``ctx.budget_s`` (capped at the pool's maximum), kills
-    the action when ``ctx.cancelled`` is set, and raises ``ToolError(code, message)`` for every
-    :class:`SandboxError` (``denied`` becomes ``bad_request``). The pool (one per actor process) is
-    created here unless given, so a host without bubblewrap fails now with :class:`SandboxUnavailable`;
-    it is closed at interpreter exit. ``pool_options`` go to :class:`SandboxPool`."""
-    import atexit
-
-    from libra.actors.tools import (
-        ToolError,  # the actor's error type; imported only when wiring an actor
-    )
-    from libra.engines.sandbox import SandboxPool
-    from libra.engines.sandbox_errors import SandboxError
-
-    if pool is None:
-        pool = SandboxPool(allow_unisolated=allow_unisolated, **pool_options)
-        atexit.register(pool.close)
-
-    def make(name: str) -> Callable[[Any, Any], Any]:
-        def handler(args: Any, ctx: Any) -> Any:
-            cores = getattr(ctx, "cores", 1)
-            if isinstance(args, Mapping) and "cores" in args:
-                args = dict(args)
-                cores = args.pop("cores")
-            if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
-                raise ToolError("bad_request", f"{name}: cores must be a positive integer, got {cores!r}")
-            if isinstance(args, Mapping) and "timeout_s" not in args and ctx.budget_s and ctx.budget_s > 0:
-                args = {**args, "timeout_s": min(float(ctx.budget_s), pool.limits.max_timeout_s)}
-            traj = ctx.trajectory or f"work-{ctx.work_id}"
-            try:
-                return pool.run(traj, name, args, cores=cores, cancel=ctx.cancelled)  # bounded by the pool
-            except SandboxError as exc:
-                raise ToolError(_ACTOR_CODES.get(exc.code, exc.code), str(exc)) from exc
-            finally:
-                if not ctx.trajectory:
-                    pool.release(traj)
-
-        handler.__name__ = handler.__qualname__ = f"sandbox_{name}"
-        handler.__doc__ = f"Run the sandboxed {name!r} tool (see libra.engines.sandbox_tools)."
-        return handler
-
-    return {name: make(name) for name in sorted(TOOLS)}
-
