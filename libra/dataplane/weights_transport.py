@@ -1,0 +1,70 @@
+"""The weights-transport interface (:class:`WeightPublisher` on the trainer, :class:`WeightFetcher` on a
+rollout instance) and its data-plane implementation (:class:`DataPlaneWeightPublisher`,
+:class:`DataPlaneWeightFetcher`). The other implementation is :mod:`libra.weights_dist`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from libra.dataplane.client import fetch_state_dict
+from libra.dataplane.errors import TransferCorrupted
+from libra.dataplane.server import DataPlaneServer
+from libra.dataplane.wire import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_WINDOW,
+    DataPlaneKeys,
+    FetchStats,
+    ObjectRef,
+)
+
+__all__ = ["DataPlaneWeightFetcher", "DataPlaneWeightPublisher", "WeightFetcher", "WeightPublisher"]
+
+
+class WeightPublisher(Protocol):
+    """Trainer side of a weights transport: make ``state_dict`` fetchable as ``version``; returns the ref
+    (a msgpack-able mapping with at least ``version``) that generate work carries to rollout instances.
+    :class:`libra.weights_dist.TorchWeightPublisher` returns ``{"version", "transport": "torch", "backend",
+    "endpoint", "name", "bytes"}``."""
+
+    def publish(self, version: int, state_dict: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+class WeightFetcher(Protocol):
+    """Rollout side: ``fetch(ref) -> (state_dict, version, stats)``; raises :class:`DataPlaneError`
+    subclasses and leaves no partial state behind."""
+
+    def fetch(self, ref: Mapping[str, Any]) -> tuple[dict[str, Any], int, FetchStats]: ...
+
+
+class DataPlaneWeightPublisher:
+    """:class:`WeightPublisher` over a :class:`DataPlaneServer`: version ``v`` is object ``weights/v{v}`` in
+    topic ``weights``; the newest ``keep`` versions stay fetchable (so a fetch of ``v-1`` that started
+    before ``v`` was published completes)."""
+
+    TOPIC = "weights"
+
+    def __init__(self, server: DataPlaneServer, *, keep: int = 2, chunk_size: int | None = None) -> None:
+        self.server, self.keep, self.chunk_size = server, keep, chunk_size
+
+    def publish(self, version: int, state_dict: Mapping[str, Any]) -> dict[str, Any]:
+        ref = self.server.publish_state_dict(f"{self.TOPIC}/v{version}", state_dict, version=version, topic=self.TOPIC,
+                                             keep=self.keep, chunk_size=self.chunk_size)
+        return ref.to_wire()
+
+
+class DataPlaneWeightFetcher:
+    """:class:`WeightFetcher` over :func:`fetch_state_dict`; checks that the header's version is the ref's."""
+
+    def __init__(self, *, keys: DataPlaneKeys | None = None, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+                 window: int = DEFAULT_WINDOW) -> None:
+        self.keys, self.idle_timeout_s, self.window = keys, idle_timeout_s, window
+
+    def fetch(self, ref: Mapping[str, Any]) -> tuple[dict[str, Any], int, FetchStats]:
+        r = ObjectRef.from_wire(ref)
+        sd, hdr, stats = fetch_state_dict(r, keys=self.keys, idle_timeout_s=self.idle_timeout_s, window=self.window)
+        if r.version is not None and hdr.version != r.version:
+            raise TransferCorrupted(f"data plane {r.endpoint} object {r.name!r}: header says version {hdr.version}, "
+                                    f"the ref says {r.version}")
+        return sd, int(hdr.version or 0), stats
