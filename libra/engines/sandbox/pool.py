@@ -6,7 +6,9 @@ sleeping zygote process inside bubblewrap; it holds no cores while idle. Each ac
 forked by the zygote, started as an unprivileged uid with rlimits, pinned to the cores granted for this
 action (and, where cgroup v2 is delegated, given a ``cpu.max`` quota of exactly those cores, reclaimed
 when the action ends). See :mod:`~libra.engines.sandbox.isolation` for what the sandbox can see and
-:mod:`~libra.engines.sandbox.errors` for the result/error contract.
+:mod:`~libra.engines.sandbox.errors` for the result/error contract. One sandbox and the start of its
+zygote are in :mod:`~libra.engines.sandbox.slot`; the pool's isolation mode and report in
+:mod:`~libra.engines.sandbox.pool_isolation`.
 
 Public API::
 
@@ -49,7 +51,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
@@ -67,23 +68,11 @@ from libra.engines.sandbox.errors import (
     SandboxTimeout,
     SandboxUnavailable,
 )
-from libra.engines.sandbox.isolation import (
-    WORKSPACE_MOUNT,
-    ZYGOTE_MOUNT,
-    build_bwrap_argv,
-    bwrap_version,
-    find_bwrap,
-    host_root_links,
-    interpreter_paths,
-)
+from libra.engines.sandbox.isolation import WORKSPACE_MOUNT
 from libra.engines.sandbox.outcome import interpret_outcome
-from libra.engines.sandbox.proc import (
-    ZYGOTE_FILE,
-    RawOutcome,
-    SandboxProcess,
-    ZygoteGone,
-    wipe_tree,
-)
+from libra.engines.sandbox.pool_isolation import MAX_SLOTS, PoolIsolation, isolation_report
+from libra.engines.sandbox.proc import RawOutcome, ZygoteGone, wipe_tree
+from libra.engines.sandbox.slot import Slot, start_zygote
 from libra.engines.sandbox.tools import ToolCall, ToolContext, get_tool, xdist_available
 from libra.logging import get_logger
 
@@ -102,28 +91,6 @@ __all__ = [
 ]
 
 log = get_logger("sandbox")
-
-_UNAVAILABLE_HINT = ("install bubblewrap (apt-get install bubblewrap) or pass allow_unisolated=True to run "
-                     "without isolation (NOT safe for untrusted code)")
-_MAX_SLOTS = 4096
-
-
-@dataclass(slots=True, eq=False)
-class _Slot:
-    """One sandbox: a workspace index, its process, and who uses it. Mutated under the pool lock, except
-    ``proc``, which only the holder of ``lock`` touches."""
-
-    index: int
-    workspace: Path
-    uid: int | None
-    proc: SandboxProcess | None = None
-    trajectory: str | None = None
-    busy: int = 0  # run() calls that hold or wait for this slot
-    last_used: float = 0.0
-    actions: int = 0
-    needs_wipe: bool = False  # taken over from an evicted trajectory: wipe and restart before use
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
 
 class SandboxPool:
     """A warm pool of bubblewrap sandboxes for one actor (see the module docstring)."""
@@ -145,8 +112,8 @@ class SandboxPool:
         bwrap: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not 1 <= max_sandboxes <= _MAX_SLOTS:
-            raise ValueError(f"max_sandboxes must be in 1..{_MAX_SLOTS}, got {max_sandboxes}")
+        if not 1 <= max_sandboxes <= MAX_SLOTS:
+            raise ValueError(f"max_sandboxes must be in 1..{MAX_SLOTS}, got {max_sandboxes}")
         if not 0 <= warm <= max_sandboxes:
             raise ValueError(f"warm must be in 0..max_sandboxes ({max_sandboxes}), got {warm}")
         if not ttl_s > 0:
@@ -159,8 +126,9 @@ class SandboxPool:
         self._ttl = ttl_s
         self._clock = clock
         self._python = python or sys.executable
-        self._privileged = os.geteuid() == 0
-        self._init_isolation(bwrap, allow_unisolated, extra_ro_binds, uid_base)
+        self._iso = PoolIsolation.resolve(self._python, bwrap=bwrap, allow_unisolated=allow_unisolated,
+                                          extra_ro=extra_ro_binds, uid_base=uid_base)
+        self._mode, self._privileged, self._uid_base = self._iso.mode, self._iso.privileged, self._iso.uid_base
         self._init_cpu(cpu_ids, cpu_control)
         self._owns_root = root_dir is None
         self._root = Path(root_dir) if root_dir is not None else Path(tempfile.mkdtemp(prefix="libra-sandbox-"))
@@ -170,10 +138,10 @@ class SandboxPool:
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._free = list(range(max_sandboxes))
-        self._live: dict[int, _Slot] = {}
-        self._by_traj: dict[str, _Slot] = {}
-        self._warm: deque[_Slot] = deque()
-        self._spawn_q: deque[tuple[_Slot, bool, Future[None]]] = deque()
+        self._live: dict[int, Slot] = {}
+        self._by_traj: dict[str, Slot] = {}
+        self._warm: deque[Slot] = deque()
+        self._spawn_q: deque[tuple[Slot, bool, Future[None]]] = deque()
         self._closed = False
         self._counters = {"actions": 0, "spawns": 0, "respawns": 0, "evictions": 0, "expired": 0}
         self._warm_failures = 0
@@ -188,22 +156,6 @@ class SandboxPool:
         log.info("sandbox_pool_started", **{k: v for k, v in self.isolation_report().items() if k != "rlimits"})
 
     # ------------------------------------------------------------------------------------------ setup
-    def _init_isolation(self, bwrap: str | None, allow_unisolated: bool, extra_ro: Sequence[str],
-                        uid_base: int | None) -> None:
-        self._bwrap = find_bwrap(bwrap)
-        if self._bwrap is None and not allow_unisolated:
-            raise SandboxUnavailable(f"bubblewrap (bwrap) was not found: {_UNAVAILABLE_HINT}")
-        self._mode = "bwrap" if self._bwrap else "unisolated"
-        self._bwrap_version = bwrap_version(self._bwrap) if self._bwrap else None
-        self._root_links = host_root_links()
-        self._ro_paths = (*interpreter_paths(self._python), *(os.path.abspath(p) for p in extra_ro))
-        if uid_base is None:
-            uid_base = 0x5A000000 + (os.getpid() % 4096) * _MAX_SLOTS
-        if not 1000 <= uid_base <= 0xFFFF0000 - _MAX_SLOTS:
-            raise ValueError(f"uid_base must be in 1000..{0xFFFF0000 - _MAX_SLOTS}, got {uid_base}")
-        # As root, each action runs as a dedicated host uid (RLIMIT_NPROC is never enforced for uid 0).
-        self._uid_base = uid_base if (self._mode == "bwrap" and self._privileged) else None
-
     def _init_cpu(self, cpu_ids: Iterable[int] | None, cpu_control: str) -> None:
         ids = tuple(cpu_ids) if cpu_ids is not None else tuple(sorted(os.sched_getaffinity(0)))
         allowed = os.sched_getaffinity(0)
@@ -281,31 +233,9 @@ class SandboxPool:
 
     def isolation_report(self) -> dict[str, Any]:
         """Which isolation mechanisms are active, for the actor to log and report."""
-        bwrap = self._mode == "bwrap"
-        return {
-            "mode": self._mode,
-            "isolated": bwrap,
-            "warning": None if bwrap else "no isolation: NOT safe for untrusted code",
-            "bwrap": self._bwrap,
-            "bwrap_version": self._bwrap_version,
-            "user_namespace": bwrap and not self._privileged,
-            "sandbox_uid": f"per-slot host uid from {self._uid_base}" if self._uid_base is not None
-            else ("65534 (user namespace)" if bwrap else "pool's uid"),
-            "namespaces": ["mount", "pid", "net", "ipc", "uts", *([] if self._privileged else ["user"])]
-            if bwrap else [],
-            "network": "none (loopback only)" if bwrap else "host",
-            "cpu_control": "cgroup_v2" if self._cgroup is not None else "affinity",
-            "cgroup": str(self._cgroup.parent) if self._cgroup is not None else None,
-            "cgroup_reason": self._cgroup_reason,
-            "cpu_ids": list(self._cores.cpu_ids),
-            "rlimits": self.limits.rlimits(cpu_seconds=math.ceil(self.limits.timeout_s) + 1),
-            "output_cap_bytes": self.limits.output_bytes,
-            "workspaces": str(self._root),
-            "warm_target": self._warm_target,
-            "max_sandboxes": self._max,
-            "zygote": True,
-            "xdist": self._xdist,
-        }
+        return isolation_report(self._iso, cgroup=self._cgroup, cgroup_reason=self._cgroup_reason,
+                                cpu_ids=self._cores.cpu_ids, limits=self.limits, root=self._root,
+                                warm_target=self._warm_target, max_sandboxes=self._max, xdist=self._xdist)
 
     def stats(self) -> dict[str, int]:
         """Counters and current occupancy (a snapshot)."""
@@ -358,14 +288,14 @@ class SandboxPool:
             raise SandboxDenied(f"cores must be a positive integer, got {cores!r}")
         return min(cores, len(self._cores.cpu_ids))
 
-    def _new_slot_locked(self) -> _Slot:
+    def _new_slot_locked(self) -> Slot:
         index = self._free.pop(0)
         uid = self._uid_base + index if self._uid_base is not None else None
-        slot = _Slot(index, self._root / f"ws-{index}", uid)
+        slot = Slot(index, self._root / f"ws-{index}", uid)
         self._live[index] = slot
         return slot
 
-    def _checkout(self, trajectory: str) -> _Slot:
+    def _checkout(self, trajectory: str) -> Slot:
         """The slot bound to ``trajectory`` (binding a warm, new or evicted one), with ``busy`` counted."""
         with self._cv:
             if self._closed:
@@ -393,7 +323,7 @@ class SandboxPool:
             slot.last_used = self._clock()
             return slot
 
-    def _execute(self, slot: _Slot, call: ToolCall, n_cores: int, core_ids: Sequence[int] | None,
+    def _execute(self, slot: Slot, call: ToolCall, n_cores: int, core_ids: Sequence[int] | None,
                  cancel: threading.Event | None) -> RawOutcome:
         """Run ``call`` in ``slot`` (caller holds ``slot.lock``); starts or restarts its zygote as needed."""
         if slot.needs_wipe or slot.proc is None or not slot.proc.alive():
@@ -443,7 +373,7 @@ class SandboxPool:
                 if core_ids is None:
                     self._cores.release(granted)
 
-    def _retire(self, slot: _Slot) -> None:
+    def _retire(self, slot: Slot) -> None:
         """Kill a slot that is no longer bound, wipe its workspace and free its index."""
         with slot.lock:
             if slot.proc is not None:
@@ -460,7 +390,7 @@ class SandboxPool:
             self._cv.notify_all()
 
     # -------------------------------------------------------------------------------------- spawning
-    def _spawn_sync(self, slot: _Slot, *, wipe: bool) -> None:
+    def _spawn_sync(self, slot: Slot, *, wipe: bool) -> None:
         """Start ``slot``'s zygote on the spawner thread and wait (bwrap dies with the thread that made it)."""
         fut: Future[None] = Future()
         with self._cv:
@@ -470,33 +400,9 @@ class SandboxPool:
             self._cv.notify_all()
         fut.result()
 
-    def _start_slot(self, slot: _Slot, wipe: bool) -> None:
+    def _start_slot(self, slot: Slot, wipe: bool) -> None:
         """On the spawner thread: (re)create the workspace if needed and start the zygote."""
-        if slot.proc is not None:
-            slot.proc.kill()
-            slot.proc = None
-        if wipe:
-            wipe_tree(slot.workspace)
-        slot.workspace.mkdir(mode=0o700, exist_ok=True)
-        if slot.uid is not None:
-            os.chown(slot.workspace, slot.uid, slot.uid)
-        if self._mode == "bwrap":
-            prefix = build_bwrap_argv(self._bwrap or "bwrap", workspace=str(slot.workspace), command=(),
-                                      ro_paths=self._ro_paths, root_links=self._root_links,
-                                      privileged=self._privileged, tmp_mb=self.limits.tmp_mb,
-                                      ro_files={ZYGOTE_FILE: ZYGOTE_MOUNT})
-            proc = SandboxProcess.start(prefix, self._python, ZYGOTE_MOUNT, mode="ns",
-                                        want_host_pid=self._cgroup is not None)
-        else:
-            proc = SandboxProcess.start((), self._python, ZYGOTE_FILE, mode="pgrp", cwd=str(slot.workspace))
-        if self._cgroup is not None:
-            self._cgroup.create(slot.index, memory_bytes=(self.limits.memory_mb + 64) << 20)
-            if proc.host_pid is not None:
-                try:
-                    self._cgroup.add(slot.index, proc.host_pid)
-                except OSError as exc:
-                    log.warning("cgroup_add_failed", slot=slot.index, error=str(exc))
-        slot.proc = proc
+        start_zygote(slot, self._iso, python=self._python, limits=self.limits, cgroup=self._cgroup, wipe=wipe)
         self._counters["spawns"] += 1
 
     def _spawner_loop(self) -> None:
@@ -531,7 +437,7 @@ class SandboxPool:
         return (self._probed and len(self._warm) < self._warm_target and bool(self._free)
                 and self._warm_failures < 3 and not self._closed)
 
-    def _start_warm(self, slot: _Slot) -> None:
+    def _start_warm(self, slot: Slot) -> None:
         try:
             self._start_slot(slot, wipe=True)
         except (SandboxError, OSError) as exc:
