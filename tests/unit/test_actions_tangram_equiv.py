@@ -229,7 +229,7 @@ def test_split_after_evictions_matches_the_reference_splitter(seed: int, n: int,
     from bisect import insort as _insort
 
     from libra.policies.actions import estimate as ae
-    from libra.policies.actions import tangram as at
+    from libra.policies.actions import tangram_evict as at
     from libra.bench import tangram_ref as ref
 
     rng = random.Random(seed)
@@ -243,7 +243,7 @@ def test_split_after_evictions_matches_the_reference_splitter(seed: int, n: int,
     splitter = ref._ConvexSplit(el, cap)
     negs = [s.neg_gains for s in el]
     spans = [s.span for s in el]
-    neg = at._gather(negs, spans, cap)
+    neg = at.gather(negs, spans, cap)
     neg.sort()
     base = 0.0
     for s in el:

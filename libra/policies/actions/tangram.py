@@ -65,30 +65,27 @@ order, same floating-point arithmetic): ``tests/unit/test_actions_tangram_equiv.
 randomised instances. Bounded work per decision: ``max_scan`` queue entries, ``window`` candidates,
 ``depth + 1`` estimates of at most ``lookahead + depth`` waiting actions each.
 
+The eviction search (:func:`~libra.policies.actions.tangram_evict.evict_convex`,
+:func:`~libra.policies.actions.tangram_evict.evict_dp`) is in :mod:`libra.policies.actions.tangram_evict`.
+
 Pure: ``schedule`` reads its arguments and returns grants; the scheduler holds only its parameters.
 """
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from functools import reduce
-from itertools import chain, compress, islice, repeat
-from operator import add, attrgetter, getitem, le, not_
-from operator import ne as ne_
+from itertools import chain, compress, islice
+from operator import attrgetter, not_
 
+from libra.policies.actions.estimate import note_waiting
 from libra.policies.actions.model import ActionSpec, Grant
-from libra.policies.actions.views import RunningView, scan_order, sorted_releases
-from libra.policies.actions.estimate import estimate_act, merge_pos, note_waiting, release_horizon, split_sorted
 from libra.policies.actions.split import convex_extras, split_units, split_units_dp
+from libra.policies.actions.tangram_evict import evict_convex, evict_dp, gather
+from libra.policies.actions.views import RunningView, scan_order
 
 __all__ = ["ElasticScheduler", "split_units", "split_units_dp"]
 
-_INF = math.inf
 # Column accessors: the hot path extracts one field of every candidate with C-level ``map`` calls.
-_durations = attrgetter("durations")
-_min_units = attrgetter("min_units")
 _neg_gains = attrgetter("neg_gains")
 _part = attrgetter("part")
 _grant = attrgetter("grant")  # an action's grant at exactly its demand (built with the spec)
@@ -323,7 +320,7 @@ class ElasticScheduler:
         depth = self.depth
         if not depth:
             if convex:
-                neg = _gather(list(map(_neg_gains, el)), spans, leftover)
+                neg = gather(list(map(_neg_gains, el)), spans, leftover)
                 neg.sort()
                 extras = convex_extras(el, neg, leftover, leftover)
             else:
@@ -333,171 +330,12 @@ class ElasticScheduler:
         # Evictions free at most the demand of the last ``depth`` candidates.
         cap = leftover + sum(units[max(0, ng - depth):])
         if convex:
-            k, extras = self._evict_convex(r, gspecs, gpos, cols, el, fdem, fixed_dur, leftover, cap, fixed_cost,
-                                           waiting, running, now)
+            k, extras = evict_convex(r, gspecs, gpos, cols, el, fdem, fixed_dur, leftover, cap, fixed_cost,
+                                     waiting, running, now, depth=depth, keep_head=self.keep_head)
         else:
-            k, extras = self._evict_dp(r, gspecs, gpos, el, fdem, fixed_dur, leftover, fixed_cost, waiting, running, now)
+            k, extras = evict_dp(r, gspecs, gpos, el, fdem, fixed_dur, leftover, fixed_cost, waiting, running, now,
+                                 depth=depth, keep_head=self.keep_head, dp_top=self.dp_top)
         return k, el, extras
-
-    def _evict_convex(
-        self,
-        r: str,
-        gspecs: list[ActionSpec],
-        gpos: Sequence[int],
-        cols: tuple[Sequence[int], Sequence[int], Sequence[float], Sequence[bool]],
-        el: list[ActionSpec],
-        fdem: list[int],
-        fixed_dur: list[float],
-        leftover: int,
-        cap: int,
-        fixed_cost: float,
-        waiting: Sequence[tuple[int, ActionSpec]],
-        running: Sequence[RunningView],
-        now: float,
-    ) -> tuple[int, list[int]]:
-        """Greedy eviction with the convex split, evaluated incrementally (see the module docstring).
-
-        Returns ``(k, extras)``: the first ``k`` candidates stay, and ``extras`` gives the extra units of the
-        elastic ones among them (in order; as long as the number of elastic candidates kept)."""
-        units, spans, mind, _convs = cols
-        ng, ne = len(gspecs), len(el)
-        floor = 1 if self.keep_head else 0
-        nev = min(self.depth, ng - floor)  # trailing candidates an eviction trial may remove
-        # ---- trial 0: the split of ``leftover`` units over every candidate
-        negs = list(map(_neg_gains, el))
-        el_spans = list(compress(spans, spans))
-        neg = _gather(negs, el_spans, cap)
-        neg.sort()
-        base = reduce(add, compress(mind, spans), 0.0)  # left to right, as Σ over the elastic candidates
-        L = leftover
-        extras, cost = split_sorted(el, negs, el_spans, neg, (), L, cap, base)
-        # ---- the candidates' releases an estimate can reach
-        brel = sorted_releases(running, r)
-        horizon = release_horizon(r, brel, waiting, gspecs[ng - nev:] if nev > 0 else ())
-        if any(extras):
-            if fdem and min(fdem) < 1:
-                horizon = _INF  # a zero-unit release breaks the pop bound behind the horizon
-            ms = list(map(add, map(_min_units, el), extras))
-            times = list(map(add, repeat(now), map(getitem, map(_durations, el), ms)))
-            if horizon == _INF:
-                crel = list(zip(times, ms))
-                if fdem:
-                    crel += zip(map(add, repeat(now), fixed_dur), fdem)
-            else:
-                crel = list(compress(zip(times, ms), map(le, times, repeat(horizon))))
-                if fdem:
-                    ftimes = list(map(add, repeat(now), fixed_dur))
-                    crel += compress(zip(ftimes, fdem), map(le, ftimes, repeat(horizon)))
-        else:
-            # Every candidate at its minimum (no unit left to split): one pass over the partition, elastic and
-            # fixed alike; ``part_units`` is the minimum of r (elastic) or the demand of r (fixed).
-            if min(units) < 1:
-                horizon = _INF
-            times = list(map(add, repeat(now), mind))
-            if horizon == _INF:
-                crel = list(zip(times, units))
-            else:
-                crel = list(compress(zip(times, units), map(le, times, repeat(horizon))))
-        crel.sort()
-        j = cost + fixed_cost + estimate_act(r, crel, brel, L - sum(extras), waiting, now, _INF)
-        if nev <= 0:
-            return ng, extras
-        # ---- eviction trials: trial t keeps the first ``ng - t`` candidates and splits ``freed >= L`` units
-        # over the elastic ones left: the sorted gains minus the evicted candidates' (``removed``).
-        k, freed, ne_all = ng, L, ne
-        removed: list[float] = []  # every capped negated gain of the evicted elastic candidates, ascending
-        for _ in range(nev):
-            k2 = k - 1
-            u_last = units[k2]
-            freed2 = freed + u_last
-            if spans[k2]:
-                last = gspecs[k2]
-                ne2 = ne - 1
-                base2 = base - mind[k2]
-                fixed2 = fixed_cost
-                removed2 = sorted(removed + list(negs[ne2][:cap]))
-                m = last.min_units + extras[ne2]
-                rel_out = (now + last.durations[m], m)
-            else:
-                ne2, base2, removed2 = ne, base, removed
-                fixed2 = fixed_cost - mind[k2]
-                rel_out = (now + mind[k2], u_last)
-            if ne2 == ne_all:
-                ext2, cost2 = split_sorted(el, negs, el_spans, neg, removed2, freed2, cap, base2)
-            else:
-                ext2, cost2 = split_sorted(el[:ne2], negs[:ne2], el_spans[:ne2], neg, removed2, freed2, cap, base2)
-            cost2 += fixed2
-            order = merge_pos(list(zip(gpos[k2:], gspecs[k2:])), waiting)
-            # The releases: drop the evicted candidate's, move those of the kept ones whose units changed.
-            crel2 = crel[:]
-            if rel_out[0] <= horizon:
-                del crel2[bisect_left(crel2, rel_out)]
-            for i in compress(range(ne2), map(ne_, extras, ext2)):
-                s = el[i]
-                d = s.durations
-                m = s.min_units + extras[i]
-                tr = now + d[m]
-                if tr <= horizon:
-                    del crel2[bisect_left(crel2, (tr, m))]
-                m = s.min_units + ext2[i]
-                tr = now + d[m]
-                if tr <= horizon:
-                    insort(crel2, (tr, m))
-            # Only an improvement matters: the estimate stops once it cannot beat j.
-            j2 = cost2 + estimate_act(r, crel2, brel, freed2 - sum(ext2), order, now, j - cost2)
-            if j2 < j - 1e-9:
-                k, j, extras, freed, ne, base, fixed_cost, removed, crel = (
-                    k2, j2, ext2, freed2, ne2, base2, fixed2, removed2, crel2)
-            else:
-                break
-        return k, extras
-
-    def _evict_dp(
-        self,
-        r: str,
-        gspecs: list[ActionSpec],
-        gpos: Sequence[int],
-        el: list[ActionSpec],
-        fdem: list[int],
-        fixed_dur: list[float],
-        leftover: int,
-        fixed_cost: float,
-        waiting: Sequence[tuple[int, ActionSpec]],
-        running: Sequence[RunningView],
-        now: float,
-    ) -> tuple[int, list[int]]:
-        """Greedy eviction with the DP split (non-convex curves or size restrictions); the DP is re-run per
-        trial. Returns ``(k, extras)`` like :meth:`_evict_convex`."""
-        frel = [(now + d, u) for d, u in zip(fixed_dur, fdem)]
-        extras, cost = split_units_dp(el, leftover, self.dp_top)
-        brel = sorted_releases(running, r)
-        crel = sorted(frel + [(now + s.durations[s.min_units + e], s.min_units + e) for s, e in zip(el, extras)])
-        j = cost + fixed_cost + estimate_act(r, crel, brel, leftover - sum(extras), waiting, now, _INF)
-        k, ne, nf, freed = len(gspecs), len(el), len(frel), leftover
-        floor = 1 if self.keep_head else 0
-        for _ in range(self.depth):
-            if k <= floor:
-                break
-            k2 = k - 1
-            last = gspecs[k2]
-            freed2 = freed + last.demand.get(r, 0)
-            ne2, nf2, fixed2 = ne, nf, fixed_cost
-            if last.span:
-                ne2 -= 1
-            else:
-                nf2 -= 1
-                fixed2 -= fixed_dur[nf2]
-            ext2, cost2 = split_units_dp(el[:ne2], freed2, self.dp_top)
-            cost2 += fixed2
-            crel2 = sorted(frel[:nf2] + [(now + s.durations[s.min_units + e], s.min_units + e)
-                                         for s, e in zip(el[:ne2], ext2)])
-            order = merge_pos(list(zip(gpos[k2:], gspecs[k2:])), waiting)
-            j2 = cost2 + estimate_act(r, crel2, brel, freed2 - sum(ext2), order, now, j - cost2)
-            if j2 < j - 1e-9:
-                k, j, extras, freed, ne, nf, fixed_cost = k2, j2, ext2, freed2, ne2, nf2, fixed2
-            else:
-                break
-        return k, extras
 
 
 def _regrant(grants: list[Grant], idx: Iterable[int], el: Sequence[ActionSpec], extras: Sequence[int], r: str) -> None:
@@ -513,11 +351,3 @@ def _regrant(grants: list[Grant], idx: Iterable[int], el: Sequence[ActionSpec], 
             else:
                 u = {r: m}
             grants[i] = new(Grant, (s.id, u, None))
-
-
-def _gather(negs: list[tuple[float, ...]], spans: Sequence[int], cap: int) -> list[float]:
-    """The first ``cap`` entries of every negated-gain tuple in ``negs``, concatenated (unsorted); ``spans``
-    bounds their lengths."""
-    if cap < max(spans):
-        return list(chain.from_iterable(map(getitem, negs, repeat(slice(None, cap)))))
-    return list(chain.from_iterable(negs))
