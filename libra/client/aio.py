@@ -13,12 +13,21 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode_many, encode
+from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode_many, encode, encode_many
 from libra.protocol import messages as m
 
 from libra.security import CurveClient
 
-from .common import REPLY_GRACE_S, RequestIds, ToolResult, configure_socket, new_client_id, result_or_error
+from .common import (
+    REPLY_GRACE_S,
+    RESEND_BATCH,
+    ReconnectGate,
+    RequestIds,
+    ToolResult,
+    configure_socket,
+    new_client_id,
+    result_or_error,
+)
 from .errors import BrokerUnreachable, ProtocolRejected, ToolTimeout
 
 
@@ -37,7 +46,9 @@ class AsyncClient:
         self._welcomed: asyncio.Event | None = None
         self._reader: asyncio.Task | None = None
         self._last_rx = 0.0
+        self._last_ping = 0.0
         self._ping_s = 1.0  # while requests wait, ping a silent broker this often (detects a restart)
+        self._gate = ReconnectGate(retry_s=2 * self._ping_s)
 
     async def connect(self, timeout: float = 5.0) -> "AsyncClient":
         """Say hello and wait for the broker's welcome; raise BrokerUnreachable after ``timeout``."""
@@ -80,9 +91,7 @@ class AsyncClient:
                 except asyncio.TimeoutError:
                     if loop.time() >= deadline:
                         raise
-                    if loop.time() - self._last_rx > self._ping_s:
-                        # a restarted broker answers with Disconnect; we then say hello and resend
-                        await self._sock.send_multipart(encode(m.Heartbeat()))
+                    await self._keepalive(loop.time())
         except asyncio.TimeoutError:
             self._pending.pop(rid, None)
             if self._welcomed is None or not self._welcomed.is_set():
@@ -138,6 +147,21 @@ class AsyncClient:
             raise value
         return value
 
+    async def _keepalive(self, now: float) -> None:
+        """One heartbeat per connection per ``_ping_s`` while the broker is silent, however many calls wait:
+        a restarted broker answers it with ``Disconnect``, and we then say hello and resend."""
+        if now - self._last_rx > self._ping_s and now - self._last_ping > self._ping_s:
+            self._last_ping = now
+            await self._sock.send_multipart(encode(m.Heartbeat()))
+
+    async def _resend_pending(self) -> None:
+        """Resend every unanswered request once (same request ids: the broker never runs one twice),
+        ``RESEND_BATCH`` to a frame, yielding to the event loop between frames."""
+        msgs = [pmsg for fut, pmsg in list(self._pending.values()) if not fut.done()]
+        for i in range(0, len(msgs), RESEND_BATCH):
+            await self._sock.send_multipart(encode_many(msgs[i : i + RESEND_BATCH]))
+            await asyncio.sleep(0)
+
     async def _read_loop(self) -> None:
         sock = self._sock
         while True:
@@ -163,16 +187,19 @@ class AsyncClient:
         elif t is m.Welcome:
             assert self._welcomed is not None
             self._welcomed.set()
+            if self._gate.on_welcome():
+                await self._resend_pending()
         elif t is m.Error and msg.request_id:
             entry = self._pending.pop(msg.request_id, None)
             if entry is not None and not entry[0].done():
                 entry[0].set_result(ProtocolRejected(f"broker rejected request: {msg.message}"))
         elif t is m.Disconnect:
+            # The broker does not know us (it restarted or expired us): one hello per reconnect; the
+            # unanswered requests follow once, when the welcome comes.
             assert self._welcomed is not None
-            self._welcomed.clear()
-            await sock.send_multipart(encode(m.ClientHello(self.client_id, os.getpid())))
-            for _, (fut, pmsg) in list(self._pending.items()):
-                await sock.send_multipart(encode(pmsg))
+            if self._gate.on_disconnect(asyncio.get_running_loop().time()):
+                self._welcomed.clear()
+                await sock.send_multipart(encode(m.ClientHello(self.client_id, os.getpid())))
 
     async def close(self) -> None:
         if self._reader is not None:

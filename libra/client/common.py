@@ -16,6 +16,40 @@ from libra.security import CurveClient, apply_client
 from .errors import error_from_reply
 
 REPLY_GRACE_S = 2.0  # how long past its timeout a client waits for the broker's own timeout reply
+RESEND_BATCH = 256  # unanswered requests resent per frame after a reconnect (paced: one frame at a time)
+
+
+class ReconnectGate:
+    """One reconnect at a time, and each unanswered request resent once per reconnect.
+
+    A broker that restarted answers every frame of an unknown peer (each heartbeat, each request sent before
+    the new hello) with ``Disconnect``. Only the first of them starts a reconnect (a new hello); the rest are
+    echoes of frames sent before that hello and are ignored, unless no ``Welcome`` came within ``retry_s``
+    (the hello itself was lost: say it again). The unanswered requests are resent once, after the ``Welcome``,
+    so the broker knows the session before it sees them. Pure: times come in as arguments.
+    """
+
+    __slots__ = ("retry_s", "since", "reconnects")
+
+    def __init__(self, retry_s: float) -> None:
+        self.retry_s = retry_s
+        self.since: float | None = None  # when the reconnect in progress sent its hello
+        self.reconnects = 0
+
+    def on_disconnect(self, now: float) -> bool:
+        """True: send a hello now. False: a reconnect is already waiting for its welcome."""
+        if self.since is not None and now - self.since < self.retry_s:
+            return False
+        self.since = now
+        return True
+
+    def on_welcome(self) -> bool:
+        """True: this welcome ends a reconnect, so resend the unanswered requests now (once)."""
+        if self.since is None:
+            return False
+        self.since = None
+        self.reconnects += 1
+        return True
 
 
 @dataclass(frozen=True, slots=True)

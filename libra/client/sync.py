@@ -27,7 +27,15 @@ from libra.zmqio import recv_frames, send_frames
 
 from libra.security import CurveClient
 
-from .common import REPLY_GRACE_S, RequestIds, ToolResult, configure_socket, new_client_id, result_or_error
+from .common import (
+    REPLY_GRACE_S,
+    ReconnectGate,
+    RequestIds,
+    ToolResult,
+    configure_socket,
+    new_client_id,
+    result_or_error,
+)
 from .errors import BrokerUnreachable, ProtocolRejected, ToolTimeout
 
 
@@ -67,6 +75,7 @@ class Client:
         self._last_rx = time.monotonic()
         self._last_ping = 0.0
         self._ping_s = 1.0  # while requests wait, ping the broker this often if it is silent
+        self._gate = ReconnectGate(retry_s=2 * self._ping_s)
         self._closed = False
         self._send(m.ClientHello(self.client_id, os.getpid()))
         if connect_timeout is not None:
@@ -293,6 +302,10 @@ class Client:
                 self._resolve_future(p)
         elif t is m.Welcome:
             self._welcomed.set()
+            if self._gate.on_welcome():  # a reconnect is complete: resend each unanswered request once
+                for p in list(self._pending.values()):
+                    if p.msg is not None:
+                        self._outbox.append(p.msg)
         elif t is m.Error:
             p = self._pending.pop(msg.request_id, None) if msg.request_id else None
             if p is not None:
@@ -300,9 +313,8 @@ class Client:
                 p.event.set()
                 self._resolve_future(p)
         elif t is m.Disconnect:
-            # The broker does not know us (it restarted or expired us): hello again, resend unanswered.
-            self._welcomed.clear()
-            self._outbox.append(m.ClientHello(self.client_id, os.getpid()))
-            for p in list(self._pending.values()):
-                if p.msg is not None:
-                    self._outbox.append(p.msg)
+            # The broker does not know us (it restarted or expired us): one hello per reconnect; the
+            # unanswered requests follow once, when the welcome comes (see ReconnectGate).
+            if self._gate.on_disconnect(time.monotonic()):
+                self._welcomed.clear()
+                self._outbox.append(m.ClientHello(self.client_id, os.getpid()))
