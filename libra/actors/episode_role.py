@@ -8,11 +8,10 @@ C-MLFQ router and the action scheduler see every turn. The turns name no weights
 the job's newest version to each turn it assigns.
 
 Contracts:
-- ``episode`` args: ``job``, ``row`` (the dataset row: a mapping the environment's ``from_row`` turns into
-  its problem), ``group``, ``index``, ``seed`` and ``episode``: ``{"env_config": {...}, "sampling":
-  {"max_new_tokens", "temperature", "top_p", "max_total_tokens", "timeout_s"}, "model_dir": optional}``.
-  The tokenizer comes from ``episode["model_dir"]`` when that directory exists here, else from the slot's
-  ``--model-dir``.
+- ``episode`` args are a :class:`~libra.protocol.payloads_job.EpisodeArgs` (its field docstrings are the
+  contract; a malformed mapping fails the work with ``bad_request``), the reply an
+  :class:`~libra.protocol.payloads_job.EpisodeResult`. The tokenizer comes from ``episode.model_dir`` when
+  that directory exists here, else from the slot's ``--model-dir``.
 - The finished trajectory's tensors (token ids, loss mask, rollout log-probs) stay here: they are
   published on this runner's data-plane server as ``traj/JOB/gG/I/WORK`` and the reply carries only the
   ref, the reward, the versions each turn used, token counts and a small ``info`` (the environment's
@@ -35,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from libra.logging import get_logger
+from libra.protocol.payloads_base import PayloadError
+from libra.protocol.payloads_job import EpisodeArgs, EpisodeResult
+from libra.protocol.payloads_refs import DataRef
 
 from .tools import ToolError, WorkContext
 
@@ -68,9 +70,12 @@ class EpisodeRole:
 
     # ------------------------------------------------------------------ handler
     def episode(self, args: Any, ctx: WorkContext) -> dict[str, Any]:
-        if not isinstance(args, dict) or not isinstance(args.get("row"), dict):
-            raise ToolError("bad_request", "episode needs args {'row': {...}, 'group', 'index', 'episode': {...}}")
-        fut = asyncio.run_coroutine_threadsafe(self._run(args, ctx), self.loop)
+        """One ``episode`` work: :class:`EpisodeArgs` in, :class:`EpisodeResult` (as a mapping) out."""
+        try:
+            ea = EpisodeArgs.from_wire(args)
+        except PayloadError as exc:
+            raise ToolError("bad_request", str(exc)) from None
+        fut = asyncio.run_coroutine_threadsafe(self._run(ea, ctx), self.loop)
         return fut.result()
 
     async def _client_ready(self) -> Any:
@@ -102,47 +107,47 @@ class EpisodeRole:
                 self._tok[d] = (tok, sorted(int(t) for t in stop if isinstance(t, int) and t >= 0))
             return self._tok[d]
 
-    async def _run(self, args: dict[str, Any], ctx: WorkContext) -> dict[str, Any]:
+    async def _run(self, args: EpisodeArgs, ctx: WorkContext) -> dict[str, Any]:
         from libra.config import ConfigError, from_mapping
         from libra.envs import get_env
         from libra.rl.config import EnvConfig
-        from libra.rl.episode import EpisodeSession, SamplingParams
+        from libra.rl.episode import EpisodeSession
         from libra.rl.shards import encode_trajectory
 
-        spec = args.get("episode") or {}
+        spec = args.episode
         try:
-            env_cfg = from_mapping(EnvConfig, dict(spec.get("env_config") or {}), "episode env_config")
+            env_cfg = from_mapping(EnvConfig, dict(spec.env_config), "episode env_config")
             env = get_env(env_cfg.name)
-            problem = env.from_row(args["row"])
-            params = SamplingParams(**dict(spec.get("sampling") or {}))
+            problem = env.from_row(args.row)
         except (ConfigError, ValueError, TypeError, KeyError) as exc:
             raise ToolError("bad_request", f"episode: {type(exc).__name__}: {exc}") from None
-        tok, stop_ids = await asyncio.to_thread(self._tokenizer, spec.get("model_dir"))
+        params = spec.sampling
+        tok, stop_ids = await asyncio.to_thread(self._tokenizer, spec.model_dir)
         client = await self._client_ready()
         text = tok.apply_chat_template(problem.prompt, add_generation_prompt=True, tokenize=False)
         prompt_ids = tok.encode(text, add_special_tokens=False)
-        traj_id = f"{ctx.trajectory or args.get('job', 'job')}/{ctx.work_id}"
+        traj_id = f"{ctx.trajectory or args.job}/{ctx.work_id}"
         # one id per prompt text, stable across steps and epochs: the GRPO group's samples share C-MLFQ's
         # per-prompt prefix tree
         prompt_id = "p-" + hashlib.sha1(text.encode()).hexdigest()[:16]
         s = EpisodeSession(client, tok, traj_id, prompt_ids, params, lambda: None, stop_ids,
-                           seed=int(args.get("seed", 0)), prompt_id=prompt_id)
+                           seed=args.seed, prompt_id=prompt_id)
         t0 = time.time()
         try:
             reward, info = await env.episode(s, problem, env_cfg)
         finally:
             await s.finish()
         tensors, header = encode_trajectory(s.input_ids, s.loss_mask, s.logprobs,
-                                            meta={"group": args.get("group"), "index": args.get("index")})
-        name = f"traj/{args.get('job', 'job')}/g{args.get('group')}/{args.get('index')}/{ctx.work_id}"
+                                            meta={"group": args.group, "index": args.index})
+        name = f"traj/{args.job}/g{args.group}/{args.index}/{ctx.work_id}"
         ref = self.server.publish_state_dict(name, tensors, metadata=header)
         self._retain(name)
         info = dict(info)
         info.update({"load_s": s.load_s, "start": t0, "end": time.time(), "texts": s.texts,
                      "question": getattr(problem, "question", None), "expected": getattr(problem, "answer", None),
                      "runner": self.slot})
-        return {"reward": float(reward), "versions": list(s.versions), "gen_tokens": s.gen_tokens,
-                "tokens": len(s.input_ids), "ref": ref.to_wire(), "info": info}
+        return EpisodeResult(reward=float(reward), versions=list(s.versions), gen_tokens=s.gen_tokens,
+                             tokens=len(s.input_ids), ref=DataRef.from_wire(ref.to_wire()), info=info).to_wire()
 
     def _retain(self, name: str) -> None:
         now = time.monotonic()
@@ -156,3 +161,6 @@ class EpisodeRole:
         if self._client is not None:
             asyncio.run_coroutine_threadsafe(self._client.close(), self.loop).result(5.0)
         self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5.0)
+        if not self._thread.is_alive():
+            self.loop.close()

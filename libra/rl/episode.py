@@ -16,6 +16,11 @@ version + trainer endpoint),
 and records the weights version the rollout actor actually used. Tokenisation happens here, in the
 driver; the rollout actors see token ids only.
 
+Each turn's args are a :class:`~libra.protocol.payloads_rollout.GenerateArgs` and its reply a
+:class:`~libra.protocol.payloads_rollout.GenerateResult` (a malformed reply raises
+:class:`~libra.protocol.payloads_base.PayloadError`); the sampling settings are
+:class:`~libra.protocol.payloads_job.EpisodeSampling` (``SamplingParams`` here).
+
 Contracts: ``generate`` never runs after ``finish``; a turn's ``max_new_tokens`` is capped so the
 sequence stays within ``max_total_tokens``; tool failures come back as a mapping with ``error`` set
 (the episode decides what the model sees), never as an exception.
@@ -30,6 +35,9 @@ from typing import Any
 from libra.client import LibraError
 from libra.client.aio import AsyncClient
 from libra.logging import get_logger
+from libra.protocol.payloads_job import EpisodeSampling
+from libra.protocol.payloads_refs import WeightsRef
+from libra.protocol.payloads_rollout import GenerateArgs, GenerateResult
 
 __all__ = ["EpisodeSession", "SamplingParams", "chat_continuation"]
 
@@ -37,13 +45,7 @@ GENERATE_BUCKET = "default"
 log = get_logger("libra.rl.episode")
 
 
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    max_new_tokens: int = 48
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_total_tokens: int = 1024
-    timeout_s: float = 300.0
+SamplingParams = EpisodeSampling  # an episode's sampling settings (the ``sampling`` entry of its args)
 
 
 def chat_continuation(role: str, content: str) -> str:
@@ -84,25 +86,24 @@ class EpisodeSession:
         budget = self.params.max_total_tokens - len(self.input_ids)
         if budget < 1:
             return ""
-        args: dict[str, Any] = {
-            "prompt_ids": self.input_ids, "prompt_tokens": len(self.input_ids),
-            "max_new_tokens": min(self.params.max_new_tokens, budget),
-            "temperature": self.params.temperature, "top_p": self.params.top_p,
-            "stop_token_ids": self.stop_token_ids, "weights": self.weights(),
-        }
-        if self.seed is not None:
-            args["seed"] = self.seed + len(self.versions)
-        if self.prompt_id is not None:
-            args["prompt_id"] = self.prompt_id
-        res = await self.client.request("generate", GENERATE_BUCKET, args, self.trajectory,
+        weights = self.weights()
+        args = GenerateArgs(
+            prompt_ids=self.input_ids, prompt_tokens=len(self.input_ids),
+            max_new_tokens=min(self.params.max_new_tokens, budget),
+            temperature=self.params.temperature, top_p=self.params.top_p,
+            stop_token_ids=self.stop_token_ids,
+            weights=WeightsRef.from_wire(weights) if weights is not None else None,
+            seed=self.seed + len(self.versions) if self.seed is not None else None, prompt_id=self.prompt_id,
+        )
+        res = await self.client.request("generate", GENERATE_BUCKET, args.to_wire(), self.trajectory,
                                         timeout=self.params.timeout_s)
-        out = res.output
-        toks = [int(t) for t in out["token_ids"]]
+        out = GenerateResult.from_wire(res.output)
+        toks = out.token_ids
         self.input_ids += toks
         self.loss_mask += [1] * len(toks)
-        self.logprobs += [float(x) for x in out["logprobs"]]
-        self.versions.append(int(out["weights_version"]))
-        self.load_s.append(float(out.get("load_s", 0.0)))
+        self.logprobs += out.logprobs
+        self.versions.append(out.weights_version)
+        self.load_s.append(out.load_s)
         self.gen_tokens += len(toks)
         shown = toks[:-1] if toks and toks[-1] in self.stop_token_ids else toks
         text = self.tokenizer.decode(shown, skip_special_tokens=True)

@@ -151,7 +151,8 @@ def test_episode_session_sends_its_prompt_id_with_every_turn() -> None:
     class _Client:  # records the generate requests; answers one token
         async def request(self, kind, name, args, trajectory, timeout):
             sent.append({"kind": kind, "trajectory": trajectory, **args})
-            return SimpleNamespace(output={"token_ids": [7], "logprobs": [-0.5], "weights_version": 0})
+            return SimpleNamespace(output={"token_ids": [7], "logprobs": [-0.5], "weights_version": 0,
+                                           "gen_tokens": 1, "finish_reason": "length"})
 
     class _Tok:
         def decode(self, ids, skip_special_tokens=True):

@@ -14,13 +14,9 @@ import pytest
 import torch
 
 from libra.actors.__main__ import parse_roles
-from libra.actors.roles import (
-    RolloutRole,
-    TrainRole,
-    read_weights_file,
-    role_handlers,
-    write_weights_file,
-)
+from libra.actors.roles import role_handlers
+from libra.actors.rollout_role import RolloutRole, read_weights_file, write_weights_file
+from libra.actors.train_role import TrainRole
 from libra.actors.tools import ToolError, WorkContext
 from libra.dataplane import DataPlaneServer, DataPlaneWeightFetcher, DataPlaneWeightPublisher
 from libra.engines.tiny_model import ensure_tiny_model

@@ -38,7 +38,7 @@ def test_vllm_args_from_env_parses_a_json_object():
 
 
 def test_rollout_engine_selection_rejects_unknown_names(monkeypatch, tmp_path):
-    from libra.actors.roles import ROLLOUT_ENGINE_ENV, make_rollout_engine
+    from libra.actors.rollout_role import ROLLOUT_ENGINE_ENV, make_rollout_engine
 
     monkeypatch.setenv(ROLLOUT_ENGINE_ENV, "tgi")
     with pytest.raises(ValueError, match="unknown rollout engine"):

@@ -1,0 +1,319 @@
+"""The ``rollout`` role: a rollout engine behind a turn batcher, serving ``generate`` work, and the weights
+file format of the documented file fallback.
+
+Role: turn an actor slot into a rollout instance behind the ``ActorRuntime(handlers={(kind, name): fn(args,
+ctx)})`` interface. The payloads are typed: :class:`~libra.protocol.payloads_rollout.GenerateArgs` in,
+:class:`~libra.protocol.payloads_rollout.GenerateResult` out (their docstrings hold the field contracts);
+malformed args fail the turn with ``bad_request``.
+
+Contracts:
+- Engine: ``$LIBRA_ROLLOUT_ENGINE`` in the actor's environment picks it: ``hf`` (default,
+  ``HFRolloutEngine``) or ``vllm`` (``VLLMRolloutEngine`` with ``max_num_seqs = --rollout-batch`` and the
+  JSON object ``$LIBRA_VLLM_ARGS`` as extra ``vllm.LLM`` arguments). The slot must then run under an
+  interpreter that has vLLM (the supervisor starts slots with its own ``sys.executable``). An unknown
+  name, bad ``$LIBRA_VLLM_ARGS`` or an unusable vLLM raises ``ValueError`` (the slot exits with rc 2).
+- Concurrent turns are batched: one thread drains the queue of waiting turns (up to ``max_batch``) and
+  runs one engine call for all of them.
+- Weights are loaded only between engine calls, never mid-turn: before a batch, if any waiting turn
+  names a newer version than the engine's, that version is fetched from the trainer over the data
+  plane (chunked, CRC-checked) or torch.distributed and loaded first.
+- A failed fetch (trainer dead mid-transfer: :class:`~libra.dataplane.PeerLost`; corrupted:
+  :class:`~libra.dataplane.TransferCorrupted`; superseded: :class:`~libra.dataplane.ObjectNotFound`)
+  never fails the turn: the instance keeps its old version, generates with it, reports the error in the
+  reply and its status file, and does not retry that version for a back-off period (2 s, doubling to 30 s).
+- While idle (no turn waiting for ``idle_poll_s``) the instance asks the last trainer endpoint it was
+  told about for the newest ``weights`` object and loads it, so it is already up to date when the next
+  turn comes (still never mid-turn: the batcher thread is the only one that generates or loads).
+- The instance records its state in ``RUN/actors/<slot>.json`` after every load or failure:
+  ``weights_version``, ``loads``, ``dataplane_loads``, ``torch_loads``, ``file_loads``, ``bytes_fetched``,
+  ``last_load_s``, ``last_fetch_s``, ``fetch_errors``, ``last_error`` and ``fetches`` (the last 50
+  ``{"version", "via", "fetch_s", "load_s", "bytes"}``).
+- Fallback (documented, not used by ``python -m libra run``): a weights ref with a ``path`` instead of an
+  ``endpoint`` is read from a :func:`write_weights_file` file, for weights on shared storage (e.g. a
+  checkpoint) when no data-plane route to a trainer exists.
+- Data-plane host and security: ``$LIBRA_DATAPLANE_HOST`` (default ``127.0.0.1``); CURVE when
+  ``LIBRA_CURVE_SECRET`` is set (the actor's own key pair); a non-loopback host without keys is refused
+  unless ``LIBRA_DATAPLANE_INSECURE=1`` (see ``libra.dataplane``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import struct
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from libra.logging import get_logger
+from libra.protocol.payloads_base import PayloadError
+from libra.protocol.payloads_refs import WeightsRef
+from libra.protocol.payloads_rollout import GenerateArgs, GenerateResult
+
+from .tools import ToolError, WorkContext
+
+__all__ = ["ROLLOUT_ENGINE_ENV", "RolloutRole", "make_rollout_engine", "read_weights_file", "set_torch_threads",
+           "write_weights_file"]
+
+log = get_logger("libra.roles")
+
+ROLLOUT_ENGINE_ENV = "LIBRA_ROLLOUT_ENGINE"
+
+
+def write_weights_file(path: Path, state_dict: Any, version: int) -> Path:
+    """Write ``state_dict`` as weights version ``version`` to ``path`` atomically."""
+    from libra.engines.weights import pack_state_dict
+
+    header, chunks = pack_state_dict(state_dict, version=version)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("wb") as fh:
+        fh.write(struct.pack("<Q", len(header)))
+        fh.write(header)
+        for c in chunks:
+            fh.write(c)
+    os.replace(tmp, path)
+    return path
+
+
+def read_weights_file(path: str | Path) -> tuple[dict[str, Any], int]:
+    """Read a file from :func:`write_weights_file`; returns ``(state_dict, version)``."""
+    from libra.engines.weights import read_header, unpack_state_dict
+
+    data = Path(path).read_bytes()
+    (n,) = struct.unpack_from("<Q", data, 0)
+    header = data[8 : 8 + n]
+    hdr = read_header(header)
+    stream = memoryview(data)[8 + n :]
+    chunks = [stream[i : i + hdr.chunk_size] for i in range(0, hdr.total_bytes, hdr.chunk_size)]
+    sd, hdr = unpack_state_dict(header, chunks)
+    return sd, int(hdr.version or 0)
+
+
+def set_torch_threads(n: int) -> None:
+    """Limit torch to ``n`` CPU threads (0: torch's default)."""
+    import torch
+
+    if n > 0:
+        torch.set_num_threads(n)
+
+
+def make_rollout_engine(model_dir: str, max_batch: int) -> Any:
+    """The rollout engine ``$LIBRA_ROLLOUT_ENGINE`` names (``hf`` by default; see the module contracts)."""
+    name = os.environ.get(ROLLOUT_ENGINE_ENV, "hf").strip().lower() or "hf"
+    if name == "hf":
+        from libra.engines.hf_rollout import HFRolloutEngine
+
+        return HFRolloutEngine(model_dir, max_batch_size=max_batch)
+    if name == "vllm":
+        from libra.engines.rollout_base import EngineUnavailable
+        from libra.engines.vllm_rollout import VLLMRolloutEngine, vllm_args_from_env
+
+        try:
+            return VLLMRolloutEngine(model_dir, **{"max_num_seqs": max_batch, **vllm_args_from_env()})
+        except EngineUnavailable as exc:
+            raise ValueError(f"{ROLLOUT_ENGINE_ENV}=vllm: {exc}") from None
+    raise ValueError(f"{ROLLOUT_ENGINE_ENV}={name!r}: unknown rollout engine (known: hf, vllm)")
+class RolloutRole:
+    """A rollout engine (HF by default, see :func:`make_rollout_engine`) with a turn batcher (see the module
+    contracts)."""
+
+    BACKOFF_S = (2.0, 30.0)  # first retry delay after a failed fetch, and its cap (doubling in between)
+
+    def __init__(self, model_dir: str, run_dir: str | None, slot: str, *, max_batch: int = 32,
+                 window_s: float = 0.02, torch_threads: int = 0, fetch_timeout_s: float = 10.0,
+                 fetcher: Any = None) -> None:
+        from libra.dataplane import DataPlaneKeys, DataPlaneWeightFetcher
+
+        set_torch_threads(torch_threads)
+        self.engine = make_rollout_engine(model_dir, max_batch)
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.slot = slot
+        self.max_batch = max_batch
+        self.window_s = window_s
+        self.keys = DataPlaneKeys.from_env()
+        self.fetcher = fetcher or DataPlaneWeightFetcher(keys=self.keys, idle_timeout_s=fetch_timeout_s)
+        self.fetch_timeout_s = fetch_timeout_s
+        self._torch: Any = None  # TorchWeightFetcher, created on the first torch.distributed ref
+        self._q: queue.SimpleQueue[tuple[Any, WeightsRef | None, Future]] = queue.SimpleQueue()
+        self.stats: dict[str, Any] = {"loads": 0, "dataplane_loads": 0, "torch_loads": 0, "file_loads": 0,
+                                      "bytes_fetched": 0,
+                                      "last_load_s": 0.0, "last_fetch_s": 0.0, "fetch_errors": 0, "last_error": None,
+                                      "fetches": []}
+        self._source: WeightsRef | None = None  # the newest trainer ref seen: where idle polls ask
+        self._backoff: dict[tuple[str, int], tuple[float, float]] = {}  # (source, version) -> (retry_at, delay)
+        self.idle_poll_s = 0.25
+        self._stopped = threading.Event()
+        self._write_status()
+        threading.Thread(target=self._loop, name="libra-rollout-batcher", daemon=True).start()
+
+    def generate(self, args: Any, ctx: WorkContext) -> dict[str, Any]:
+        """One ``generate`` turn: :class:`GenerateArgs` in, :class:`GenerateResult` (as a mapping) out."""
+        from libra.engines.rollout_base import GenRequest
+
+        try:
+            ga = GenerateArgs.from_wire(args)
+            req = GenRequest(prompt_ids=ga.prompt_ids, max_new_tokens=ga.max_new_tokens, temperature=ga.temperature,
+                             top_p=ga.top_p, stop_token_ids=ga.stop_token_ids, seed=ga.seed)
+        except PayloadError as exc:
+            raise ToolError("bad_request", str(exc)) from None
+        except (ValueError, TypeError) as exc:
+            raise ToolError("bad_request", f"bad generate args: {exc}") from None
+        fut: Future = Future()
+        self._q.put((req, ga.weights, fut))
+        return fut.result()
+
+    def close(self) -> None:
+        """Stop the batcher after its current batch and release the engine (turns must be drained first)."""
+        self._stopped.set()
+
+    def _take_batch(self) -> list[tuple[Any, WeightsRef | None, Future]]:
+        while True:
+            if self._stopped.is_set():
+                return []
+            try:
+                batch = [self._q.get(timeout=self.idle_poll_s)]
+                break
+            except queue.Empty:
+                self._poll_published()  # idle: pick up a newly published version early
+        deadline = time.monotonic() + self.window_s
+        while len(batch) < self.max_batch:
+            remaining = deadline - time.monotonic()
+            try:
+                batch.append(self._q.get(timeout=max(0.0, remaining)) if remaining > 0 else self._q.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._take_batch()
+            if not batch:
+                self.engine = None  # type: ignore[assignment]  # closed: free the model
+                return
+            try:
+                sync = self._maybe_load([w for _, w, _ in batch])
+                results = self.engine.generate([req for req, _, _ in batch])
+                replies = [GenerateResult(token_ids=r.token_ids, logprobs=r.logprobs, finish_reason=r.finish_reason,
+                                          weights_version=r.weights_version, gen_tokens=len(r.token_ids),
+                                          batch=len(batch), **sync).to_wire() for r in results]
+            except Exception as exc:  # noqa: BLE001  (deliver the failure to every waiting turn)
+                for *_, fut in batch:
+                    fut.set_exception(ToolError("engine_failed", f"{type(exc).__name__}: {exc}"))
+                continue
+            for (*_, fut), reply in zip(batch, replies):
+                fut.set_result(reply)
+
+    def _maybe_load(self, wanted: list[WeightsRef | None]) -> dict[str, Any]:
+        """Load the newest version any of ``wanted`` names, if newer than the engine's. Returns the reply
+        fields ``load_s``, ``fetch_s``, ``weights_via`` (``dataplane``/``file``/None) and ``weights_error``;
+        on failure the engine keeps its version (see the module contracts)."""
+        from libra.dataplane import DataPlaneError
+
+        best: WeightsRef | None = None
+        for w in wanted:
+            if w is not None and (best is None or w.version > best.version):
+                best = w
+        nothing = {"load_s": 0.0, "fetch_s": 0.0, "weights_via": None, "weights_error": None}
+        if best is None:
+            return nothing
+        if best.endpoint and (self._source is None or best.version >= self._source.version):
+            self._source = best
+        if best.version <= self.engine.weights_version:
+            return nothing
+        key = (best.source, best.version)
+        now = time.monotonic()
+        retry = self._backoff.get(key)
+        if retry is not None and now < retry[0]:
+            return {**nothing, "weights_error": self.stats["last_error"]}
+        t0 = time.perf_counter()
+        try:
+            if best.transport == "torch":  # the trainer publishes over torch.distributed
+                sd, version, fs = self._torch_fetcher().fetch(best.to_wire())
+                via, fetch_s, nbytes = "torch", fs.seconds, fs.nbytes
+            elif best.endpoint:
+                sd, version, fs = self.fetcher.fetch(best.to_wire())
+                via, fetch_s, nbytes = "dataplane", fs.seconds, fs.nbytes
+            else:
+                sd, version = read_weights_file(str(best.path))
+                via, fetch_s, nbytes = "file", time.perf_counter() - t0, 0
+            self.engine.load_weights(version, sd)
+        except (DataPlaneError, ValueError, OSError) as exc:
+            delay = min(self.BACKOFF_S[1], retry[1] * 2) if retry else self.BACKOFF_S[0]
+            self._backoff[key] = (now + delay, delay)
+            error = f"{type(exc).__name__}: {exc}"
+            self.stats["fetch_errors"] += 1
+            self.stats["last_error"] = error
+            self._write_status()
+            log.warning("weights_fetch_failed", version=best.version, source=key[0], error=error,
+                        kept_version=self.engine.weights_version, retry_in_s=delay)
+            return {**nothing, "load_s": time.perf_counter() - t0, "weights_error": error}
+        self._backoff.pop(key, None)
+        load_s = time.perf_counter() - t0
+        st = self.stats
+        st["loads"] += 1
+        st[f"{via}_loads"] += 1
+        st["bytes_fetched"] += nbytes
+        st["last_load_s"], st["last_fetch_s"], st["last_error"] = load_s, fetch_s, None
+        st["fetches"] = [*st["fetches"][-49:], {"version": version, "via": via, "fetch_s": fetch_s, "load_s": load_s,
+                                                "bytes": nbytes}]
+        self._write_status()
+        log.info("weights_loaded", version=version, via=via, load_s=round(load_s, 4), fetch_s=round(fetch_s, 4))
+        return {"load_s": load_s, "fetch_s": fetch_s, "weights_via": via, "weights_error": None}
+
+    def _torch_fetcher(self) -> Any:
+        if self._torch is None:
+            from libra.weights_dist import TorchWeightFetcher
+
+            self._torch = TorchWeightFetcher(timeout_s=max(30.0, self.fetch_timeout_s))
+        return self._torch
+
+    def _poll_published(self) -> None:
+        """Ask the last known trainer endpoint for its newest weights; load them if newer (idle only)."""
+        from libra.dataplane import DataPlaneError, latest
+
+        src = self._source
+        if src is None or self.engine is None:
+            return
+        key = (src.source, -1)
+        now = time.monotonic()
+        retry = self._backoff.get(key)
+        if retry is not None and now < retry[0]:
+            return
+        try:
+            if src.transport == "torch":  # the publisher's store keeps its newest ref
+                from libra.weights_dist import latest_ref
+
+                wire = latest_ref(str(src.endpoint), timeout_s=1.0)
+            else:
+                ref = latest(str(src.endpoint), "weights", server_key=src.server_key, keys=self.keys,
+                             timeout_s=1.0)
+                wire = ref.to_wire() if ref is not None else None
+        except DataPlaneError as exc:
+            delay = min(self.BACKOFF_S[1], retry[1] * 2) if retry else self.BACKOFF_S[0]
+            self._backoff[key] = (now + delay, delay)
+            log.info("weights_poll_failed", endpoint=src.endpoint, error=str(exc), retry_in_s=delay)
+            return
+        self._backoff.pop(key, None)
+        try:
+            newest = WeightsRef.from_wire(wire) if wire is not None else None
+        except PayloadError as exc:
+            log.info("weights_poll_bad_ref", endpoint=src.endpoint, error=str(exc))
+            return
+        if newest is not None and newest.version > self.engine.weights_version:
+            self._maybe_load([newest])
+
+    def _write_status(self) -> None:
+        if self.run_dir is None:
+            return
+        d = self.run_dir / "actors"
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{self.slot}.json.tmp"
+        tmp.write_text(json.dumps({"slot": self.slot, "role": "rollout", "weights_version": self.engine.weights_version,
+                                   "pid": os.getpid(), **self.stats}))
+        os.replace(tmp, d / f"{self.slot}.json")
+
+

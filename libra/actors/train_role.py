@@ -1,0 +1,178 @@
+"""The ``train`` role: a GRPO trainer rank serving ``train`` work.
+
+Role: turn an actor slot into one rank of the GRPO trainer behind the ``ActorRuntime(handlers={(kind,
+name): fn(args, ctx)})`` interface. The payloads are typed: :class:`~libra.protocol.payloads_train.TrainArgs`
+in, :class:`~libra.protocol.payloads_train.TrainResult` out (their docstrings hold the field contracts);
+malformed args fail the work with ``bad_request``.
+
+Contracts:
+- Bulk data never goes through the broker or the run directory: it moves over the data plane
+  (``libra.dataplane``), peer to peer; the broker only carries refs
+  (:class:`~libra.protocol.payloads_refs.DataRef`). Rank 0 runs a
+  :class:`~libra.dataplane.DataPlaneServer` and publishes weights version ``v`` there after each step
+  (the newest two versions stay fetchable; ``LIBRA_WEIGHTS_TRANSPORT=torch`` publishes over
+  torch.distributed instead).
+- Each rank trains on its data with the micro-batch plan it was given. A shard or trajectory that cannot
+  be fetched fails the work with ``ToolError("shard_fetch_failed", ...)``.
+- Data-plane host and security: ``$LIBRA_DATAPLANE_HOST`` (default ``127.0.0.1``); CURVE when
+  ``LIBRA_CURVE_SECRET`` is set (the actor's own key pair); a non-loopback host without keys is refused
+  unless ``LIBRA_DATAPLANE_INSECURE=1`` (see ``libra.dataplane``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from libra.logging import get_logger
+from libra.protocol.payloads_base import PayloadError
+from libra.protocol.payloads_refs import DataRef, WeightsRef
+from libra.protocol.payloads_train import TrainArgs, TrainPart, TrainResult
+
+from .rollout_role import set_torch_threads
+from .tools import ToolError, WorkContext
+
+__all__ = ["TrainRole"]
+
+log = get_logger("libra.roles")
+
+
+class TrainRole:
+    """A GRPO trainer rank, created on the first ``train`` work (see the module contracts and
+    :class:`~libra.protocol.payloads_train.TrainArgs`)."""
+
+    def __init__(self, model_dir: str, run_dir: str | None, slot: str, *, torch_threads: int = 0,
+                 fetch_timeout_s: float = 60.0) -> None:
+        set_torch_threads(torch_threads)
+        from libra.dataplane import DataPlaneKeys
+
+        importlib.import_module("libra.engines.trainer")  # pay the torch/transformers import before bidding
+
+        self.model_dir = model_dir
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.slot = slot
+        self.trainer: Any = None
+        self.rank: int | None = None
+        self.keys = DataPlaneKeys.from_env()
+        self.fetch_timeout_s = fetch_timeout_s
+        self.server: Any = None  # rank 0's DataPlaneServer, created with the trainer
+        self.publisher: Any = None
+        self._lock = threading.Lock()
+
+    def _ensure(self, args: TrainArgs) -> Any:
+        from libra.dataplane import DataPlaneServer, DataPlaneWeightPublisher
+        from libra.engines.trainer import DistConfig, GRPOConfig, GRPOTrainer
+
+        if self.trainer is not None:
+            return self.trainer
+        ws, rank = args.world_size, args.rank
+        dist = DistConfig("127.0.0.1", args.master_port, rank, ws) if ws > 1 else None
+        opts: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in args.grpo.items()}
+        cfg = GRPOConfig(**opts)
+        if rank == 0:  # before the (slow) model load, so a refused bind fails fast with its own message
+            self.server = DataPlaneServer(keys=self.keys)
+            if os.environ.get("LIBRA_WEIGHTS_TRANSPORT", "dataplane") == "torch":
+                from libra.weights_dist import TorchWeightPublisher
+
+                self.publisher = TorchWeightPublisher(os.environ.get("LIBRA_WEIGHTS_HOST", "127.0.0.1"), keep=2)
+            else:
+                self.publisher = DataPlaneWeightPublisher(self.server, keep=2)
+        self.trainer = GRPOTrainer(self.model_dir, cfg, dist_config=dist)
+        self.rank = rank
+        log.info("trainer_ready", rank=rank, world_size=ws, slot=self.slot,
+                 dataplane=self.server.endpoint if self.server else None)
+        return self.trainer
+
+    def train(self, args: Any, ctx: WorkContext) -> dict[str, Any]:
+        """One ``train`` work: :class:`TrainArgs` in, :class:`TrainResult` (as a mapping) out."""
+        from libra.dataplane import DataPlaneError, InsecureDataPlane
+
+        try:
+            ta = TrainArgs.from_wire(args)
+        except PayloadError as exc:
+            raise ToolError("bad_request", str(exc)) from None
+        parts, shards = ta.parts, ta.shards
+        with self._lock:
+            try:
+                trainer = self._ensure(ta)
+            except InsecureDataPlane as exc:
+                raise ToolError("insecure_dataplane", str(exc)) from None
+            listed = parts if parts else shards
+            if len(listed) != trainer.world_size:
+                raise ToolError("bad_request", f"train names {len(listed)} ranks' data for a world of "
+                                               f"{trainer.world_size} ranks")
+            try:
+                if parts:
+                    shard, micro, fetched = self._fetch_parts(parts[trainer.rank],
+                                                              ta.micro_batches[trainer.rank:][:1])
+                else:
+                    shard, micro, fetched = self._fetch_shard(shards[trainer.rank])
+            except (DataPlaneError, ValueError, TypeError, KeyError) as exc:
+                raise ToolError("shard_fetch_failed", f"rank {trainer.rank}: {type(exc).__name__}: {exc}") from None
+            metrics = trainer.train_step(shard, micro_batches=micro)
+            version = trainer.weights_version
+            weights, publish_s, checkpoint = None, 0.0, None
+            if trainer.rank == 0:
+                t0 = time.perf_counter()
+                weights = WeightsRef.from_wire(self.publisher.publish(version, trainer.state_dict_for_sync()))
+                publish_s = time.perf_counter() - t0
+                if ta.checkpoint:
+                    trainer.save_checkpoint(ta.checkpoint)
+                    checkpoint = ta.checkpoint
+            return TrainResult(rank=trainer.rank, metrics=metrics, weights_version=version, checksum=self.checksum(),
+                               weights=weights, publish_s=publish_s, shard_sequences=len(shard),
+                               shard_tokens=sum(shard.lengths()), checkpoint=checkpoint, **fetched).to_wire()
+
+    def _fetch_shard(self, ref: DataRef) -> tuple[Any, list[list[int]], dict[str, Any]]:
+        """One packed shard (``libra.rl.shards``) from whoever published it."""
+        from libra.dataplane import ObjectRef, fetch_state_dict
+        from libra.rl.shards import decode_shard
+
+        sd, hdr, fs = fetch_state_dict(ObjectRef.from_wire(ref.to_wire()), keys=self.keys,
+                                       idle_timeout_s=self.fetch_timeout_s)
+        shard, micro = decode_shard(sd, hdr.metadata)
+        return shard, micro, {"shard_fetch_s": fs.seconds, "shard_bytes": fs.nbytes, "shard_sources": 1}
+
+    def _fetch_parts(self, mine: list[TrainPart], micro: list[Any]) -> tuple[Any, list[list[int]], dict[str, Any]]:
+        """This rank's trajectories, each fetched from the episode runner holding it (a few at a time), with
+        the advantages and micro-batches the broker's dispatch decided."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from libra.dataplane import ObjectRef, fetch_state_dict
+        from libra.rl.shards import merge_trajectories
+
+        if not mine:
+            raise ValueError("this rank was given no trajectories")
+        refs = [ObjectRef.from_wire(p.ref.to_wire()) for p in mine]
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=min(4, len(refs))) as pool:
+            got = list(pool.map(lambda r: fetch_state_dict(r, keys=self.keys, idle_timeout_s=self.fetch_timeout_s),
+                                refs))
+        batch = merge_trajectories([(sd, hdr.metadata) for sd, hdr, _ in got], [p.advantage for p in mine])
+        plan = [[int(i) for i in mb] for mb in micro[0]] if micro else [list(range(len(mine)))]
+        if sorted(i for mb in plan for i in mb) != list(range(len(mine))):
+            raise ValueError("micro_batches do not cover this rank's trajectories exactly once")
+        return batch, plan, {"shard_fetch_s": time.perf_counter() - t0, "shard_bytes": sum(fs.nbytes for *_, fs in got),
+                             "shard_sources": len({r.endpoint for r in refs})}
+
+    def close(self) -> None:
+        """Stop serving weights (rollouts that have not fetched the newest version keep theirs)."""
+        if self.publisher is not None and hasattr(self.publisher, "close"):
+            self.publisher.close()  # the torch.distributed publisher's serving thread and store
+        self.publisher = None
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    def checksum(self) -> str:
+        h = hashlib.sha256()
+        for name, t in sorted(self.trainer.model.state_dict().items()):
+            h.update(name.encode())
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()
+
