@@ -38,7 +38,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -56,6 +56,7 @@ from libra.policies.cost.training import TrainConfig
 from libra.policies.routing.interface import MigrationQuery, bucket_index_for, mode_by_cost
 from libra.protocol import messages as m
 from libra.sim.sim_cluster import InstanceCosts, Layout, SimConfigError, make_layout
+from libra.sim.sim_config import SimConfig
 from libra.sim.sim_gpus import TransitionCosts
 from libra.sim.sim_instance import Seq, SimInstance
 from libra.sim.sim_metrics import SimResult, TrajRecord, summarize
@@ -71,29 +72,6 @@ SIM_ROUTERS = ("cmlfq", "cmlfq_cost", "round_robin", "least_loaded", "length_awa
 CLIENT = b"sim-client"
 TOOLS = b"sim-tools"
 _FAR = 1e12
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    """Simulation settings. ``router_params`` go to the router; ``bucket_thresholds``/``size_thresholds``
-    come from the workload profile (C-MLFQ tool-return size classes, bucket ``max_tokens``)."""
-
-    router: str = "cmlfq"
-    allocation: str = "hetero"
-    gpus: int = 48
-    lag: int = 2
-    seed: int = 0
-    hardware: str = "a800"
-    model: str = "qwen3-14b"
-    router_params: dict[str, Any] = field(default_factory=dict)
-    bucket_thresholds: tuple[int, ...] = (4000, 12000, 30000)
-    size_thresholds: tuple[int, int] | None = None
-    predictor_noise: float = 2.0
-    rebuild_interval: int = 5
-    min_visits: int = 10  # C-MLFQ: samples a prefix node needs before its mean/P90 count (P90 needs >= 10)
-    tick_s: float = 30.0
-    reserve_tokens: int | None = None  # broker credit = KV capacity / this; None: the planner's reserve (below)
-    allocation_params: dict[str, Any] = field(default_factory=dict)  # planner allocations (sim_planner.py)
 
 
 @dataclass(slots=True)

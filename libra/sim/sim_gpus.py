@@ -38,16 +38,14 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from libra.broker.pools import Role
 from libra.policies.cost.training import TrainConfig
 from libra.protocol import messages as m
 from libra.sim.sim_cluster import NODE_GPUS, RolloutInstanceSpec
+from libra.sim.sim_host import SimHost
 from libra.sim.sim_instance import SimInstance
-
-if TYPE_CHECKING:
-    from libra.sim.engine import Simulator
 
 __all__ = ["FleetError", "GpuActor", "GpuFleet", "Switch", "TransitionCosts", "gpu_id"]
 
@@ -135,7 +133,7 @@ class _Step:
 class GpuFleet:
     """The GPU actors of one simulated cluster (see the module docstring)."""
 
-    def __init__(self, sim: Simulator, gpus: int, costs: TransitionCosts | None = None,
+    def __init__(self, sim: SimHost, gpus: int, costs: TransitionCosts | None = None,
                  on_switched: Callable[[], None] | None = None) -> None:
         self.sim = sim
         self.on_switched = on_switched

@@ -22,15 +22,20 @@ Pure: reads the simulator's state, no I/O.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from libra.sim.engine import Simulator
+    from libra.broker.state import BrokerState
+    from libra.sim.sim_cluster import Layout
+    from libra.sim.sim_config import SimConfig
+    from libra.sim.sim_instance import SimInstance
+    from libra.traces import TrajectorySpec
 
-__all__ = ["SimResult", "TrajRecord", "summarize"]
+__all__ = ["RunView", "SimResult", "TrajRecord", "summarize"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +97,25 @@ def _clean(v: Any) -> Any:
     return v
 
 
-def summarize(sim: Simulator) -> SimResult:
+class RunView(Protocol):
+    """What :func:`summarize` reads of a finished run (a :class:`~libra.sim.engine.Simulator` has it all)."""
+
+    cfg: SimConfig
+    layout: Layout
+    broker: BrokerState
+    instances: Mapping[bytes, SimInstance]
+    by_step: Sequence[Sequence[TrajectorySpec]]
+    records: Sequence[TrajRecord]
+    now: float
+    rollout_start: Sequence[float]
+    rollout_end: Sequence[float]
+    train_start: Sequence[float]
+    train_end: Sequence[float]
+    kv_moves: int
+    reprefill_moves: int
+
+
+def summarize(sim: RunView) -> SimResult:
     """Compute the :class:`SimResult` of a finished simulator."""
     recs = sim.records
     lay = sim.layout

@@ -67,7 +67,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from libra.broker.hybrid import HybridReplica, JoinState
 from libra.broker.pools import GpuSlot, Role, bucket_specs, layout_roles
@@ -80,12 +80,11 @@ from libra.policies.routing.interface import BucketSpec
 from libra.protocol import messages as m
 from libra.sim import sim_cluster
 from libra.sim.sim_cluster import Layout, RolloutInstanceSpec, SimConfigError
+from libra.sim.sim_config import SimConfig
 from libra.sim.sim_gpus import GpuFleet, TransitionCosts, gpu_id
+from libra.sim.sim_host import SimHost
 from libra.sim.sim_metrics import SimResult, summarize
 from libra.traces import TrajectorySpec, tool_seconds_of, workload_of
-
-if TYPE_CHECKING:
-    from libra.sim.engine import SimConfig, Simulator
 
 __all__ = ["PLANNER_ALLOCATIONS", "PlannerAllocation", "PlannerSimParams", "is_planner_allocation", "planner_routing"]
 
@@ -231,7 +230,7 @@ class PlannerAllocation:
         self.plan_history: list[tuple[float, Plan]] = [(0.0, self.core)]  # (virtual time applied, plan)
         self.roles = layout_roles(self.plan, _slots(cfg.gpus))
         self.layout = self._layout(self.plan, self.roles)
-        self.sim: Simulator | None = None
+        self.sim: SimHost | None = None
         self.fleet: GpuFleet | None = None
         self.decisions: list[dict[str, Any]] = []
         self.applied: list[dict[str, Any]] = []
@@ -263,7 +262,7 @@ class PlannerAllocation:
         return s
 
     # ------------------------------------------------------------------ engine hooks
-    def hello(self, sim: Simulator) -> None:
+    def hello(self, sim: SimHost) -> None:
         """Bind to the simulator and connect the GPU actors in the initial layout."""
         self.sim = sim
         p = self.params

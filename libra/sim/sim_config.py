@@ -1,0 +1,33 @@
+"""The settings of one simulated run (:class:`SimConfig`), read by :class:`~libra.sim.engine.Simulator` and by
+the planner-driven allocation (:mod:`libra.sim.sim_planner`). :mod:`libra.sim.engine` re-exports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["SimConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Simulation settings. ``router_params`` go to the router; ``bucket_thresholds``/``size_thresholds``
+    come from the workload profile (C-MLFQ tool-return size classes, bucket ``max_tokens``)."""
+
+    router: str = "cmlfq"
+    allocation: str = "hetero"
+    gpus: int = 48
+    lag: int = 2
+    seed: int = 0
+    hardware: str = "a800"
+    model: str = "qwen3-14b"
+    router_params: dict[str, Any] = field(default_factory=dict)
+    bucket_thresholds: tuple[int, ...] = (4000, 12000, 30000)
+    size_thresholds: tuple[int, int] | None = None
+    predictor_noise: float = 2.0
+    rebuild_interval: int = 5
+    min_visits: int = 10  # C-MLFQ: samples a prefix node needs before its mean/P90 count (P90 needs >= 10)
+    tick_s: float = 30.0
+    reserve_tokens: int | None = None  # broker credit = KV capacity / this; None: the planner's reserve (libra.sim.engine)
+    allocation_params: dict[str, Any] = field(default_factory=dict)  # planner allocations (sim_planner.py)
