@@ -20,11 +20,12 @@ from libra.security import CurveClient
 
 from .common import (
     REPLY_GRACE_S,
-    RESEND_BATCH,
     ReconnectGate,
     RequestIds,
+    batches,
     ToolResult,
     configure_socket,
+    encode_checked,
     new_client_id,
     result_or_error,
 )
@@ -42,13 +43,14 @@ class AsyncClient:
         self._sock = self._ctx.socket(zmq.DEALER)
         configure_socket(self._sock, max_frame_bytes, curve)
         self._sock.connect(broker_url)
-        self._pending: dict[str, tuple[asyncio.Future, Any]] = {}
+        self._pending: dict[str, tuple[asyncio.Future, Any, int]] = {}  # id -> (future, message, bytes)
         self._welcomed: asyncio.Event | None = None
         self._reader: asyncio.Task | None = None
         self._last_rx = 0.0
         self._last_ping = 0.0
         self._ping_s = 1.0  # while requests wait, ping a silent broker this often (detects a restart)
         self._gate = ReconnectGate(retry_s=2 * self._ping_s)
+        self._limit = max_frame_bytes  # the smaller of ours and the broker's (from its welcome)
 
     async def connect(self, timeout: float = 5.0) -> "AsyncClient":
         """Say hello and wait for the broker's welcome; raise BrokerUnreachable after ``timeout``."""
@@ -78,9 +80,10 @@ class AsyncClient:
             await self.connect()
         rid = request_id or self._ids.next()
         msg = m.Submit(rid, kind, name, args, trajectory, float(timeout))
+        frames = encode_checked(msg, self._limit)  # BadRequest / PayloadTooLarge before anything is sent
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._pending[rid] = (fut, msg)
-        await self._sock.send_multipart(encode(msg))
+        self._pending[rid] = (fut, msg, sum(map(len, frames)))
+        await self._sock.send_multipart(frames)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout + REPLY_GRACE_S
         try:
@@ -114,7 +117,7 @@ class AsyncClient:
         rid = self._ids.next()
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         msg = m.StatusRequest(rid)
-        self._pending[rid] = (fut, msg)
+        self._pending[rid] = (fut, msg, 0)
         await self._sock.send_multipart(encode(msg))
         try:
             return await asyncio.wait_for(fut, timeout)
@@ -135,9 +138,10 @@ class AsyncClient:
         """Send a request-style message and wait for its Reply (resent after a reconnect like Submit)."""
         if self._reader is None:
             await self.connect()
+        frames = encode_checked(msg, self._limit)
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._pending[msg.request_id] = (fut, msg)
-        await self._sock.send_multipart(encode(msg))
+        self._pending[msg.request_id] = (fut, msg, sum(map(len, frames)))
+        await self._sock.send_multipart(frames)
         try:
             value = await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
@@ -157,9 +161,9 @@ class AsyncClient:
     async def _resend_pending(self) -> None:
         """Resend every unanswered request once (same request ids: the broker never runs one twice),
         ``RESEND_BATCH`` to a frame, yielding to the event loop between frames."""
-        msgs = [pmsg for fut, pmsg in list(self._pending.values()) if not fut.done()]
-        for i in range(0, len(msgs), RESEND_BATCH):
-            await self._sock.send_multipart(encode_many(msgs[i : i + RESEND_BATCH]))
+        waiting = [(pmsg, size) for fut, pmsg, size in list(self._pending.values()) if not fut.done()]
+        for batch in batches(waiting):
+            await self._sock.send_multipart(encode_many(batch))
             await asyncio.sleep(0)
 
     async def _read_loop(self) -> None:
@@ -186,6 +190,7 @@ class AsyncClient:
                 entry[0].set_result(result_or_error(msg) if t is m.Reply else msg)
         elif t is m.Welcome:
             assert self._welcomed is not None
+            self._limit = min(self.max_frame_bytes, msg.max_frame_bytes or self.max_frame_bytes)
             self._welcomed.set()
             if self._gate.on_welcome():
                 await self._resend_pending()

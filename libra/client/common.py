@@ -5,17 +5,20 @@ from __future__ import annotations
 import itertools
 import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
+from libra.protocol import encode
 from libra.protocol import messages as m
 from libra.security import CurveClient, apply_client
 
-from .errors import error_from_reply
+from .errors import BadRequest, PayloadTooLarge, error_from_reply
 
 REPLY_GRACE_S = 2.0  # how long past its timeout a client waits for the broker's own timeout reply
+BATCH_MAX_BYTES = 1 << 20  # a send batch stops growing at this many bytes (a big request goes alone)
 RESEND_BATCH = 256  # unanswered requests resent per frame after a reconnect (paced: one frame at a time)
 
 
@@ -96,3 +99,35 @@ def result_or_error(reply: m.Reply) -> ToolResult | Exception:
         return ToolResult(reply.output, reply.work_id, reply.attempts, reply.actor_id, reply.duration_s)
     return error_from_reply(reply.error_code, reply.error, work_id=reply.work_id, attempts=reply.attempts,
                             retry_after_s=reply.retry_after_s, tool_code=reply.tool_code)
+
+
+def encode_checked(msg: Any, limit: int) -> list[bytes]:
+    """The frames of request ``msg``, or a typed error before anything is sent: :class:`BadRequest` for an
+    argument msgpack cannot carry, :class:`PayloadTooLarge` for a request over ``limit`` bytes."""
+    what = f"{msg.kind} {msg.name!r}" if type(msg) is m.Submit else type(msg).__name__
+    try:
+        frames = encode(msg)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise BadRequest(f"{what}: the arguments cannot be sent ({exc}); use plain data: "
+                         "None, bool, int, float, str, bytes, and lists and dicts of them") from None
+    size = sum(len(f) for f in frames)
+    if size > limit:
+        raise PayloadTooLarge(f"{what}: the request is {size:,} bytes, over the frame limit of "
+                              f"{limit:,} bytes; send bulk data over the data plane and pass a reference",
+                              size=size, limit=limit)
+    return frames
+
+
+def batches(items: list[tuple[Any, int]]) -> Iterator[list[Any]]:
+    """``(message, encoded size)`` pairs grouped for ``encode_many``: at most ``RESEND_BATCH`` messages and
+    ``BATCH_MAX_BYTES`` bytes a batch (a bigger message goes alone), in order."""
+    batch: list[Any] = []
+    total = 0
+    for msg, size in items:
+        if batch and (len(batch) >= RESEND_BATCH or total + size > BATCH_MAX_BYTES):
+            yield batch
+            batch, total = [], 0
+        batch.append(msg)
+        total += size
+    if batch:
+        yield batch

@@ -60,7 +60,22 @@ class Cancelled(LibraError):
 
 
 class BadRequest(LibraError):
+    """The request is malformed: e.g. an argument msgpack cannot carry (a ``set``, an arbitrary object).
+    Raised by the client before anything is sent, or answered by the broker or the tool."""
+
     code = ErrorCode.BAD_REQUEST.value
+
+
+class PayloadTooLarge(BadRequest):
+    """The encoded request is larger than the frame limit (the broker's, from its welcome, or the client's
+    own ``max_frame_bytes``). Raised before anything is sent; ``size`` and ``limit`` are in bytes."""
+
+    code = ErrorCode.PAYLOAD_TOO_LARGE.value
+
+    def __init__(self, message: str, *, size: int = 0, limit: int = 0, **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.size = size
+        self.limit = limit
 
 
 class BrokerUnreachable(LibraError):
@@ -76,7 +91,8 @@ class ProtocolRejected(LibraError):
 
 
 _BY_CODE: dict[str, type[LibraError]] = {
-    c.code: c for c in (UnknownTool, ToolTimeout, WorkLost, Busy, Cancelled, BadRequest, ProtocolRejected)
+    c.code: c for c in (UnknownTool, ToolTimeout, WorkLost, Busy, Cancelled, BadRequest, PayloadTooLarge,
+                         ProtocolRejected)
 }
 
 

@@ -32,7 +32,9 @@ from .common import (
     ReconnectGate,
     RequestIds,
     ToolResult,
+    batches,
     configure_socket,
+    encode_checked,
     new_client_id,
     result_or_error,
 )
@@ -40,13 +42,14 @@ from .errors import BrokerUnreachable, ProtocolRejected, ToolTimeout
 
 
 class _Pending:
-    __slots__ = ("event", "value", "msg", "future")
+    __slots__ = ("event", "value", "msg", "future", "size")
 
-    def __init__(self, msg: Any) -> None:
+    def __init__(self, msg: Any, size: int = 0) -> None:
         self.event = threading.Event()
         self.value: Any = None
         self.msg = msg
         self.future: Future | None = None
+        self.size = size  # encoded bytes of ``msg`` (batches stay under BATCH_MAX_BYTES)
 
 
 class Client:
@@ -69,13 +72,14 @@ class Client:
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
         self._lock = threading.Lock()
-        self._outbox: deque[Any] = deque()  # messages; flushed as batches
+        self._outbox: deque[tuple[Any, int]] = deque()  # (message, encoded bytes); flushed as batches
         self._pending: dict[str, _Pending] = {}
         self._welcomed = threading.Event()
         self._last_rx = time.monotonic()
         self._last_ping = 0.0
         self._ping_s = 1.0  # while requests wait, ping the broker this often if it is silent
         self._gate = ReconnectGate(retry_s=2 * self._ping_s)
+        self._limit = max_frame_bytes  # the smaller of ours and the broker's (from its welcome)
         self._closed = False
         self._send(m.ClientHello(self.client_id, os.getpid()))
         if connect_timeout is not None:
@@ -195,9 +199,10 @@ class Client:
         return ToolTimeout(f"request {rid} got no reply within {timeout}s")
 
     def _submit(self, msg: Any) -> _Pending:
-        p = _Pending(msg)
+        # BadRequest / PayloadTooLarge here, in the caller's thread, before anything is sent.
+        p = _Pending(msg, sum(map(len, encode_checked(msg, self._limit))))
         self._pending[msg.request_id] = p
-        self._send(msg)
+        self._send(msg, p.size)
         return p
 
     def _result(self, p: _Pending, rid: str, timeout: float) -> ToolResult:
@@ -220,8 +225,8 @@ class Client:
         else:
             fut.set_result(p.value)
 
-    def _send(self, msg: Any) -> None:
-        self._outbox.append(msg)
+    def _send(self, msg: Any, size: int = 0) -> None:
+        self._outbox.append((msg, size))
         self._kick()
 
     def _kick(self) -> None:
@@ -242,8 +247,9 @@ class Client:
         out = self._outbox
         sock = self._sock
         while out:
-            n = min(len(out), 256)
-            send_frames(sock, encode_many([out.popleft() for _ in range(n)]))
+            items = [out.popleft() for _ in range(len(out))]
+            for batch in batches(items):
+                send_frames(sock, encode_many(batch))
 
     def _lead_or_wait(self, p: _Pending, deadline: float, until: threading.Event | None = None) -> None:
         target = until or p.event
@@ -259,7 +265,7 @@ class Client:
                         # A restarted broker does not know us; our ping makes it say Disconnect, and we then
                         # say hello again and resend every unanswered request (same ids: never run twice).
                         self._last_ping = now
-                        self._outbox.append(m.Heartbeat())
+                        self._outbox.append((m.Heartbeat(), 0))
                         self._flush()
                     for sock, _ in self._poller.poll(min(50, max(1, int(remaining * 1000)))):
                         if sock is self._sock:
@@ -301,11 +307,12 @@ class Client:
                 p.event.set()
                 self._resolve_future(p)
         elif t is m.Welcome:
+            self._limit = min(self.max_frame_bytes, msg.max_frame_bytes or self.max_frame_bytes)
             self._welcomed.set()
             if self._gate.on_welcome():  # a reconnect is complete: resend each unanswered request once
                 for p in list(self._pending.values()):
                     if p.msg is not None:
-                        self._outbox.append(p.msg)
+                        self._outbox.append((p.msg, p.size))
         elif t is m.Error:
             p = self._pending.pop(msg.request_id, None) if msg.request_id else None
             if p is not None:
@@ -317,4 +324,4 @@ class Client:
             # unanswered requests follow once, when the welcome comes (see ReconnectGate).
             if self._gate.on_disconnect(time.monotonic()):
                 self._welcomed.clear()
-                self._outbox.append(m.ClientHello(self.client_id, os.getpid()))
+                self._outbox.append((m.ClientHello(self.client_id, os.getpid()), 0))

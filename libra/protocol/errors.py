@@ -35,6 +35,7 @@ class ErrorCode(str, Enum):
     BUSY = "busy"  # queue bound reached; retry later
     CANCELLED = "cancelled"
     BAD_REQUEST = "bad_request"  # malformed or invalid arguments
+    PAYLOAD_TOO_LARGE = "payload_too_large"  # the encoded request exceeds the frame limit
     PROTOCOL = "protocol"  # the peer sent a frame the broker could not decode
     INTERNAL = "internal"
 

@@ -1,0 +1,87 @@
+"""Requests that cannot be sent fail at once with a typed error, in the caller, before anything is sent.
+
+- An argument msgpack cannot carry (``object()``, a ``set``) is :class:`BadRequest` (it used to be a plain
+  ``TypeError``, raised in whichever thread flushed the socket).
+- A request over the frame limit is :class:`PayloadTooLarge` (it used to wait out its whole timeout and
+  surface as ``ToolTimeout``). The limit is the client's own, lowered to the broker's from its welcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from libra.client import BadRequest, Client, LibraError, PayloadTooLarge
+from libra.client.aio import AsyncClient
+from libra.client.common import batches
+from libra.local import free_port
+
+BIG = b"x" * (70 * 1024 * 1024)  # over the default 64 MiB frame limit
+NOWHERE = "tcp://127.0.0.1:9"  # nothing listens: a request that were sent would wait out its timeout
+
+
+@pytest.mark.parametrize("bad", [object(), {1, 2}, {"nested": [object()]}], ids=["object", "set", "nested"])
+def test_sync_client_refuses_unserialisable_arguments_before_sending(bad: object) -> None:
+    with Client(NOWHERE, connect_timeout=None) as c:
+        with pytest.raises(BadRequest, match="cannot be sent") as info:
+            c.call_tool("echo", bad, timeout=60)
+        assert isinstance(info.value, LibraError) and info.value.code == "bad_request"
+        assert not c._pending and not c._outbox  # nothing was queued or sent
+
+
+def test_sync_client_refuses_an_oversize_request_before_sending() -> None:
+    with Client(NOWHERE, connect_timeout=None) as c:
+        with pytest.raises(PayloadTooLarge) as info:
+            c.call_tool("echo", BIG, timeout=60)
+        assert info.value.size > info.value.limit == 64 * 1024 * 1024
+        assert info.value.code == "payload_too_large" and isinstance(info.value, BadRequest)
+        assert "over the frame limit" in str(info.value)
+        assert not c._pending and not c._outbox
+        with pytest.raises(PayloadTooLarge):  # the non-blocking form fails the same way
+            c.submit_tool("echo", BIG, timeout=60)
+
+
+def test_async_client_refuses_bad_and_oversize_requests_before_sending() -> None:
+    async def go() -> None:
+        c = AsyncClient(NOWHERE)
+        c._ensure_reader()  # no hello round trip: nothing answers at this address
+        try:
+            with pytest.raises(BadRequest, match="cannot be sent"):
+                await c.call_tool("echo", {1, 2}, timeout=60)
+            with pytest.raises(PayloadTooLarge):
+                await c.call_tool("echo", BIG, timeout=60)
+            assert not c._pending
+        finally:
+            await c.close()
+
+    asyncio.run(go())
+
+
+def test_send_batches_keep_order_and_stay_under_the_byte_cap() -> None:
+    items = [("a", 10), ("b", 2 << 20), ("c", 10), ("d", 10)] + [(f"m{i}", 1) for i in range(600)]
+    out = list(batches(items))
+    assert [x for b in out for x in b] == [m for m, _ in items]
+    assert out[0] == ["a"] and out[1] == ["b"]  # a big message goes alone
+    assert all(len(b) <= 256 for b in out)
+
+
+@pytest.mark.integration
+def test_the_broker_frame_limit_from_its_welcome_applies() -> None:
+    """A broker started with a 1 MiB limit: a 2 MiB call fails at once in the client, the broker counts no
+    bad frame, and the connection keeps working."""
+    url = f"tcp://127.0.0.1:{free_port()}"
+    broker = subprocess.Popen([sys.executable, "-m", "libra.broker", "--bind", url, "--log-level", "warning",
+                               "--max-frame-bytes", str(1 << 20)])
+    try:
+        with Client(url, connect_timeout=30) as c:
+            with pytest.raises(PayloadTooLarge) as info:
+                c.call_tool("echo", b"y" * (2 << 20), timeout=60)
+            assert info.value.limit == 1 << 20
+            assert c.status(timeout=10).stats["bad_frames"] == 0
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        broker.wait(15)
