@@ -151,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m libra", description="Libra: resource manager and runtime "
                                 "for agentic RL post-training.")
     p.add_argument("--log-level", default=None, help="debug|info|warning|error")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_, text) in DELEGATES.items():
+        sub.add_parser(name, help=text, add_help=False)  # parsed by the component itself (see main)
     s = sub.add_parser("status", help="show actors (slot, kinds, state, load) and queue depths",
                        description="Show the actors connected to a broker and its queue depths.")
     s.add_argument("--broker", default="tcp://127.0.0.1:5555", help="broker endpoint (default: %(default)s)")
@@ -193,7 +195,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Subcommands that hand the rest of the command line to a component's own entry point (its ``main(argv)``),
+#: imported only when chosen, so ``libra status`` never loads the broker, the simulator or the benchmarks.
+DELEGATES: dict[str, tuple[str, str]] = {
+    "broker": ("libra.broker.__main__", "run a broker (python -m libra.broker; see 'libra broker --help')"),
+    "actors": ("libra.actors.__main__", "run this host's actor supervisor (python -m libra.actors)"),
+    "sim": ("libra.sim.__main__", "simulate a cluster in virtual time (python -m libra.sim)"),
+    "bench": ("libra.bench.__main__", "run a benchmark against its baseline (python -m libra.bench)"),
+}
+
+
+def _delegate(module: str, argv: list[str]) -> int:
+    import importlib
+
+    return int(importlib.import_module(module).main(argv) or 0)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATES:
+        return _delegate(DELEGATES[argv[0]][0], argv[1:])
     args = build_parser().parse_args(argv)
     configure(args.log_level or "warning")
     return int(args.fn(args))

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+
 def format_status(actors: list[dict], queues: dict[str, int], stats: dict) -> str:
     """Human-readable status table."""
-    lines = [f"{'ACTOR':<28} {'HOST':<14} {'SLOT':<6} {'KINDS':<18} {'STATE':<9} {'LOAD':>9} {'DONE':>8}"]
+    lines = [f"{'ACTOR':<28} {'HOST':<14} {'SLOT':<6} {'KINDS':<18} {'STATE':<9} {'LOAD':>9} {'DONE':>8}  TOOLS"]
     for a in sorted(actors, key=lambda a: a["id"]):
         load = f"{a['load']}/{a['capacity']}"
         lines.append(f"{a['id']:<28} {a['host']:<14} {a['slot']:<6} {','.join(a['kinds']) or '-':<18} "
-                     f"{a['state']:<9} {load:>9} {a['completed']:>8}")
+                     f"{a['state']:<9} {load:>9} {a['completed']:>8}  {tools_of(a)}")
     if not actors:
         lines.append("(no actors connected)")
     lines.append("")
@@ -25,6 +26,12 @@ def format_status(actors: list[dict], queues: dict[str, int], stats: dict) -> st
     if isinstance(planner, dict):
         lines += ["", planner_line(planner)]
     return "\n".join(lines)
+
+
+def tools_of(actor: dict) -> str:
+    """The tools an actor offers (its ``action`` capability), comma-separated; ``-`` for none."""
+    names = (actor.get("capabilities") or {}).get("action") or []
+    return ",".join(sorted(names)) or "-"
 
 
 def _counters(stats: dict) -> str:
