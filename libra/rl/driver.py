@@ -21,7 +21,8 @@ How the pieces meet:
   this process). The ranks train with gloo DP; rank 0 publishes the new weights version on its
   data-plane server, and the broker attaches that ref to every later ``generate`` turn; rollout actors
   fetch it from trainer rank 0 between turns (idle ones poll it).
-- This process polls the job (``JobPoll``) and writes ``RUN/metrics.jsonl`` (one record per step,
+- This process polls the job (``JobPoll``; the reply is read as
+  :class:`~libra.protocol.payloads_job.JobPollReply`) and writes ``RUN/metrics.jsonl`` (one record per step,
   including ``dispatch_imbalance`` vs ``dispatch_imbalance_round_robin``, ``shard_fetch_s``,
   ``shard_sources``, and the weight sync of the version the previous step published, as the rollout
   actors report it in ``RUN/actors/``: ``weight_fetch_s``, ``weight_load_s``, ``sync_time_s``,
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from libra.logging import get_logger
+from libra.protocol.payloads_job import JobPollReply
 from libra.rl.config import JobConfig
 from libra.rl.metrics import MetricsWriter, plot_run, read_metrics, summarize
 
@@ -115,27 +117,27 @@ class _Driver:
             from tqdm import tqdm  # type: ignore[import-untyped]
 
             bar = tqdm(total=self.cfg.job.steps, desc=f"libra run {name}", unit="step")
-        cursor, st, finished = 0, {}, False
+        cursor, st, finished = 0, JobPollReply(job=name, state="running"), False
         try:
             try:
                 await client.job_submit(name, self.spec, self.rows)
             except Exception as exc:  # noqa: BLE001  (the broker's answer says what is wrong)
                 raise JobFailed(f"the broker refused job {name!r}: {exc}") from exc
             while True:
-                st = await client.job_poll(name, cursor)
-                for rec in st["records"]:
+                st = JobPollReply.from_wire(await client.job_poll(name, cursor))
+                for rec in st.records:
                     self._write(rec)
                     if bar is not None:
                         bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", acc=f"{rec['accuracy']:.2f}",
                                         tok_s=f"{rec['tokens_per_s']:.0f}")
                         bar.update(1)
-                cursor = st["next_cursor"]
-                if st["state"] == "done":
+                cursor = st.next_cursor
+                if st.state == "done":
                     finished = True
                     break
-                if st["state"] != "running":
+                if st.state != "running":
                     finished = True
-                    raise JobFailed(f"job {name!r} {st['state']}: {st['error']}")
+                    raise JobFailed(f"job {name!r} {st.state}: {st.error}")
                 await asyncio.sleep(0.25)
         finally:
             if bar is not None:
@@ -148,11 +150,11 @@ class _Driver:
             await client.close()
             self.metrics.close()
             self.samples.close()
-        rollout_versions = await self._await_rollout_sync(int(st["version"]))
+        rollout_versions = await self._await_rollout_sync(st.version)
         recs = read_metrics(self.run_dir)
         summary = {**summarize(recs), "job": name, "total_wall_s": time.monotonic() - t_job,
-                   "final_version": st["version"], "dropped_groups": st["dropped_groups"],
-                   "episodes_failed": st["episodes_failed"], "job_state_in": "broker",
+                   "final_version": st.version, "dropped_groups": st.dropped_groups,
+                   "episodes_failed": st.episodes_failed, "job_state_in": "broker",
                    "rollout_versions": rollout_versions, "rollout_sync": self._rollout_sync_stats()}
         try:
             summary["plots"] = [str(p) for p in plot_run(self.run_dir)]

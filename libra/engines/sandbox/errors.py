@@ -4,7 +4,8 @@ The error contract, in one place:
 
 - An action whose process ran and exited on its own, with any exit status, is a *result*, never an error:
   the model must see its traceback. A result is the mapping ``{"stdout", "stderr", "exit_code",
-  "truncated": {"stdout", "stderr"}, "duration_s"}``.
+  "truncated": {"stdout", "stderr"}, "duration_s"}`` (typed for callers as
+  :class:`~libra.protocol.payloads_tools.ToolResult`).
 - Output beyond the per-stream byte cap is also a result: the process is killed, what was read up to the
   cap is kept and ``truncated`` says which stream was cut (exit status is then ``-9``).
 - Everything else raises a :class:`SandboxError` subclass with a user-readable message and a stable

@@ -7,7 +7,8 @@ Role: a tool turns the caller's ``args`` mapping into a :class:`ToolCall` (argv,
 write, timeout) and optionally post-processes the result. Tools are selected by name through
 :func:`get_tool`, which raises ``ValueError("unknown tool: 'x' (known: ...)")``.
 
-Tools and their arguments (anything else is refused with :class:`SandboxDenied` naming the argument):
+Tools and their arguments (anything else is refused with :class:`SandboxDenied` naming the argument; callers
+have the same contract as typed payloads in :mod:`libra.protocol.payloads_tools`):
 
 - ``python``: ``code`` (str), optional ``timeout_s``, optional ``files`` ``{relative path: str | bytes}``
   written into the workspace first. Runs ``python -c code`` with the pool's interpreter.
