@@ -61,12 +61,11 @@ switches, charges).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from libra.broker.hybrid import HybridReplica, JoinState
@@ -74,110 +73,26 @@ from libra.broker.pools import GpuSlot, Role, bucket_specs, layout_roles
 from libra.policies.cost import RolloutCostModel, TrainingCostModel, load_hardware, load_model
 from libra.policies.cost.training import TrainConfig
 from libra.policies.planner.allocators import Plan, PlannerConfig, PressureSnapshot, Replanner, make_allocator
-from libra.policies.planner.online import ehp_signal, layout_class
-from libra.policies.planner.types import ROUTINGS
+from libra.policies.planner.online import layout_class
 from libra.policies.routing.interface import BucketSpec
 from libra.protocol import messages as m
-from libra.sim import sim_cluster
 from libra.sim.sim_cluster import Layout, RolloutInstanceSpec, SimConfigError
 from libra.sim.sim_config import SimConfig
 from libra.sim.sim_gpus import GpuFleet, TransitionCosts, gpu_id
 from libra.sim.sim_host import SimHost
 from libra.sim.sim_metrics import SimResult, summarize
+from libra.sim.sim_ehp import advance_joins, ehp_decision, register_joins
+from libra.sim.sim_planner_params import (
+    PLANNER_ALLOCATIONS,
+    ROUTER_ROUTING,
+    PlannerSimParams,
+    is_planner_allocation,
+    planner_routing,
+)
 from libra.traces import TrajectorySpec, tool_seconds_of, workload_of
 
-__all__ = ["PLANNER_ALLOCATIONS", "PlannerAllocation", "PlannerSimParams", "is_planner_allocation", "planner_routing"]
-
-#: Simulated router -> the planner's ``PlannerConfig.routing`` that models how it realises a plan.
-#: ``least_loaded`` (least connections on load / TP) and ``round_robin`` ignore buckets. Every other router
-#: (C-MLFQ, ``cmlfq_cost``, oracle-like routers) is scored as keeping a request in the bucket of its length
-#: (``"by_length"``). ``"start_small"`` models what ``cmlfq`` does by rule (start in the smallest bucket,
-#: move at a tool return); it is available through the ``planner_routing`` allocation parameter but not
-#: mapped by default: on the ablation it neither predicted ``cmlfq`` better nor ran it faster
-#: (BENCHMARKS.md, "the planner models C-MLFQ's start-small routing").
-ROUTER_ROUTING: dict[str, str] = {"least_loaded": "length_blind", "round_robin": "round_robin"}
-
-
-def planner_routing(router: str, override: str | None = None) -> str:
-    """The ``PlannerConfig.routing`` that models how ``router`` realises a plan (``override``: the
-    ``PlannerSimParams.planner_routing`` knob, when set)."""
-    return override if override is not None else ROUTER_ROUTING.get(router, "by_length")
-
-
-#: simulator allocation name -> (planner allocator, elastic hybrid pool)
-PLANNER_ALLOCATIONS: dict[str, tuple[str, bool]] = {
-    "grp_homogeneous": ("grp_homogeneous", False),
-    "grp": ("grp", False),
-    "grp_ehp": ("grp", True),
-    "static_best": ("static_best", False),
-    "greedy": ("greedy", False),
-}
-
-
-assert tuple(PLANNER_ALLOCATIONS) == sim_cluster.PLANNER_ALLOCATIONS
-
-
-def is_planner_allocation(name: str) -> bool:
-    """True iff ``name`` is simulated by :class:`PlannerAllocation`."""
-    return name in PLANNER_ALLOCATIONS
-
-
-@dataclass(frozen=True, slots=True)
-class PlannerSimParams:
-    """Knobs of a planner-driven allocation (``SimConfig.allocation_params``; see the module docstring).
-    ``profile_steps`` None means 1 (5 for ``static_best``, docs/papers.md §5.1). The search space follows
-    the reference's 48-GPU R2E config [C]: whole 8-GPU steps, at least 8 training and 8 rollout GPUs.
-    ``planner_routing``: the planner's ``PlannerConfig.routing`` (None: :func:`planner_routing` of the
-    router); ``exact_pipeline``: ``PlannerConfig.exact_pipeline`` (off by default here: measured slower
-    on the ablation, BENCHMARKS.md "the planner models C-MLFQ's start-small routing"); ``residency``:
-    ``PlannerConfig.residency``."""
-
-    plan_interval: int = 5
-    cooldown_steps: int = 1
-    online: bool = True
-    reconfig_cost_s: float = 15.0
-    min_gain_ratio: float = 0.05
-    profile_steps: int | None = None
-    history_steps: int = 2
-    search: str = "fixed"
-    search_s: float = 2.0
-    to_rollout_s: float = 10.8
-    snapshot_s: float = 3.6
-    restore_s: float = 4.4
-    regroup_s: float = 4.4
-    max_queue_length: int = 3
-    rollout_tps: tuple[int, ...] = (1, 2, 4, 8)
-    granularity: int = 8
-    min_train_gpus: int = 8
-    min_rollout_gpus: int = 8
-    ehp_min_rollout_gpus: int = 8
-    ehp_borrow_ratio: float = 1.15
-    ehp_release_ratio: float = 0.90
-    ehp_protect_pressure: float = 0.8
-    error_feedback: bool = False
-    reconfig_feedback: bool = True
-    error_window: int = 4
-    planner_routing: str | None = None
-    exact_pipeline: bool = False
-    residency: bool = True
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PlannerSimParams:
-        """Build from a dict; raises :class:`SimConfigError` naming an unknown key or a bad value."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        bad = sorted(set(d) - known)
-        if bad:
-            raise SimConfigError(f"unknown allocation parameter(s) {bad} (known: {', '.join(sorted(known))})")
-        p = cls(**d)
-        if p.search not in ("fixed", "measured"):
-            raise SimConfigError(f"allocation parameter search must be 'fixed' or 'measured', got {p.search!r}")
-        if p.search_s < 0 or p.history_steps < 1 or p.plan_interval < 1 or p.error_window < 1:
-            raise SimConfigError("search_s must be >= 0, history_steps, plan_interval and error_window >= 1")
-        if p.planner_routing is not None and p.planner_routing not in ROUTINGS:
-            raise SimConfigError(f"allocation parameter planner_routing must be one of {ROUTINGS} or None, "
-                                 f"got {p.planner_routing!r}")
-        return p
-
+__all__ = ["PLANNER_ALLOCATIONS", "ROUTER_ROUTING", "PlannerAllocation", "PlannerSimParams", "is_planner_allocation",
+           "planner_routing"]
 
 def _group_size(trajs: Sequence[TrajectorySpec]) -> int:
     sizes = Counter(t.group for t in trajs)
@@ -520,59 +435,21 @@ class PlannerAllocation:
     def _register_joins(self) -> None:
         """Training replicas that are new in this application join through the hybrid protocol."""
         assert self.fleet is not None
-        live = set(self.fleet.replicas())
-        groups: dict[str, list[str]] = {}
-        for aid, r in self.roles.items():
-            if r.kind == "train":
-                groups.setdefault(r.group, []).append(aid)
-        for g, members in groups.items():
-            if g not in live and g not in self.hybrids:
-                rep = HybridReplica(tuple(sorted(members)))
-                gen = rep.request()
-                rep.begin_fetch(gen)
-                self.hybrids[g] = rep
-        for g in list(self.hybrids):
-            if g not in groups:
-                rep = self.hybrids.pop(g)
-                rep.cancel(rep.generation, "released")
+        register_joins(self.hybrids, self.roles, set(self.fleet.replicas()))
 
     def _advance_joins(self, k: int) -> None:
         """At the boundary after step ``k``: fetched replicas zero-sync, zero-synced ones activate."""
         assert self.fleet is not None
-        live = self.fleet.replicas()
-        for g, rep in self.hybrids.items():
-            gen = rep.generation
-            if rep.state is JoinState.FETCHING_STATE and g in live:
-                rep.state_fetched(gen, k)
-            elif rep.state is JoinState.ZERO_SYNC:
-                rep.zero_step(gen, k)
-                rep.activate(gen)
-                rep.activated(gen, k + 1, k + 1)
+        advance_joins(self.hybrids, self.fleet.replicas(), k)
 
     def _ehp_step(self, step: int, snap: PressureSnapshot) -> None:
-        plan = self.core
-        if (plan.train is None or snap.rollout_time is None or snap.train_time is None
-                or len(self.replanner.history) < self.replanner.min_history):
-            return
-        replica = plan.train.tp * plan.train.pp
-        sig = ehp_signal(step=step, train_time=snap.train_time, rollout_time=snap.rollout_time,
-                         queue_pressure=snap.queue_pressure, active_pressure=snap.active_pressure,
-                         rollout_gpus=plan.n_rollout, min_rollout_gpus=self.params.ehp_min_rollout_gpus,
-                         replica_gpus=replica, current_replicas=self.n_hybrid,
-                         borrow_ratio=self.params.ehp_borrow_ratio, release_ratio=self.params.ehp_release_ratio,
-                         protect_pressure=self.params.ehp_protect_pressure)
-        self.ehp_signals.append({"step": step, "desired": sig.desired_replicas, "reason": sig.reason})
-        if sig.desired_replicas == self.n_hybrid:
-            return
-        n = sig.desired_replicas
-        train = replace(plan.train, dp=plan.train.dp + n)
-        target = self.allocator.planner.plan_fixed(self.replanner.workload(), plan.n_train + n * replica, None, train,
-                                                   allocator=plan.allocator)
-        if not math.isfinite(target.objective):
-            return
-        self.n_hybrid = n
-        self._schedule(target, 0.0, f"ehp_{sig.reason}")
-
+        sig, target = ehp_decision(step, snap, self.core, self.n_hybrid, self.replanner, self.allocator.planner,
+                                   self.params)
+        if sig is not None:
+            self.ehp_signals.append({"step": step, "desired": sig.desired_replicas, "reason": sig.reason})
+        if sig is not None and target is not None:
+            self.n_hybrid = sig.desired_replicas
+            self._schedule(target, 0.0, f"ehp_{sig.reason}")
 
 def _train_str(t: TrainConfig | None) -> str:
     return "none" if t is None else f"tp{t.tp}/pp{t.pp}/dp{t.dp}/mb{t.micro_batch}"

@@ -1,0 +1,107 @@
+"""The names and knobs of the simulator's planner-driven allocations (:mod:`libra.sim.sim_planner`):
+:data:`PLANNER_ALLOCATIONS` (simulator allocation -> planner allocator, elastic hybrid pool),
+:func:`planner_routing` (how the planner models each simulated router) and :class:`PlannerSimParams`
+(``SimConfig.allocation_params``). :mod:`libra.sim.sim_planner` re-exports them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from libra.policies.planner.types import ROUTINGS
+from libra.sim import sim_cluster
+from libra.sim.sim_cluster import SimConfigError
+
+__all__ = ["PLANNER_ALLOCATIONS", "ROUTER_ROUTING", "PlannerSimParams", "is_planner_allocation", "planner_routing"]
+
+#: Simulated router -> the planner's ``PlannerConfig.routing`` that models how it realises a plan.
+#: ``least_loaded`` (least connections on load / TP) and ``round_robin`` ignore buckets. Every other router
+#: (C-MLFQ, ``cmlfq_cost``, oracle-like routers) is scored as keeping a request in the bucket of its length
+#: (``"by_length"``). ``"start_small"`` models what ``cmlfq`` does by rule (start in the smallest bucket,
+#: move at a tool return); it is available through the ``planner_routing`` allocation parameter but not
+#: mapped by default: on the ablation it neither predicted ``cmlfq`` better nor ran it faster
+#: (BENCHMARKS.md, "the planner models C-MLFQ's start-small routing").
+ROUTER_ROUTING: dict[str, str] = {"least_loaded": "length_blind", "round_robin": "round_robin"}
+
+
+def planner_routing(router: str, override: str | None = None) -> str:
+    """The ``PlannerConfig.routing`` that models how ``router`` realises a plan (``override``: the
+    ``PlannerSimParams.planner_routing`` knob, when set)."""
+    return override if override is not None else ROUTER_ROUTING.get(router, "by_length")
+
+
+#: simulator allocation name -> (planner allocator, elastic hybrid pool)
+PLANNER_ALLOCATIONS: dict[str, tuple[str, bool]] = {
+    "grp_homogeneous": ("grp_homogeneous", False),
+    "grp": ("grp", False),
+    "grp_ehp": ("grp", True),
+    "static_best": ("static_best", False),
+    "greedy": ("greedy", False),
+}
+
+
+assert tuple(PLANNER_ALLOCATIONS) == sim_cluster.PLANNER_ALLOCATIONS
+
+
+def is_planner_allocation(name: str) -> bool:
+    """True iff ``name`` is simulated by :class:`PlannerAllocation`."""
+    return name in PLANNER_ALLOCATIONS
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerSimParams:
+    """Knobs of a planner-driven allocation (``SimConfig.allocation_params``; see the module docstring).
+    ``profile_steps`` None means 1 (5 for ``static_best``, docs/papers.md §5.1). The search space follows
+    the reference's 48-GPU R2E config [C]: whole 8-GPU steps, at least 8 training and 8 rollout GPUs.
+    ``planner_routing``: the planner's ``PlannerConfig.routing`` (None: :func:`planner_routing` of the
+    router); ``exact_pipeline``: ``PlannerConfig.exact_pipeline`` (off by default here: measured slower
+    on the ablation, BENCHMARKS.md "the planner models C-MLFQ's start-small routing"); ``residency``:
+    ``PlannerConfig.residency``."""
+
+    plan_interval: int = 5
+    cooldown_steps: int = 1
+    online: bool = True
+    reconfig_cost_s: float = 15.0
+    min_gain_ratio: float = 0.05
+    profile_steps: int | None = None
+    history_steps: int = 2
+    search: str = "fixed"
+    search_s: float = 2.0
+    to_rollout_s: float = 10.8
+    snapshot_s: float = 3.6
+    restore_s: float = 4.4
+    regroup_s: float = 4.4
+    max_queue_length: int = 3
+    rollout_tps: tuple[int, ...] = (1, 2, 4, 8)
+    granularity: int = 8
+    min_train_gpus: int = 8
+    min_rollout_gpus: int = 8
+    ehp_min_rollout_gpus: int = 8
+    ehp_borrow_ratio: float = 1.15
+    ehp_release_ratio: float = 0.90
+    ehp_protect_pressure: float = 0.8
+    error_feedback: bool = False
+    reconfig_feedback: bool = True
+    error_window: int = 4
+    planner_routing: str | None = None
+    exact_pipeline: bool = False
+    residency: bool = True
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PlannerSimParams:
+        """Build from a dict; raises :class:`SimConfigError` naming an unknown key or a bad value."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        bad = sorted(set(d) - known)
+        if bad:
+            raise SimConfigError(f"unknown allocation parameter(s) {bad} (known: {', '.join(sorted(known))})")
+        p = cls(**d)
+        if p.search not in ("fixed", "measured"):
+            raise SimConfigError(f"allocation parameter search must be 'fixed' or 'measured', got {p.search!r}")
+        if p.search_s < 0 or p.history_steps < 1 or p.plan_interval < 1 or p.error_window < 1:
+            raise SimConfigError("search_s must be >= 0, history_steps, plan_interval and error_window >= 1")
+        if p.planner_routing is not None and p.planner_routing not in ROUTINGS:
+            raise SimConfigError(f"allocation parameter planner_routing must be one of {ROUTINGS} or None, "
+                                 f"got {p.planner_routing!r}")
+        return p
