@@ -37,6 +37,10 @@ from typing import Any
 
 from libra.config import ConfigError, from_mapping
 from libra.policies.parallelism.dispatch import STRATEGIES, plan_dispatch
+from libra.protocol.payloads_base import PayloadError
+from libra.protocol.payloads_job import EpisodeArgs, EpisodeResult, EpisodeSpec
+from libra.protocol.payloads_refs import DataRef
+from libra.protocol.payloads_train import TrainArgs, TrainPart
 
 from .job_state import Group, JobState, Trajectory
 
@@ -127,6 +131,10 @@ class JobHost:
     def __init__(self, name: str, spec: JobSpec, rows: list[Any], now: float) -> None:
         if not rows:
             raise ConfigError("job has no dataset rows")
+        try:
+            self._episode = EpisodeSpec.from_wire(spec.episode)  # handed to every episode runner
+        except PayloadError as exc:
+            raise ConfigError(f"job spec: {exc}") from None
         self.name = name
         self.submit_request = ""  # the JobSubmit request id (a resubmission is answered, not re-run)
         self.spec = spec
@@ -162,10 +170,10 @@ class JobHost:
                 tag = f"ep:{g.gid}:{i}:{self._n}"
                 self._live[tag] = (g.gid, i)
                 s = self.spec
-                self._outbox.append(JobWork(tag, "episode", s.env, {
-                    "job": self.name, "row": g.prompt, "group": g.gid, "index": i,
-                    "seed": s.seed * 1_000_003 + g.gid * 1000 + i * 10, "episode": s.episode,
-                }, f"job:{self.name}/g{g.gid}/{i}", s.episode_timeout_s))
+                args = EpisodeArgs(job=self.name, row=g.prompt, group=g.gid, index=i,
+                                   seed=s.seed * 1_000_003 + g.gid * 1000 + i * 10, episode=self._episode)
+                self._outbox.append(JobWork(tag, "episode", s.env, args.to_wire(), f"job:{self.name}/g{g.gid}/{i}",
+                                            s.episode_timeout_s))
         if self.active and self._train is None:
             batch = st.cut_batch()
             if batch is not None:
@@ -208,13 +216,13 @@ class JobHost:
 
     @staticmethod
     def _trajectory(gid: int, idx: int, out: Any) -> Trajectory | None:
-        """The runner's summary as a Trajectory, or None when it is malformed (counted as a failure)."""
+        """The runner's summary (an :class:`EpisodeResult`) as a Trajectory, or None when it is malformed
+        (counted as a failure)."""
         try:
-            versions = [int(v) for v in out["versions"]]
-            t = Trajectory(gid, idx, int(out["tokens"]), int(out["gen_tokens"]), float(out["reward"]), versions,
-                           dict(out["ref"]), dict(out.get("info") or {}))
-        except (TypeError, KeyError, ValueError):
+            res = EpisodeResult.from_wire(out)
+        except PayloadError:
             return None
+        t = Trajectory(gid, idx, res.tokens, res.gen_tokens, res.reward, res.versions, res.ref.to_wire(), res.info)
         return t if t.tokens > 0 else None
 
     # ------------------------------------------------------------------ training
@@ -225,17 +233,18 @@ class JobHost:
         lengths = [t.tokens for t in trajs]
         plan = plan_dispatch(lengths, s.world_size, micro_batch_tokens=s.micro_batch_tokens, strategy=s.dispatch)
         naive = plan_dispatch(lengths, s.world_size, strategy="round_robin")
-        parts = [[{"ref": trajs[i].ref, "advantage": adv[i], "index": i} for i in idx] for idx in plan.assignment]
+        parts = [[TrainPart(ref=DataRef.from_wire(trajs[i].ref), advantage=adv[i], index=i) for i in idx]
+                 for idx in plan.assignment]
         step = st.steps_done + 1
         ckpt = ""
         if s.checkpoint_dir and (step == s.steps or (s.checkpoint_every and step % s.checkpoint_every == 0)):
             ckpt = f"{s.checkpoint_dir.rstrip('/')}/step{step}"
         self._train = {"step": step, "trajs": trajs, "plan": plan, "naive": naive, "t0": now, "outs": {}}
         for r in range(s.world_size):
-            self._outbox.append(JobWork(f"train:{step}:{r}", "train", "grpo", {
-                "parts": parts, "micro_batches": [[list(mb) for mb in mbs] for mbs in plan.micro_batches],
-                "world_size": s.world_size, "rank": r, "step": step, "master_port": s.master_port,
-                "grpo": s.grpo, "checkpoint": ckpt or None}, None, s.train_timeout_s))
+            args = TrainArgs(parts=parts, micro_batches=[[list(mb) for mb in mbs] for mbs in plan.micro_batches],
+                             world_size=s.world_size, rank=r, step=step, master_port=s.master_port, grpo=s.grpo,
+                             checkpoint=ckpt or None)
+            self._outbox.append(JobWork(f"train:{step}:{r}", "train", "grpo", args.to_wire(), None, s.train_timeout_s))
 
     def _on_train(self, tag: str, ok: bool, out: Any, error: str, now: float) -> None:
         tr = self._train

@@ -7,7 +7,8 @@ the first bucket) and the broker keeps one generate queue per bucket. A trajecto
 instance the router chose (its prefix cache lives there) until the router migrates it.
 
 What the broker tells the router:
-- first ``generate`` of a trajectory → ``start`` (prompt id/tokens/step come from the Submit's args);
+- first ``generate`` of a trajectory → ``start`` (prompt id/tokens/step come from the Submit's args, read as
+  :class:`~libra.protocol.payloads_rollout.RouteHints`);
 - an ``action`` reply for a trajectory → a pending :class:`ToolReturn` (tool, payload size, status,
   the generated-token position and the response position: generated + tool-returned tokens) consumed
   by ``on_tool_return`` before the next turn;
@@ -33,6 +34,7 @@ from libra.policies.routing.interface import (
     ToolReturn,
     TrajectoryInfo,
 )
+from libra.protocol.payloads_rollout import OracleHints
 
 if TYPE_CHECKING:
     from .events import Command
@@ -102,19 +104,18 @@ class RolloutRouting:
 
     def _route(self, traj_id: str, args: Any, view: ClusterView) -> tuple[RouteDecision, TrajRoute]:
         tr = self.trajs.get(traj_id)
-        a = args if isinstance(args, dict) else {}
+        # the routing hints of the generate args; true_remaining only ever comes from the simulator (oracle)
+        h = OracleHints.from_args(args)
         if tr is None:
-            prompt = _nonneg(a.get("prompt_tokens"))
+            prompt = h.prompt_tokens or 0
             tr = TrajRoute(context=prompt, prompt=prompt)
             self.trajs[traj_id] = tr
-            info = TrajectoryInfo(traj_id, a.get("prompt_id") if isinstance(a.get("prompt_id"), str) else None,
-                                  _nonneg(a.get("prompt_tokens")), _nonneg(a.get("step")),
-                                  _opt_nonneg(a.get("true_remaining")))
+            info = TrajectoryInfo(traj_id, h.prompt_id, prompt, h.step or 0, h.true_remaining)
             d = self.router.start(info, view)
         elif tr.pending_return is not None:
             ret, tr.pending_return = tr.pending_return, None
-            if _opt_nonneg(a.get("true_remaining")) is not None:  # simulator/oracle only
-                ret = replace(ret, true_remaining=a["true_remaining"])
+            if h.true_remaining is not None:  # simulator/oracle only
+                ret = replace(ret, true_remaining=h.true_remaining)
             d = self.router.on_tool_return(traj_id, ret, view)
         elif tr.instance is not None and view.instance(tr.instance) is not None:
             d = RouteDecision(tr.instance, tr.bucket, "sticky", placed_bucket=tr.bucket)
@@ -197,10 +198,6 @@ def tool_output_fields(output: Any, ok: bool, error_code: str = "") -> tuple[int
 
 def _nonneg(x: Any) -> int:
     return x if type(x) is int and x >= 0 else 0
-
-
-def _opt_nonneg(x: Any) -> int | None:
-    return x if type(x) is int and x >= 0 else None
 
 
 def rollout_instances(self: BrokerState) -> list[tuple[str, str, int, int, str]]:
