@@ -28,6 +28,7 @@ from .common import (
     encode_checked,
     new_client_id,
     result_or_error,
+    unreachable,
 )
 from .errors import BrokerUnreachable, ProtocolRejected, ToolTimeout
 
@@ -41,7 +42,7 @@ class AsyncClient:
         self._ids = RequestIds(self.client_id)
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
-        configure_socket(self._sock, max_frame_bytes, curve)
+        self._curve = configure_socket(self._sock, max_frame_bytes, curve)
         self._sock.connect(broker_url)
         self._pending: dict[str, tuple[asyncio.Future, Any, int]] = {}  # id -> (future, message, bytes)
         self._welcomed: asyncio.Event | None = None
@@ -61,7 +62,7 @@ class AsyncClient:
             try:
                 await asyncio.wait_for(self._welcomed.wait(), timeout)
             except asyncio.TimeoutError:
-                raise BrokerUnreachable(f"no answer from the broker at {self.broker_url} within {timeout}s") from None
+                raise BrokerUnreachable(unreachable(self.broker_url, self._curve, timeout)) from None
         return self
 
     def _ensure_reader(self) -> None:
@@ -98,7 +99,7 @@ class AsyncClient:
         except asyncio.TimeoutError:
             self._pending.pop(rid, None)
             if self._welcomed is None or not self._welcomed.is_set():
-                raise BrokerUnreachable(f"no answer from the broker at {self.broker_url}") from None
+                raise BrokerUnreachable(unreachable(self.broker_url, self._curve)) from None
             raise ToolTimeout(f"request {rid} got no reply within {timeout}s") from None
         if isinstance(value, Exception):
             raise value

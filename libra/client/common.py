@@ -82,8 +82,9 @@ def new_client_id() -> str:
     return f"c-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def configure_socket(sock: zmq.Socket, max_frame_bytes: int, curve: CurveClient | None = None) -> None:
-    """Socket options every client uses; CURVE keys when ``curve`` (or the LIBRA_CURVE_* env) is set."""
+def configure_socket(sock: zmq.Socket, max_frame_bytes: int, curve: CurveClient | None = None) -> bool:
+    """Socket options every client uses; CURVE keys when ``curve`` (or the LIBRA_CURVE_* env) is set.
+    Returns whether the connection uses CURVE."""
     curve = curve or CurveClient.from_env()
     if curve is not None:
         apply_client(sock, curve)
@@ -92,6 +93,20 @@ def configure_socket(sock: zmq.Socket, max_frame_bytes: int, curve: CurveClient 
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
     sock.setsockopt(zmq.SNDHWM, 1_000_000)
     sock.setsockopt(zmq.RCVHWM, 1_000_000)
+    return curve is not None
+
+
+def unreachable(url: str, curve: bool, timeout: float | None = None) -> str:
+    """Why a broker may not answer, in words a user can act on (a CURVE mismatch looks like silence)."""
+    head = f"no answer from the broker at {url}" + (f" within {timeout:g}s" if timeout is not None else "")
+    if curve:
+        return (f"{head}: is it running there? This client uses CURVE keys: the broker refuses it when this "
+                "client's public key is not in its --curve-allow directory or LIBRA_BROKER_KEY is not the "
+                "broker's public key (the broker logs each refused handshake)")
+    return (f"{head}: is it running there? If the broker requires CURVE keys (started with --curve-secret), "
+            "this client needs them too: set LIBRA_CURVE_SECRET to this client's secret key file and "
+            "LIBRA_BROKER_KEY to the broker's public key file, and put this client's public key in the "
+            "broker's --curve-allow directory ('libra keys' creates key pairs)")
 
 
 def result_or_error(reply: m.Reply) -> ToolResult | Exception:

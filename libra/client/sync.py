@@ -37,6 +37,7 @@ from .common import (
     encode_checked,
     new_client_id,
     result_or_error,
+    unreachable,
 )
 from .errors import BrokerUnreachable, ProtocolRejected, ToolTimeout
 
@@ -63,7 +64,7 @@ class Client:
         self._ids = RequestIds(self.client_id)
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
-        configure_socket(self._sock, max_frame_bytes, curve)
+        self._curve = configure_socket(self._sock, max_frame_bytes, curve)
         self._sock.connect(broker_url)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -96,7 +97,7 @@ class Client:
         deadline = time.monotonic() + timeout
         while not self._welcomed.is_set():
             if time.monotonic() >= deadline:
-                raise BrokerUnreachable(f"no answer from the broker at {self.broker_url} within {timeout}s")
+                raise BrokerUnreachable(unreachable(self.broker_url, self._curve, timeout))
             self._lead_or_wait(p, deadline, until=self._welcomed)
 
     def call_tool(self, tool: str, args: Any = None, trajectory: str | None = None, timeout: float = 60.0,
@@ -195,7 +196,7 @@ class Client:
     # ------------------------------------------------------------------ internals
     def _timeout_error(self, rid: str, timeout: float) -> Exception:
         if not self._welcomed.is_set():
-            return BrokerUnreachable(f"no answer from the broker at {self.broker_url}")
+            return BrokerUnreachable(unreachable(self.broker_url, self._curve))
         return ToolTimeout(f"request {rid} got no reply within {timeout}s")
 
     def _submit(self, msg: Any) -> _Pending:

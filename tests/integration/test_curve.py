@@ -54,12 +54,12 @@ def test_curve_allow_list(tmp_path) -> None:
                 time.sleep(0.1)
             assert c.call_tool("echo", {"secret": 1}).output == {"secret": 1}  # the actor got in too
             bad = CurveClient.from_files(keys / "stranger.key_secret", broker_kp.public_file)
-            with pytest.raises(BrokerUnreachable):
+            with pytest.raises(BrokerUnreachable, match="--curve-allow directory"):  # says what to check
                 Client(url, curve=bad, connect_timeout=2)
             env_clean = {k: v for k, v in os.environ.items() if not k.startswith("LIBRA_CURVE")}
             assert "LIBRA_CURVE_SECRET" not in env_clean
-            with pytest.raises(BrokerUnreachable):
-                Client(url, connect_timeout=2)  # plaintext
+            with pytest.raises(BrokerUnreachable, match="requires CURVE keys.*LIBRA_CURVE_SECRET"):
+                Client(url, connect_timeout=2)  # plaintext: the error says the broker may require keys
             stats = c.status().stats
             assert stats["clients"] == 1 and stats["bad_frames"] == 0  # nothing of theirs reached the core
     finally:
