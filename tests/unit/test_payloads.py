@@ -299,3 +299,37 @@ def test_train_role_and_episode_role_refuse_malformed_args(tmp_path: Path) -> No
             assert info.value.code == "bad_request" and needle in info.value.message
     finally:
         runner.close()
+
+
+# ------------------------------------------------------------------------- the broker's job host
+def test_job_host_builds_typed_work_and_refuses_a_bad_episode_spec() -> None:
+    from libra.broker.job import JobHost, JobSpec
+    from libra.config import ConfigError
+
+    spec = {"steps": 1, "prompts_per_step": 1, "group_size": 2, "max_policy_lag": 0, "world_size": 2, "env": "arith",
+            "episode": {"sampling": {"max_new_tokens": 8}, "model_dir": "/m"}, "master_port": 29500}
+    h = JobHost("j", JobSpec.from_mapping(spec), [{"question": "1+1", "answer": 2}], 0.0)
+    eps = h.take_work(0.0)
+    assert [EpisodeArgs.from_wire(w.args).episode.sampling.max_new_tokens for w in eps] == [8, 8]
+    assert all(w.args["episode"] == spec["episode"] for w in eps)  # handed to runners as the job file wrote it
+    for k, w in enumerate(eps):
+        out = {"reward": float(k), "versions": [0], "gen_tokens": 3, "tokens": 9, "ref": {**REF, "name": f"t{k}"}}
+        h.on_reply(w.tag, True, out, "", 1.0)
+    trains = h.take_work(1.0)
+    assert [w.kind for w in trains] == ["train", "train"]
+    parsed = [TrainArgs.from_wire(w.args) for w in trains]
+    assert [a.rank for a in parsed] == [0, 1] and all(a.world_size == 2 for a in parsed)
+    assert sorted(p.ref.name for a in parsed[:1] for rank in a.parts for p in rank) == ["t0", "t1"]
+    with pytest.raises(ConfigError, match=r"job spec: bad episode spec: `sampling.temprature`: Object contains unknown field"):
+        JobHost("j", JobSpec.from_mapping({**spec, "episode": {"sampling": {"temprature": 1.0}}}), [{}], 0.0)
+
+
+def test_job_host_counts_a_malformed_episode_reply_as_a_failed_episode() -> None:
+    from libra.broker.job import JobHost, JobSpec
+
+    spec = {"steps": 1, "prompts_per_step": 1, "group_size": 2, "max_policy_lag": 0, "world_size": 1, "env": "arith"}
+    h = JobHost("j", JobSpec.from_mapping(spec), [{"question": "1+1", "answer": 2}], 0.0)
+    first, _ = h.take_work(0.0)
+    h.on_reply(first.tag, True, {"reward": 1.0, "versions": [0], "gen_tokens": 3, "tokens": 9,
+                                 "ref": {**REF, "endpoint": "http://x"}}, "", 1.0)
+    assert h.episodes_failed == 1
