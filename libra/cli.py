@@ -91,8 +91,18 @@ def _keys(args: argparse.Namespace) -> int:
     except KeyFileError as exc:
         print(f"libra keys: {exc}", file=sys.stderr)
         return 2
-    print(f"public key file: {kp.public_file}  (copy to the broker's allow-list directory)")
+    import shutil
+    from pathlib import Path
+
+    allowed = Path(args.out) / "allowed"  # the broker's --curve-allow directory (it refuses to start without one)
+    allowed.mkdir(parents=True, exist_ok=True)
+    if args.allow:
+        shutil.copy(kp.public_file, allowed / kp.public_file.name)
+    print(f"public key file: {kp.public_file}  "
+          + (f"(allowed: copied to {allowed}/)" if args.allow
+             else f"(to let it in, copy it to the broker's allow directory, e.g. {allowed}/)"))
     print(f"secret key file: {kp.secret_file}  (mode 0600; keep on this host)")
+    print(f"allow directory: {allowed}  (the broker's --curve-allow)")
     print(f"public key: {kp.public_key.decode()}")
     return 0
 
@@ -168,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--out", required=True, help="directory for the key files (created if missing)")
     k.add_argument("--name", required=True, help="base file name, e.g. broker or actor-gpu0")
     k.add_argument("--force", action="store_true", help="replace existing files of that name")
+    k.add_argument("--allow", action="store_true",
+                   help="also put the public key in OUT/allowed/ (the directory the broker's --curve-allow reads)")
     k.set_defaults(fn=_keys)
     d = sub.add_parser("demo", help="start a local broker and actors and run tool calls through them",
                        description="Start a broker and actors on loopback, run a workload of tool calls, "

@@ -38,3 +38,14 @@ def test_status_shows_the_tools_each_actor_offers() -> None:
     gpu = next(line for line in text.splitlines() if line.startswith("h/gpu0"))
     assert cpu.rstrip().endswith("bash,echo,python")
     assert gpu.rstrip().endswith("-")
+
+
+def test_keys_creates_the_allow_directory_and_allow_copies_the_public_key(tmp_path) -> None:
+    from libra.cli import main
+
+    assert main(["keys", "--out", str(tmp_path / "keys"), "--name", "broker"]) == 0
+    allowed = tmp_path / "keys" / "allowed"
+    assert allowed.is_dir() and not any(allowed.iterdir())  # the broker's --curve-allow exists at once
+    assert main(["keys", "--out", str(tmp_path / "keys"), "--name", "client", "--allow"]) == 0
+    assert (allowed / "client.key").read_bytes() == (tmp_path / "keys" / "client.key").read_bytes()
+    assert not (allowed / "client.key_secret").exists()
