@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 
 from libra.sim.action_workloads import MOPD_LOADS, coding, deepsearch, make_workload, mopd
-from libra.sim.actions_sim import SimConfig, SimError, _Sim, main, min_gpu_pool, run_sim
+from libra.sim.actions_engine import ActionSim
+from libra.sim.actions_sim import SimConfig, SimError, main, min_gpu_pool, run_sim
 
 SMALL = SimConfig(batch=96, cpu_nodes=2, cores_per_node=64)
 
@@ -17,7 +18,7 @@ SMALL = SimConfig(batch=96, cpu_nodes=2, cores_per_node=64)
 @pytest.mark.parametrize("scheduler", ["tangram", "per_trajectory", "fixed_dop"])
 def test_every_action_completes_and_act_adds_up(scheduler: str) -> None:
     cfg = replace(SMALL, scheduler=scheduler)
-    sim = _Sim(cfg)
+    sim = ActionSim(cfg)
     res = sim.run()
     planned = sum(len(t.steps) for t in coding(cfg.batch, cfg.seed * 100_003).trajectories)
     assert res["actions"] == planned == len(sim.acts)
@@ -81,7 +82,7 @@ def test_min_gpu_pool_returns_the_first_pool_within_the_ratio() -> None:
 def test_teachers_co_resident_in_gpu_memory_restore_less_than_exclusive_cells() -> None:
     cfg = SimConfig(workload="mopd", batch=256, gpu_pool=8)  # 9 teachers, two TP-4 cells
     exclusive = run_sim(replace(cfg, gpu_mem_gb=None))
-    sim = _Sim(cfg)  # default: 80 GB GPUs, 8 GB workspace -> seven 10 GB shards per GPU
+    sim = ActionSim(cfg)  # default: 80 GB GPUs, 8 GB workspace -> seven 10 GB shards per GPU
     shared = sim.run()
     assert (shared["gpu_mem_gb"], shared["gpu_workspace_gb"], exclusive["gpu_mem_gb"]) == (80.0, 8.0, None)
     for r in (exclusive, shared):
@@ -100,7 +101,7 @@ def test_teachers_co_resident_in_gpu_memory_restore_less_than_exclusive_cells() 
 @pytest.mark.parametrize("pooled", [True, False])
 def test_search_calls_respect_the_api_rate_limit(pooled: bool) -> None:
     cfg = SimConfig(workload="deepsearch", batch=256, gpu_pool=8, workload_params={"rps": 20.0, "burst": 5.0})
-    sim = _Sim(cfg if pooled else replace(cfg, scheduler="per_trajectory"))
+    sim = ActionSim(cfg if pooled else replace(cfg, scheduler="per_trajectory"))
     sim.run()
     starts = sorted(sim.quota_starts)
     assert len(starts) == sum(1 for t in deepsearch(256, 0).trajectories for _th, a in t.steps if a.kind == "quota")
