@@ -27,7 +27,7 @@ def test_keys_command_writes_a_usable_certificate_pair(tmp_path: Path) -> None:
     pub, sec = tmp_path / "k" / "actor-gpu0.key", tmp_path / "k" / "actor-gpu0.key_secret"
     assert stat.S_IMODE(sec.stat().st_mode) == 0o600
     assert stat.S_IMODE(pub.stat().st_mode) == 0o644
-    assert sorted(os.listdir(tmp_path / "k")) == ["actor-gpu0.key", "actor-gpu0.key_secret"]  # no temp left
+    assert sorted(os.listdir(tmp_path / "k")) == ["actor-gpu0.key", "actor-gpu0.key_secret", "allowed"]  # no temp left
     public, secret = zmq.auth.load_certificate(sec)
     assert zmq.auth.load_certificate(pub) == (public, None)
     assert len(public) == 40 and len(secret) == 40 and public.decode() in out.stdout
