@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import sys
 
 from libra.logging import configure, get_logger
@@ -35,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--torch-threads", type=int, default=0, help="torch CPU threads per engine slot (0: default)")
     p.add_argument("--rollout-batch", type=int, default=32, help="max turns a rollout slot decodes together")
     p.add_argument("--episode-concurrency", type=int, default=64, help="episodes an episode slot runs at once")
+    p.add_argument("--actor-id-prefix", default="",
+                   help="actor ids become HOST/PREFIX-SLOT (default HOST/SLOT); needed to run a second "
+                        "supervisor on one host against the same broker")
     p.add_argument("--log-level", default=None)
     return p
 
@@ -58,6 +62,21 @@ def parse_roles(spec: str) -> list[str]:
         out += [name] * n
     if not out:
         raise ValueError("--roles names no slots")
+    return out
+
+
+def slot_arguments(slots: list[str], roles: list[str] | None, prefix: str, host: str) -> dict[str, list[str]]:
+    """Per-slot runtime arguments: ``--actor-id HOST/PREFIX-SLOT`` with a prefix, ``--role`` per CPU slot."""
+    out: dict[str, list[str]] = {s: [] for s in slots}
+    if prefix:
+        if "/" in prefix or not prefix.strip():
+            raise ValueError(f"--actor-id-prefix must be a non-empty name without '/', got {prefix!r}")
+        for s in slots:
+            out[s] += ["--actor-id", f"{host}/{prefix}-{s}"]
+    if roles is not None:
+        cpu = [s for s in slots if s.startswith("cpu")]
+        for s, r in zip(cpu, roles):
+            out[s] += ["--role", r]
     return out
 
 
@@ -93,10 +112,11 @@ def main(argv: list[str] | None = None) -> int:
             extra += [flag, value]
     extra += ["--torch-threads", str(args.torch_threads), "--rollout-batch", str(args.rollout_batch),
               "--episode-concurrency", str(args.episode_concurrency)]
-    slot_args: dict[str, list[str]] = {}
-    if roles is not None:
-        cpu = [s for s in slots if s.startswith("cpu")]
-        slot_args = {s: ["--role", r] for s, r in zip(cpu, roles)}
+    try:
+        slot_args = slot_arguments(slots, roles, args.actor_id_prefix, socket.gethostname())
+    except ValueError as exc:
+        print(f"libra.actors: {exc}", file=sys.stderr)
+        return 2
     sup = Supervisor(args.broker, slots, capacity=args.capacity, restart=not args.no_restart, extra_args=extra,
                      slot_args=slot_args)
     for sig in (signal.SIGTERM, signal.SIGINT):

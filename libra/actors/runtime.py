@@ -254,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--broker", required=True, help="broker endpoint, e.g. tcp://127.0.0.1:5555")
     p.add_argument("--slot", required=True, help="slot name: cpuN or gpuN")
     p.add_argument("--actor-id", help="stable actor id (default HOST/SLOT)")
+    p.add_argument("--instance", default=None,
+                   help="id of the supervisor run that started this slot (default: a fresh one); the broker "
+                        "refuses an actor id that a live session of another instance holds")
     p.add_argument("--capacity", type=int, default=4, help="concurrent work items (default %(default)s)")
     p.add_argument("--heartbeat-s", type=float, default=1.0, help="initial heartbeat interval (the broker's wins)")
     p.add_argument("--no-sandbox", action="store_true", help="offer only the built-in echo/sleep tools")
@@ -280,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     actor_id = args.actor_id or f"{host}/{args.slot}"
     if args.slot.startswith("gpu"):
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", args.slot[3:])
-    labels = {"slot_kind": "gpu" if args.slot.startswith("gpu") else "cpu", "engine_role": args.role}
+    labels = {"slot_kind": "gpu" if args.slot.startswith("gpu") else "cpu", "engine_role": args.role,
+              "instance": args.instance or uuid.uuid4().hex[:12]}
     if args.role == "action":
         tools = action_tools(enable_sandbox=not args.no_sandbox, allow_unisolated=args.allow_unisolated)
         handlers = handlers_for_tools(tools)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from libra.logging import get_logger
@@ -38,9 +39,13 @@ class Supervisor:
         self.restart = restart
         self.grace_s = grace_s
         self._stop = threading.Event()
+        #: One id per supervisor run, sent by every slot it starts: the broker lets a restarted slot of this
+        #: supervisor replace its old session, but refuses an actor id that another supervisor holds live.
+        self.instance = uuid.uuid4().hex[:12]
         self.children = [
             _Child(slot, [sys.executable, "-m", "libra.actors.runtime", "--broker", broker, "--slot", slot,
-                          "--capacity", str(capacity), *(extra_args or []), *(slot_args or {}).get(slot, [])])
+                          "--capacity", str(capacity), "--instance", self.instance, *(extra_args or []),
+                          *(slot_args or {}).get(slot, [])])
             for slot in slots
         ]
 
