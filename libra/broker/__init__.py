@@ -1,7 +1,6 @@
-"""The broker: ``BrokerState`` (pure core) and the ZeroMQ ROUTER shell in ``server``."""
+"""The broker: the pure core ``state.BrokerState`` (its components in ``sessions``, ``work_table``,
+``dispatch``, ``rollout``, ``actions``, ``jobs``, ``planning``) and the ZeroMQ ROUTER shell in ``server``.
 
-from __future__ import annotations
-
-from .state import BrokerConfig, BrokerState
-
-__all__ = ["BrokerConfig", "BrokerState"]
+The package imports nothing: import what you need from its modules (``from libra.broker.state import
+BrokerConfig, BrokerState``).
+"""

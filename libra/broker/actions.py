@@ -1,4 +1,4 @@
-"""Action-level scheduling inside the broker (ARL-Tangram). Pure; owned by ``BrokerState``.
+"""Action placement inside the broker (ARL-Tangram). Pure; the dispatcher (``dispatch.py``) asks it.
 
 With ``BrokerConfig.action_scheduler`` set (``tangram``, ``fixed_dop``, ``per_trajectory``), queued
 ``action`` work is not handed out first-come-first-served by credit: the policy decides which actions
@@ -16,15 +16,17 @@ policy's completion-time model; actual durations come from the actors.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from libra.policies.actions.registry import ActionSpec, Amdahl, ElasticSpec, RunningView, make_action_scheduler
 
-if TYPE_CHECKING:
-    from .events import Command
-    from .state import BrokerState
+from .work import Work
+
+#: The most queued actions one placement round shows the policy (the oldest ones).
+WINDOW = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,16 @@ class ActionPlacement:
         grants = self.scheduler.schedule(queue, {"cpu": free_cores}, running, now)
         return [(g.action_id, int(g.units.get("cpu", 1))) for g in grants]
 
+    def grants(self, queues: Iterable[Iterable[Work]], free_cores: int, now: float) -> list[tuple[str, int]]:
+        """Which queued actions start now on one actor with ``free_cores`` free, and with how many cores each:
+        ``queues`` are the FCFS queues that actor serves (their oldest :data:`WINDOW` actions are shown to
+        the policy). Returns ``(work id, cores)`` grants that fit the actor jointly."""
+        queued = list(islice(heapq.merge(*queues, key=lambda w: w.seq), WINDOW))
+        if not queued:
+            return []
+        specs = [self.spec(w.work_id, w.trajectory, w.name, w.submitted_at) for w in queued]
+        return self.decide(specs, free_cores, now)
+
     def started(self, work_id: str, cores: int, now: float) -> None:
         s = self._specs.get(work_id)
         est = s.duration(cores) if s is not None and s.elastic is not None else (s.base_duration if s else 1.0)
@@ -85,30 +97,3 @@ class ActionPlacement:
 
     def trajectory_finished(self, trajectory: str, now: float) -> None:
         self.scheduler.trajectory_finished(trajectory, now)
-
-
-def schedule_actions(self: BrokerState, now: float, out: list[Command]) -> None:
-    """Let the action policy start queued actions (see ``broker/actions.py``).
-
-    One round per action actor, most free cores first: the policy decides over that actor's free
-    cores and the actions it serves, so every grant of the round fits on it jointly.
-    """
-    assert self.actions is not None
-    eligible = [s for s in self.actors.values() if "action" in s.accepting and s.free > 0
-                and s.cores > s.cores_used]
-    if not eligible or not any(q for (k, _), q in self.queues.items() if k == "action"):
-        return
-    for sess in sorted(eligible, key=lambda s: (s.cores_used - s.cores, s.actor_id)):
-        # each queue is FCFS already: merge their heads instead of sorting everything queued (hot under load)
-        queues = [q for (k, name), q in self.queues.items() if k == "action" and q and sess.serves(k, name)]
-        queued = list(islice(heapq.merge(*((self.works[wid] for wid in q) for q in queues), key=lambda w: w.seq), 512))
-        if not queued:
-            continue
-        specs = [self.actions.spec(w.work_id, w.trajectory, w.name, w.submitted_at) for w in queued]
-        for wid, cores in self.actions.decide(specs, sess.cores - sess.cores_used, now):
-            if sess.free <= 0:
-                break  # out of work slots: the rest stays queued
-            w = self.works[wid]
-            self.queues[w.key].remove(wid)
-            w.route = {"cores": cores}
-            self._assign(w, sess, now, out)

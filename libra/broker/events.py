@@ -1,16 +1,21 @@
 """Inputs to and outputs of the broker's pure core (``BrokerState.handle``).
 
 Events are what the shell observed (a decoded frame from a peer, a frame that failed to decode, a
-timer tick, a planner search it ran off the loop). Commands are what the core wants done (send a message to a peer). Both are plain frozen
-dataclasses so tests can build and compare them directly.
+timer tick, a planner search it ran off the loop) and what an operator, the simulator or a restart asks of
+the core (a directive, a plan, a journal to restore). Commands are everything the core wants done outside
+itself: send a message to a peer, append a record to the journal, run a planner search off the loop, write
+a log line. The core has no other way out: no sockets, no files, no threads, no logger. All are plain
+frozen dataclasses so tests can build and compare them directly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from libra.protocol.errors import ProtocolError
+
+# ---------------------------------------------------------------------------------------------- events
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,18 +37,58 @@ class BadFrame:
 
 @dataclass(frozen=True, slots=True)
 class Tick:
-    """Periodic timer: liveness, leases, deadlines, heartbeats."""
+    """Periodic timer: liveness, leases, deadlines, heartbeats, the planner's rounds."""
 
 
 @dataclass(frozen=True, slots=True)
 class PlannerDone:
-    """The search of a broker planning round finished (``job``: a ``planner_loop.PlanJob`` the shell
-    ran off the event loop)."""
+    """The search of a broker planning round finished (``job``: the ``planner_loop.PlanJob`` of a
+    :class:`StartPlannerSearch` command, which the shell ran off the event loop)."""
 
     job: Any
 
 
-Event = PeerMessage | BadFrame | Tick | PlannerDone
+@dataclass(frozen=True, slots=True)
+class Direct:
+    """Tell actor ``actor_id`` to accept ``kinds`` from now on (``mode``: ``finish`` or ``handback``;
+    ``config``: its role details). The core raises ``KeyError`` (no such live actor) or ``ValueError``
+    (bad mode or kind): this is an operator's or the planner's call, not peer input."""
+
+    actor_id: str
+    kinds: tuple[str, ...] | list[str]
+    mode: str = "finish"
+    config: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyPlan:
+    """Move the GPU actors to the roles of ``plan`` (a planner ``Plan``); raises ``pools.PlanError`` when it
+    does not fit the actors connected now."""
+
+    plan: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """Rebuild after a restart from a journal (before serving): ``accepted`` requests without a reply and
+    the ``done`` replies, each ``(client_id, request_id, fields)``, oldest first."""
+
+    accepted: list[tuple[str, str, dict[str, Any]]]
+    done: list[tuple[str, str, dict[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Rehome:
+    """Move rollout instances and queued generate turns of buckets a re-plan removed onto current buckets
+    (``buckets``: old bucket name -> current bucket name). The simulator uses it; the live broker's
+    instances get new roles by directive instead."""
+
+    buckets: dict[str, str]
+
+
+Event = PeerMessage | BadFrame | Tick | PlannerDone | Direct | ApplyPlan | Restore | Rehome
+
+# -------------------------------------------------------------------------------------------- commands
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +101,11 @@ class Send:
 
 
 @dataclass(frozen=True, slots=True)
-class Journal:
+class JournalWrite:
     """Record for durability: ``op`` is ``accept`` (a request was accepted: ``data`` has its fields) or
-    ``done`` (its one reply was produced: ``data`` is the Reply's fields). Ignored without a journal."""
+    ``done`` (its one reply was produced: ``data`` is the Reply's fields). Only a core built with
+    ``journaling=True`` emits them; the shell appends them to its journal and commits before it sends the
+    replies of the same pass."""
 
     op: str
     client_id: str
@@ -66,4 +113,24 @@ class Journal:
     data: dict[str, Any]
 
 
-Command = Send
+@dataclass(frozen=True, slots=True)
+class StartPlannerSearch:
+    """Run ``job.run()`` (a ``planner_loop.PlanJob``: a planning round's search, seconds at 512 GPUs) off the
+    event loop and hand the job back as a :class:`PlannerDone` event. Only a core built with
+    ``planner_offload=True`` emits it; otherwise the search runs inline."""
+
+    job: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    """Write one log line: ``event`` (a static snake_case name, or a short sentence) with ``fields``, at
+    ``level`` (``debug`` | ``info`` | ``warning`` | ``error``), as ``component``."""
+
+    event: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    level: str = "info"
+    component: str = "libra.broker"
+
+
+Command = Send | JournalWrite | StartPlannerSearch | Log

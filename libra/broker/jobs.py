@@ -1,130 +1,139 @@
-"""Glue between :class:`~libra.broker.state.BrokerState` and its job hosts (``libra.broker.job``).
+"""The job board of the broker core: the RL jobs it hosts (``libra.broker.job.JobHost``) by name.
 
-Pure, like the core: ``on_job_submit`` / ``on_job_poll`` answer the two client messages, ``pump`` submits
-what the hosts want (as ordinary work owned by the pseudo-client ``job:NAME``) and feeds them the replies
-the core collected. Job work is never journaled (a job does not survive a broker restart: its client sees
-the job vanish and fails with a clear error) and never counts against a client's in-flight limit.
+Pure, like the core: :meth:`JobBoard.submit` / :meth:`JobBoard.poll` answer the two client messages,
+:meth:`JobBoard.pump` submits what the hosts want (as ordinary work owned by the pseudo-client
+``job:NAME``, through the callbacks the core passes) and feeds them the replies :meth:`JobBoard.collect`
+gathered. Job work is never journaled (a job does not survive a broker restart: its client sees the job
+vanish and fails with a clear error) and never counts against a client's in-flight limit.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from libra.config import ConfigError
 from libra.protocol import messages as m
-from libra.protocol.errors import ErrorCode, ProtocolCode
+from libra.protocol.errors import ErrorCode
 
-from .events import Send
 from .job import JobHost, JobSpec, JobWork
-from .work import WorkState
 
-if TYPE_CHECKING:
-    from .events import Command
-    from .state import BrokerState
+__all__ = ["KEEP_FINISHED", "OWNER_PREFIX", "JobBoard"]
 
 OWNER_PREFIX = "job:"
 KEEP_FINISHED = 16  # finished jobs remembered for polling
 
 
-def owner(name: str) -> str:
-    return OWNER_PREFIX + name
+class JobBoard:
+    """Job hosts by name, the replies collected for them, and the newest weights a job published."""
 
+    def __init__(self) -> None:
+        self.hosts: dict[str, Any] = {}  # name -> JobHost
+        self.dirty = False  # replies to deliver, or a host that may want to submit or cancel work
+        self.weights: dict[str, Any] | None = None  # newest weights a job published (generate turns load them)
+        self._replies: list[tuple[str, str, m.Reply]] = []
 
-def on_job_submit(b: BrokerState, peer: bytes, msg: m.JobSubmit, now: float, out: list[Command]) -> None:
-    if peer not in b.clients:
-        out.extend(b._reject(peer, ProtocolCode.UNEXPECTED, "say ClientHello before JobSubmit"))
-        return
+    @staticmethod
+    def owner(name: str) -> str:
+        """The pseudo-client id that owns the work of job ``name``."""
+        return OWNER_PREFIX + name
 
-    def err(text: str) -> None:
-        out.append(Send(peer, m.Reply(msg.request_id, False, None, ErrorCode.BAD_REQUEST.value, text)))
+    @staticmethod
+    def owns(client_id: str) -> bool:
+        """Whether work of ``client_id`` belongs to a job."""
+        return client_id.startswith(OWNER_PREFIX)
 
-    old = b.jobs.get(msg.name)
-    if old is not None and old.active:
-        if old.submit_request == msg.request_id:  # a resubmission of the same request
-            out.append(Send(peer, m.Reply(msg.request_id, True, {"job": msg.name})))
-        else:
-            err(f"job {msg.name!r} is already running (poll it, or cancel it first)")
-        return
-    if not msg.name or "/" in msg.name:
-        err(f"job name must be non-empty and contain no '/', got {msg.name!r}")
-        return
-    try:
-        host = JobHost(msg.name, JobSpec.from_mapping(msg.spec), list(msg.rows), now)
-    except ConfigError as exc:
-        err(str(exc))
-        return
-    host.submit_request = msg.request_id
-    b.jobs.pop(msg.name, None)
-    b.jobs[msg.name] = host
-    finished = [n for n, h in b.jobs.items() if not h.active and not h.outstanding()]
-    for n in finished[: max(0, len(finished) - KEEP_FINISHED)]:
-        del b.jobs[n]
-    b.jobs_dirty = True
-    out.append(Send(peer, m.Reply(msg.request_id, True, {"job": msg.name})))
+    # ------------------------------------------------------------------ client messages
+    def submit(self, msg: m.JobSubmit, now: float) -> m.Reply:
+        """Start job ``msg.name`` (a resubmission of the same request is answered, not re-run)."""
 
+        def err(text: str) -> m.Reply:
+            return m.Reply(msg.request_id, False, None, ErrorCode.BAD_REQUEST.value, text)
 
-def on_job_poll(b: BrokerState, peer: bytes, msg: m.JobPoll, now: float, out: list[Command]) -> None:
-    if peer not in b.clients:
-        out.extend(b._reject(peer, ProtocolCode.UNEXPECTED, "say ClientHello before JobPoll"))
-        return
-    host = b.jobs.get(msg.job)
-    if host is None:
-        out.append(Send(peer, m.Reply(msg.request_id, False, None, ErrorCode.BAD_REQUEST.value,
-                                      f"no job {msg.job!r} on this broker (known: {', '.join(b.jobs) or 'none'}); "
-                                      "a broker restart forgets running jobs")))
-        return
-    if msg.cancel:
-        host.cancel("cancelled by the client", now)
-        b.jobs_dirty = True
-    out.append(Send(peer, m.Reply(msg.request_id, True, host.poll(msg.cursor))))
+        old = self.hosts.get(msg.name)
+        if old is not None and old.active:
+            if old.submit_request == msg.request_id:  # a resubmission of the same request
+                return m.Reply(msg.request_id, True, {"job": msg.name})
+            return err(f"job {msg.name!r} is already running (poll it, or cancel it first)")
+        if not msg.name or "/" in msg.name:
+            return err(f"job name must be non-empty and contain no '/', got {msg.name!r}")
+        try:
+            host = JobHost(msg.name, JobSpec.from_mapping(msg.spec), list(msg.rows), now)
+        except ConfigError as exc:
+            return err(str(exc))
+        host.submit_request = msg.request_id
+        self.hosts.pop(msg.name, None)
+        self.hosts[msg.name] = host
+        finished = [n for n, h in self.hosts.items() if not h.active and not h.outstanding()]
+        for n in finished[: max(0, len(finished) - KEEP_FINISHED)]:
+            del self.hosts[n]
+        self.dirty = True
+        return m.Reply(msg.request_id, True, {"job": msg.name})
 
+    def poll(self, msg: m.JobPoll, now: float) -> m.Reply:
+        """A job's progress from ``msg.cursor`` on (``msg.cancel``: cancel it first)."""
+        host = self.hosts.get(msg.job)
+        if host is None:
+            return m.Reply(msg.request_id, False, None, ErrorCode.BAD_REQUEST.value,
+                           f"no job {msg.job!r} on this broker (known: {', '.join(self.hosts) or 'none'}); "
+                           "a broker restart forgets running jobs")
+        if msg.cancel:
+            host.cancel("cancelled by the client", now)
+            self.dirty = True
+        return m.Reply(msg.request_id, True, host.poll(msg.cursor))
 
-def collect(b: BrokerState, w: Any, reply: m.Reply) -> None:
-    """Called by the core's ``_finish`` for work a job owns: keep the reply for :func:`pump`."""
-    b.job_replies.append((w.client_id[len(OWNER_PREFIX):], w.request_id, reply))
-    b.jobs_dirty = True
+    # ------------------------------------------------------------------ the core's side
+    def collect(self, client_id: str, tag: str, reply: m.Reply) -> None:
+        """The reply of work a job owns (``client_id`` is its owner): kept for :meth:`pump`."""
+        self._replies.append((client_id[len(OWNER_PREFIX):], tag, reply))
+        self.dirty = True
 
+    def pump(self, now: float, submit: Callable[[str, JobWork, str], None],
+             cancel: Callable[[str, str], None]) -> None:
+        """Deliver collected replies, submit the hosts' new work, cancel what stopped jobs still have.
 
-def pump(b: BrokerState, now: float, out: list[Command]) -> None:
-    """Deliver collected replies, submit the hosts' new work, cancel what stopped jobs still have."""
-    while b.jobs_dirty:
-        b.jobs_dirty = False
-        replies, b.job_replies = b.job_replies, []
+        ``submit(owner, work, why)`` admits and places one piece of work for ``owner``; ``cancel(owner,
+        why)`` fails everything ``owner`` still has (its replies come back through :meth:`collect`)."""
+        while self.dirty:
+            self.dirty = False
+            replies, self._replies = self._replies, []
+            for name, tag, r in replies:
+                host = self.hosts.get(name)
+                if host is not None:
+                    before = host.weights
+                    host.on_reply(tag, r.ok, r.output, r.error, now)
+                    if host.weights is not before:  # a step published a version: later turns load it
+                        self.weights = host.weights
+            for host in list(self.hosts.values()):
+                if host.active:
+                    for jw in host.take_work(now):
+                        submit(self.owner(host.name), jw, f"job:{host.name}")
+                if not host.active and host.outstanding():
+                    cancel(self.owner(host.name), f"job {host.name} {host.phase}")
+                    self._forget_replies(now)
+
+    def _forget_replies(self, now: float) -> None:
+        """Let the hosts forget the work just cancelled."""
+        replies, self._replies = self._replies, []
         for name, tag, r in replies:
-            host = b.jobs.get(name)
-            if host is not None:
-                before = host.weights
-                host.on_reply(tag, r.ok, r.output, r.error, now)
-                if host.weights is not before:  # a step published a version: later turns load it
-                    b.job_weights = host.weights
-        for host in list(b.jobs.values()):
-            if host.active:
-                for jw in host.take_work(now):
-                    _submit(b, host, jw, now, out)
-            if not host.active and host.outstanding():
-                _cancel_outstanding(b, host, now, out)
+            h = self.hosts.get(name)
+            if h is not None:
+                h.on_reply(tag, r.ok, r.output, r.error, now)
+        self.dirty = False
 
+    # ------------------------------------------------------------------ views
+    def last_step_times(self) -> tuple[float | None, float | None]:
+        """``(rollout s, training s)`` of the newest RL step recorded by a job (None, None without one)."""
+        newest: dict[str, Any] | None = None
+        for host in self.hosts.values():
+            recs = getattr(host, "records", None)
+            if recs and (newest is None or recs[-1].get("step", 0) >= newest.get("step", 0)):
+                newest = recs[-1]
+        if newest is None:
+            return None, None
+        roll, train = newest.get("rollout_time_s"), newest.get("train_time_s")
+        ok = [isinstance(x, (int, float)) and x > 0 for x in (roll, train)]
+        return (float(roll) if ok[0] else None), (float(train) if ok[1] else None)
 
-def _submit(b: BrokerState, host: JobHost, jw: JobWork, now: float, out: list[Command]) -> None:
-    w = b._admit(owner(host.name), jw.tag, b"", jw.kind, jw.name, jw.args, jw.trajectory, jw.timeout_s, now,
-                 f"job:{host.name}")
-    b.stats["submitted"] += 1
-    key = w.key
-    sess = b._best_actor(key)
-    if sess is not None:
-        b._assign(w, sess, now, out)
-    else:
-        b.queues.setdefault(key, deque()).append(w.work_id)
-
-
-def _cancel_outstanding(b: BrokerState, host: JobHost, now: float, out: list[Command]) -> None:
-    mine = owner(host.name)
-    for w in [w for w in b.works.values() if w.client_id == mine and w.state in (WorkState.QUEUED, WorkState.LEASED)]:
-        b._fail(w, now, out, ErrorCode.CANCELLED, f"job {host.name} {host.phase}")
-    replies, b.job_replies = b.job_replies, []
-    for name, tag, r in replies:  # let the host forget them
-        h = b.jobs.get(name)
-        if h is not None:
-            h.on_reply(tag, r.ok, r.output, r.error, now)
-    b.jobs_dirty = False
+    def summaries(self) -> dict[str, Any]:
+        return {name: host.summary() for name, host in self.hosts.items()}

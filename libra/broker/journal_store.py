@@ -1,8 +1,8 @@
-"""Durability: the broker's journal of accepted requests and delivered replies, in SQLite (WAL).
+"""Durability, the shell's side: the broker's journal of accepted requests and delivered replies, in SQLite (WAL).
 
-The pure core emits :class:`~libra.broker.events.Journal` commands; the server shell appends them here
+The pure core emits :class:`~libra.broker.events.JournalWrite` commands; the server shell appends them here
 and commits once per loop pass (WAL with ``synchronous=NORMAL`` survives a killed process; a power loss
-may lose the last commit). ``load()`` returns what :meth:`BrokerState.restore` needs after a restart:
+may lose the last commit). ``load()`` returns what the core's ``Restore`` event needs after a restart:
 accepted requests that have no reply yet, and the most recent replies (so a client retrying a request id
 gets the original answer instead of a second execution). Payloads are msgpack, never pickle.
 """
@@ -10,16 +10,12 @@ gets the original answer instead of a second execution). Payloads are msgpack, n
 from __future__ import annotations
 
 import sqlite3
-from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgpack
 
-from libra.protocol import messages as m
-
-if TYPE_CHECKING:
-    from .state import BrokerState
+from .events import JournalWrite
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS accepted (client_id TEXT, request_id TEXT, body BLOB, PRIMARY KEY (client_id, request_id));
@@ -50,6 +46,10 @@ class BrokerJournal:
                         (client_id, request_id, msgpack.packb(reply, use_bin_type=True)))
         self._pending += 1
 
+    def write(self, rec: JournalWrite) -> None:
+        """Append one record the core emitted (committed by the next :meth:`commit`)."""
+        (self.accept if rec.op == "accept" else self.done)(rec.client_id, rec.request_id, rec.data)
+
     def commit(self) -> None:
         if self._pending:
             self.db.execute("COMMIT")
@@ -72,20 +72,3 @@ class BrokerJournal:
         self.commit()
         self.db.execute("COMMIT")
         self.db.close()
-
-
-def restore(self: BrokerState, accepted: list[tuple[str, str, dict[str, Any]]],
-            done: list[tuple[str, str, dict[str, Any]]], now: float) -> None:
-    """Rebuild after a restart from a journal: ``done`` replies answer resubmissions of their request
-    ids; ``accepted`` requests without a reply are queued again with their full timeout (their
-    clients re-attach by resubmitting the same request id). Call before serving."""
-    for client_id, rid, reply in done[-self.config.reply_cache:]:
-        self._replies[(client_id, rid)] = m.Reply(rid, **reply)
-    for client_id, rid, d in accepted:
-        if (client_id, rid) in self._replies or (client_id, rid) in self._by_request:
-            continue
-        name = self.rollout.bucket_named(d["name"]) if d["kind"] == "generate" and not d["trajectory"] else d["name"]
-        w = self._admit(client_id, rid, b"", d["kind"], name, d["args"], d["trajectory"], d["timeout_s"], now,
-                        "restored")
-        self.queues.setdefault(w.key, deque()).append(w.work_id)
-        self.stats["restored"] = self.stats.get("restored", 0) + 1

@@ -38,7 +38,7 @@ from prometheus_client.core import (
 
 from libra.protocol import messages as m
 
-from .events import PeerMessage
+from .events import PeerMessage, Send
 
 if TYPE_CHECKING:
     from .state import BrokerState
@@ -117,7 +117,7 @@ class BrokerMetrics:
         if type(msg) is m.Submit:
             self._pending[(event.peer, msg.request_id)] = (msg.kind, now, now + msg.timeout_s + _PENDING_SLACK_S)
         for c in cmds:
-            if type(c.msg) is m.Reply:
+            if type(c) is Send and type(c.msg) is m.Reply:
                 self._on_reply(c.peer, c.msg, now)
 
     def _on_reply(self, peer: bytes, r: m.Reply, now: float) -> None:

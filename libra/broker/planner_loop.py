@@ -30,7 +30,9 @@ A round is :meth:`PlannerLoop.start` (on the broker's loop: snapshot the pressur
 :meth:`PlanJob.run` (the search: about 35 ms at 48 GPUs, 0.2 s at 128, 3 s at 512, so the server runs it
 on a worker thread) and :meth:`PlannerLoop.finish` (back on the loop: record, apply). Trajectories that
 finish while a search runs are held and reach the re-planner afterwards. Pure but for the search's
-own timer (reported as ``search_s``, never decided on): no I/O or threads here.
+own timer (reported as ``search_s``, never decided on): no I/O, threads or logging here. Each decision
+is kept in :attr:`PlannerLoop.decisions` and counted in :attr:`PlannerLoop.recorded`; the broker core turns
+new ones into log lines.
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from libra.config import from_mapping
-from libra.logging import get_logger
 from libra.policies.cost import (
     ProfileError,
     RolloutCostModel,
@@ -59,9 +60,6 @@ __all__ = ["BROKER_ALLOCATORS", "PlanJob", "PlannerLoop", "PlannerSettings"]
 
 #: The allocators whose plans are role layouts the broker can apply (not ``colocated``'s time-sharing).
 BROKER_ALLOCATORS = tuple(a for a in ALLOCATORS if a != "colocated")
-
-log = get_logger(__name__)
-
 
 @dataclass(frozen=True, slots=True)
 class PlannerSettings:
@@ -130,20 +128,21 @@ class PlannerLoop:
         self.decisions: deque[dict[str, Any]] = deque(maxlen=16)
         self._replanner: Replanner | None = None
         self._key: tuple[int, int] | None = None  # (GPUs, batch) the replanner was built for
-        self.job: PlanJob | None = None  # the round whose search is in flight
+        self.recorded = 0  # decisions recorded so far (``decisions`` keeps the newest 16)
+        self._job: PlanJob | None = None  # the round whose search is in flight
         self._held: list[tuple[float, float, float, float]] = []  # observed while it is
 
     def observe(self, prompt_tokens: int, generated: int, turns: int, tool_seconds: float = 0.0) -> None:
         """Record one finished trajectory: prompt + tool-payload tokens, generated tokens, generate turns
         and the seconds it waited on tools. While a search is in flight the re-planner is not touched
-        (:attr:`job` runs on another thread); the record reaches it when the round finishes."""
+        (its search runs on another thread); the record reaches it when the round finishes."""
         if prompt_tokens + generated <= 0:
             return
         row = (float(max(0, prompt_tokens)), float(max(1, generated)), float(max(1, turns)),
                float(tool_seconds) if tool_seconds > 0 and math.isfinite(tool_seconds) else 0.0)
         self.history.append(row)
         self.finished_since += 1
-        if self.job is not None:
+        if self._job is not None:
             self._held.append(row)
         elif self._replanner is not None:
             _feed(self._replanner, row)
@@ -154,15 +153,25 @@ class PlannerLoop:
         if self.last_round_t is None:
             self.last_round_t = now
             return False
-        return self.job is None and now - self.last_round_t >= self.settings.interval_s
+        return self._job is None and now - self.last_round_t >= self.settings.interval_s
+
+    @property
+    def searching(self) -> bool:
+        """Whether a round's search is in flight (between :meth:`start` and :meth:`finish`)."""
+        return self._job is not None
+
+    @property
+    def held(self) -> int:
+        """Trajectories observed while the search is in flight, waiting for it to finish."""
+        return len(self._held)
 
     def start(self, n_gpus: int, now: float, *, queue_pressure: float = 0.0, active_pressure: float = 0.0,
               rejected_total: int = 0, rollout_time: float | None = None,
               train_time: float | None = None) -> PlanJob | None:
         """Begin a planning round on ``n_gpus`` connected GPU actors (``rollout_time`` / ``train_time``:
         the last measured stage seconds of an RL step, when the broker runs a job; they drive the
-        re-planner's stage-imbalance trigger). Returns the search to run (also kept as :attr:`job`
-        until :meth:`finish`), or None when the round ended at once (too few GPU actors, a
+        re-planner's stage-imbalance trigger). Returns the search to run (in flight until
+        :meth:`finish`), or None when the round ended at once (too few GPU actors, a
         configuration the planner refuses: the decision is recorded)."""
         self.last_round_t = now
         self.rounds += 1
@@ -178,15 +187,15 @@ class PlannerLoop:
                 return self._record(now, "planner_config_error", error=str(exc))
         assert self._replanner is not None
         snap = PressureSnapshot(self.rounds, queue_pressure, active_pressure, rejected_total, rollout_time, train_time)
-        self.job = PlanJob(self._replanner, snap, self.plan)
-        return self.job
+        self._job = PlanJob(self._replanner, snap, self.plan)
+        return self._job
 
     def finish(self, job: PlanJob, now: float) -> Plan | None:
         """End the round of ``job`` (after :meth:`PlanJob.run`): record its decision and return the plan to
         apply now, or None. The caller applies it and reports a layout failure with :meth:`rejected`."""
-        if job is not self.job:  # not this loop's round (stale): nothing to do
+        if job is not self._job:  # not this loop's round (stale): nothing to do
             return None
-        self.job = None
+        self._job = None
         held, self._held = self._held, []
         if job.replanner is self._replanner:
             for row in held:
@@ -252,11 +261,16 @@ class PlannerLoop:
             self.plan = None
 
     def _record(self, now: float, reason: str, **extra: Any) -> None:
-        """Keep (and log) one round's decision; returns None for the caller's ``return``."""
+        """Keep one round's decision (the core logs it); returns None for the caller's ``return``."""
         entry = {"round": self.rounds, "t": round(now, 3), "reason": reason, **extra}
         self.decisions.append(entry)
-        log.info("planner_round", **{k: v for k, v in entry.items() if k != "plan"})
+        self.recorded += 1
         return None
+
+    def new_decisions(self, since: int) -> list[dict[str, Any]]:
+        """The decisions recorded after the first ``since`` (as many of them as :attr:`decisions` still keeps)."""
+        n = min(self.recorded - since, len(self.decisions))
+        return list(self.decisions)[len(self.decisions) - n:] if n > 0 else []
 
 
 class PlanJob:

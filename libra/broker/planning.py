@@ -1,110 +1,141 @@
-"""Applying a planner's plan to the live broker: GPU actors → roles → directives, and the periodic
-planning round (friend functions of :class:`~libra.broker.state.BrokerState`; pure like it). The layout
-and ordering rules are in ``pools``, the round's decision in ``planner_loop``."""
+"""The plan applier of the broker core: a planner's plan → GPU actors' roles → directives, and the
+periodic planning round of the broker's own planner (``planner_loop``). Pure: the directives and log lines
+come back as commands, and a round's search is either run inline or handed to the shell as a
+:class:`~libra.broker.events.StartPlannerSearch` command. The layout and ordering rules are in ``pools``,
+the round's decision in ``planner_loop``."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from libra.logging import get_logger
-
-from .events import Command
+from .events import Command, Log, StartPlannerSearch
+from .planner_loop import PlanJob, PlannerLoop
 from .pools import GpuSlot, PlanApplier, PlanError, Role, bucket_specs, layout_roles
+from .rollout import RolloutRouting
+from .sessions import SessionRegistry
 
-if TYPE_CHECKING:
-    from .state import BrokerState
-
-log = get_logger(__name__)
+__all__ = ["Planning"]
 
 
-def gpu_slots(self: BrokerState) -> list[GpuSlot]:
-    """The connected GPU actors as plan slots (labels ``slot_kind == "gpu"``, slot ``gpuN``)."""
-    out = []
-    for sess in self.actors.values():
-        if sess.labels.get("slot_kind") == "gpu" and sess.slot[3:].isdigit():
-            out.append(GpuSlot(sess.actor_id, sess.host, int(sess.slot[3:])))
-    return out
+class Planning:
+    """Applies plans to the connected GPU actors and runs the broker planner's rounds.
 
-def apply_plan(self: BrokerState, plan: Any, now: float) -> list[Command]:
-    """Move GPU actors to the roles of ``plan`` (a planner ``Plan``) without stopping anything.
-
-    Lays the plan out on the connected GPU actors (raises ``PlanError`` if it does not fit), sets
-    the rollout buckets, and sends the first wave of directives; later waves follow as actors
-    finish switching, ordered so that a complete training replica stays active throughout.
+    ``offload``: False, a round's search runs inline (tests, the simulator); True (the server), it comes
+    out as a ``StartPlannerSearch`` command and its result back as a ``PlannerDone`` event (:meth:`done`).
     """
-    current: dict[str, Role] = {}
-    for slot in self.gpu_slots():
-        cfg = self._actor_by_id(slot.actor_id).directive_config  # type: ignore[union-attr]
-        keys = ("tp", "group", "bucket", "rank", "size")
-        current[slot.actor_id] = (Role(cfg["role"], **{k: cfg[k] for k in keys if k in cfg})
-                                  if cfg.get("role") in ("train", "rollout") else Role("idle"))
-    self._plan_generation += 1
-    target = layout_roles(plan, self.gpu_slots(), current, self._plan_generation)
-    self.plan_applier = PlanApplier(current, target)
-    self.rollout.set_buckets(bucket_specs(plan))
-    out: list[Command] = []
-    for aid, role in self.plan_applier.start():
-        out.extend(self.direct(aid, role.kinds, now, "finish", role.config())[1])
-    return out
 
+    def __init__(self, loop: PlannerLoop | None, sessions: SessionRegistry, rollout: RolloutRouting,
+                 offload: bool = False) -> None:
+        self.loop = loop
+        self.offload = offload
+        self.applier: PlanApplier | None = None  # the plan being applied (or the last one)
+        self._generation = 0
+        self._sessions = sessions
+        self._rollout = rollout
 
-def plan_round(self: BrokerState, now: float) -> list[Command]:
-    """On the timer: when a round of the broker's planner (``planner_loop``) is due and no plan is still
-    being applied, start it on the connected GPU actors. Inline (``planner_offload`` False) the search
-    runs here and its plan is applied at once; offloaded, the shell runs ``planner.job`` and reports
-    back with a ``PlannerDone`` event (:func:`plan_done`)."""
-    loop = self.planner
-    if loop is None or not loop.due(now) or (self.plan_applier is not None and not self.plan_applier.done):
-        return []
-    gen = [s for s in self.actors.values() if "generate" in s.accepting]
-    cap = max(1, sum(s.capacity for s in gen))
-    queued = sum(len(q) for (kind, _), q in self.queues.items() if kind == "generate")
-    active = sum(len(s.held) for s in gen)
-    stage = _last_step_times(self)
-    job = loop.start(len(self.gpu_slots()), now, queue_pressure=min(1.0, queued / cap),
-                     active_pressure=min(1.0, active / cap), rejected_total=self.stats["busy"],
-                     rollout_time=stage[0], train_time=stage[1])
-    if job is None or self.planner_offload:
-        return []
-    return plan_done(self, job.run(), now)
+    @property
+    def applying(self) -> bool:
+        """Whether a plan is still being applied (directives of later waves pending)."""
+        return self.applier is not None and not self.applier.done
 
+    def gpu_slots(self) -> list[GpuSlot]:
+        """The connected GPU actors as plan slots (labels ``slot_kind == "gpu"``, slot ``gpuN``)."""
+        out = []
+        for sess in self._sessions.actors.values():
+            if sess.labels.get("slot_kind") == "gpu" and sess.slot[3:].isdigit():
+                out.append(GpuSlot(sess.actor_id, sess.host, int(sess.slot[3:])))
+        return out
 
-def _last_step_times(self: BrokerState) -> tuple[float | None, float | None]:
-    """``(rollout s, training s)`` of the newest RL step recorded by a job this broker runs (None, None
-    without one)."""
-    newest: dict[str, Any] | None = None
-    for host in self.jobs.values():
-        recs = getattr(host, "records", None)
-        if recs and (newest is None or recs[-1].get("step", 0) >= newest.get("step", 0)):
-            newest = recs[-1]
-    if newest is None:
-        return None, None
-    roll, train = newest.get("rollout_time_s"), newest.get("train_time_s")
-    ok = [isinstance(x, (int, float)) and x > 0 for x in (roll, train)]
-    return (float(roll) if ok[0] else None), (float(train) if ok[1] else None)
+    # ------------------------------------------------------------------ applying a plan
+    def apply(self, plan: Any, now: float) -> list[Command]:
+        """Move GPU actors to the roles of ``plan`` (a planner ``Plan``) without stopping anything.
 
+        Lays the plan out on the connected GPU actors (raises ``PlanError`` if it does not fit), sets
+        the rollout buckets, and sends the first wave of directives; later waves follow as actors
+        finish switching (:meth:`switched`), ordered so that a complete training replica stays active
+        throughout.
+        """
+        current: dict[str, Role] = {}
+        for slot in self.gpu_slots():
+            cfg = self._sessions.actor_by_id(slot.actor_id).directive_config  # type: ignore[union-attr]
+            keys = ("tp", "group", "bucket", "rank", "size")
+            current[slot.actor_id] = (Role(cfg["role"], **{k: cfg[k] for k in keys if k in cfg})
+                                      if cfg.get("role") in ("train", "rollout") else Role("idle"))
+        self._generation += 1
+        target = layout_roles(plan, self.gpu_slots(), current, self._generation)
+        self.applier = PlanApplier(current, target)
+        self._rollout.set_buckets(bucket_specs(plan))
+        return self._direct(self.applier.start(), now)
 
-def plan_done(self: BrokerState, job: Any, now: float) -> list[Command]:
-    """A round's search finished: apply the plan it decided on, if any. A plan that does not fit the
-    actors connected now (``PlanError``: some left meanwhile) is recorded as ``apply_failed``."""
-    loop = self.planner
-    if loop is None:
-        return []
-    plan = loop.finish(job, now)
-    if plan is None:
-        return []
-    try:
-        return self.apply_plan(plan, now)
-    except PlanError as exc:
-        loop.rejected(plan, str(exc))
-        return []
+    def switched(self, actor_id: str, now: float) -> list[Command]:
+        """Actor ``actor_id`` finished switching (it bid after a directive): the next wave's directives."""
+        if self.applier is None:
+            return []
+        return self._direct(self.applier.on_switched(actor_id), now)
 
+    def actor_left(self, actor_id: str, why: str, now: float) -> list[Command]:
+        """An actor left (``why``). If it is part of the plan being applied, stop sequencing the plan: actors
+        already told keep switching and bid with their new roles; the rest keep theirs. The broker's
+        planner (if any) forgets the plan, so its next round plans afresh for the actors still connected."""
+        if not self.applying or actor_id not in self.applier.target:  # type: ignore[union-attr]
+            return []
+        self.applier = None
+        out: list[Command] = [Log("plan_abandoned", {"actor": actor_id, "why": why}, "warning",
+                                  "libra.broker.planning")]
+        if self.loop is not None:
+            since = self.loop.recorded
+            self.loop.abandoned(actor_id, why, now)
+            out.extend(self._decision_logs(since))
+        return out
 
-def abandon_plan(self: BrokerState, actor_id: str, why: str, now: float) -> None:
-    """An actor of the plan being applied left (``why``): stop sequencing it. Actors already told keep
-    switching and bid with their new roles; the rest keep theirs. The broker's planner (if any) forgets
-    the plan, so its next round plans afresh for the actors still connected."""
-    self.plan_applier = None
-    log.warning("plan_abandoned", actor=actor_id, why=why)
-    if self.planner is not None:
-        self.planner.abandoned(actor_id, why, now)
+    def _direct(self, moves: list[tuple[str, Role]], now: float) -> list[Command]:
+        return [self._sessions.direct(aid, role.kinds, now, "finish", role.config()) for aid, role in moves]
+
+    # ------------------------------------------------------------------ the planner's rounds
+    def observe(self, prompt_tokens: int, generated: int, turns: int, tool_seconds: float) -> None:
+        """A trajectory finished (see ``PlannerLoop.observe``); ignored without a broker planner."""
+        if self.loop is not None:
+            self.loop.observe(prompt_tokens, generated, turns, tool_seconds)
+
+    def due(self, now: float) -> bool:
+        """Whether a round of the broker's planner is due and no plan is still being applied."""
+        return self.loop is not None and self.loop.due(now) and not self.applying
+
+    def start(self, now: float, *, queue_pressure: float, active_pressure: float, rejected_total: int,
+              rollout_time: float | None, train_time: float | None) -> list[Command]:
+        """Start a due round on the connected GPU actors. Inline, the search runs here and its plan is
+        applied at once; offloaded, the search comes out as a ``StartPlannerSearch`` command."""
+        loop = self.loop
+        assert loop is not None
+        since = loop.recorded
+        job = loop.start(len(self.gpu_slots()), now, queue_pressure=queue_pressure, active_pressure=active_pressure,
+                         rejected_total=rejected_total, rollout_time=rollout_time, train_time=train_time)
+        out = self._decision_logs(since)
+        if job is None:
+            return out
+        if self.offload:
+            out.append(StartPlannerSearch(job))
+            return out
+        return out + self.done(job.run(), now)
+
+    def done(self, job: PlanJob, now: float) -> list[Command]:
+        """A round's search finished: apply the plan it decided on, if any. A plan that does not fit the
+        actors connected now (``PlanError``: some left meanwhile) is recorded as ``apply_failed``."""
+        loop = self.loop
+        if loop is None:
+            return []
+        since = loop.recorded
+        plan = loop.finish(job, now)
+        out = self._decision_logs(since)
+        if plan is None:
+            return out
+        try:
+            out.extend(self.apply(plan, now))
+        except PlanError as exc:
+            loop.rejected(plan, str(exc))
+        return out
+
+    def _decision_logs(self, since: int) -> list[Command]:
+        assert self.loop is not None
+        return [Log("planner_round", {k: v for k, v in entry.items() if k != "plan"}, "info",
+                    "libra.broker.planner_loop") for entry in self.loop.new_decisions(since)]

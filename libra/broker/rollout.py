@@ -1,9 +1,10 @@
 """Rollout routing inside the broker: every ``generate`` turn goes through a rollout router (C-MLFQ by
 default), which sees the tool-return states because tool calls pass through the broker too.
 
-Pure: owned by :class:`~libra.broker.state.BrokerState`, driven by it, no I/O. Rollout instances are the
-actors that accept ``generate``; each belongs to a bucket (its role config ``{"bucket": name}``, else
-the first bucket) and the broker keeps one generate queue per bucket. A trajectory sticks to the
+Pure: owned by :class:`~libra.broker.state.BrokerState` and driven by its dispatcher (``dispatch.py``, which
+enforces the decisions), no I/O. Rollout instances are the actors that accept ``generate``; each belongs to
+a bucket (its role config ``{"bucket": name}``, else the first bucket) and the broker keeps one generate
+queue per bucket. A trajectory sticks to the
 instance the router chose (its prefix cache lives there) until the router migrates it.
 
 What the broker tells the router:
@@ -19,11 +20,9 @@ What the broker tells the router:
 from __future__ import annotations
 
 import contextlib
-from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from libra.logging import get_logger
 from libra.policies.routing.baselines import make_router
 from libra.policies.routing.interface import (
     BucketSpec,
@@ -35,13 +34,6 @@ from libra.policies.routing.interface import (
     TrajectoryInfo,
 )
 from libra.protocol.payloads_rollout import OracleHints
-
-if TYPE_CHECKING:
-    from .events import Command
-    from .state import BrokerState
-    from .work import Work
-
-log = get_logger(__name__)
 
 DEFAULT_BUCKETS: tuple[BucketSpec, ...] = (BucketSpec("default", 1, 1 << 30),)
 
@@ -198,33 +190,3 @@ def tool_output_fields(output: Any, ok: bool, error_code: str = "") -> tuple[int
 
 def _nonneg(x: Any) -> int:
     return x if type(x) is int and x >= 0 else 0
-
-
-def rollout_instances(self: BrokerState) -> list[tuple[str, str, int, int, str]]:
-    return [(s.actor_id, s.bucket, len(s.held), s.targeted, s.host)
-            for s in self.actors.values() if "generate" in s.accepting and s.directive is None]
-
-def route_generate(self: BrokerState, w: Work, now: float, out: list[Command]) -> None:
-    """Ask the rollout router where this turn runs; stick to that instance or queue for it."""
-    view = self.rollout.view(rollout_instances(self))
-    try:
-        d, _ = self.rollout.route(w.trajectory or "", w.args, view)
-    except RoutingError as exc:  # no ready rollout instance (yet): queue it; any instance may take it
-        log.info("generate turn queued: no rollout instance can take it now", work_id=w.work_id,
-                 trajectory=w.trajectory, why=str(exc))
-        bucket = self.rollout.buckets[0].name
-        w.route = {"bucket": bucket, "reason": "no_instance", "migrated": False, "mode": None}
-        w.name = bucket
-        self.queues.setdefault(w.key, deque()).append(w.work_id)
-        self._refill_others(None, now, out)  # an instance of another bucket may be idle
-        return
-    w.route = {"bucket": d.bucket, "reason": d.reason, "migrated": d.migrated, "mode": d.migrate_mode}
-    target = self._actor_by_id(d.instance_id) if d.instance_id else None
-    w.name = target.bucket if target is not None else (d.placed_bucket or d.bucket)
-    if target is not None and target.free > 0:
-        self._assign(w, target, now, out)
-        return
-    if target is not None:
-        w.target = target.peer
-        target.targeted += 1
-    self.queues.setdefault(w.key, deque()).append(w.work_id)

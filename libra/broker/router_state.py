@@ -39,7 +39,7 @@ from libra.logging import get_logger
 from libra.policies.routing.prefix_tree import CausalPrefixTree, PrefixTreeError, write_atomic
 from libra.policies.routing.baselines import router_accepts
 
-from .sessions import BrokerConfig
+from .config import BrokerConfig
 
 __all__ = ["RouterStateFile", "learned_tree"]
 

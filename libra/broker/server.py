@@ -1,9 +1,11 @@
-"""The broker's I/O shell: one ROUTER socket, decode → ``BrokerState.handle`` → send.
+"""The broker's I/O shell: one ROUTER socket, decode → ``BrokerState.handle`` → execute the commands.
 
 Nothing here decides anything. The loop drains up to ``max_recv_per_poll`` frames without blocking
 (so a burst cannot starve the timers), feeds each to the core, executes the returned commands, and
-ticks the core every ``tick_s``; a broker planner round's search (``planner_loop``) runs on one worker
-thread and comes back as a ``PlannerDone`` event. A frame that fails to decode becomes a ``BadFrame`` event (the core
+ticks the core every ``tick_s``. The commands: ``Send`` (queued per peer, sent at the end of the pass),
+``JournalWrite`` (appended to the SQLite journal, committed before the pass's replies go out), ``Log`` (a
+structlog line) and ``StartPlannerSearch`` (a broker planner round's search, run on one worker thread and
+handed back as a ``PlannerDone`` event). A frame that fails to decode becomes a ``BadFrame`` event (the core
 answers known peers with an ``Error`` and ignores strangers); an exception inside the core is logged
 with its traceback and counted, and the broker keeps serving. SIGTERM/SIGINT only set a flag.
 """
@@ -23,10 +25,22 @@ from libra.security import Authenticator, CurveServer, apply_server
 from libra.protocol import ProtocolError, decode_many, encode, encode_many
 from libra.zmqio import NOBLOCK, recv_frames, send_frames
 
-from .events import BadFrame, Command, PeerMessage, PlannerDone, Tick
-from .journal import BrokerJournal
+from .config import BrokerConfig
+from .events import (
+    BadFrame,
+    Command,
+    JournalWrite,
+    Log,
+    PeerMessage,
+    PlannerDone,
+    Restore,
+    Send,
+    StartPlannerSearch,
+    Tick,
+)
+from .journal_store import BrokerJournal
 from .router_state import RouterStateFile
-from .state import BrokerConfig, BrokerState
+from .state import BrokerState
 
 if TYPE_CHECKING:  # prometheus-client is only imported when metrics are switched on
     from .metrics import BrokerMetrics
@@ -44,7 +58,9 @@ class BrokerServer:
         self.router_state = RouterStateFile(router_state, router_state_interval_s) if router_state else None
         config = config or BrokerConfig()
         self.config = self.router_state.apply(config) if self.router_state is not None else config
-        self.state = BrokerState(self.config)
+        # the core emits journal records only when there is a journal, and leaves a planner round's search
+        # to this shell (StartPlannerSearch) only when there is a planner
+        self.state = BrokerState(self.config, journaling=bool(journal), planner_offload=bool(self.config.planner))
         self._ctx = ctx or zmq.Context()
         self._own_ctx = ctx is None
         self._auth = Authenticator(self._ctx, curve.allow_dir) if curve is not None else None
@@ -70,8 +86,7 @@ class BrokerServer:
         self.journal = BrokerJournal(journal, self.config.reply_cache) if journal else None
         if self.journal is not None:
             accepted, done = self.journal.load()
-            self.state.restore(accepted, done, time.monotonic())
-            self.state.journaling = True
+            self.state.handle(Restore(accepted, done), time.monotonic())  # no commands: nothing is connected yet
             log.info("journal_restored", path=journal, requeued=len(self.state.works), replies=len(done))
         self.metrics: BrokerMetrics | None = None  # optional Prometheus hook (set by __main__ / tests)
         # the broker planner's searches run on one worker thread, so a round never stalls the loop
@@ -79,7 +94,6 @@ class BrokerServer:
         self._planner_pool: ThreadPoolExecutor | None = None
         self._plan_running: tuple[Any, Future] | None = None
         if self.state.planner is not None:
-            self.state.planner_offload = True
             self._planner_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="libra-planner")
 
     def stop(self) -> None:
@@ -91,14 +105,39 @@ class BrokerServer:
             signal.signal(sig, lambda *_: self.stop())
 
     def _execute(self, cmds: list[Command]) -> None:
-        """Queue commands; :meth:`_flush` sends them, one batch per peer, at the end of the pass."""
+        """Execute the core's commands: sends are queued (:meth:`_flush` sends them, one batch per peer, at
+        the end of the pass); journal records are appended (committed by :meth:`_flush` before any send);
+        log lines are written; a planner search is started on the worker thread."""
         outq = self._outq
         for c in cmds:
-            if c.buffers:  # raw buffers travel alone; keep order with what is queued for the peer
-                self._flush_peer(c.peer, outq.pop(c.peer, []))
-                self._send(c.peer, encode(c.msg, *c.buffers), type(c.msg).__name__)
+            t = type(c)
+            if t is Send:
+                if c.buffers:  # raw buffers travel alone; keep order with what is queued for the peer
+                    self._flush_peer(c.peer, outq.pop(c.peer, []))
+                    self._send(c.peer, encode(c.msg, *c.buffers), type(c.msg).__name__)
+                else:
+                    outq.setdefault(c.peer, []).append(c.msg)
+            elif t is JournalWrite:
+                if self.journal is not None:
+                    self.journal.write(c)
+            elif t is Log:
+                self._log(c)
+            elif t is StartPlannerSearch:
+                self._start_search(c.job)
             else:
-                outq.setdefault(c.peer, []).append(c.msg)
+                log.error("unknown_command", command=t.__name__)
+
+    @staticmethod
+    def _log(c: Log) -> None:
+        logger = log if c.component == "libra.broker" else get_logger(c.component)
+        getattr(logger, c.level, logger.info)(c.event, **c.fields)
+
+    def _start_search(self, job: Any) -> None:
+        """Run a planning round's search on the worker thread (:meth:`_pump_planner` hands it back)."""
+        if self._planner_pool is None or self._plan_running is not None:  # the core never asks for two
+            log.error("planner_search_refused", running=self._plan_running is not None)
+            return
+        self._plan_running = (job, self._planner_pool.submit(job.run))
 
     def _flush(self) -> None:
         if self.journal is not None:
@@ -129,21 +168,13 @@ class BrokerServer:
             return
         if self.metrics is not None:
             self.metrics.observe(event, cmds, now)
-        if self.journal is not None and self.state.journal_out:
-            recs, self.state.journal_out = self.state.journal_out, []
-            for r in recs:
-                (self.journal.accept if r.op == "accept" else self.journal.done)(r.client_id, r.request_id, r.data)
         if cmds:
             self._execute(cmds)
 
     def _pump_planner(self) -> None:
-        """Start the planner round's search the core left in ``planner.job``; hand a finished one back."""
+        """Hand a finished planner search (started by a ``StartPlannerSearch`` command) back to the core."""
         running = self._plan_running
         if running is None:
-            job = self.state.planner.job if self.state.planner is not None else None
-            if job is not None:
-                assert self._planner_pool is not None
-                self._plan_running = (job, self._planner_pool.submit(job.run))
             return
         job, fut = running
         if not fut.done():

@@ -1,38 +1,28 @@
-"""The broker core's session records and its tunables: :class:`BrokerConfig` (validated TOML lands here),
-:class:`ActorSession` (one per connected actor socket: what it accepts, its capacity and the work it holds)
-and :class:`ClientSession` (one per client socket). Plain data owned and mutated by
-:class:`~libra.broker.state.BrokerState` only.
+"""The session registry of the broker core: who is connected.
+
+:class:`ActorSession` is one connected actor socket (its capabilities, the kinds it accepts now, its
+capacity and the work it holds), :class:`ClientSession` one client socket. :class:`SessionRegistry` holds
+both, the names the live actors offer per kind, liveness after 7/MDP (any frame is a heartbeat; dead after
+``liveness`` silent intervals) and directives (an actor told to accept other kinds gets no new work until
+it has drained and bid again). Pure: no I/O, time comes in as ``now``.
+
+Ownership of the records: the registry creates, finds and forgets sessions and keeps their session
+fields (accepting, capacity, directive, role, bucket, liveness clocks); the dispatcher
+(``dispatch.Dispatcher``) keeps their work fields (``held``, ``cores_used``, ``targeted``,
+``completed``) as it hands work out and takes it back.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ActorSession", "BrokerConfig", "ClientSession"]
+from libra.protocol import messages as m
 
+from .events import Send
 
-@dataclass(frozen=True, slots=True)
-class BrokerConfig:
-    """Tunables of the core. All times in seconds."""
-
-    broker_id: str = "libra-broker"
-    heartbeat_s: float = 1.0
-    liveness: int = 3
-    max_frame_bytes: int = 64 * 1024 * 1024
-    max_retries: int = 3  # lost assignments (actor death / lease expiry) tolerated per request
-    lease_s: float = 3600.0  # longest a single assignment may run without a result
-    max_queued_per_key: int = 100_000  # back-pressure: Busy beyond this many waiting per (kind, name)
-    max_inflight_per_client: int = 50_000  # back-pressure: Busy beyond this many unanswered per client
-    reply_cache: int = 20_000  # finished requests remembered for idempotent resubmission
-    client_idle_s: float = 300.0  # forget silent clients with nothing in flight
-    router: str = "cmlfq"  # rollout router for generate turns (libra.policies.routing.baselines)
-    router_params: dict[str, Any] = field(default_factory=dict)
-    buckets: list[dict[str, Any]] = field(default_factory=list)  # [{name, tp, max_tokens}], ascending
-    action_scheduler: str = ""  # "" = first come first served by credit; or tangram | fixed_dop | per_trajectory
-    action_scheduler_params: dict[str, Any] = field(default_factory=dict)
-    tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool -> {cpu, max_cpu, parallel_fraction, duration_s}
-    planner: dict[str, Any] = field(default_factory=dict)  # [broker.planner]: periodic GRP (planner_loop.py); {} = off
+__all__ = ["ActorSession", "ClientSession", "SessionRegistry"]
 
 
 @dataclass(slots=True)
@@ -83,3 +73,160 @@ class ClientSession:
     client_id: str
     last_seen: float
     inflight: int = 0
+
+
+class SessionRegistry:
+    """Actor and client sessions by socket identity (see the module docstring)."""
+
+    def __init__(self, heartbeat_s: float, liveness: int, client_idle_s: float) -> None:
+        self.actors: dict[bytes, ActorSession] = {}
+        self.clients: dict[bytes, ClientSession] = {}
+        self._heartbeat_s = heartbeat_s
+        self._dead_after = heartbeat_s * liveness
+        self._client_idle_s = client_idle_s
+        self._offers: dict[str, frozenset[str]] = {}  # kind -> names offered by live actors
+        self._sessions = itertools.count(1)
+        self._directives = itertools.count(1)
+
+    # ------------------------------------------------------------------ lookups
+    def known(self, peer: bytes) -> bool:
+        """Whether ``peer`` said hello (as an actor or a client)."""
+        return peer in self.actors or peer in self.clients
+
+    def actor_by_id(self, actor_id: str) -> ActorSession | None:
+        for s in self.actors.values():
+            if s.actor_id == actor_id:
+                return s
+        return None
+
+    def client_for(self, peer: bytes, client_id: str) -> ClientSession | None:
+        """The client session at ``peer``, else any session of client ``client_id`` (it reconnected)."""
+        return self.clients.get(peer) or next((c for c in self.clients.values() if c.client_id == client_id), None)
+
+    def offers(self, kind: str) -> frozenset[str]:
+        """The names live actors offer for ``kind`` (``*``: any)."""
+        return self._offers.get(kind, frozenset())
+
+    def best_actor(self, key: tuple[str, str]) -> ActorSession | None:
+        """The actor with the most free credit that serves ``key`` (the first such one on ties)."""
+        best: ActorSession | None = None
+        best_free = 0
+        for sess in self.actors.values():
+            f = sess.free
+            if f > best_free and sess.serves(*key):
+                best, best_free = sess, f
+        return best
+
+    def rollout_instances(self) -> list[tuple[str, str, int, int, str]]:
+        """(actor id, bucket, active, queued for it, host) of every ready rollout instance."""
+        return [(s.actor_id, s.bucket, len(s.held), s.targeted, s.host)
+                for s in self.actors.values() if "generate" in s.accepting and s.directive is None]
+
+    def served_buckets(self) -> set[str]:
+        """Buckets that some ready rollout instance serves."""
+        return {s.bucket for s in self.actors.values() if "generate" in s.accepting and s.directive is None}
+
+    # ------------------------------------------------------------------ sessions
+    def touch(self, peer: bytes, now: float) -> None:
+        """Any frame from a peer is a heartbeat."""
+        sess = self.actors.get(peer)
+        if sess is not None:
+            sess.last_seen = now
+        else:
+            cs = self.clients.get(peer)
+            if cs is not None:
+                cs.last_seen = now
+
+    def new_session_id(self) -> str:
+        return f"s{next(self._sessions)}"
+
+    def open_actor(self, peer: bytes, msg: m.ActorHello, now: float) -> ActorSession:
+        """Register the actor of ``msg`` at ``peer`` (the caller has checked the hello and dropped any old
+        session of the same actor id). Its bucket is the caller's to set."""
+        caps = {k: frozenset(v) for k, v in msg.capabilities.items()}
+        sess = ActorSession(
+            peer=peer, actor_id=msg.actor_id, host=msg.host, slot=msg.slot, pid=msg.pid,
+            capabilities=caps, accepting=frozenset(k for k in msg.kinds if k in caps),
+            capacity=msg.capacity, labels=dict(msg.labels), connected_at=now, last_seen=now, last_sent=now,
+        )
+        role = msg.labels.get("role")
+        sess.directive_config = dict(role) if isinstance(role, dict) else {}
+        cores = msg.labels.get("cores")
+        sess.cores = cores if type(cores) is int and cores > 0 else max(1, msg.capacity)
+        self.actors[peer] = sess
+        self._refresh_offers()
+        return sess
+
+    def close_actor(self, peer: bytes) -> ActorSession | None:
+        """Forget the actor session at ``peer``; returns it (None if there was none). What it held is the
+        caller's to take back."""
+        sess = self.actors.pop(peer, None)
+        if sess is not None:
+            self._refresh_offers()
+        return sess
+
+    def open_client(self, peer: bytes, client_id: str, now: float) -> ClientSession:
+        cs = self.clients.get(peer)
+        if cs is None:
+            cs = self.clients[peer] = ClientSession(peer, client_id, now)
+        else:
+            cs.client_id = client_id
+        return cs
+
+    def close_client(self, peer: bytes) -> None:
+        self.clients.pop(peer, None)
+
+    def bid(self, sess: ActorSession, kinds: list[str], capacity: int) -> bool:
+        """The actor bids for ``kinds`` with ``capacity``: it is open again. Returns whether it was
+        switching (a directive drained)."""
+        sess.accepting = frozenset(k for k in kinds if k in sess.capabilities)
+        sess.capacity = max(0, capacity)
+        switched = sess.directive is not None
+        sess.directive = None
+        return switched
+
+    def direct(self, actor_id: str, kinds: list[str] | tuple[str, ...], now: float, mode: str = "finish",
+               config: dict[str, Any] | None = None) -> Send:
+        """Tell actor ``actor_id`` to accept ``kinds`` from now on: it gets no new work until it has drained
+        and bid again. Returns the Directive to send. Raises ValueError (bad mode or kind), KeyError (no
+        such live actor)."""
+        if mode not in ("finish", "handback"):
+            raise ValueError(f"directive mode must be 'finish' or 'handback', got {mode!r}")
+        bad = [k for k in kinds if k not in m.WORK_KINDS]
+        if bad:
+            raise ValueError(f"unknown work kind(s) {bad} (known: {', '.join(m.WORK_KINDS)})")
+        sess = self.actor_by_id(actor_id)
+        if sess is None:
+            raise KeyError(f"no live actor with id {actor_id!r}")
+        did = next(self._directives)
+        sess.directive = did
+        sess.directive_config = dict(config or {})
+        sess.last_sent = now
+        return Send(sess.peer, m.Directive(did, list(kinds), mode, dict(config or {})))
+
+    # ------------------------------------------------------------------ timers
+    def liveness(self, peer: bytes, now: float) -> str | None:
+        """On the timer, for the actor at ``peer``: ``"dead"`` (silent too long: the caller drops it),
+        ``"heartbeat"`` (a heartbeat is due: counted as sent now) or None."""
+        sess = self.actors.get(peer)
+        if sess is None:
+            return None
+        if now - sess.last_seen > self._dead_after:
+            return "dead"
+        if now - sess.last_sent >= self._heartbeat_s:
+            sess.last_sent = now
+            return "heartbeat"
+        return None
+
+    def forget_idle_clients(self, now: float) -> None:
+        """Forget silent clients that have nothing in flight."""
+        for peer, cs in list(self.clients.items()):
+            if cs.inflight <= 0 and now - cs.last_seen > self._client_idle_s:
+                del self.clients[peer]
+
+    def _refresh_offers(self) -> None:
+        offers: dict[str, set[str]] = {}
+        for s in self.actors.values():
+            for kind, names in s.capabilities.items():
+                offers.setdefault(kind, set()).update(names)
+        self._offers = {k: frozenset(v) for k, v in offers.items()}

@@ -1,18 +1,22 @@
-"""Read-only views of :class:`~libra.broker.state.BrokerState`: the status snapshot and the invariant check."""
+"""Read-only views of the broker core's components: the status snapshot and the invariant check."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from libra.protocol import messages as m
 
+from .jobs import JobBoard
+from .planner_loop import PlannerLoop
+from .sessions import SessionRegistry
 from .work import WorkState
+from .work_table import WorkTable
 
-if TYPE_CHECKING:
-    from .state import BrokerState
+__all__ = ["snapshot", "validate"]
 
 
-def snapshot(self: BrokerState, request_id: str, now: float) -> m.StatusReply:
+def snapshot(request_id: str, now: float, sessions: SessionRegistry, table: WorkTable, stats: dict[str, int],
+             jobs: JobBoard, planner: PlannerLoop | None) -> m.StatusReply:
     """A status view: one dict per actor, queue depths by ``kind:name``, counters."""
     actors = [
         {
@@ -22,35 +26,37 @@ def snapshot(self: BrokerState, request_id: str, now: float) -> m.StatusReply:
             "role": dict(s.directive_config),
             "last_seen_s": round(now - s.last_seen, 3),
         }
-        for s in self.actors.values()
+        for s in sessions.actors.values()
     ]
-    queues = {f"{k}:{n}": len(q) for (k, n), q in self.queues.items()}
-    stats: dict[str, Any] = dict(self.stats)
-    stats["inflight"] = len(self.works)
-    stats["clients"] = len(self.clients)
-    if self.jobs:
-        stats["jobs"] = {name: host.summary() for name, host in self.jobs.items()}
-    if self.planner is not None:
-        stats["planner"] = self.planner.summary()
-    return m.StatusReply(request_id, actors, queues, stats)
+    queues = {f"{k}:{n}": len(q) for (k, n), q in table.queues.items()}
+    st: dict[str, Any] = dict(stats)
+    st["inflight"] = len(table.works)
+    st["clients"] = len(sessions.clients)
+    if jobs.hosts:
+        st["jobs"] = jobs.summaries()
+    if planner is not None:
+        st["planner"] = planner.summary()
+    return m.StatusReply(request_id, actors, queues, st)
 
-def validate(self: BrokerState) -> None:
-    """Check invariants (tests call this after every scenario). Raises AssertionError."""
+
+def validate(sessions: SessionRegistry, table: WorkTable) -> None:
+    """Check the invariants between the sessions and the work table. Raises AssertionError."""
+    works = table.works
     held = set()
-    for s in self.actors.values():
+    for s in sessions.actors.values():
         for wid in s.held:
-            w = self.works[wid]
+            w = works[wid]
             assert w.state is WorkState.LEASED and w.actor == s.peer, (wid, w.state, w.story)
             assert wid not in held, f"{wid} held twice"
             held.add(wid)
     queued = set()
-    for key, q in self.queues.items():
+    for key, q in table.queues.items():
         for wid in q:
-            w = self.works[wid]
+            w = works[wid]
             assert w.state is WorkState.QUEUED and w.key == key, (wid, w.state)
             assert wid not in queued, f"{wid} queued twice"
             queued.add(wid)
-    for wid, w in self.works.items():
+    for wid, w in works.items():
         assert w.state in (WorkState.QUEUED, WorkState.LEASED), (wid, w.state)
         if w.state is WorkState.QUEUED:
             assert wid in queued, f"{wid} queued but in no queue"

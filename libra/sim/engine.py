@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from libra.broker.events import PeerMessage, Send, Tick
+from libra.broker.events import Command, PeerMessage, Send, Tick
 from libra.broker.state import BrokerConfig, BrokerState
 from libra.logging import get_logger
 from libra.policies.cost import (
@@ -174,7 +174,9 @@ class Simulator:
                 self._deliver(cmd)
         self._inbox.clear()
 
-    def _deliver(self, cmd: Send) -> None:
+    def _deliver(self, cmd: Command) -> None:
+        if type(cmd) is not Send:  # Log / JournalWrite / StartPlannerSearch: the simulator has no shell for them
+            return
         msg = cmd.msg
         if cmd.peer == CLIENT:
             if isinstance(msg, m.Reply):

@@ -68,6 +68,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from libra.broker.events import Rehome
 from libra.broker.hybrid import HybridReplica, JoinState
 from libra.broker.pools import GpuSlot, Role, bucket_specs, layout_roles
 from libra.policies.cost import RolloutCostModel, TrainingCostModel, load_hardware, load_model
@@ -407,29 +408,10 @@ class PlannerAllocation:
 
         if not sim.training:
             sim._maybe_train()  # a training step that waited for a replica may start now
-        for sess in b.actors.values():
-            if "generate" in sess.accepting and sess.bucket not in names:
-                sess.bucket = nearest(sess.bucket)
-        moved = False
-        for key in [k for k in b.queues if k[0] == "generate" and k[1] not in names and b.queues[k]]:
-            dst = nearest(key[1])
-            q = b.queues[key]
-            for wid in list(q):
-                w = b.works[wid]
-                q.remove(wid)
-                w.name = dst
-                b.queues.setdefault(w.key, type(q)()).append(wid)
-                moved = True
-        if moved:
-            for dq in b.queues.values():
-                if len(dq) > 1:
-                    items = sorted(dq, key=lambda x: b.works[x].seq)
-                    dq.clear()
-                    dq.extend(items)
-            out: list[Any] = []
-            b._refill_others(None, sim.now, out)
-            for c in out:
-                sim._deliver(c)
+        gone = {sess.bucket for sess in b.actors.values() if "generate" in sess.accepting}
+        gone |= {k[1] for k, q in b.queues.items() if k[0] == "generate" and q}
+        for c in b.handle(Rehome({x: nearest(x) for x in sorted(gone) if x not in names}), sim.now):
+            sim._deliver(c)
 
     # ------------------------------------------------------------------ EHP
     def _register_joins(self) -> None:

@@ -17,7 +17,7 @@ from libra.protocol import messages as m
 
 
 def sent(cmds: list[Send], cls: type, peer: bytes | None = None) -> list:
-    return [c.msg for c in cmds if isinstance(c.msg, cls) and (peer is None or c.peer == peer)]
+    return [c.msg for c in cmds if isinstance(getattr(c, "msg", None), cls) and (peer is None or c.peer == peer)]
 
 
 class Harness:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from libra.broker.events import PeerMessage, PlannerDone, Tick
+from libra.broker.events import Log, PeerMessage, PlannerDone, StartPlannerSearch, Tick
 from libra.broker.planner_loop import PlannerLoop, PlannerSettings
-from libra.broker.sessions import BrokerConfig
+from libra.broker.config import BrokerConfig
 from libra.broker.state import BrokerState
 from libra.protocol import messages as m
 
@@ -15,8 +15,9 @@ CAPS = {"generate": ["*"], "train": ["*"], "sync": ["*"]}
 CLIENT = b"client-1"
 
 
-def _broker(n_gpus: int = 16, **planner: object) -> BrokerState:
-    s = BrokerState(BrokerConfig(heartbeat_s=1e9, planner={"allocation": "grp", "interval_s": 60.0, **planner}))
+def _broker(n_gpus: int = 16, offload: bool = False, **planner: object) -> BrokerState:
+    s = BrokerState(BrokerConfig(heartbeat_s=1e9, planner={"allocation": "grp", "interval_s": 60.0, **planner}),
+                    planner_offload=offload)
     for k in range(n_gpus):
         aid = f"n{k // 8}/gpu{k % 8}"
         s.handle(PeerMessage(aid.encode(), m.ActorHello(aid, f"n{k // 8}", f"gpu{k % 8}", 1, CAPS, ["generate"], 4,
@@ -125,33 +126,45 @@ def test_unknown_profiles_and_the_broker_command_line_report_bad_configuration(t
 
 
 def test_an_offloaded_round_leaves_its_search_to_the_shell_and_applies_its_result() -> None:
-    s = _broker()
-    s.planner_offload = True  # what the server does: the search runs off the event loop
+    s = _broker(offload=True)  # what the server does: the search runs off the event loop
     s.handle(Tick(), 1.0)
     _finish(s, 64, 10.0)
-    assert not _directives(s.handle(Tick(), 62.0))
+    out = s.handle(Tick(), 62.0)
+    assert not _directives(out)
+    (start,) = [c for c in out if isinstance(c, StartPlannerSearch)]  # the shell gets the search as a command
+    job = start.job
     loop = s.planner
-    assert loop is not None and loop.job is not None and loop.job.decision is None
-    job = loop.job
+    assert loop is not None and loop.searching and job.decision is None
+    assert not hasattr(loop, "job")  # and from nowhere else: the core holds no job for the shell to read
     assert not loop.due(500.0)  # no second round while one is in flight
     _finish(s, 5, 63.0)  # these wait for the search, then reach the re-planner
-    assert len(loop._held) == 5 and len(job.replanner.history) == 64
+    assert not [c for c in s.handle(Tick(), 200.0) if isinstance(c, StartPlannerSearch)]
+    assert loop.held == 5 and len(job.replanner.history) == 64
     job.run()  # the shell's worker thread
     d = _directives(s.handle(PlannerDone(job), 64.0))
-    assert len(d) == 16 and loop.job is None and len(job.replanner.history) == 69
+    assert len(d) == 16 and not loop.searching and len(job.replanner.history) == 69
     assert loop.decisions[-1]["reason"] == "initial_plan" and loop.decisions[-1]["search_s"] >= 0
     assert s.handle(PlannerDone(job), 65.0) == []  # a stale (already finished) round does nothing
 
 
-def test_a_crashed_or_failing_search_is_a_recorded_decision() -> None:
-    s = _broker()
-    s.planner_offload = True
+def test_an_inline_round_starts_no_search_command() -> None:
+    s = _broker()  # the tests' and the simulator's mode: the search runs inside handle()
     s.handle(Tick(), 1.0)
     _finish(s, 64, 10.0)
-    s.handle(Tick(), 62.0)
-    job = s.planner.job
+    out = s.handle(Tick(), 62.0)
+    assert len(_directives(out)) == 16 and not [c for c in out if isinstance(c, StartPlannerSearch)]
+    (line,) = [c for c in out if isinstance(c, Log)]  # the round's decision, as a log command
+    assert line.event == "planner_round" and line.fields["reason"] == "initial_plan" and "plan" not in line.fields
+
+
+def test_a_crashed_or_failing_search_is_a_recorded_decision() -> None:
+    s = _broker(offload=True)
+    s.handle(Tick(), 1.0)
+    _finish(s, 64, 10.0)
+    (job,) = [c.job for c in s.handle(Tick(), 62.0) if isinstance(c, StartPlannerSearch)]
     job.error = "search crashed: RuntimeError('boom')"  # what the server sets when the thread raised
-    assert s.handle(PlannerDone(job), 63.0) == []
+    out = s.handle(PlannerDone(job), 63.0)
+    assert [(type(c), c.event, c.fields["reason"]) for c in out] == [(Log, "planner_round", "planner_error")]
     assert s.planner.decisions[-1]["reason"] == "planner_error" and "boom" in s.planner.decisions[-1]["error"]
     assert s.planner.plan is None and s.planner.due(200.0)  # the next round runs as usual
 
@@ -176,7 +189,7 @@ def test_tool_calls_of_a_trajectory_count_their_seconds_from_submission_to_resul
     s.rollout.route("t1", {"prompt_tokens": 500}, view)
     s.rollout.turn_done("t1", {"gen_tokens": 300})
     out = s.handle(PeerMessage(CLIENT, m.Submit("r1", "action", "bash", {"cmd": "ls"}, "t1")), 10.0)
-    (a,) = [c.msg for c in out if isinstance(c.msg, m.Assign)]
+    (a,) = [c.msg for c in out if isinstance(getattr(c, "msg", None), m.Assign)]
     s.handle(PeerMessage(tool, m.WorkResult(a.work_id, a.lease, True, {"payload_tokens": 40})), 12.5)
     s.rollout.route("t1", {}, view)
     s.rollout.turn_done("t1", {"gen_tokens": 200})

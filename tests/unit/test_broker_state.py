@@ -13,7 +13,7 @@ A1, A2, C = b"actor-1", b"actor-2", b"client"
 
 
 def sent(cmds: list[Send], cls: type, peer: bytes | None = None) -> list:
-    return [c.msg for c in cmds if isinstance(c.msg, cls) and (peer is None or c.peer == peer)]
+    return [c.msg for c in cmds if isinstance(getattr(c, "msg", None), cls) and (peer is None or c.peer == peer)]
 
 
 class Harness:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from libra.broker import BrokerConfig, BrokerState
+from libra.broker.state import BrokerConfig, BrokerState
 from libra.config import load_section
 
 

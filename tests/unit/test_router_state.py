@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from libra.broker.router_state import RouterStateFile, learned_tree
-from libra.broker.sessions import BrokerConfig
+from libra.broker.config import BrokerConfig
 from libra.broker.state import BrokerState
 from libra.policies.routing.prefix_tree import CausalPrefixTree, FinishedTrajectory
 from libra.policies.routing.baselines import make_router, router_accepts

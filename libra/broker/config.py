@@ -1,0 +1,35 @@
+"""The broker core's tunables: :class:`BrokerConfig` (the validated ``[broker]`` TOML table lands here).
+
+A leaf module: the core, the shell and the tools that build a broker config import it without pulling in
+anything else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["BrokerConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Tunables of the core. All times in seconds."""
+
+    broker_id: str = "libra-broker"
+    heartbeat_s: float = 1.0
+    liveness: int = 3
+    max_frame_bytes: int = 64 * 1024 * 1024
+    max_retries: int = 3  # lost assignments (actor death / lease expiry) tolerated per request
+    lease_s: float = 3600.0  # longest a single assignment may run without a result
+    max_queued_per_key: int = 100_000  # back-pressure: Busy beyond this many waiting per (kind, name)
+    max_inflight_per_client: int = 50_000  # back-pressure: Busy beyond this many unanswered per client
+    reply_cache: int = 20_000  # finished requests remembered for idempotent resubmission
+    client_idle_s: float = 300.0  # forget silent clients with nothing in flight
+    router: str = "cmlfq"  # rollout router for generate turns (libra.policies.routing.baselines)
+    router_params: dict[str, Any] = field(default_factory=dict)
+    buckets: list[dict[str, Any]] = field(default_factory=list)  # [{name, tp, max_tokens}], ascending
+    action_scheduler: str = ""  # "" = first come first served by credit; or tangram | fixed_dop | per_trajectory
+    action_scheduler_params: dict[str, Any] = field(default_factory=dict)
+    tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool -> {cpu, max_cpu, parallel_fraction, duration_s}
+    planner: dict[str, Any] = field(default_factory=dict)  # [broker.planner]: periodic GRP (planner_loop.py); {} = off
