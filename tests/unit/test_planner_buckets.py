@@ -1,4 +1,4 @@
-"""The pooled-bucket rollout DP (planner_buckets.py) against brute force, and its planner wiring."""
+"""The pooled-bucket rollout DP (libra.policies.planner.buckets) against brute force, and its planner wiring."""
 
 from __future__ import annotations
 
