@@ -3,12 +3,12 @@
 Role: the single import point for cost modelling (docs/papers.md §1.3.3). The implementation is split
 by responsibility:
 
-- ``cost_model_profiles.py``: :class:`HardwareProfile` / :class:`ModelProfile` and their TOML loaders
+- ``cost/profiles.py``: :class:`HardwareProfile` / :class:`ModelProfile` and their TOML loaders
   (:func:`load_hardware`, :func:`load_model`; :class:`ProfileError` on an unknown name or a bad file);
-- ``cost_model_rollout.py``: :class:`RolloutCostModel` (KV capacity, OOM, prefill and decode steps,
+- ``cost/rollout.py``: :class:`RolloutCostModel` (KV capacity, OOM, prefill and decode steps,
   steady batch, O(1) ``segment_cost``, ``tokens_per_s``) and its calibration against the paper's
   measured throughputs (:data:`CALIBRATION_TARGETS`, :func:`calibration_report`);
-- ``cost_model_training.py``: :class:`TrainingCostModel` (per-layer costs with interference, TP/EP
+- ``cost/training.py``: :class:`TrainingCostModel` (per-layer costs with interference, TP/EP
   communication, an explicit 1F1B simulation over per-micro-batch lengths, exposed DP communication,
   the memory model with OOM).
 

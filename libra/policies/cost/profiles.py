@@ -2,7 +2,7 @@
 
 Role: one typed, validated description of a device (:class:`HardwareProfile`, with the effective
 serving and training coefficients calibrated for it) and of a model (:class:`ModelProfile`, dense or
-MoE). The cost models (``cost_model_rollout.py``, ``cost_model_training.py``) read nothing else.
+MoE). The cost models (``cost/rollout.py``, ``cost/training.py``) read nothing else.
 
 Contracts:
 

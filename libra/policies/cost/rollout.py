@@ -186,7 +186,7 @@ class RolloutCostModel:
         A request holds KV only while it decodes, one token per step, so over a set of requests the
         running batch's mean context is *generation-weighted*: with the residency sums
         ``gen_prompt_sum = sum(g * resident_prompt)`` and ``gen_sq_sum = sum(g^2)`` (see
-        ``planner_rollout.resident_prompt``), ``ctx = (gen_prompt_sum + gen_sq_sum / 2) / gen_sum``.
+        ``rollout_dp.resident_prompt``), ``ctx = (gen_prompt_sum + gen_sq_sum / 2) / gen_sum``.
         Long requests stay resident longest (the inspection paradox): with a long-tailed mix this is
         about twice the per-request mean ``avg_prompt + avg_gen / 2``, which is what is returned
         without the sums (or where ``gen_sum`` is 0). Broadcasts over numpy arrays.

@@ -3,8 +3,8 @@
 Role: the public face of the planner. An :class:`Allocator` proposes a :class:`Plan` for a workload
 (and evaluates a deployed plan on a new workload with the same evaluator); the broker and the
 simulator pick one by name with :func:`make_allocator`. The search itself lives in
-``planner_search.py`` (outer loop), ``planner_training.py`` (decision tree) and
-``planner_rollout.py`` (DP); online re-planning and the EHP signal in ``planner_online.py``.
+``planner/search.py`` (outer loop), ``planner/training.py`` (decision tree) and
+``planner/rollout_dp.py`` (DP); online re-planning and the EHP signal in ``planner/online.py``.
 
 Allocators (all pure; the stateful ones keep only what the policy needs):
 

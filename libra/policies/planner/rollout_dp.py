@@ -104,7 +104,7 @@ def resident_prompt(prompt: np.ndarray, calls: np.ndarray) -> np.ndarray:
     """Mean prefilled context of a request while it generates: its ``prompt`` (prompt + tool payload)
     arrives in ``calls`` equal parts, one before each turn, and it generates evenly across the turns,
     so turn ``k`` holds ``k / calls`` of it: ``prompt * (1 + 1 / calls) / 2`` (the whole prompt for a
-    single-turn request). The same arrival model as the start-small planner (``planner_start_small``)."""
+    single-turn request). The same arrival model as the start-small planner (``start_small``)."""
     return prompt * (1.0 + 1.0 / np.maximum(calls, 1.0)) / 2.0
 
 
@@ -118,7 +118,7 @@ def segment_stats(lengths: np.ndarray, prompt: np.ndarray, gen: np.ndarray, weig
     when ``lengths`` ascends, as in a :class:`RolloutSample`); the segment's *star* is its item with
     the largest ``star_gen`` (default ``gen``; ties: the last), and ``gen_star`` / ``tool_star`` are
     that item's ``star_gen`` / ``star_tool`` (default ``tool``). The start-small model
-    (``planner_start_small.py``) passes a trajectory's remaining turns as the summed arrays and its
+    (``planner/start_small.py``) passes a trajectory's remaining turns as the summed arrays and its
     whole generation as ``star_gen``."""
     n = int(lengths.size)
     star_gen = gen if star_gen is None else star_gen

@@ -2,10 +2,10 @@
 
 Role: minimise ``max(T_train, T_rollout)`` (with a policy lag ``L > 1`` also the pipeline bound
 ``(T_chain + T_train) / L``, :func:`~libra.policies.planner.types.pipeline_objective`) over ``n_train``
-(outer loop), the training layout (decision tree, ``planner_training.py``) and the rollout TP multiset
-with its length ranges (exact DP, ``planner_rollout.py`` / ``planner_buckets.py`` /
-``planner_start_small.py``; under a length-blind ``PlannerConfig.routing`` the exact enumeration of
-``planner_buckets.BlindTable``). Pure: the inputs are cost models, a :class:`PlannerConfig` and a
+(outer loop), the training layout (decision tree, ``planner/training.py``) and the rollout TP multiset
+with its length ranges (exact DP, ``planner/rollout_dp.py`` / ``planner/buckets.py`` /
+``planner/start_small.py``; under a length-blind ``PlannerConfig.routing`` the exact enumeration of
+``buckets.BlindTable``). Pure: the inputs are cost models, a :class:`PlannerConfig` and a
 :class:`Workload`; the output is a :class:`Plan`.
 
 Contract (``PlannerConfig.exact_pipeline``, the default): the returned plan minimises the objective it

@@ -4,7 +4,7 @@ Role: score a heterogeneous bucket layout the way C-MLFQ realises it (docs/paper
 request starts in the *smallest* bucket (smallest TP present) and is migrated at a tool return to the
 bucket of its length, where its remaining turns run. So the smallest bucket serves the whole of the
 shortest requests *and* the first turn of every other request, and every request that leaves it pays
-a migration. ``"by_length"`` (``planner_buckets.py``) instead keeps every request in the bucket of its
+a migration. ``"by_length"`` (``planner/buckets.py``) instead keeps every request in the bucket of its
 length for its whole life.
 
 Model (contracts; sample sorted by total length, ``turns = calls``, ``phi = 1 / turns``):
@@ -42,9 +42,9 @@ fewer head instances, smaller ``i0``, fewer instances in a rest bucket).
 
 Pipeline shift (``offset``): with a policy lag ``L > 1`` the plan objective is
 ``max(T_train, max over buckets of max(work, (chain + T_train) / L))``
-(``planner_types.pipeline_objective``); :meth:`StartSmallCosts.shifted` returns the same costs with
+(``types.pipeline_objective``); :meth:`StartSmallCosts.shifted` returns the same costs with
 every bucket cost raised to ``max(cost, (chain + offset) / L)``, so the DP minimises the full objective
-for a known ``T_train`` (see ``planner_search.py``).
+for a known ``T_train`` (see ``planner/search.py``).
 """
 
 from __future__ import annotations

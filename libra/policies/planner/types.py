@@ -35,7 +35,7 @@ class Workload:
     the planner with one call per generate turn, each paying the serving overhead; 1 by default),
     and ``tool_seconds[i]``: the seconds it spends waiting on tool calls between its turns (none by
     default). Tool time sits on the trajectory's serial critical path but holds no batch slot of the
-    rollout instance (see ``planner_rollout.agentic_cost``).
+    rollout instance (see ``rollout_dp.agentic_cost``).
 
     Build with :meth:`from_pairs`; arrays are read-only float64.
     """
@@ -106,30 +106,30 @@ class PlannerConfig:
     ``n_train``; ``max_dp_requests`` caps the rollout DP's quantile sample; ``require_heterogeneous``
     demands >= 2 distinct rollout TP degrees; ``max_instances`` caps rollout instances (None: no cap).
     ``pooled_buckets`` (default): score rollout layouts as deployed, the instances of one TP degree
-    pooling one bucket's requests (``planner_buckets.py``); False: the reference's instance-level DP,
-    one contiguous length range per instance (``planner_rollout.py``). ``overlap_steps``: how many
+    pooling one bucket's requests (``planner/buckets.py``); False: the reference's instance-level DP,
+    one contiguous length range per instance (``planner/rollout_dp.py``). ``overlap_steps``: how many
     consecutive steps' rollouts may overlap (the asynchronous pipeline's policy lag; 1 = synchronous);
     the pooled model divides the longest request's decode tail by it.
 
     ``routing``: the router the plan will be deployed under, which decides how a layout is scored
-    (``planner_buckets.py``). ``"by_length"`` (default): every request stays in the bucket of its
+    (``planner/buckets.py``). ``"by_length"`` (default): every request stays in the bucket of its
     length, a longer request never on a smaller TP than a shorter one (C-MLFQ-like routers; the
     pooled-bucket DP). ``"length_blind"``: the router ignores buckets and spreads trajectories over
     all rollout instances by least connections on ``load / tp`` (``least_loaded``), so each instance
     serves ``tp / W`` of *all* requests (``W``: rollout GPUs of the layout) with the full length mix;
     ``"round_robin"``: the same with ``1 / I`` each (``I`` instances). Under both blind modes the
     rollout time is the max over the TP degrees present, the longest trajectory may land on the worst
-    of them, and heterogeneity only costs (``planner_buckets.BlindTable``). ``"start_small"``: what
+    of them, and heterogeneity only costs (``buckets.BlindTable``). ``"start_small"``: what
     C-MLFQ realises (docs/papers.md §1.4.3): every request starts in the smallest-TP bucket, which
     also carries every request's first turn (prefill, first generation, serving overhead), and moves
     at its first tool return to the bucket of its length, paying a re-prefill of its context there;
-    single-turn requests never leave the smallest bucket (``planner_start_small.py``). Every mode but
+    single-turn requests never leave the smallest bucket (``planner/start_small.py``). Every mode but
     ``"by_length"`` needs ``pooled_buckets``.
 
     ``exact_pipeline`` (default True): with ``overlap_steps > 1`` the search minimises the full
     :attr:`Plan.objective` (pipeline bound ``(t_chain + t_train) / L`` included) exactly for every mode,
     re-solving the rollout DP on pipeline-shifted costs for each visited ``n_train``
-    (``planner_search.py``); False: the rollout DP minimises ``T_rollout`` alone (the earlier search,
+    (``planner/search.py``); False: the rollout DP minimises ``T_rollout`` alone (the earlier search,
     which can return a plan predicted slower than another layout on the same data; kept because the
     simulated ablation measured it faster, see BENCHMARKS.md). No effect at ``overlap_steps = 1``.
 
