@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from libra.logging import get_logger
-from libra.protocol.payloads_job import JobPollReply
+from libra.protocol.payloads_job import EpisodeSpec, JobPollReply
 from libra.rl.config import JobConfig
 from libra.rl.metrics import MetricsWriter, plot_run, read_metrics, summarize
 
@@ -76,8 +76,9 @@ def job_spec(cfg: JobConfig, model_dir: Path, run_dir: Path, master_port: int) -
     return {
         "steps": j.steps, "prompts_per_step": j.prompts_per_step, "group_size": g.group_size,
         "max_policy_lag": j.max_policy_lag, "world_size": cfg.actors.trainer, "env": e.name,
-        "episode": {"model_dir": str(model_dir), "env_config": {f: getattr(e, f) for f in e.__dataclass_fields__},
-                    "sampling": {"max_new_tokens": e.max_new_tokens, "temperature": e.temperature, "top_p": e.top_p}},
+        "episode": EpisodeSpec.from_wire({  # validated here, before the broker hands it to every runner
+            "model_dir": str(model_dir), "env_config": {f: getattr(e, f) for f in e.__dataclass_fields__},
+            "sampling": {"max_new_tokens": e.max_new_tokens, "temperature": e.temperature, "top_p": e.top_p}}).to_wire(),
         "grpo": {"lr": g.lr, "clip_low": g.clip, "kl_coef": g.kl_coef, "max_grad_norm": g.max_grad_norm,
                  "micro_batch_tokens": g.micro_batch_tokens},
         "dispatch": j.dispatch, "micro_batch_tokens": g.micro_batch_tokens, "scale_by_std": g.scale_by_std,
