@@ -18,7 +18,7 @@ Integers are never accepted for strings, nor booleans for integers; an integer i
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import msgspec
 
@@ -65,7 +65,7 @@ class Payload(msgspec.Struct, frozen=True, kw_only=True):
     OMIT_DEFAULT: ClassVar[tuple[str, ...]] = ()  # fields left out of to_wire() while at their default
 
     @classmethod
-    def from_wire(cls, obj: Any) -> Any:
+    def from_wire(cls, obj: Any) -> Self:
         """Validate ``obj`` (a mapping) into this struct; raises :class:`PayloadError` naming the field."""
         try:
             return msgspec.convert(obj, cls)

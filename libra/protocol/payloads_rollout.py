@@ -14,7 +14,7 @@ it is *not* a field of :class:`GenerateArgs` (the rollout actor ignores it); the
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 import msgspec
 
@@ -115,7 +115,7 @@ class RouteHints(Payload, frozen=True, kw_only=True):
     step: int | None = None
 
     @classmethod
-    def from_args(cls, args: Any) -> Any:
+    def from_args(cls, args: Any) -> Self:
         """The hints in ``args`` (any value); a hint of the wrong type (or a negative count) reads as None."""
         a = args if isinstance(args, dict) else {}
         pid = a.get("prompt_id")
