@@ -95,5 +95,9 @@ class ActionPlacement:
         c = self.granted.pop(work_id, None)
         return c[0] if c else 0
 
+    def remembers(self, work_id: str) -> bool:
+        """Whether the action ``work_id`` is still tracked (its spec or a grant)."""
+        return work_id in self._specs or work_id in self.granted
+
     def trajectory_finished(self, trajectory: str, now: float) -> None:
         self.scheduler.trajectory_finished(trajectory, now)

@@ -38,7 +38,7 @@ def test_lone_elastic_action_gets_many_cores_and_they_come_back() -> None:
     assert a.route["cores"] > 1  # idle cluster: more cores, shorter action
     assert s.actors[b"a0"].cores_used == a.route["cores"]
     s.handle(PeerMessage(b"a0", m.WorkResult(a.work_id, a.lease, True, {})), 2.0)
-    assert s.actors[b"a0"].cores_used == 0 and not s.actions.granted and not s.actions._specs
+    assert s.actors[b"a0"].cores_used == 0 and not s.actions.granted and not s.actions.remembers(a.work_id)
 
 
 def test_under_load_cores_are_shared_and_never_oversubscribed() -> None:
