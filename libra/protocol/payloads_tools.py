@@ -10,7 +10,7 @@ error (``libra.engines.sandbox.errors``) instead of a result; a non-zero exit co
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -81,6 +81,9 @@ class ToolResult(Payload, frozen=True, kw_only=True):
     """Which streams were cut at the output limit."""
     duration_s: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
     """Wall-clock seconds the command ran."""
+    killed: Literal["output_limit"] | None = None
+    """Why the sandbox killed a command that still has a result: ``"output_limit"`` when its output went over
+    the cap (the output up to the cap is kept); None when the command ended on its own."""
 
 
 class PytestSummary(Payload, frozen=True, kw_only=True):

@@ -84,9 +84,12 @@ ROUND_TRIPS = [
     (BashArgs, {"command": "ls", "timeout_s": 2.5}),
     (PytestArgs, {"args": ["-q"], "workers": 2, "files": {"test_a.py": "def test(): pass"}}),
     (PytestArgs, {}),
-    (ToolResult, {"stdout": "1\n", "stderr": "", "exit_code": 0, "truncated": {"stdout": False}, "duration_s": 0.2}),
+    (ToolResult, {"stdout": "1\n", "stderr": "", "exit_code": 0, "truncated": {"stdout": False}, "duration_s": 0.2,
+                  "killed": None}),
+    (ToolResult, {"stdout": "x" * 8, "stderr": "", "exit_code": -9, "truncated": {"stdout": True}, "duration_s": 0.2,
+                  "killed": "output_limit"}),
     (PytestSummary, {"passed": 3, "failed": 1, "errors": 0, "skipped": 2}),
-    (PytestResult, {"stdout": "", "stderr": "", "exit_code": 1, "truncated": {}, "duration_s": 1.0,
+    (PytestResult, {"stdout": "", "stderr": "", "exit_code": 1, "truncated": {}, "duration_s": 1.0, "killed": None,
                     "summary": {"passed": 3, "failed": 1, "errors": 0, "skipped": 0}, "workers": 2}),
 ]
 

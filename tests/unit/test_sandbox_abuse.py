@@ -134,6 +134,7 @@ def test_100mb_of_output_is_truncated_without_buffering(pool: SandboxPool) -> No
     assert out["truncated"] == {"stdout": True, "stderr": False}
     assert len(out["stdout"]) == LIMITS.output_bytes and set(out["stdout"]) == {"x"}
     assert out["exit_code"] == -9 and "finished" not in out["stderr"]  # killed at the cap, not run to the end
+    assert out["killed"] == "output_limit"  # a caller can tell it from a run that finished
     assert grown_kb < 50 * 1024, f"the parent grew by {grown_kb} KiB reading capped output"
     assert_healthy(pool)
 
@@ -141,6 +142,7 @@ def test_100mb_of_output_is_truncated_without_buffering(pool: SandboxPool) -> No
 def test_stderr_is_capped_separately(pool: SandboxPool) -> None:
     out = py(pool, "import sys\nprint('ok')\nsys.stdout.flush()\nwhile True: sys.stderr.write('e' * 65536)")
     assert out["truncated"] == {"stdout": False, "stderr": True} and out["stdout"] == "ok\n"
+    assert out["killed"] == "output_limit"
     assert len(out["stderr"]) == LIMITS.output_bytes
 
 

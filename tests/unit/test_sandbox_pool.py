@@ -49,7 +49,8 @@ def wait_until(predicate, what: str, attempts: int = 200) -> None:  # type: igno
 @needs_bwrap
 def test_python_result_contract(pool: SandboxPool) -> None:
     out = pool.run("contract", "python", {"code": "import sys\nprint('héllo')\nprint('warn', file=sys.stderr)"})
-    assert set(out) == {"stdout", "stderr", "exit_code", "truncated", "duration_s"}
+    assert set(out) == {"stdout", "stderr", "exit_code", "truncated", "duration_s", "killed"}
+    assert out["killed"] is None
     assert out["stdout"] == "héllo\n" and out["stderr"] == "warn\n" and out["exit_code"] == 0
     assert out["truncated"] == {"stdout": False, "stderr": False} and out["duration_s"] > 0
 

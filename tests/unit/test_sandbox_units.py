@@ -358,7 +358,7 @@ PYTEST_CALL = get_tool("pytest")({}, CTX)
 def test_interpret_ordinary_exits_are_results() -> None:
     ok = interpret_outcome("python", PY_CALL, _outcome(_exited(0)), CTX.limits)
     assert ok == {"stdout": "out", "stderr": "", "exit_code": 0, "truncated": {"stdout": False, "stderr": False},
-                  "duration_s": 0.5}
+                  "duration_s": 0.5, "killed": None}
     assert interpret_outcome("python", PY_CALL, _outcome(_exited(3), stderr=b"ValueError: x\n"),
                              CTX.limits)["exit_code"] == 3
     assert interpret_outcome("bash", PY_CALL, _outcome(signal.SIGTERM), CTX.limits)["exit_code"] == -15
@@ -387,6 +387,7 @@ def test_interpret_output_limit_is_a_truncated_result() -> None:
     out.truncated = {"stdout": True, "stderr": False}
     result = interpret_outcome("python", PY_CALL, out, CTX.limits)
     assert result["truncated"] == {"stdout": True, "stderr": False} and result["exit_code"] == -9
+    assert result["killed"] == "output_limit"
 
 
 def test_interpret_memory_hint_only_for_python_like_tools() -> None:

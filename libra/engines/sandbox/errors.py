@@ -4,10 +4,11 @@ The error contract, in one place:
 
 - An action whose process ran and exited on its own, with any exit status, is a *result*, never an error:
   the model must see its traceback. A result is the mapping ``{"stdout", "stderr", "exit_code",
-  "truncated": {"stdout", "stderr"}, "duration_s"}`` (typed for callers as
+  "truncated": {"stdout", "stderr"}, "duration_s", "killed"}`` (typed for callers as
   :class:`~libra.protocol.payloads_tools.ToolResult`).
-- Output beyond the per-stream byte cap is also a result: the process is killed, what was read up to the
-  cap is kept and ``truncated`` says which stream was cut (exit status is then ``-9``).
+- Output beyond the per-stream byte cap is also a result, so that the model sees what its code printed: the
+  process is killed, what was read up to the cap is kept, ``truncated`` says which stream was cut, the exit
+  status is ``-9`` and ``killed`` is ``"output_limit"`` (``None`` for a process that ended on its own).
 - Everything else raises a :class:`SandboxError` subclass with a user-readable message and a stable
   ``code``: ``timeout`` (wall clock or CPU time), ``memory`` (the process ran out of its memory limit),
   ``output_limit`` (it hit the file-size limit), ``denied`` (the request itself was refused: unknown

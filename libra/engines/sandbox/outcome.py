@@ -3,7 +3,7 @@
 Role: :func:`interpret_outcome` applies the contract documented in :mod:`libra.engines.sandbox.errors`
 to a :class:`~libra.engines.sandbox.proc.RawOutcome`. Order of precedence: the pool's wall-clock kill
 (timeout) first, then the caller's cancellation, then a sandbox that died under the action (crashed), then output over the cap (a
-truncated *result*), then the way the process ended: ``SIGXCPU`` (CPU-time limit: timeout), ``SIGXFSZ``
+truncated *result* with ``killed = "output_limit"``), then the way the process ended: ``SIGXCPU`` (CPU-time limit: timeout), ``SIGXFSZ``
 (file-size limit: output_limit), ``SIGKILL`` with the cgroup's OOM counter raised (memory), a fatal
 signal such as ``SIGSEGV``/``SIGABRT`` (crashed); a nonzero exit whose stderr ends in ``MemoryError``
 (memory, for tools that run Python); anything else is a result, including other nonzero exits and
@@ -55,6 +55,7 @@ def interpret_outcome(tool: str, call: ToolCall, out: RawOutcome, limits: Sandbo
         "exit_code": None,
         "truncated": dict(out.truncated),
         "duration_s": out.duration_s,
+        "killed": None,
     }
     if out.status is not None:
         result["exit_code"] = -os.WTERMSIG(out.status) if os.WIFSIGNALED(out.status) else os.WEXITSTATUS(out.status)
@@ -67,7 +68,10 @@ def interpret_outcome(tool: str, call: ToolCall, out: RawOutcome, limits: Sandbo
         raise SandboxCrashed(f"the sandbox died while running the {tool} action (it will be restarted; the "
                              "workspace is kept)", result=result)
     if out.killed == "output_limit":
-        return result  # the documented contract for output over the cap: a truncated result
+        # The documented contract for output over the cap: a truncated result (the model sees what the
+        # code printed), marked as killed so that nobody mistakes it for a run that finished.
+        result["killed"] = "output_limit"
+        return result
     if os.WIFSIGNALED(out.status):
         sig = os.WTERMSIG(out.status)
         if sig == signal.SIGXCPU:
