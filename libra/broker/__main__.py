@@ -7,13 +7,13 @@ import dataclasses
 import sys
 
 from libra import sdnotify
-from libra.keys import KeyFileError
-from libra.security import CurveServer, InsecureBind, require_curve_or_loopback
 from libra.config import ConfigError, from_mapping, load_section
+from libra.keys import KeyFileError
 from libra.logging import configure, get_logger
+from libra.security import CurveServer, InsecureBind, require_curve_or_loopback
 
+from .config import BrokerConfig
 from .server import BrokerServer
-from .state import BrokerConfig
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from libra.policies.actions.registry import ActionSpec, Amdahl, ElasticSpec, RunningView, make_action_scheduler
+from libra.policies.actions.registry import (
+    ActionSpec,
+    Amdahl,
+    ElasticSpec,
+    RunningView,
+    make_action_scheduler,
+)
 
 from .work import Work
 

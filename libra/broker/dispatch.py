@@ -23,8 +23,8 @@ from .actions import ActionPlacement
 from .config import BrokerConfig
 from .events import Command, JournalWrite, Log, Send
 from .jobs import JobBoard
-from .rollout import RolloutRouting
 from .journal import accept_record
+from .rollout import RolloutRouting
 from .sessions import ActorSession, ClientSession, SessionRegistry
 from .work import Work, WorkState
 from .work_table import WorkTable

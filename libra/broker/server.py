@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import zmq
 
 from libra.logging import get_logger
-from libra.security import Authenticator, CurveServer, apply_server
 from libra.protocol import ProtocolError, decode_many, encode, encode_many
+from libra.security import Authenticator, CurveServer, apply_server
 from libra.zmqio import NOBLOCK, recv_frames, send_frames
 
 from .config import BrokerConfig

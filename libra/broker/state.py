@@ -51,8 +51,8 @@ from .events import (
     Send,
     Tick,
 )
-from .jobs import JobBoard
 from .job import JobWork
+from .jobs import JobBoard
 from .planner_loop import PlannerLoop, PlannerSettings
 from .planning import Planning
 from .pools import GpuSlot, PlanApplier

@@ -10,7 +10,15 @@ from pathlib import Path
 from structlog.testing import capture_logs
 
 from libra.broker.config import BrokerConfig
-from libra.broker.events import JournalWrite, Log, PeerMessage, Restore, Send, StartPlannerSearch, Tick
+from libra.broker.events import (
+    JournalWrite,
+    Log,
+    PeerMessage,
+    Restore,
+    Send,
+    StartPlannerSearch,
+    Tick,
+)
 from libra.broker.state import BrokerState
 from libra.protocol import messages as m
 
