@@ -122,7 +122,8 @@ class TrainRole:
                 weights = WeightsRef.from_wire(self.publisher.publish(version, trainer.state_dict_for_sync()))
                 publish_s = time.perf_counter() - t0
                 if ta.checkpoint:
-                    trainer.save_checkpoint(ta.checkpoint)
+                    trainer.save_checkpoint(ta.checkpoint, optimizer=ta.checkpoint_optimizer,
+                                            keep_last=ta.keep_checkpoints)
                     checkpoint = ta.checkpoint
             return TrainResult(rank=trainer.rank, metrics=metrics, weights_version=version, checksum=self.checksum(),
                                weights=weights, publish_s=publish_s, shard_sequences=len(shard),

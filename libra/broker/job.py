@@ -68,6 +68,8 @@ class JobSpec:
     master_port: int = 0
     checkpoint_dir: str = ""  # "" = no checkpoints
     checkpoint_every: int = 0  # 0: only after the last step
+    checkpoint_optimizer: bool = False  # include the optimizer state (8 bytes a parameter with AdamW)
+    keep_checkpoints: int = 2  # keep the newest this many checkpoints (0: all)
     episode_timeout_s: float = 1800.0
     train_timeout_s: float = 3600.0
     samples_per_step: int = 2
@@ -84,6 +86,8 @@ class JobSpec:
             problems.append(f"group_size must be >= 2, got {spec.group_size}")
         if spec.max_policy_lag < 0:
             problems.append(f"max_policy_lag must be >= 0, got {spec.max_policy_lag}")
+        if spec.keep_checkpoints < 0:
+            problems.append(f"keep_checkpoints must be >= 0 (0: keep all), got {spec.keep_checkpoints}")
         if spec.dispatch not in STRATEGIES:
             problems.append(f"dispatch must be one of {', '.join(STRATEGIES)}, got {spec.dispatch!r}")
         if not (spec.episode_timeout_s > 0 and spec.train_timeout_s > 0):
@@ -243,7 +247,8 @@ class JobHost:
         for r in range(s.world_size):
             args = TrainArgs(parts=parts, micro_batches=[[list(mb) for mb in mbs] for mbs in plan.micro_batches],
                              world_size=s.world_size, rank=r, step=step, master_port=s.master_port, grpo=s.grpo,
-                             checkpoint=ckpt or None)
+                             checkpoint=ckpt or None, checkpoint_optimizer=s.checkpoint_optimizer,
+                             keep_checkpoints=s.keep_checkpoints)
             self._outbox.append(JobWork(f"train:{step}:{r}", "train", "grpo", args.to_wire(), None, s.train_timeout_s))
 
     def _on_train(self, tag: str, ok: bool, out: Any, error: str, now: float) -> None:

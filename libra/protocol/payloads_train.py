@@ -50,7 +50,7 @@ class TrainArgs(Payload, frozen=True, kw_only=True):
     """
 
     WHAT = "train args"
-    OMIT_DEFAULT = ("parts", "micro_batches", "shards", "step")
+    OMIT_DEFAULT = ("parts", "micro_batches", "shards", "step", "checkpoint_optimizer", "keep_checkpoints")
 
     parts: list[list[TrainPart]] = msgspec.field(default_factory=list)
     """Per rank, the trajectories it trains on."""
@@ -71,6 +71,10 @@ class TrainArgs(Payload, frozen=True, kw_only=True):
     """``libra.engines.trainer.GRPOConfig`` fields (used when the rank's trainer is created)."""
     checkpoint: str | None = None
     """A directory rank 0 saves a checkpoint to after this step, or None."""
+    checkpoint_optimizer: bool = False
+    """Whether the checkpoint includes the optimizer state (the bulk of its size)."""
+    keep_checkpoints: NonNeg = 0
+    """After saving, keep only the newest this many ``step<N>`` checkpoints beside it (0: keep all)."""
 
     def __post_init__(self) -> None:
         if not self.parts and not self.shards:

@@ -38,6 +38,8 @@ class JobSection:
     seed: int = 0
     run_dir: str = "runs/job"
     checkpoint_every: int = 0  # steps between checkpoints; 0: only the final one
+    keep_checkpoints: int = 2  # keep the newest this many checkpoints in RUN/checkpoints (0: keep all)
+    checkpoint_optimizer: bool = False  # also save the optimizer state (AdamW: 8 bytes a parameter)
     dispatch: str = "lpt"  # how a batch is split over trainer ranks (libra.policies.parallelism.dispatch.STRATEGIES)
 
 
@@ -165,6 +167,8 @@ def _check(c: JobConfig, where: str) -> None:
         problems.append(f"[job] dispatch must be one of {', '.join(STRATEGIES)}, got {c.job.dispatch!r}")
     if c.job.max_policy_lag < 0:
         problems.append(f"[job] max_policy_lag must be >= 0, got {c.job.max_policy_lag}")
+    if c.job.keep_checkpoints < 0:
+        problems.append(f"[job] keep_checkpoints must be >= 0 (0: keep all), got {c.job.keep_checkpoints}")
     if c.grpo.group_size < 2:
         problems.append(f"[grpo] group_size must be >= 2 (advantages are relative to the group), got {c.grpo.group_size}")
     if not c.grpo.lr > 0:

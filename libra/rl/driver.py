@@ -83,7 +83,8 @@ def job_spec(cfg: JobConfig, model_dir: Path, run_dir: Path, master_port: int) -
                  "micro_batch_tokens": g.micro_batch_tokens},
         "dispatch": j.dispatch, "micro_batch_tokens": g.micro_batch_tokens, "scale_by_std": g.scale_by_std,
         "seed": j.seed, "master_port": master_port, "checkpoint_dir": str(run_dir / "checkpoints"),
-        "checkpoint_every": j.checkpoint_every,
+        "checkpoint_every": j.checkpoint_every, "checkpoint_optimizer": j.checkpoint_optimizer,
+        "keep_checkpoints": j.keep_checkpoints,
     }
 
 

@@ -55,6 +55,7 @@ def test_three_steps_produce_versions_metrics_and_files(tiny_run: tuple[dict, Pa
     assert 1 <= tree.num_prompts <= tree.global_tree.root.stats.count // 2  # a GRPO group shares one prompt tree
     ckpt = run / "checkpoints" / "step3"
     assert json.loads((ckpt / "trainer_state.json").read_text())["weights_version"] == 3
+    assert not (ckpt / "optimizer.pt").exists()  # by default a checkpoint leaves out the optimizer state
 
 
 def test_both_trainer_ranks_end_with_identical_weights_that_changed(tiny_run: tuple[dict, Path]) -> None:

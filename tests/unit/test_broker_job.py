@@ -57,10 +57,23 @@ def host(**over: object) -> JobHost:
 @pytest.mark.parametrize("bad,needle", [
     ({"group_size": 1}, "group_size"), ({"dispatch": "random"}, "dispatch"), ({"steps": 0}, "steps"),
     ({"world_size": 0}, "world_size"), ({"colour": "red"}, "unknown key"), ({"steps": "2"}, "steps"),
+    ({"keep_checkpoints": -1}, "keep_checkpoints"),
 ])
 def test_bad_spec_is_refused_naming_the_key(bad: dict, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         JobSpec.from_mapping({**SPEC, **bad})
+
+
+def test_checkpoint_settings_reach_the_train_work() -> None:
+    h = host(steps=1, checkpoint_optimizer=True, keep_checkpoints=3)
+    works = h.take_work(0.0)
+    for i, w in enumerate(works[:6]):
+        h.on_reply(w.tag, True, summary(10 + i, float(i % 2), [0]), "", 1.0)
+    train = h.take_work(2.0)
+    assert [w.kind for w in train] == ["train", "train"]
+    args = train[0].args
+    assert args["checkpoint"] == "/tmp/ck/step1" and args["checkpoint_optimizer"] is True
+    assert args["keep_checkpoints"] == 3
 
 
 def test_a_job_without_rows_is_refused() -> None:
@@ -105,6 +118,7 @@ def test_admission_respects_the_lag_bound_then_a_batch_becomes_train_work_per_ra
     rank_tokens = sorted(sum(int(p["ref"]["name"].split("/")[1]) for p in rank) for rank in parts)
     assert rank_tokens == [190, 200]  # LPT: the 200-token trajectory alone vs the rest
     assert train[0].args["checkpoint"] is None
+    assert "checkpoint_optimizer" not in train[0].args  # the defaults stay off the wire
     for w in train:
         out = {"rank": w.args["rank"], "weights_version": 1, "metrics": {"loss": 0.5}, "checksum": "c",
                "weights": {"endpoint": "tcp://t:1", "name": "weights/v1", "version": 1} if w.args["rank"] == 0 else None}

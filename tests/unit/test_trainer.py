@@ -176,6 +176,27 @@ def test_checkpoint_resume_is_exact(model_dir, batch, tmp_path):
         b.load_checkpoint(ckpt)
 
 
+def test_checkpoint_without_optimizer_state_and_pruning(model_dir, batch, tmp_path):
+    from libra.engines.trainer import prune_checkpoints
+
+    a = GRPOTrainer(model_dir, lr=1e-3, micro_batch_tokens=48)
+    for step in (1, 2, 3):
+        a.train_step(batch)
+        a.save_checkpoint(tmp_path / f"step{step}", optimizer=False, keep_last=2)
+    (tmp_path / "notes").mkdir()  # not a checkpoint: left alone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "step2", "step3"]
+    assert not (tmp_path / "step3" / "optimizer.pt").exists()  # the bulk of a checkpoint, left out
+    b = GRPOTrainer(model_dir, lr=1e-3, micro_batch_tokens=48)
+    b.load_checkpoint(tmp_path / "step3")  # weights, step and version; a fresh optimizer
+    assert (b.step, b.weights_version) == (3, 3)
+    for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters()):
+        assert torch.equal(pa, pb), name
+    assert not b.optimizer.state  # nothing restored: AdamW starts again
+    assert [p.name for p in prune_checkpoints(tmp_path, 1)] == ["step2"]
+    with pytest.raises(ValueError, match="keep_last"):
+        prune_checkpoints(tmp_path, 0)
+
+
 def test_non_finite_gradient_raises_and_keeps_weights(model_dir, batch):
     trainer = GRPOTrainer(model_dir, lr=1e-3)
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
