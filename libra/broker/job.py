@@ -153,7 +153,7 @@ class JobHost:
         self.gen_tokens = 0
         self.episodes_failed = 0
         self._outbox: list[JobWork] = []
-        self._live: dict[str, tuple[int, int]] = {}  # episode tag -> (group, index)
+        self._live: dict[str, tuple[int, int, float]] = {}  # episode tag -> (group, index, admitted at)
         self._train: dict[str, Any] | None = None
         self._t_last = now
         self._tokens_last = 0
@@ -172,7 +172,7 @@ class JobHost:
             for i in range(st.group_size):
                 self._n += 1
                 tag = f"ep:{g.gid}:{i}:{self._n}"
-                self._live[tag] = (g.gid, i)
+                self._live[tag] = (g.gid, i, now)
                 s = self.spec
                 args = EpisodeArgs(job=self.name, row=g.prompt, group=g.gid, index=i,
                                    seed=s.seed * 1_000_003 + g.gid * 1000 + i * 10, episode=self._episode)
@@ -188,7 +188,7 @@ class JobHost:
     def on_reply(self, tag: str, ok: bool, output: Any, error: str, now: float) -> None:
         """The one reply of work ``tag`` (its output if ``ok``, else the error text)."""
         if tag.startswith("ep:"):
-            self._on_episode(tag, ok, output, error)
+            self._on_episode(tag, ok, output, error, now)
         elif tag.startswith("train:"):
             self._on_train(tag, ok, output, error, now)
         if self.active and self.state.finished:
@@ -205,8 +205,8 @@ class JobHost:
         return bool(self._live) or self._train is not None
 
     # ------------------------------------------------------------------ episodes
-    def _on_episode(self, tag: str, ok: bool, out: Any, error: str) -> None:
-        gid, idx = self._live.pop(tag, (-1, -1))
+    def _on_episode(self, tag: str, ok: bool, out: Any, error: str, now: float) -> None:
+        gid, idx, admitted = self._live.pop(tag, (-1, -1, now))
         st = self.state
         if gid < 0 or gid not in st.groups:
             return  # the group was dropped meanwhile
@@ -215,6 +215,7 @@ class JobHost:
             self.episodes_failed += 1
             st.fail(gid)
             return
+        t.admitted_at, t.done_at = admitted, now
         self.gen_tokens += t.gen_tokens
         st.add(t)
 
@@ -292,6 +293,9 @@ class JobHost:
         ends = [float(i["end"]) for i in info if "end" in i]
         waits = [float(x) for i in info for x in i.get("load_s", [])]
         rollout_s = (max(ends) - min(starts)) if starts and ends else 0.0
+        t0 = self.started_at  # spans on the broker's clock, from the job's start: they overlap across steps
+        rollout_span = [round(min(t.admitted_at for t in trajs) - t0, 3), round(max(t.done_at for t in trajs) - t0, 3)]
+        train_span = [round(tr["t0"] - t0, 3), round(now - t0, 3)]
         tokens = sum(t.gen_tokens for t in trajs)
         return {
             "step": tr["step"], "weights_version": int(outs[0]["weights_version"]),
@@ -307,6 +311,7 @@ class JobHost:
             # ... and everything the job generated between this step's record and the previous one.
             "window_gen_tokens": window_tokens, "window_tokens_per_s": window_tokens / step_s if step_s > 0 else 0.0,
             "step_time_s": step_s, "rollout_time_s": rollout_s,
+            "rollout_span_s": rollout_span, "train_span_s": train_span,
             "train_time_s": now - tr["t0"],
             "weight_publish_s": float(outs[0].get("publish_s", 0.0)), "weight_sync_version": st.version,
             "turn_weight_wait_s": max((0.0, *waits)),

@@ -41,6 +41,8 @@ class Trajectory:
     versions: list[int]  # weights version of every generated turn
     ref: dict[str, Any] | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    admitted_at: float = 0.0  # broker clock: when its episode work was created ...
+    done_at: float = 0.0  # ... and when its result came back
 
     @property
     def min_version(self) -> int:

@@ -1,8 +1,9 @@
 """Run-directory metrics: one JSON object per step in ``metrics.jsonl``, and PNG plots.
 
 ``MetricsWriter.write(record)`` appends and flushes a line (so a crashed run keeps its steps).
-``plot_run(run_dir)`` reads ``metrics.jsonl`` and writes ``reward.png`` (mean reward per step with a
-±std band, and accuracy) and ``throughput.png`` (generated tokens/s and the step-time breakdown),
+``plot_run(run_dir)`` reads ``metrics.jsonl`` and writes ``reward.png`` (reward per step: median with a
+10–90 % band, mean, accuracy, tool use) and ``throughput.png`` (generated tokens/s, and each step's
+rollout and training spans on one time axis),
 with matplotlib's Agg backend (the ``train`` extra). ``summarize(records)`` gives the first/last
 quarter reward statistics reported at the end of a run.
 """
@@ -15,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsWriter", "plot_run", "read_metrics", "summarize"]
+__all__ = ["MetricsWriter", "plot_run", "read_metrics", "reward_bands", "summarize"]
 
 
 class MetricsWriter:
@@ -71,8 +72,39 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _quantile(xs: list[float], q: float) -> float:
+    """The ``q`` quantile of ``xs`` by linear interpolation (``xs`` non-empty)."""
+    ys = sorted(xs)
+    pos = q * (len(ys) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ys) - 1)
+    return ys[lo] + (ys[hi] - ys[lo]) * (pos - lo)
+
+
+def reward_bands(records: list[dict[str, Any]], lo: float = 0.1, hi: float = 0.9) -> list[tuple[float, float, float]]:
+    """Per step ``(q_lo, median, q_hi)`` of the per-trajectory rewards: a band that stays inside the rewards
+    that happened (a mean ± std band of rewards in [0, 1.5] dips below 0). A record without its rewards
+    falls back to its mean."""
+    out = []
+    for r in records:
+        xs = [float(x) for x in r.get("rewards") or []]
+        if xs:
+            out.append((_quantile(xs, lo), _quantile(xs, 0.5), _quantile(xs, hi)))
+        else:
+            m = float(r["reward_mean"])
+            out.append((m, m, m))
+    return out
+
+
 def plot_run(run_dir: str | Path) -> list[Path]:
-    """Write ``reward.png`` and ``throughput.png`` into ``run_dir``; returns the paths."""
+    """Write ``reward.png`` and ``throughput.png`` into ``run_dir``; returns the paths.
+
+    ``reward.png``: per step the median reward with its 10–90 % band, the mean, the accuracy and, when the
+    environment reports them, tool calls per episode and the tool success rate. ``throughput.png``: the
+    rollout throughput per step, and what each step spent when: its rollout span (first episode admitted
+    to last episode back) and its training span on one time axis, so the overlap of the asynchronous
+    pipeline shows instead of being stacked into a sum.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -84,34 +116,47 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         return []
     steps = [r["step"] for r in recs]
     out = []
-    fig, ax = plt.subplots(figsize=(6, 4))
-    mean = [r["reward_mean"] for r in recs]
-    std = [r["reward_std"] for r in recs]
-    ax.plot(steps, mean, marker="o", label="reward mean")
-    ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+    tools = any("tool_calls_per_episode" in r for r in recs)
+    fig, axes = plt.subplots(1, 2 if tools else 1, figsize=(11 if tools else 6, 4), squeeze=False)
+    ax = axes[0][0]
+    bands = reward_bands(recs)
+    ax.fill_between(steps, [b[0] for b in bands], [b[2] for b in bands], alpha=0.2, label="reward p10-p90")
+    ax.plot(steps, [b[1] for b in bands], marker="o", label="reward median")
+    ax.plot(steps, [r["reward_mean"] for r in recs], linestyle=":", label="reward mean")
     ax.plot(steps, [r["accuracy"] for r in recs], marker=".", linestyle="--", label="accuracy")
     ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax.legend()
+    ax.set_ylabel("reward / accuracy")
+    ax.legend(fontsize=8)
     ax.set_title("reward per step")
+    if tools:
+        tx = axes[0][1]
+        tx.plot(steps, [r.get("tool_calls_per_episode", 0.0) for r in recs], marker="o", label="tool calls / episode")
+        if any("tool_success_rate" in r for r in recs):
+            tx.plot(steps, [r.get("tool_success_rate") for r in recs], marker=".", linestyle="--",
+                    label="tool success rate")
+        tx.set_xlabel("step")
+        tx.set_title("tool use")
+        tx.legend(fontsize=8)
     fig.tight_layout()
     out.append(run / "reward.png")
     fig.savefig(out[-1], dpi=100)
     plt.close(fig)
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     a1.plot(steps, [r["tokens_per_s"] for r in recs], marker="o")
     a1.set_xlabel("step")
     a1.set_ylabel("generated tokens/s")
     a1.set_title("rollout throughput")
-    bottoms = [0.0] * len(recs)
-    for key in ("rollout_time_s", "train_time_s", "sync_time_s"):
-        vals = [r.get(key, 0.0) for r in recs]
-        a2.bar(steps, vals, bottom=bottoms, label=key.removesuffix("_time_s"))
-        bottoms = [b + v for b, v in zip(bottoms, vals)]
-    a2.set_xlabel("step")
-    a2.set_ylabel("seconds")
-    a2.set_title("step time breakdown")
-    a2.legend()
+    for i, r in enumerate(recs):
+        for key, colour, label in (("rollout_span_s", "tab:blue", "rollout"), ("train_span_s", "tab:orange", "train")):
+            span = r.get(key)
+            if span:
+                a2.broken_barh([(span[0], max(span[1] - span[0], 1e-3))], (r["step"] - 0.35 + 0.35 * (key == "train_span_s"), 0.3),
+                               color=colour, label=label if i == 0 else None)
+    a2.set_xlabel("seconds since the job started")
+    a2.set_ylabel("step")
+    a2.set_title("when each step rolled out and trained")
+    if any(r.get("rollout_span_s") for r in recs):
+        a2.legend(fontsize=8)
     fig.tight_layout()
     out.append(run / "throughput.png")
     fig.savefig(out[-1], dpi=100)

@@ -1,0 +1,37 @@
+"""The run directory's plots show what happened: a reward band inside the rewards, overlapping stage spans."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+from libra.rl.metrics import plot_run, reward_bands
+
+
+def _records() -> list[dict]:
+    recs = []
+    for step in range(1, 7):
+        rewards = [0.0] * 6 + [1.5] * (step - 1)  # most episodes score 0, a growing few score 1.5
+        recs.append({"step": step, "rewards": rewards, "reward_mean": statistics.fmean(rewards),
+                     "reward_std": statistics.pstdev(rewards), "accuracy": (step - 1) / len(rewards), "tokens_per_s": 40.0 + step,
+                     "tool_calls_per_episode": step / 6, "tool_success_rate": 0.9,
+                     # step k rolls out while step k-1 trains: the spans overlap
+                     "rollout_span_s": [10.0 * (step - 1), 10.0 * step + 5], "train_span_s": [10.0 * step + 5, 10.0 * step + 9]})
+    return recs
+
+
+def test_reward_band_stays_inside_the_rewards_that_happened() -> None:
+    recs = _records()
+    for r, (lo, med, hi) in zip(recs, reward_bands(recs)):
+        assert min(r["rewards"]) <= lo <= med <= hi <= max(r["rewards"])
+        assert 0 <= lo
+    assert any(r["reward_mean"] - r["reward_std"] < 0 for r in recs)  # where a mean - std band dips below 0
+    assert reward_bands([{"reward_mean": 0.4}]) == [(0.4, 0.4, 0.4)]  # an old record without its rewards
+
+
+def test_plot_run_writes_both_pictures(tmp_path) -> None:
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records()))
+    paths = plot_run(tmp_path)
+    assert [p.name for p in paths] == ["reward.png", "throughput.png"]
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
