@@ -91,7 +91,7 @@ class ActorRuntime:
             elif t is Reconfigure:
                 self._pool.submit(self._run_reconfigure, c)
             elif t is Note:
-                self.log.info(c.event, **c.fields)
+                getattr(self.log, c.level, self.log.info)(c.event, **c.fields)
 
     def _flush(self) -> None:
         msgs, self._outbuf = self._outbuf, []

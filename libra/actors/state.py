@@ -120,10 +120,11 @@ class Reconfigure:
 
 @dataclass(frozen=True, slots=True)
 class Note:
-    """Something worth a log line (the core does not log itself)."""
+    """Something worth a log line (the core does not log itself), at ``level``."""
 
     event: str
     fields: dict[str, Any] = field(default_factory=dict)
+    level: str = "info"
 
 
 @dataclass(slots=True)
@@ -241,6 +242,10 @@ class ActorState:
         elif t is m.Directive:
             self._on_directive(msg, now, out)
         elif t is m.Disconnect:
+            if msg.code == "actor_id_in_use":  # another live actor holds our id: say hello again later
+                out.append(Note("actor_id_refused", {"reason": msg.reason, "retry_in_s": self.backoff_s}, "error"))
+                self._back_off(now, out)
+                return
             out.append(Note("broker_disconnected_us", {"reason": msg.reason}))
             self._connect(now, out)
         elif t is m.Error:
@@ -300,6 +305,17 @@ class ActorState:
             self.running[a.work_id] = a.lease
             out.append(StartWork(a))
 
+    def _back_off(self, now: float, out: list[Any]) -> None:
+        """Abandon the session and say hello again after the back-off (which doubles up to its cap)."""
+        for wid in list(self.running):
+            out.append(CancelWork(wid, "session lost"))
+        self.running.clear()
+        self.waiting.clear()
+        if self.phase is not ActorPhase.CONNECTING:
+            self._go(ActorPhase.CONNECTING)
+        self.connect_at = now + self.backoff_s
+        self.backoff_s = min(self.max_backoff_s, self.backoff_s * 2)
+
     def _on_tick(self, now: float, out: list[Any]) -> None:
         if self.stopping:
             return
@@ -310,14 +326,7 @@ class ActorState:
         if now - self.last_recv > self.heartbeat_s * self.liveness:
             out.append(Note("broker_silent", {"silent_s": round(now - self.last_recv, 3),
                                               "retry_in_s": self.backoff_s}))
-            for wid in list(self.running):
-                out.append(CancelWork(wid, "broker silent"))
-            self.running.clear()
-            self.waiting.clear()
-            if self.phase is not ActorPhase.CONNECTING:
-                self._go(ActorPhase.CONNECTING)
-            self.connect_at = now + self.backoff_s
-            self.backoff_s = min(self.max_backoff_s, self.backoff_s * 2)
+            self._back_off(now, out)
             return
         if now - self.last_send >= self.heartbeat_s:
             self._send(m.Heartbeat(), now, out)

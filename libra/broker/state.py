@@ -44,6 +44,7 @@ from .events import (
     Command,
     Direct,
     Event,
+    Log,
     PeerMessage,
     PlannerDone,
     Rehome,
@@ -258,9 +259,21 @@ class BrokerState:
         if msg.capacity < 0:
             out.append(Send(peer, m.Error(ProtocolCode.BAD_TYPE.value, "capacity must be >= 0")))
             return
-        # A reconnecting actor (same actor_id, new socket) replaces its old session at once.
+        # A reconnecting actor (same actor_id, new socket, same supervisor run) replaces its old session at
+        # once. Another supervisor run's actor with an id that a live session holds is refused: two
+        # supervisors on one host would otherwise knock each other off for ever.
         old = self._sessions.actor_by_id(msg.actor_id)
         if old is not None:
+            theirs, ours = old.labels.get("instance"), msg.labels.get("instance")
+            live = now - old.last_seen <= self.config.heartbeat_s * self.config.liveness
+            if theirs and ours and theirs != ours and live:
+                self.stats["hellos_refused"] = self.stats.get("hellos_refused", 0) + 1
+                why = (f"actor id {msg.actor_id!r} is already live (pid {old.pid} on {old.host}, another "
+                       "supervisor); start this one with --actor-id-prefix, or stop the other")
+                out.append(Log("actor_id_in_use", {"actor": msg.actor_id, "live_pid": old.pid, "new_pid": msg.pid,
+                                                   "host": msg.host}, "warning"))
+                out.append(Send(peer, m.Disconnect(why, "actor_id_in_use")))
+                return
             self._drop_actor(old.peer, now, out, "replaced by a new session", lost=True)
         sess = self._sessions.open_actor(peer, msg, now)
         sess.bucket = self.rollout.bucket_of_actor(sess.directive_config)

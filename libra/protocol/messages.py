@@ -278,10 +278,13 @@ class StatusReply:
 @dataclass(frozen=True, slots=True)
 class Disconnect:
     """B→*: the broker dropped this session (expired, protocol violation). The peer must open a new
-    socket and say hello again (7/MDP)."""
+    socket and say hello again (7/MDP). ``code``: ``""``, or ``"actor_id_in_use"`` when the broker refused an
+    actor's hello because a live session of another actor (another supervisor run) holds that id: the
+    actor backs off before it says hello again."""
 
     KIND: ClassVar[int] = 0x27
     reason: str = ""
+    code: str = ""
 
 
 @dataclass(frozen=True, slots=True)
