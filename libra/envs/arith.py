@@ -37,6 +37,7 @@ __all__ = [
     "messages",
     "parse_answer",
     "parse_tool_call",
+    "required_tools",
     "score",
 ]
 
@@ -90,6 +91,12 @@ def make_problems(n: int, seed: int = 0, *, max_operand: int = 20, ops: list[str
         q = _TEMPLATES[op].format(n=rng.choice(_NAMES), a=a, b=b, it=rng.choice(_ITEMS))
         out.append(Problem(f"arith-{seed}-{i}", q, ans))
     return out
+
+
+def required_tools(cfg: Any) -> list[str]:
+    """The tools an episode under ``cfg`` (the job's ``[env]``) calls: ``python`` whenever a turn can be
+    followed by another (``max_turns > 1``). The job driver refuses to start when no actor offers one."""
+    return ["python"] if int(getattr(cfg, "max_turns", 1)) > 1 else []
 
 
 def to_row(problem: Problem) -> dict[str, Any]:

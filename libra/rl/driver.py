@@ -44,13 +44,50 @@ from libra.protocol.payloads_job import EpisodeSpec, JobPollReply
 from libra.rl.config import JobConfig
 from libra.rl.metrics import MetricsWriter, plot_run, read_metrics, summarize
 
-__all__ = ["JobFailed", "resolve_model", "run_job", "run_job_async"]
+__all__ = ["JobFailed", "check_tools", "missing_tools", "resolve_model", "run_job", "run_job_async"]
 
 log = get_logger("libra.rl")
 
 
 class JobFailed(RuntimeError):
     """The job could not go on (a train step failed, the cluster died, no progress possible)."""
+
+
+# How to get a tool that no actor offers, by tool name (the sandboxed code tools need bubblewrap).
+_SANDBOX_HINT = ("the sandboxed code tools need bubblewrap: install it with `sudo apt-get install bubblewrap` "
+                 "and start again, or, for trusted code only, run without isolation: [actors] allow_unisolated "
+                 "= true in the job file (actors started by hand: --allow-unisolated)")
+TOOL_HINTS = {"python": _SANDBOX_HINT, "bash": _SANDBOX_HINT, "pytest": _SANDBOX_HINT}
+
+
+def missing_tools(required: list[str], actors: list[dict[str, Any]]) -> list[str]:
+    """The tools in ``required`` that no actor in ``actors`` (``StatusReply.actors``) offers as ``action``
+    work (``actor["capabilities"]["action"]``)."""
+    offered = {name for a in actors for name in ((a.get("capabilities") or {}).get("action") or [])}
+    return [t for t in required if t not in offered]
+
+
+async def check_tools(client: Any, env: Any, env_cfg: Any, job: str, wait_s: float = 5.0) -> None:
+    """Raise :class:`JobFailed` when a tool the environment needs (its ``required_tools(env_cfg)``, if it
+    declares any) is offered by no connected actor, naming the tool and how to get it. Waits up to
+    ``wait_s`` for an action actor that is still connecting."""
+    needs = getattr(env, "required_tools", None)
+    required = list(needs(env_cfg)) if callable(needs) else []
+    if not required:
+        return
+    deadline = time.monotonic() + wait_s
+    while True:
+        actors = list((await client.status()).actors)
+        missing = missing_tools(required, actors)
+        if not missing or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(0.25)
+    if missing:
+        offered = sorted({n for a in actors for n in ((a.get("capabilities") or {}).get("action") or [])})
+        hints = sorted({TOOL_HINTS.get(t, f"start an action actor that offers {t!r}") for t in missing})
+        raise JobFailed(f"job {job!r} needs the tool(s) {', '.join(repr(t) for t in missing)}, which no connected "
+                        f"actor offers (tools offered: {', '.join(offered) or 'none'}; {len(actors)} actor(s)); "
+                        + "; ".join(hints))
 
 
 def resolve_model(name: str) -> Path:
@@ -113,6 +150,13 @@ class _Driver:
 
         name = self.cfg.job.name
         client = await AsyncClient(self.url).connect(10.0)
+        try:  # before anything is submitted: a job whose tool no actor offers would only learn to fail
+            await check_tools(client, self.env, self.cfg.env, name)
+        except BaseException:
+            await client.close()
+            self.metrics.close()
+            self.samples.close()
+            raise
         t_job = time.monotonic()
         bar = None
         if self.progress:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,10 @@ from libra.rl.config import load_job
 from libra.rl.driver import run_job
 from libra.rl.metrics import read_metrics
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow,
+              # the job needs the sandboxed python tool and refuses to start without it
+              pytest.mark.skipif(shutil.which("bwrap") is None,
+                                 reason="bubblewrap (bwrap) is not installed: sudo apt-get install bubblewrap")]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "arith_tiny.toml"
 

@@ -1,0 +1,95 @@
+"""The job refuses to start when a tool its environment needs is offered by no connected actor (e.g. the
+``python`` tool on a host without bubblewrap), and says how to get it."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from libra.envs import arith
+from libra.rl.config import EnvConfig
+from libra.rl.driver import JobFailed, check_tools, missing_tools
+
+
+class FakeClient:
+    """Answers ``status()`` like the broker does: one dict per actor with its capabilities."""
+
+    def __init__(self, actors: list[dict[str, Any]]) -> None:
+        self.actors = actors
+        self.calls = 0
+
+    async def status(self, timeout: float = 5.0) -> SimpleNamespace:
+        self.calls += 1
+        return SimpleNamespace(actors=self.actors, queues={}, stats={})
+
+
+def actor(action: list[str], **more: list[str]) -> dict[str, Any]:
+    return {"actor_id": "a", "capabilities": {"action": action, **more}}
+
+
+WITHOUT_SANDBOX = [actor(["echo", "sleep", "reward_model"]), actor([], generate=["default"]), {"capabilities": {}}]
+WITH_SANDBOX = [actor(["bash", "echo", "pytest", "python", "sleep"])]
+
+
+def test_arith_declares_the_python_tool_only_when_episodes_can_call_it() -> None:
+    assert arith.required_tools(EnvConfig(max_turns=2)) == ["python"]
+    assert arith.required_tools(EnvConfig(max_turns=1)) == []
+
+
+def test_missing_tools_reads_the_actors_action_capabilities() -> None:
+    assert missing_tools(["python"], WITHOUT_SANDBOX) == ["python"]
+    assert missing_tools(["python"], WITH_SANDBOX) == []
+    assert missing_tools(["python"], []) == ["python"]
+    # a tool offered for another kind of work does not count
+    assert missing_tools(["python"], [actor(["echo"], generate=["python"])]) == ["python"]
+
+
+def test_job_without_the_tool_fails_naming_it_and_the_install_command() -> None:
+    client = FakeClient(WITHOUT_SANDBOX)
+    with pytest.raises(JobFailed) as exc:
+        asyncio.run(check_tools(client, arith, EnvConfig(max_turns=2), "arith_smollm2", wait_s=0.0))
+    msg = str(exc.value)
+    assert "'python'" in msg and "arith_smollm2" in msg
+    assert "sudo apt-get install bubblewrap" in msg and "allow_unisolated" in msg
+    assert "echo, reward_model, sleep" in msg  # what is offered instead
+
+
+def test_job_with_the_tool_or_needing_none_starts() -> None:
+    asyncio.run(check_tools(FakeClient(WITH_SANDBOX), arith, EnvConfig(max_turns=2), "j", wait_s=0.0))
+    no_tool = FakeClient(WITHOUT_SANDBOX)
+    asyncio.run(check_tools(no_tool, arith, EnvConfig(max_turns=1), "j", wait_s=0.0))
+    assert no_tool.calls == 0  # nothing required: nothing asked
+    env_without_declaration = SimpleNamespace()
+    asyncio.run(check_tools(no_tool, env_without_declaration, EnvConfig(max_turns=2), "j", wait_s=0.0))
+
+
+def test_check_waits_for_an_action_actor_that_is_still_connecting() -> None:
+    client = FakeClient([])
+
+    async def later() -> None:
+        await asyncio.sleep(0.3)
+        client.actors = WITH_SANDBOX
+
+    async def main() -> None:
+        task = asyncio.create_task(later())
+        await check_tools(client, arith, EnvConfig(max_turns=2), "j", wait_s=30.0)
+        await task
+
+    asyncio.run(main())
+    assert client.calls >= 2
+
+
+def test_bundled_jobs_need_the_python_tool() -> None:
+    from pathlib import Path
+
+    from libra.rl.config import load_job
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    for name in ("arith_smollm2.toml", "arith_tiny.toml"):
+        cfg = load_job(root / name)
+        assert arith.required_tools(cfg.env) == ["python"], name
+        assert not dataclasses.asdict(cfg)["actors"]["allow_unisolated"], name
