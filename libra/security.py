@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
 import zmq.auth
+import zmq.utils.z85
 from zmq.auth.thread import ThreadAuthenticator
 
 from libra.keys import KeyFileError, load_keypair
@@ -100,11 +102,41 @@ def apply_client(sock: zmq.Socket, curve: CurveClient) -> None:
     sock.curve_serverkey = curve.server_key
 
 
-class Authenticator:
-    """ZAP handler thread for one context: only keys in ``allow_dir`` pass. ``reload()`` re-reads it."""
+class _ReportingAuthenticator(ThreadAuthenticator):
+    """``ThreadAuthenticator`` that reports every refused handshake (peer address, mechanism, client key) to
+    ``on_refused``: a peer refused by ZAP otherwise sees only silence, and so does the operator."""
 
-    def __init__(self, ctx: zmq.Context, allow_dir: Path) -> None:
-        self._auth = ThreadAuthenticator(ctx)
+    def __init__(self, ctx: zmq.Context, on_refused: Callable[[dict[str, str]], None] | None) -> None:
+        super().__init__(ctx)
+        self._on_refused = on_refused
+        self._request: dict[str, str] = {}
+
+    async def handle_zap_message(self, msg: list[bytes]) -> None:
+        # One request at a time on the authenticator's thread: remember who asked until the reply.
+        self._request = {"peer": msg[3].decode("utf-8", "replace") if len(msg) > 3 else "",
+                         "mechanism": msg[5].decode("ascii", "replace") if len(msg) > 5 else ""}
+        if len(msg) > 6 and self._request["mechanism"] == "CURVE":
+            self._request["client_key"] = zmq.utils.z85.encode(msg[6]).decode("ascii") if len(msg[6]) == 32 else "?"
+        await super().handle_zap_message(msg)
+
+    def _send_zap_reply(self, request_id: bytes, status_code: bytes, status_text: bytes,
+                        user_id: str = "anonymous") -> None:
+        if status_code != b"200" and self._on_refused is not None:
+            try:
+                self._on_refused({**self._request, "reason": status_text.decode("utf-8", "replace")})
+            except Exception:  # a reporting failure must never break authentication
+                pass
+        super()._send_zap_reply(request_id, status_code, status_text, user_id)
+
+
+class Authenticator:
+    """ZAP handler thread for one context: only keys in ``allow_dir`` pass. ``reload()`` re-reads it.
+    ``on_refused(info)`` is called (on the authenticator's thread) for every refused handshake with the
+    peer's ``peer`` address, ``mechanism``, ``client_key`` (Z85) and ``reason``."""
+
+    def __init__(self, ctx: zmq.Context, allow_dir: Path,
+                 on_refused: Callable[[dict[str, str]], None] | None = None) -> None:
+        self._auth = _ReportingAuthenticator(ctx, on_refused)
         self._allow_dir = allow_dir
         self._lock = threading.Lock()
         self._auth.start()

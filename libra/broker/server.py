@@ -63,7 +63,9 @@ class BrokerServer:
         self.state = BrokerState(self.config, journaling=bool(journal), planner_offload=bool(self.config.planner))
         self._ctx = ctx or zmq.Context()
         self._own_ctx = ctx is None
-        self._auth = Authenticator(self._ctx, curve.allow_dir) if curve is not None else None
+        self._curve = curve is not None
+        self._auth = (Authenticator(self._ctx, curve.allow_dir, on_refused=_log_refused_handshake)
+                      if curve is not None else None)
         self.sock = self._ctx.socket(zmq.ROUTER)
         if curve is not None:
             apply_server(self.sock, curve)
@@ -197,7 +199,8 @@ class BrokerServer:
     def serve_forever(self) -> None:
         """Serve until :meth:`stop`. Closes the socket on exit."""
         log.info("broker_started", endpoint=self.endpoint, heartbeat_s=self.config.heartbeat_s,
-                 liveness=self.config.liveness, max_frame_bytes=self.config.max_frame_bytes)
+                 liveness=self.config.liveness, max_frame_bytes=self.config.max_frame_bytes,
+                 curve="on: only keys in the allow directory get in" if self._curve else "off: plaintext")
         if self._on_ready:
             self._on_ready(self.endpoint)
         sock, maxb = self.sock, self.config.max_frame_bytes
@@ -255,3 +258,8 @@ class BrokerServer:
                 self.journal.close()
             if self._own_ctx:
                 self._ctx.term()
+
+
+def _log_refused_handshake(info: dict[str, str]) -> None:
+    """A peer the CURVE allow-list refused (called on the authenticator's thread)."""
+    log.warning("handshake_refused", **info)

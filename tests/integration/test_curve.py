@@ -3,6 +3,7 @@ without keys is refused."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -42,8 +43,10 @@ def test_curve_allow_list(tmp_path) -> None:
     url = f"tcp://127.0.0.1:{free_port()}"
     env = {**os.environ, "LIBRA_CURVE_SECRET": str(keys / "actor.key_secret"),
            "LIBRA_BROKER_KEY": str(broker_kp.public_file)}
-    broker = subprocess.Popen([sys.executable, "-m", "libra.broker", "--bind", url, "--log-level", "warning",
-                               "--curve-secret", str(broker_kp.secret_file), "--curve-allow", str(allowed)])
+    broker_log = (tmp_path / "broker.log").open("w")
+    broker = subprocess.Popen([sys.executable, "-m", "libra.broker", "--bind", url, "--log-level", "info",
+                               "--curve-secret", str(broker_kp.secret_file), "--curve-allow", str(allowed)],
+                              stdout=broker_log, stderr=subprocess.STDOUT)
     actors = subprocess.Popen([sys.executable, "-m", "libra.actors", "--broker", url, "--cpu-slots", "1",
                                "--gpu-slots", "0", "--no-sandbox", "--no-restart", "--log-level", "warning"], env=env)
     try:
@@ -62,7 +65,14 @@ def test_curve_allow_list(tmp_path) -> None:
                 Client(url, connect_timeout=2)  # plaintext: the error says the broker may require keys
             stats = c.status().stats
             assert stats["clients"] == 1 and stats["bad_frames"] == 0  # nothing of theirs reached the core
+        lines = [json.loads(x) for x in (tmp_path / "broker.log").read_text().splitlines() if x.startswith("{")]
+        started = next(x for x in lines if x["event"] == "broker_started")
+        assert started["curve"].startswith("on")  # the start-up line says CURVE is on
+        refused = [x for x in lines if x["event"] == "handshake_refused"]
+        assert refused and refused[0]["peer"] == "127.0.0.1" and refused[0]["mechanism"] == "CURVE"
+        assert refused[0]["client_key"] == (keys / "stranger.key").read_text().split('public-key = "')[1].split('"')[0]
     finally:
+        broker_log.close()
         for p in (actors, broker):
             p.terminate()
             try:
