@@ -71,7 +71,9 @@ class BrokerServer:
             apply_server(self.sock, curve)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
+        # libzmq drops a connection whose frame exceeds MAXMSGSIZE without a word; with headroom the codec
+        # sees a frame up to twice the limit, refuses it as oversize and the core answers a known peer.
+        self.sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.config.max_frame_bytes)
         self.sock.setsockopt(zmq.RCVHWM, 100_000)
         self.sock.setsockopt(zmq.SNDHWM, 100_000)
         self.sock.bind(bind)

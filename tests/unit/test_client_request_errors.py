@@ -85,3 +85,35 @@ def test_the_broker_frame_limit_from_its_welcome_applies() -> None:
     finally:
         broker.send_signal(signal.SIGTERM)
         broker.wait(15)
+
+
+@pytest.mark.integration
+def test_the_broker_answers_an_oversize_frame_of_a_known_peer() -> None:
+    """A peer that does not check (a raw socket) and sends a frame over the limit gets an ``Error`` naming the
+    limit instead of a silently dropped connection, and the broker counts it."""
+    import zmq
+
+    from libra.protocol import decode, encode
+    from libra.protocol import messages as m
+
+    url = f"tcp://127.0.0.1:{free_port()}"
+    broker = subprocess.Popen([sys.executable, "-m", "libra.broker", "--bind", url, "--log-level", "warning",
+                               "--max-frame-bytes", str(1 << 20)])
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(url)
+        sock.send_multipart(encode(m.ClientHello("raw", 1)))
+        assert sock.poll(30_000) and isinstance(decode(sock.recv_multipart()).msg, m.Welcome)
+        sock.send_multipart(encode(m.Submit("r1", "action", "echo", b"z" * (3 << 19), None, 10.0)))  # 1.5 MiB
+        assert sock.poll(30_000), "no answer to an oversize frame"
+        err = decode(sock.recv_multipart()).msg
+        assert isinstance(err, m.Error) and err.code == "oversize" and str(1 << 20) in err.message
+        with Client(url, connect_timeout=30) as c:
+            assert c.status(timeout=10).stats["bad_frames"] == 1
+    finally:
+        sock.close()
+        ctx.term()
+        broker.send_signal(signal.SIGTERM)
+        broker.wait(15)
