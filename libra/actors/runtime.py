@@ -104,7 +104,7 @@ class ActorRuntime:
                 self.log.warning("send_dropped_hwm", count=len(msgs[i : i + 256]))
 
     def _reconnect(self) -> None:
-        self._outbuf.clear()  # queued for the old session: the broker has re-queued that work
+        self._outbuf.clear()  # queued for the old session: results among it are offered again in the hello
         if self.sock is not None:
             self.poller.unregister(self.sock)
             self.sock.close(0)

@@ -11,13 +11,20 @@ Lifecycle (``ActorPhase``)::
         └──broker silent / Disconnect (back-off)                     Reconfigured┘ (DirectiveDone + Bid)
 
 Liveness after Paranoid Pirate: any frame from the broker is a heartbeat; after ``liveness`` silent
-intervals the actor abandons the session (its work will be re-queued by the broker), waits a back-off
-that doubles up to ``max_backoff_s``, and reconnects on a new socket.
+intervals the actor abandons the session, waits a back-off that doubles up to ``max_backoff_s``, and
+reconnects on a new socket.
+
+Work survives a lost session (a broker restart, a network blip): what runs keeps running, a result that
+finishes without a session waits in ``unsent``, and so do the results sent in the last ``2 × heartbeat ×
+liveness`` seconds (a broker killed just after they left may never have recorded them). The next
+``ActorHello`` lists all of it in ``held`` (``[work_id, lease, attempt]``); the broker adopts what it can
+and revokes the rest, and after ``Welcome`` the actor sends the results it still holds. Work held without
+a session past its budget is cancelled. Nothing is ever run twice because a session was lost.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -152,6 +159,13 @@ class ActorState:
         self.backoff_s = initial_backoff_s
         self.phase = ActorPhase.CONNECTING
         self.running: dict[str, int] = {}  # work_id -> lease
+        self.started: dict[str, tuple[int, float]] = {}  # running work_id -> (attempt, deadline)
+        # results waiting for a session: work_id -> (result, attempt, deadline)
+        self.unsent: dict[str, tuple[m.WorkResult, int, float]] = {}
+        # results sent recently (the broker may have died before recording them): work_id -> (result,
+        # attempt, deadline, sent at); re-offered in the next hello if the session is lost
+        self.recent: OrderedDict[str, tuple[m.WorkResult, int, float, float]] = OrderedDict()
+        self.max_recent = 10_000
         self.waiting: deque[m.Assign] = deque()  # assigned beyond capacity (should be rare)
         self.directive: m.Directive | None = None
         self.last_recv = 0.0
@@ -172,14 +186,21 @@ class ActorState:
 
     def _hello(self) -> m.ActorHello:
         i = self.ident
+        held = [[wid, lease, self.started.get(wid, (1, 0.0))[0]] for wid, lease in self.running.items()]
+        held += [[wid, r.lease, attempt] for wid, (r, attempt, _) in self.unsent.items()]
         return m.ActorHello(i.actor_id, i.host, i.slot, i.pid, i.capabilities, list(self.kinds),
-                            self.capacity, i.labels)
+                            self.capacity, i.labels, held)
+
+    def _lose_session(self) -> None:
+        """The session is gone: running work keeps running; unstarted work is dropped (the broker queues
+        it again); results sent recently are kept to be offered again."""
+        self.waiting.clear()
+        for wid, (r, attempt, deadline, _) in self.recent.items():
+            self.unsent.setdefault(wid, (r, attempt, deadline))
+        self.recent.clear()
 
     def _connect(self, now: float, out: list[Any]) -> None:
-        for wid in list(self.running):
-            out.append(CancelWork(wid, "session lost"))
-        self.running.clear()
-        self.waiting.clear()
+        self._lose_session()
         if self.phase is not ActorPhase.CONNECTING:
             self._go(ActorPhase.CONNECTING)
         self.sessions += 1
@@ -219,8 +240,7 @@ class ActorState:
             if self.phase is ActorPhase.CONNECTING:
                 return  # from an old session; the broker has re-queued it
             if len(self.running) < self.capacity:
-                self.running[msg.work_id] = msg.lease
-                out.append(StartWork(msg))
+                self._start(msg, now, out)
             else:
                 self.waiting.append(msg)
         elif t is m.Welcome:
@@ -229,15 +249,24 @@ class ActorState:
             self.heartbeat_s, self.liveness = msg.heartbeat_s, msg.liveness
             self.backoff_s = self.initial_backoff_s
             self._go(ActorPhase.READY)
-            out.append(Note("actor_registered", {"session": msg.session, "broker": msg.broker_id}))
+            out.append(Note("actor_registered", {"session": msg.session, "broker": msg.broker_id,
+                                                 "held": len(self.running), "results": len(self.unsent)}))
+            for r, attempt, deadline in self.unsent.values():  # work the broker adopted at our hello
+                self._sent(r, attempt, deadline, now, out)
+            self.unsent.clear()
             self._send(m.Bid(list(self.kinds), self.capacity), now, out)
         elif t is m.Revoke:
             if self.running.get(msg.work_id) == msg.lease:
                 del self.running[msg.work_id]
+                self.started.pop(msg.work_id, None)
                 out.append(CancelWork(msg.work_id, msg.reason))
-                self._start_waiting(out)
+                self._start_waiting(out, now)
             else:
                 self.waiting = deque(a for a in self.waiting if a.work_id != msg.work_id)
+                for buf in (self.unsent, self.recent):
+                    kept = buf.get(msg.work_id)
+                    if kept is not None and kept[0].lease == msg.lease:
+                        del buf[msg.work_id]
             self._maybe_switch(now, out)
         elif t is m.Directive:
             self._on_directive(msg, now, out)
@@ -292,25 +321,36 @@ class ActorState:
 
     def _on_done(self, ev: WorkDone, now: float, out: list[Any]) -> None:
         if self.running.get(ev.work_id) != ev.lease:
-            return  # revoked or from an abandoned session: the broker would drop it anyway
+            return  # revoked (or cancelled): the broker would drop it anyway
         del self.running[ev.work_id]
-        self._send(m.WorkResult(ev.work_id, ev.lease, ev.ok, ev.output, ev.error_code, ev.error,
-                                ev.duration_s), now, out)
-        self._start_waiting(out)
+        attempt, deadline = self.started.pop(ev.work_id, (1, now))
+        r = m.WorkResult(ev.work_id, ev.lease, ev.ok, ev.output, ev.error_code, ev.error, ev.duration_s)
+        if self.phase is ActorPhase.CONNECTING:  # no session: deliver it after the next Welcome
+            self.unsent[ev.work_id] = (r, attempt, deadline)
+        else:
+            self._sent(r, attempt, deadline, now, out)
+        self._start_waiting(out, now)
         self._maybe_switch(now, out)
 
-    def _start_waiting(self, out: list[Any]) -> None:
+    def _sent(self, r: m.WorkResult, attempt: int, deadline: float, now: float, out: list[Any]) -> None:
+        self._send(r, now, out)
+        self.recent[r.work_id] = (r, attempt, deadline, now)
+        self.recent.move_to_end(r.work_id)
+        if len(self.recent) > self.max_recent:
+            self.recent.popitem(last=False)
+
+    def _start(self, a: m.Assign, now: float, out: list[Any]) -> None:
+        self.running[a.work_id] = a.lease
+        self.started[a.work_id] = (a.attempt, now + a.budget_s)
+        out.append(StartWork(a))
+
+    def _start_waiting(self, out: list[Any], now: float) -> None:
         while self.waiting and len(self.running) < self.capacity:
-            a = self.waiting.popleft()
-            self.running[a.work_id] = a.lease
-            out.append(StartWork(a))
+            self._start(self.waiting.popleft(), now, out)
 
     def _back_off(self, now: float, out: list[Any]) -> None:
         """Abandon the session and say hello again after the back-off (which doubles up to its cap)."""
-        for wid in list(self.running):
-            out.append(CancelWork(wid, "session lost"))
-        self.running.clear()
-        self.waiting.clear()
+        self._lose_session()
         if self.phase is not ActorPhase.CONNECTING:
             self._go(ActorPhase.CONNECTING)
         self.connect_at = now + self.backoff_s
@@ -319,6 +359,12 @@ class ActorState:
     def _on_tick(self, now: float, out: list[Any]) -> None:
         if self.stopping:
             return
+        if self.phase is ActorPhase.CONNECTING:
+            self._expire_held(now, out)
+        else:
+            window = 2 * self.heartbeat_s * self.liveness
+            while self.recent and next(iter(self.recent.values()))[3] < now - window:
+                self.recent.popitem(last=False)
         if self.connect_at is not None:
             if now >= self.connect_at:
                 self._connect(now, out)
@@ -330,3 +376,12 @@ class ActorState:
             return
         if now - self.last_send >= self.heartbeat_s:
             self._send(m.Heartbeat(), now, out)
+
+    def _expire_held(self, now: float, out: list[Any]) -> None:
+        """Without a session, work held past its budget is given up (the broker has failed it by then)."""
+        for wid in [w for w, (_, deadline) in self.started.items() if deadline < now]:
+            del self.started[wid]
+            if self.running.pop(wid, None) is not None:
+                out.append(CancelWork(wid, "budget spent without a broker session"))
+        for wid in [w for w, (_, _, deadline) in self.unsent.items() if deadline < now]:
+            del self.unsent[wid]

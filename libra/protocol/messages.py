@@ -21,7 +21,11 @@ WORK_KINDS = ("action", "generate", "train", "episode", "sync")
 @dataclass(frozen=True, slots=True)
 class ActorHello:
     """A→B: first frame of an actor session. ``capabilities`` maps work kind → names it can serve
-    (tool names for ``action``; ``"*"`` = any name). ``kinds`` are the kinds it accepts right now."""
+    (tool names for ``action``; ``"*"`` = any name). ``kinds`` are the kinds it accepts right now.
+    ``held``: work the actor still holds from an earlier session (running, or finished with its result
+    not yet delivered), as ``[work_id, lease, attempt]`` entries: the broker adopts each one it can (its
+    result is then accepted) and answers ``Revoke`` for the rest, so a broker restart or a lost session
+    never runs a piece of work twice."""
 
     KIND: ClassVar[int] = 0x01
     actor_id: str
@@ -32,6 +36,7 @@ class ActorHello:
     kinds: list[str]
     capacity: int
     labels: dict[str, Any] = field(default_factory=dict)
+    held: list[Any] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

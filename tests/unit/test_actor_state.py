@@ -104,16 +104,24 @@ def test_heartbeat_when_quiet_and_reconnect_with_backoff_when_broker_silent() ->
     assert msgs(a.handle(Tick(), 0.6), m.Heartbeat)  # heartbeat_s is 0.5 after welcome
     a.handle(assign("w1", 1), 0.6)
     out = a.handle(Tick(), 2.7)  # silent > 0.5 × 4
-    assert any(isinstance(c, CancelWork) for c in out) and a.phase is ActorPhase.CONNECTING
+    # the session is lost but the work is not: it keeps running (a broker restart must not run it twice)
+    assert not any(isinstance(c, CancelWork) for c in out) and a.phase is ActorPhase.CONNECTING
     assert not any(isinstance(c, Connect) for c in out)  # waits the back-off first
     out = a.handle(Tick(), 2.7 + a.initial_backoff_s + 0.01)
-    assert isinstance(out[0], Connect) and msgs(out, m.ActorHello)
-    # the old session's assignment is gone: its result is never sent
+    assert isinstance(out[0], Connect)
+    (hello,) = msgs(out, m.ActorHello)
+    assert hello.held == [["w1", 1, 1]]  # the new hello says what it still holds
+    # no session: its result waits for the next Welcome instead of going nowhere
     assert msgs(a.handle(WorkDone("w1", 1, True), 3.0), m.WorkResult) == []
     # back-off doubles while the broker stays silent
     first = a.backoff_s
-    a.handle(Tick(), 3.0 + 10)
+    out = a.handle(Tick(), 3.0 + 10)
     assert a.backoff_s == min(a.max_backoff_s, first * 2)
+    out = a.handle(Tick(), 13.0 + a.backoff_s)
+    assert msgs(out, m.ActorHello)[0].held == [["w1", 1, 1]]  # still held, now as a finished result
+    out = a.handle(welcome(), 14.0)
+    (r,) = msgs(out, m.WorkResult)
+    assert (r.work_id, r.lease, r.ok) == ("w1", 1, True) and msgs(out, m.Bid)
 
 
 def test_disconnect_reconnects_immediately() -> None:
@@ -129,3 +137,56 @@ def test_stop_hands_back_waiting_and_says_goodbye() -> None:
     a.handle(assign("w2", 2), 1.0)
     out = a.handle(Stop(), 2.0)
     assert [x.work_id for x in msgs(out, m.Handback)] == ["w2"] and msgs(out, m.Goodbye)
+
+
+def test_work_survives_a_disconnect_and_the_next_hello_carries_it() -> None:
+    a = ready()
+    a.handle(Received(m.Assign("w1", 4, 2, "action", "echo", {}, None, 30.0)), 1.0)
+    out = a.handle(Received(m.Disconnect("unknown session: say hello again")), 1.5)
+    assert not any(isinstance(c, CancelWork) for c in out) and a.running == {"w1": 4}
+    (hello,) = msgs(out, m.ActorHello)
+    assert hello.held == [["w1", 4, 2]]  # work id, lease, attempt
+    # it finishes before the new broker welcomes us: the result waits, then goes out after Welcome
+    assert msgs(a.handle(WorkDone("w1", 4, True, "out"), 2.0), m.WorkResult) == []
+    out = a.handle(welcome(), 2.1)
+    (r,) = msgs(out, m.WorkResult)
+    assert (r.work_id, r.lease, r.output) == ("w1", 4, "out") and not a.unsent
+    assert msgs(a.handle(Tick(), 2.2), m.WorkResult) == []  # sent once
+
+
+def test_a_result_sent_just_before_the_session_was_lost_is_offered_again() -> None:
+    a = ready()
+    a.handle(assign("w1", 1), 1.0)
+    assert msgs(a.handle(WorkDone("w1", 1, True, "x"), 1.1), m.WorkResult)
+    # the broker died right after: it may never have recorded that result
+    out = a.handle(Received(m.Disconnect("unknown session: say hello again")), 1.5)
+    assert msgs(out, m.ActorHello)[0].held == [["w1", 1, 1]]
+    (r,) = msgs(a.handle(welcome(), 1.6), m.WorkResult)
+    assert r.work_id == "w1" and r.output == "x"
+    # results older than the window are forgotten and not offered in later hellos
+    a.handle(Received(m.Heartbeat()), 30.0)
+    a.handle(Tick(), 30.0)
+    assert msgs(a.handle(Received(m.Disconnect("x")), 30.1), m.ActorHello)[0].held == []
+
+
+def test_a_revoke_at_hello_drops_the_held_copy() -> None:
+    a = ready()
+    a.handle(assign("w1", 1), 1.0)
+    a.handle(assign("w2", 2), 1.0)
+    a.handle(WorkDone("w2", 2, True), 1.05)  # sent, kept as recent
+    out = a.handle(Received(m.Disconnect("x")), 1.5)
+    assert sorted(msgs(out, m.ActorHello)[0].held) == [["w1", 1, 1], ["w2", 2, 1]]
+    out = a.handle(Received(m.Revoke("w1", 1, "running elsewhere")), 1.6)
+    assert [c.work_id for c in out if isinstance(c, CancelWork)] == ["w1"] and "w1" not in a.running
+    a.handle(Received(m.Revoke("w2", 2, "unknown or already answered")), 1.6)
+    assert msgs(a.handle(welcome(), 1.7), m.WorkResult) == []  # nothing left to deliver
+    assert msgs(a.handle(WorkDone("w1", 1, True), 1.8), m.WorkResult) == []
+
+
+def test_work_held_without_a_session_past_its_budget_is_cancelled() -> None:
+    a = ready()
+    a.handle(Received(m.Assign("w1", 1, 1, "action", "sleep", {}, None, 5.0)), 1.0)
+    a.handle(Tick(), 1.0 + 4 * 0.5 + 0.1)  # broker silent: session lost, work kept
+    assert a.phase is ActorPhase.CONNECTING and a.running == {"w1": 1}
+    out = a.handle(Tick(), 6.5)  # past the budget, still no session
+    assert [c.work_id for c in out if isinstance(c, CancelWork)] == ["w1"] and not a.running
