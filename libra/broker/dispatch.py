@@ -23,7 +23,7 @@ from .actions import ActionPlacement
 from .config import BrokerConfig
 from .events import Command, JournalWrite, Log, Send
 from .jobs import JobBoard
-from .journal import accept_record
+from .journal import accept_record, start_record
 from .rollout import RolloutRouting
 from .sessions import ActorSession, ClientSession, SessionRegistry
 from .work import Work, WorkState
@@ -100,7 +100,7 @@ class Dispatcher:
         w = self.table.admit(cs.client_id, msg.request_id, peer, msg.kind, key[1], msg.args, msg.trajectory,
                              msg.timeout_s, now, "submit")
         if self.journaling:
-            out.append(accept_record(cs.client_id, msg))
+            out.append(accept_record(cs.client_id, msg, w.work_id))
         cs.inflight += 1
         self.stats["submitted"] += 1
         self.submit(w, now, out)
@@ -228,6 +228,8 @@ class Dispatcher:
                 t.targeted -= 1
             w.target = None
         self.table.lease(w, sess.peer, sess.actor_id, now, self.config.lease_s)
+        if self.journaling and not self.jobs.owns(w.client_id):  # a restart keeps its lease and attempt count
+            out.append(start_record(w))
         sess.held.add(w.work_id)
         if w.kind == "action" and self.actions is not None:
             cores = int(w.route.get("cores", 1))

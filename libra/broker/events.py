@@ -102,8 +102,9 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class JournalWrite:
-    """Record for durability: ``op`` is ``accept`` (a request was accepted: ``data`` has its fields) or
-    ``done`` (its one reply was produced: ``data`` is the Reply's fields). Only a core built with
+    """Record for durability: ``op`` is ``accept`` (a request was accepted: ``data`` has its fields and work
+    id), ``start`` (it was given to an actor, or adopted: ``data`` has its work id, lease and attempt count)
+    or ``done`` (its one reply was produced: ``data`` is the Reply's fields). Only a core built with
     ``journaling=True`` emits them; the shell appends them to its journal and commits before it sends the
     replies of the same pass."""
 

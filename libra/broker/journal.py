@@ -1,9 +1,12 @@
 """Durability, the core's side: the journal records the core emits and rebuilding state from them.
 
 The core emits a :class:`~libra.broker.events.JournalWrite` ``accept`` record for every client request it
-accepts and a ``done`` record for its one reply (work a job owns is never journaled); the shell stores them
+accepts (with its work id), a ``start`` record each time it is given to an actor (its lease and attempt
+count) and a ``done`` record for its one reply (work a job owns is never journaled); the shell stores them
 (``journal_store.BrokerJournal``, SQLite) and, after a restart, hands what it loaded back as a ``Restore``
-event, which :func:`restore` applies. No I/O here.
+event, which :func:`restore` applies: each unanswered request comes back under its work id, lease and
+attempt count, parked, so that an actor which still runs it can adopt it (``adoption.Adoption``) instead
+of it running a second time. No I/O here.
 """
 
 from __future__ import annotations
@@ -14,24 +17,31 @@ from libra.protocol import messages as m
 
 from .events import JournalWrite
 from .rollout import RolloutRouting
+from .work import Work
 from .work_table import WorkTable
 
-__all__ = ["accept_record", "restore"]
+__all__ = ["accept_record", "restore", "start_record"]
 
 
-def accept_record(client_id: str, msg: m.Submit) -> JournalWrite:
+def accept_record(client_id: str, msg: m.Submit, work_id: str) -> JournalWrite:
     """The ``accept`` record of an accepted Submit: what is needed to queue it again after a restart."""
     return JournalWrite("accept", client_id, msg.request_id, {
         "kind": msg.kind, "name": msg.name, "args": msg.args, "trajectory": msg.trajectory,
-        "timeout_s": msg.timeout_s})
+        "timeout_s": msg.timeout_s, "work_id": work_id})
+
+
+def start_record(w: Work) -> JournalWrite:
+    """The ``start`` record of journaled work ``w`` given to (or adopted from) an actor."""
+    return JournalWrite("start", w.client_id, w.request_id, {"work_id": w.work_id, "lease": w.lease,
+                                                             "attempt": w.attempt})
 
 
 def restore(table: WorkTable, rollout: RolloutRouting, accepted: list[tuple[str, str, dict[str, Any]]],
             done: list[tuple[str, str, dict[str, Any]]], keep_replies: int, now: float) -> int:
     """Rebuild after a restart from a journal: the newest ``keep_replies`` ``done`` replies answer
-    resubmissions of their request ids; ``accepted`` requests without a reply are queued again with their
-    full timeout (their clients re-attach by resubmitting the same request id). Returns how many were
-    queued again."""
+    resubmissions of their request ids; ``accepted`` requests without a reply come back with their full
+    timeout (their clients re-attach by resubmitting the same request id), under their work id, last lease
+    and attempt count, parked until the caller's grace period ends. Returns how many came back."""
     for client_id, rid, reply in done[-keep_replies:]:
         table.restore_reply(client_id, rid, m.Reply(rid, **reply))
     n = 0
@@ -39,8 +49,13 @@ def restore(table: WorkTable, rollout: RolloutRouting, accepted: list[tuple[str,
         if table.known_request(client_id, rid):
             continue
         name = rollout.bucket_named(d["name"]) if d["kind"] == "generate" and not d["trajectory"] else d["name"]
+        wid = d.get("work_id")
         w = table.admit(client_id, rid, b"", d["kind"], name, d["args"], d["trajectory"], d["timeout_s"], now,
-                        "restored")
-        table.push(w)
+                        "restored", wid if type(wid) is str else None)
+        lease, attempt = d.get("lease"), d.get("attempt")
+        if type(lease) is int and type(attempt) is int:
+            w.lease, w.attempt = lease, attempt
+            table.note_lease(lease)
+        table.park(w)
         n += 1
     return n

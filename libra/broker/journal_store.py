@@ -4,7 +4,9 @@ The pure core emits :class:`~libra.broker.events.JournalWrite` commands; the ser
 and commits once per loop pass (WAL with ``synchronous=NORMAL`` survives a killed process; a power loss
 may lose the last commit). ``load()`` returns what the core's ``Restore`` event needs after a restart:
 accepted requests that have no reply yet, and the most recent replies (so a client retrying a request id
-gets the original answer instead of a second execution). Payloads are msgpack, never pickle.
+gets the original answer instead of a second execution); an accepted request comes back with its work
+id and, when it was given to an actor, its last lease and attempt count (``start`` records). Payloads are
+msgpack, never pickle.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS accepted (client_id TEXT, request_id TEXT, body BLOB, PRIMARY KEY (client_id, request_id));
 CREATE TABLE IF NOT EXISTS done (seq INTEGER PRIMARY KEY AUTOINCREMENT, client_id TEXT, request_id TEXT, reply BLOB,
                                  UNIQUE (client_id, request_id));
+CREATE TABLE IF NOT EXISTS started (client_id TEXT, request_id TEXT, lease INTEGER, attempt INTEGER,
+                                    PRIMARY KEY (client_id, request_id));
 """
 
 
@@ -40,15 +44,22 @@ class BrokerJournal:
                         (client_id, request_id, msgpack.packb(data, use_bin_type=True)))
         self._pending += 1
 
+    def start(self, client_id: str, request_id: str, data: dict[str, Any]) -> None:
+        self.db.execute("INSERT OR REPLACE INTO started VALUES (?, ?, ?, ?)",
+                        (client_id, request_id, int(data["lease"]), int(data["attempt"])))
+        self._pending += 1
+
     def done(self, client_id: str, request_id: str, reply: dict[str, Any]) -> None:
         self.db.execute("DELETE FROM accepted WHERE client_id = ? AND request_id = ?", (client_id, request_id))
+        self.db.execute("DELETE FROM started WHERE client_id = ? AND request_id = ?", (client_id, request_id))
         self.db.execute("INSERT OR REPLACE INTO done (client_id, request_id, reply) VALUES (?, ?, ?)",
                         (client_id, request_id, msgpack.packb(reply, use_bin_type=True)))
         self._pending += 1
 
     def write(self, rec: JournalWrite) -> None:
         """Append one record the core emitted (committed by the next :meth:`commit`)."""
-        (self.accept if rec.op == "accept" else self.done)(rec.client_id, rec.request_id, rec.data)
+        op = self.accept if rec.op == "accept" else self.start if rec.op == "start" else self.done
+        op(rec.client_id, rec.request_id, rec.data)
 
     def commit(self) -> None:
         if self._pending:
@@ -63,7 +74,14 @@ class BrokerJournal:
 
     def load(self) -> tuple[list[tuple[str, str, dict[str, Any]]], list[tuple[str, str, dict[str, Any]]]]:
         unpack = lambda b: msgpack.unpackb(b, raw=False)  # noqa: E731
-        accepted = [(c, r, unpack(b)) for c, r, b in self.db.execute("SELECT client_id, request_id, body FROM accepted")]
+        accepted = []
+        for c, r, b, lease, attempt in self.db.execute(
+                "SELECT a.client_id, a.request_id, a.body, s.lease, s.attempt FROM accepted a LEFT JOIN started s "
+                "ON a.client_id = s.client_id AND a.request_id = s.request_id ORDER BY a.rowid"):
+            d = unpack(b)
+            if lease is not None:
+                d["lease"], d["attempt"] = lease, attempt
+            accepted.append((c, r, d))
         done = [(c, r, unpack(b)) for c, r, b in
                 self.db.execute("SELECT client_id, request_id, reply FROM done ORDER BY seq")]
         return accepted, done

@@ -36,6 +36,7 @@ from libra.protocol.errors import ErrorCode, ProtocolCode
 
 from . import journal, views
 from .actions import ActionPlacement
+from .adoption import Adoption, parse_held
 from .config import BrokerConfig
 from .dispatch import Dispatcher
 from .events import (
@@ -105,6 +106,7 @@ class BrokerState:
         self._dispatch = Dispatcher(c, self.stats, self._sessions, self._table, self.rollout, self.actions,
                                     self._jobs, journaling)
         self._planning = Planning(loop, self._sessions, self.rollout, planner_offload)
+        self._adoption = Adoption(c, self.stats, self._sessions, self._table, self._dispatch)
         self._handlers = {
             m.ActorHello: self._on_actor_hello,
             m.ClientHello: self._on_client_hello,
@@ -163,6 +165,7 @@ class BrokerState:
             n = journal.restore(self._table, self.rollout, event.accepted, event.done, self.config.reply_cache, now)
             if n:
                 self.stats["restored"] = self.stats.get("restored", 0) + n
+            self._adoption.restored(now)
             return []
         if t is Rehome:
             out = []
@@ -260,8 +263,10 @@ class BrokerState:
             out.append(Send(peer, m.Error(ProtocolCode.BAD_TYPE.value, "capacity must be >= 0")))
             return
         # A reconnecting actor (same actor_id, new socket, same supervisor run) replaces its old session at
-        # once. Another supervisor run's actor with an id that a live session holds is refused: two
-        # supervisors on one host would otherwise knock each other off for ever.
+        # once, keeping the work it still holds. Another supervisor run's actor with an id that a live
+        # session holds is refused: two supervisors on one host would otherwise knock each other off for ever.
+        held = parse_held(msg.held)
+        kept = []
         old = self._sessions.actor_by_id(msg.actor_id)
         if old is not None:
             theirs, ours = old.labels.get("instance"), msg.labels.get("instance")
@@ -274,9 +279,11 @@ class BrokerState:
                                                    "host": msg.host}, "warning"))
                 out.append(Send(peer, m.Disconnect(why, "actor_id_in_use")))
                 return
+            kept = self._adoption.keep(old, held)
             self._drop_actor(old.peer, now, out, "replaced by a new session", lost=True)
         sess = self._sessions.open_actor(peer, msg, now)
         sess.bucket = self.rollout.bucket_of_actor(sess.directive_config)
+        self._adoption.adopt(sess, held, kept, now, out)  # its Revokes go out before the Welcome
         out.append(Send(peer, self._welcome()))
         self._dispatch.fill(sess, now, out)
 
@@ -409,6 +416,7 @@ class BrokerState:
             elif verdict == "heartbeat":
                 out.append(Send(peer, m.Heartbeat()))
         self._dispatch.expire(now, out)
+        self._adoption.tick(now, out)
         self._sessions.forget_idle_clients(now)
         out.extend(self._plan_round(now))
         return out

@@ -59,6 +59,6 @@ def validate(sessions: SessionRegistry, table: WorkTable) -> None:
     for wid, w in works.items():
         assert w.state in (WorkState.QUEUED, WorkState.LEASED), (wid, w.state)
         if w.state is WorkState.QUEUED:
-            assert wid in queued, f"{wid} queued but in no queue"
+            assert (wid in queued) != (wid in table.parked), f"{wid} queued but in no queue (or also parked)"
         else:
             assert wid in held, f"{wid} leased but held by no live actor"

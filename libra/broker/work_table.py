@@ -4,7 +4,8 @@ It holds the works by id, one FIFO queue per ``(kind, name)``, the request index
 request id)`` -> the work in flight), the reply cache (finished requests remembered so a resubmitted
 request id is answered from the record, never run twice), and the deadline and lease timers (heaps with
 lazy deletion). It keeps the bookkeeping of each work's life: admission, queue positions, leases,
-expiry, and forgetting it with its reply. Which actor gets which work is the dispatcher's business
+expiry, and forgetting it with its reply. Work restored from a journal may wait ``parked`` (queued, but in
+no queue) until the actors that still run it have said hello again and adopted it. Which actor gets which work is the dispatcher's business
 (``dispatch.Dispatcher``); the table only records it. Pure: no I/O, time comes in as ``now``.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import re
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +23,8 @@ from libra.protocol import messages as m
 from .work import Work, WorkState
 
 __all__ = ["WorkTable"]
+
+_WORK_ID = re.compile(r"w(\d+)")
 
 
 class WorkTable:
@@ -34,8 +38,9 @@ class WorkTable:
         self._replies: OrderedDict[tuple[str, str], m.Reply] = OrderedDict()
         self._deadlines: list[tuple[float, int, str]] = []  # lazy deletion; compacted when mostly stale
         self._leases: list[tuple[float, int, str]] = []
-        self._work_ids = itertools.count(1)
-        self._leases_seq = itertools.count(1)
+        self.parked: dict[str, None] = {}  # restored work waiting for its actor to come back (ordered)
+        self._next_work = 1
+        self._next_lease = 1
         self._seq = itertools.count(1)
 
     # ------------------------------------------------------------------ requests
@@ -62,9 +67,17 @@ class WorkTable:
                 if w.client_id == client_id and w.state in (WorkState.QUEUED, WorkState.LEASED)]
 
     def admit(self, client_id: str, request_id: str, peer: bytes, kind: str, name: str, args: Any,
-              trajectory: str | None, timeout_s: float, now: float, why: str) -> Work:
-        """Create and index a new piece of work (not yet queued or assigned)."""
-        wid = f"w{next(self._work_ids)}"
+              trajectory: str | None, timeout_s: float, now: float, why: str, work_id: str | None = None) -> Work:
+        """Create and index a new piece of work (not yet queued or assigned). ``work_id``: keep the id a
+        journal recorded (restore); new ids continue above it."""
+        if work_id is None or work_id in self.works:
+            work_id = f"w{self._next_work}"
+            self._next_work += 1
+        else:
+            mt = _WORK_ID.fullmatch(work_id)
+            if mt is not None:
+                self._next_work = max(self._next_work, int(mt.group(1)) + 1)
+        wid = work_id
         w = Work(wid, request_id, peer, kind, name, args, trajectory, now, now + timeout_s, next(self._seq),
                  client_id=client_id, timeout_s=timeout_s)
         w.story.append(f"queued:{why}")
@@ -109,8 +122,21 @@ class WorkTable:
         del q[i]
         return self.works[wid]
 
+    def park(self, w: Work) -> None:
+        """Keep queued ``w`` out of every queue until :meth:`unpark` (restored work in its grace period)."""
+        self.parked[w.work_id] = None
+
+    def unpark(self) -> list[Work]:
+        """End the grace period: the parked works, oldest first (the caller queues or places them)."""
+        ws = sorted((self.works[wid] for wid in self.parked), key=lambda w: w.seq)
+        self.parked.clear()
+        return ws
+
     def unqueue(self, w: Work) -> None:
-        """Remove queued ``w`` from its queue (if it is there)."""
+        """Remove queued ``w`` from its queue or the parked set (if it is there)."""
+        if w.work_id in self.parked:
+            del self.parked[w.work_id]
+            return
         q = self.queues.get(w.key)
         if q is not None:
             try:
@@ -142,10 +168,33 @@ class WorkTable:
     # ------------------------------------------------------------------ leases and timers
     def lease(self, w: Work, peer: bytes, actor_id: str, now: float, lease_s: float) -> None:
         """Record that ``w`` (taken off its queue) now runs on the actor at ``peer``, under a new lease."""
-        w.lease = next(self._leases_seq)
+        w.lease = self._next_lease
+        self._next_lease += 1
         w.attempt += 1
+        self._hold(w, peer, f"assign:{actor_id}", now, lease_s)
+
+    def adopt(self, w: Work, peer: bytes, actor_id: str, lease: int, attempt: int, now: float,
+              lease_s: float) -> None:
+        """Record that queued ``w`` (off its queue) runs on the actor at ``peer`` already, under the lease
+        ``lease`` of an earlier session (which never comes again: the lease counter moves above it)."""
+        w.lease = lease
+        self._next_lease = max(self._next_lease, lease + 1)
+        w.attempt = max(w.attempt, attempt)
+        self._hold(w, peer, f"adopt:{actor_id}", now, lease_s)
+
+    def transfer(self, w: Work, peer: bytes, actor_id: str) -> None:
+        """Leased ``w`` stays with the same actor on its new session at ``peer`` (same lease)."""
         w.actor = peer
-        w.move(WorkState.LEASED, f"assign:{actor_id}")
+        if len(w.story) < 32:
+            w.story.append(f"leased:session:{actor_id}")
+
+    def note_lease(self, lease: int) -> None:
+        """A lease an earlier run of the broker gave out: new leases are all above it."""
+        self._next_lease = max(self._next_lease, lease + 1)
+
+    def _hold(self, w: Work, peer: bytes, why: str, now: float, lease_s: float) -> None:
+        w.actor = peer
+        w.move(WorkState.LEASED, why)
         w.lease_expires = min(w.deadline, now + lease_s)
         if w.lease_expires < w.deadline:
             heapq.heappush(self._leases, (w.lease_expires, w.lease, w.work_id))

@@ -1,0 +1,149 @@
+"""Adoption, in the broker core: work that outlived an actor's session goes back to the actor that runs it.
+
+An actor that loses its session (the broker restarted, or a network blip made the broker drop it) keeps
+running its work and says, in its next ``ActorHello``, what it still holds: ``[work_id, lease, attempt]``
+entries, for work still running and for results it has not delivered. For each entry the broker either
+
+- *adopts* it: the work is queued here (restored from the journal, or taken back when the old session
+  was dropped) and the actor's lease is not older than the last one given out for it; the work becomes
+  leased to the new session under the actor's lease, and the result that follows is accepted; or
+- *revokes* it (``Revoke``): the work is unknown, already answered, or running elsewhere under a newer
+  lease; the actor drops its copy.
+
+Work restored from a journal is *parked* (queued, in no queue) for a grace period, long enough for every
+surviving actor to notice the restart, back off and say hello again; what is still parked afterwards (its
+actor died too) is queued and runs again, and its ``attempt`` counts that new start. So a broker restart
+never runs a piece of work twice while its actor lives.
+
+Pure: no I/O; what to send comes out as commands.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from libra.protocol import messages as m
+
+from .config import BrokerConfig
+from .dispatch import Dispatcher
+from .events import Command, Log, Send
+from .journal import start_record
+from .sessions import ActorSession, SessionRegistry
+from .work import Work, WorkState
+from .work_table import WorkTable
+
+__all__ = ["ACTOR_MAX_BACKOFF_S", "Adoption", "parse_held"]
+
+#: The longest an actor waits between two hellos while the broker is silent (``ActorState.max_backoff_s``).
+ACTOR_MAX_BACKOFF_S = 5.0
+#: The most ``held`` entries one hello may carry (the rest are ignored: their work is re-queued).
+MAX_HELD = 100_000
+
+
+def parse_held(held: Any) -> list[tuple[str, int, int]]:
+    """The well-formed ``[work_id, lease, attempt]`` entries of a hello (peer input: never raises)."""
+    out: list[tuple[str, int, int]] = []
+    if type(held) is not list:
+        return out
+    for e in held[:MAX_HELD]:
+        if type(e) is list and len(e) >= 2 and type(e[0]) is str and type(e[1]) is int and e[1] > 0:
+            attempt = e[2] if len(e) > 2 and type(e[2]) is int else 1
+            out.append((e[0], e[1], max(1, attempt)))
+    return out
+
+
+class Adoption:
+    """The grace period of restored work and the adoption of held work at hello (module docstring)."""
+
+    def __init__(self, config: BrokerConfig, counters: dict[str, int], sessions: SessionRegistry,
+                 table: WorkTable, dispatch: Dispatcher) -> None:
+        self.config = config
+        self.stats = counters
+        self.sessions = sessions
+        self.table = table
+        self.dispatch = dispatch
+        self.grace_s = 2 * config.heartbeat_s * config.liveness + ACTOR_MAX_BACKOFF_S
+        self.grace_until: float | None = None
+
+    def restored(self, now: float) -> None:
+        """Work was restored from a journal (parked): start the grace period."""
+        if self.table.parked:
+            self.grace_until = now + self.grace_s
+
+    def keep(self, old: ActorSession, held: list[tuple[str, int, int]]) -> list[Work]:
+        """A reconnecting actor's old session is about to be dropped: take out of it the work its new hello
+        still holds under the same lease (so dropping the old session does not queue that work again)."""
+        kept: list[Work] = []
+        works = self.table.works
+        for wid, lease, _ in held:
+            if wid in old.held and works[wid].lease == lease:
+                w = works[wid]
+                old.held.discard(wid)
+                self.dispatch.release_cores(w, old)
+                kept.append(w)
+        return kept
+
+    def adopt(self, sess: ActorSession, held: list[tuple[str, int, int]], kept: list[Work], now: float,
+              out: list[Command]) -> None:
+        """Adopt what new session ``sess`` holds, or revoke it (``kept``: from :meth:`keep`)."""
+        kept_ids = set()
+        for w in kept:
+            self.table.transfer(w, sess.peer, sess.actor_id)
+            self._hold(w, sess, now)
+            kept_ids.add(w.work_id)
+        adopted, revoked = len(kept), 0
+        for wid, lease, attempt in held:
+            if wid in kept_ids:
+                continue
+            w = self.table.works.get(wid)
+            if w is not None and w.state is WorkState.QUEUED and lease >= w.lease:
+                if w.target is not None:  # a generate turn that waited for an instance: it has one
+                    t = self.sessions.actors.get(w.target)
+                    if t is not None:
+                        t.targeted -= 1
+                    w.target = None
+                self.table.unqueue(w)
+                self.table.adopt(w, sess.peer, sess.actor_id, lease, attempt, now, self.config.lease_s)
+                self._hold(w, sess, now)
+                if self.dispatch.journaling and not self.dispatch.jobs.owns(w.client_id):
+                    out.append(start_record(w))
+                adopted += 1
+                continue
+            if w is None:
+                why = "unknown or already answered"
+            elif w.state is WorkState.LEASED:
+                why = "running elsewhere"
+            else:
+                why = "superseded"
+            out.append(Send(sess.peer, m.Revoke(wid, lease, why)))
+            revoked += 1
+        if adopted or revoked:
+            self.stats["adopted"] = self.stats.get("adopted", 0) + adopted
+            self.stats["revoked_at_hello"] = self.stats.get("revoked_at_hello", 0) + revoked
+            out.append(Log("actor_work_adopted", {"actor": sess.actor_id, "adopted": adopted, "revoked": revoked}))
+
+    def _hold(self, w: Work, sess: ActorSession, now: float) -> None:
+        sess.held.add(w.work_id)
+        actions = self.dispatch.actions
+        if w.kind == "action" and actions is not None:
+            cores = int(w.route.get("cores", 1))
+            sess.cores_used += cores
+            actions.started(w.work_id, cores, now)
+
+    def tick(self, now: float, out: list[Command]) -> None:
+        """At the end of the grace period, queue the restored work no actor adopted (its actor is gone)."""
+        if self.grace_until is None or now < self.grace_until:
+            return
+        self.grace_until = None
+        left = self.table.unpark()
+        scheduled = self.dispatch.actions is not None
+        for w in left:
+            if w.kind == "generate" and w.trajectory:
+                self.dispatch.route_generate(w, now, out)
+            elif w.kind == "action" and scheduled:
+                self.table.push(w)  # the action policy starts it (below)
+            else:
+                self.dispatch.offer(w, now, out)
+        if scheduled:
+            self.dispatch.schedule_actions(now, out)
+        out.append(Log("restored_work_queued", {"queued": len(left), "adopted": self.stats.get("adopted", 0)}))
