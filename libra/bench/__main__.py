@@ -22,6 +22,7 @@ BENCHMARKS = {
     "ablation": ("libra.bench.ablation", "Libra ablation ladder (planner, hetero TP, C-MLFQ, EHP) and the EARL selector, simulated"),
     "dataplane": ("libra.bench.dataplane", "weights over the data plane vs the file path; dispatch imbalance vs round robin"),
     "router_state": ("libra.bench.router_state", "broker loop stall of a C-MLFQ tree save: frozen snapshot vs built on the loop"),
+    "chaos": ("libra.bench.chaos", "broker SIGKILL mid-run: calls lost, executed twice, attempts > 1; recovery at 1,000 pending calls vs a broker that never crashed"),
     "payloads": ("libra.bench.payloads", "typed work payloads (msgspec) vs hand-built dicts: codec + validation per payload"),
 }
 

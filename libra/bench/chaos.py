@@ -1,0 +1,213 @@
+"""``python -m libra.bench chaos``: SIGKILL the broker mid-run and count what broke.
+
+Two scenarios with real processes on loopback, one run:
+
+1. **Side effects across a broker restart.** A broker with ``--journal`` and two CPU actors (``bash`` tool,
+   ``--allow-unisolated`` with bubblewrap hidden from the actors' ``PATH``, so a command can append to a
+   file outside its sandbox). ``--calls`` calls each append their own id to a ledger file, then sleep a
+   little. Once ``--kill-after`` ids are in the ledger, the broker is killed with SIGKILL and restarted on
+   the same journal; the actors live on. Counted: ``lost`` (calls without a successful answer),
+   ``executed_twice`` (ids in the ledger more than once), ``never_ran`` (ids not in it),
+   ``attempts_gt1`` (answers that say the work was started more than once) and
+   ``attempts_untrue`` (answers whose ``attempts`` is not the number of times the id is in the ledger).
+2. **Recovery at ``--pending`` waiting calls.** A broker with ``--journal`` and no actors holds
+   ``--pending`` ``echo`` calls of one client; it is killed and restarted. Recovery: seconds from the
+   restarted broker's first answer until every call is attached to it again (each resubmitted and
+   recognised: ``submitted + duplicates``), seen from the client side by polling status. Baseline: the
+   seconds the same calls take to reach a broker that never crashed (submit until all are accepted).
+   Then an actor joins and every call must be answered once (``lost_pending``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from libra.bench.output import emit
+from libra.client import Client
+from libra.local import LocalCluster, free_port
+
+#: What the unisolated ``bash`` tool needs on ``PATH`` (bubblewrap is left out on purpose).
+_TOOLS = ("bash", "sh", "timeout", "env", "cat", "echo", "sleep", "mkdir", "rm", "ls", "tail", "head", "true")
+
+
+def unisolated_path(root: Path) -> str:
+    """A ``PATH`` directory with the shell tools but without ``bwrap``: with ``--allow-unisolated`` the
+    actors' code tools then run on the host, so a command can write a file outside its sandbox."""
+    d = root / "bin-no-bwrap"
+    d.mkdir(parents=True, exist_ok=True)
+    for name in _TOOLS:
+        src = shutil.which(name)
+        if src is not None and not (d / name).exists():
+            os.symlink(src, d / name)
+    return str(d)
+
+
+def _broker_cmd(url: str, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "libra.broker", "--bind", url, "--log-level", "warning", *args]
+
+
+def _stop(p: subprocess.Popen | None) -> None:
+    if p is not None and p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _wait(cond: Any, timeout: float, what: str, step: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if cond():
+                return
+        except Exception:  # the broker may be starting
+            pass
+        time.sleep(step)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def side_effects(workdir: Path, calls: int = 500, kill_after: int = 150, heartbeat_s: float = 0.3,
+                 sleep_s: float = 0.1, slots: int = 2, capacity: int = 4) -> dict[str, Any]:
+    """Scenario 1 (module docstring): the counts, and the broker's adoption counters."""
+    ledger = workdir / "ledger"
+    ledger.write_text("")
+    args = ["--heartbeat-s", str(heartbeat_s), "--journal", str(workdir / "broker.sqlite")]
+    cluster = LocalCluster(cpu_slots=slots, port=free_port(), broker_args=args,
+                           actor_args=["--allow-unisolated", "--capacity", str(capacity)],
+                           env={"PATH": unisolated_path(workdir)})
+    cluster.start(timeout=120)
+    restarted: subprocess.Popen | None = None
+    results: list[Any] = []
+    try:
+        with Client(cluster.url, connect_timeout=30) as c:
+            futs = [c.submit_tool("bash", {"command": f"echo {i} >> {ledger}; sleep {sleep_s}"}, timeout=600)
+                    for i in range(calls)]
+            waiter = threading.Thread(target=lambda: results.extend(c.gather(futs)), daemon=True)
+            waiter.start()
+            _wait(lambda: len(ledger.read_text().split()) >= kill_after, 300, f"{kill_after} calls run")
+            assert cluster.broker is not None
+            cluster.broker.send_signal(signal.SIGKILL)
+            cluster.broker.wait()
+            at_kill = len(ledger.read_text().split())
+            time.sleep(0.5)
+            restarted = subprocess.Popen(_broker_cmd(cluster.url, args), env=cluster._env())
+            waiter.join(900)
+        stats = cluster.status(timeout=10).stats
+    finally:
+        _stop(restarted)
+        cluster.broker = None
+        cluster.stop()
+    counts = collections.Counter(ledger.read_text().split())
+    ok: dict[int, Any] = {}
+    for i, r in enumerate(results):
+        if not isinstance(r, Exception) and isinstance(r.output, dict) and r.output.get("exit_code") == 0:
+            ok[i] = r
+    return {
+        "calls": calls, "answered": len(results), "lost": calls - len(ok),
+        "executed_twice": sum(1 for v in counts.values() if v > 1),
+        "never_ran": sum(1 for i in range(calls) if counts[str(i)] == 0),
+        "attempts_gt1": sum(1 for r in ok.values() if r.attempts > 1),
+        "attempts_untrue": sum(1 for i, r in ok.items() if r.attempts != counts[str(i)]),
+        "ran_before_kill": at_kill, "restored": stats.get("restored", 0), "adopted": stats.get("adopted", 0),
+        "revoked_at_hello": stats.get("revoked_at_hello", 0),
+    }
+
+
+def _known(url: str) -> dict[str, Any]:
+    with Client(url, connect_timeout=2) as c:
+        return c.status(timeout=2).stats
+
+
+def recovery(workdir: Path, pending: int = 1000, heartbeat_s: float = 0.5) -> dict[str, Any]:
+    """Scenario 2 (module docstring): baseline and recovery seconds, and the calls lost."""
+    url = f"tcp://127.0.0.1:{free_port()}"
+    args = ["--heartbeat-s", str(heartbeat_s), "--journal", str(workdir / "pending.sqlite")]
+    procs = [subprocess.Popen(_broker_cmd(url, args))]
+    results: list[Any] = []
+    try:
+        _wait(lambda: _known(url) is not None, 60, "the broker")
+        with Client(url, connect_timeout=30) as c:
+            t0 = time.monotonic()
+            futs = [c.submit_tool("echo", {"i": i}, timeout=600) for i in range(pending)]
+            waiter = threading.Thread(target=lambda: results.extend(c.gather(futs)), daemon=True)
+            waiter.start()
+            _wait(lambda: _known(url)["submitted"] >= pending, 120, "the calls accepted", step=0.01)
+            baseline = time.monotonic() - t0
+            procs[0].send_signal(signal.SIGKILL)
+            procs[0].wait()
+            procs[0] = subprocess.Popen(_broker_cmd(url, args))
+            _wait(lambda: _known(url) is not None, 60, "the restarted broker", step=0.01)
+            t1 = time.monotonic()
+            st: dict[str, Any] = {}
+
+            def attached() -> bool:
+                st.update(_known(url))
+                return st.get("submitted", 0) + st.get("duplicates", 0) >= pending
+
+            _wait(attached, 300, "the calls attached again", step=0.01)
+            recovered = time.monotonic() - t1
+            procs.append(subprocess.Popen([sys.executable, "-m", "libra.actors", "--broker", url, "--cpu-slots", "1",
+                                           "--gpu-slots", "0", "--no-sandbox", "--capacity", "64",
+                                           "--log-level", "warning"]))
+            waiter.join(600)
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+    right = sum(1 for i, r in enumerate(results) if not isinstance(r, Exception) and r.output == {"i": i})
+    return {"pending": pending, "baseline_s": baseline, "recovery_s": recovered,
+            "recovery_over_baseline": recovered / baseline if baseline > 0 else None,
+            "restored_pending": st.get("restored", 0), "resubmitted_new": st.get("submitted", 0),
+            "reattached": st.get("duplicates", 0), "lost_pending": pending - right}
+
+
+def run(calls: int = 500, kill_after: int = 150, pending: int = 1000) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="libra-chaos-") as tmp:
+        out = {**side_effects(Path(tmp), calls, kill_after), **recovery(Path(tmp), pending)}
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def _fmt(r: dict[str, Any]) -> str:
+    return "\n".join([
+        f"broker SIGKILL + restart (journal) with {r['calls']} side-effecting bash calls, actors alive:",
+        f"  calls {r['calls']}  lost {r['lost']}  executed twice {r['executed_twice']}  never ran {r['never_ran']}"
+        f"  attempts>1 {r['attempts_gt1']}  attempts untrue {r['attempts_untrue']}",
+        f"  ran before the kill {r['ran_before_kill']}, restored from the journal {r['restored']}, adopted by "
+        f"surviving actors {r['adopted']}, revoked at hello {r['revoked_at_hello']}",
+        f"recovery at {r['pending']} pending calls: {r['recovery_s']:.3f} s from the restarted broker's first "
+        f"answer until all are attached again (restored {r['restored_pending']}, re-attached {r['reattached']}, "
+        f"new {r['resubmitted_new']})",
+        f"  baseline (the same calls reaching a broker that never crashed): {r['baseline_s']:.3f} s; "
+        f"ratio {r['recovery_over_baseline']:.2f}x; lost after the restart {r['lost_pending']}",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m libra.bench chaos", description=__doc__.split("\n\n")[0])
+    p.add_argument("--calls", type=int, default=500, help="side-effecting calls (default %(default)s)")
+    p.add_argument("--kill-after", type=int, default=150, help="kill the broker once this many ran")
+    p.add_argument("--pending", type=int, default=1000, help="waiting calls at the second restart")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    a = p.parse_args(argv)
+    r = run(a.calls, a.kill_after, a.pending)
+    emit(r, a.json, _fmt)
+    bad = r["lost"] + r["executed_twice"] + r["attempts_untrue"] + r["lost_pending"]
+    return 0 if bad == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
