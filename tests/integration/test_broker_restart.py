@@ -94,3 +94,18 @@ def test_async_client_reattaches_after_broker_restart(tmp_path) -> None:
         cluster.broker = None
         cluster.stop()
     assert [r.output for r in results] == [{"slept": 0.3}] * 12
+
+
+def test_a_broker_restart_runs_no_side_effect_twice(tmp_path) -> None:
+    """500 bash calls each append their id to a ledger outside the sandbox; the broker is SIGKILLed and
+    restarted on its journal mid-run while the actors live on. The surviving actors re-register with the work
+    they hold and the broker adopts it instead of running it again: every call is answered, every id is in
+    the ledger exactly once, and every answer says the work was started once."""
+    from libra.bench.chaos import side_effects
+
+    r = side_effects(tmp_path, calls=500, kill_after=150)
+    print(f"\n{r}")
+    assert r["answered"] == 500 and r["lost"] == 0 and r["never_ran"] == 0
+    assert r["executed_twice"] == 0
+    assert r["attempts_gt1"] == 0 and r["attempts_untrue"] == 0
+    assert r["ran_before_kill"] < 500 and r["restored"] >= 1  # the kill came mid-run, with work unanswered
