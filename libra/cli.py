@@ -141,6 +141,23 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quarter_lines(q: dict) -> list[str]:
+    """Per-episode figures of the first and last quarter (mean ± std, n) as the summary's ``quarters``
+    holds them; none for a summary without them."""
+    if not q:
+        return []
+    nan = float("nan")
+
+    def cell(d: dict) -> str:
+        return f"{d.get('mean', nan):.3f} ± {d.get('std', nan):.3f} (n={d.get('n', 0)})"
+
+    out = ["per episode            first quarter           last quarter"]
+    for key, label in (("tool_calls_per_episode", "tool calls/episode"), ("tool_success_rate", "tool success rate"),
+                       ("accuracy", "accuracy"), ("reward", "reward")):
+        out.append(f"  {label:<20} {cell(q.get('first', {}).get(key, {})):<23} {cell(q.get('last', {}).get(key, {}))}")
+    return out
+
+
 def format_summary(s: dict, run_dir: str) -> str:
     """The end-of-run report: reward first vs last quarter, lag, throughput, where the files are."""
     f, l = s.get("first_quarter_reward", {}), s.get("last_quarter_reward", {})
@@ -151,6 +168,7 @@ def format_summary(s: dict, run_dir: str) -> str:
         f"reward   first quarter {f.get('mean', float('nan')):.3f} ± {f.get('std', float('nan')):.3f} (n={f.get('n')})"
         f"   last quarter {l.get('mean', float('nan')):.3f} ± {l.get('std', float('nan')):.3f} (n={l.get('n')})",
         f"accuracy first quarter {fa.get('mean', float('nan')):.3f}   last quarter {la.get('mean', float('nan')):.3f}",
+        *_quarter_lines(s.get("quarters") or {}),
         f"max policy lag seen {s.get('max_policy_lag_seen')}, mean generated tokens/s "
         f"{s.get('tokens_per_s_mean', 0):.1f}, dropped groups {s.get('dropped_groups')}",
         f"run directory: {run_dir} (metrics.jsonl, reward.png, throughput.png, checkpoints/)",

@@ -297,6 +297,7 @@ class JobHost:
         rollout_span = [round(min(t.admitted_at for t in trajs) - t0, 3), round(max(t.done_at for t in trajs) - t0, 3)]
         train_span = [round(tr["t0"] - t0, 3), round(now - t0, 3)]
         tokens = sum(t.gen_tokens for t in trajs)
+        calls = sum(int(i.get("tool_calls", 0)) for i in info)
         return {
             "step": tr["step"], "weights_version": int(outs[0]["weights_version"]),
             "reward_mean": statistics.fmean(rewards),
@@ -304,6 +305,12 @@ class JobHost:
             "accuracy": statistics.fmean(1.0 if i.get("correct") else 0.0 for i in info),
             "format_rate": statistics.fmean(1.0 if i.get("formatted") else 0.0 for i in info),
             "tool_calls_per_episode": statistics.fmean(float(i.get("tool_calls", 0)) for i in info),
+            # successful calls (no error, exit code 0) over all calls of the step; None when none was made
+            "tool_success_rate": (sum(int(i.get("tool_ok", 0)) for i in info) / calls) if calls else None,
+            # per episode, in trajectory order: what summarize pools into per-quarter means, spreads and n
+            "episode_tool_calls": [int(i.get("tool_calls", 0)) for i in info],
+            "episode_tool_ok": [int(i.get("tool_ok", 0)) for i in info],
+            "episode_correct": [1 if i.get("correct") else 0 for i in info],
             "turns_per_episode": statistics.fmean(len(t.versions) for t in trajs),
             # This step's own trajectories over their rollout window (windows of consecutive steps overlap
             # under the asynchronous pipeline) ...

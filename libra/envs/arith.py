@@ -2,7 +2,15 @@
 
 Tasks come from a seeded generator of our own (:func:`make_problems`): two-operand word problems
 ("Mia has 12 marbles and finds 7 more. How many marbles does Mia have now?"), operators from
-``ops``, operands in ``[1, max_operand]``, answers never negative. Same seed, same problems.
+``ops``, operands in ``[min_operand, max_operand]`` (the second in ``second_operand = [lo, hi]`` when
+given), answers never negative. Same seed, same problems.
+
+Prompt styles (``prompt_style``): ``plain`` (a system prompt that says a python block may be run) and
+``tool_demo``, where the tool is the way to the answer: the system prompt says to compute with Python,
+and the chat starts with one demonstrated episode (question → a fenced ``python`` block that prints the
+product → the tool output as the environment shows it → ``Answer: N``). With operands a small model
+cannot multiply in its head (``ops = ["*"]``, 3-digit × 2-digit) and ``format_reward = 0``, the only
+reward is for calling the tool with the right expression and copying its output into the answer.
 
 The episode (:func:`episode`) is an async function over an :class:`~libra.rl.episode.EpisodeSession`:
 
@@ -13,7 +21,8 @@ The episode (:func:`episode`) is an async function over an :class:`~libra.rl.epi
    user message, and the model takes another turn;
 3. otherwise the last turn is scored (:func:`score`): ``1.0`` for the right integer after ``Answer:``,
    plus ``format_reward`` for any well-formed ``Answer: <integer>`` line (so a wrong but well-formed
-   answer earns only the format reward).
+   answer earns only the format reward). The info counts the episode's tool calls and the successful
+   ones (``tool_ok``: no error and exit code 0).
 
 Writing your own environment: provide ``make_problems(n, seed, **options)`` returning objects with a
 ``prompt`` (chat messages), and ``async def episode(session, problem, cfg) -> (reward, info)`` that
@@ -30,6 +39,8 @@ from typing import Any
 
 __all__ = [
     "ANSWER_HINT",
+    "PROMPT_STYLES",
+    "TOOL_SYSTEM_PROMPT",
     "SYSTEM_PROMPT",
     "Problem",
     "episode",
@@ -37,8 +48,10 @@ __all__ = [
     "messages",
     "parse_answer",
     "parse_tool_call",
+    "problem_options",
     "required_tools",
     "score",
+    "tool_succeeded",
 ]
 
 SYSTEM_PROMPT = (
@@ -46,6 +59,14 @@ SYSTEM_PROMPT = (
     "what it prints. Finish with a line 'Answer: <number>'."
 )
 ANSWER_HINT = "Give a short reply that ends with 'Answer: <number>'."
+TOOL_SYSTEM_PROMPT = (
+    "You have a Python tool. To calculate, write a ```python block that prints the result; you will see "
+    "its output. Then reply with 'Answer: <number>'."
+)
+PROMPT_STYLES = ("plain", "tool_demo")
+# The demonstrated episode of the ``tool_demo`` style (its numbers are outside the generated problems'
+# pattern only by chance; the demonstration shows the format, not an answer to a task).
+_DEMO = ("Tom has 347 boxes with 28 coins in each box. How many coins does Tom have?", "347 * 28", 9716)
 
 _NAMES = ["Mia", "Tom", "Ava", "Leo", "Zoe", "Sam", "Ivy", "Max", "Ana", "Ben"]
 _ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "shells", "cards"]
@@ -61,36 +82,61 @@ class Problem:
     pid: str
     question: str
     answer: int
+    style: str = "plain"  # the prompt style (PROMPT_STYLES)
 
     @property
     def prompt(self) -> list[dict[str, str]]:
-        return messages(self.question)
+        return messages(self.question, self.style)
 
 
-def messages(question: str) -> list[dict[str, str]]:
-    """The chat prompt for one question."""
+def messages(question: str, style: str = "plain") -> list[dict[str, str]]:
+    """The chat prompt for one question in prompt style ``style`` (see the module docstring)."""
+    if style == "tool_demo":
+        q, expr, value = _DEMO
+        return [{"role": "system", "content": TOOL_SYSTEM_PROMPT},
+                {"role": "user", "content": q},
+                {"role": "assistant", "content": f"```python\nprint({expr})\n```"},
+                {"role": "user", "content": format_tool_output({"stdout": f"{value}\n", "exit_code": 0})},
+                {"role": "assistant", "content": f"Answer: {value}"},
+                {"role": "user", "content": question}]
+    if style != "plain":
+        raise ValueError(f"prompt style must be one of {', '.join(PROMPT_STYLES)}, got {style!r}")
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": f"{question}\n{ANSWER_HINT}"}]
 
 
 def make_problems(n: int, seed: int = 0, *, max_operand: int = 20, ops: list[str] | tuple[str, ...] = ("+", "-"),
-                  **_: Any) -> list[Problem]:
-    """``n`` problems from a private ``random.Random(seed)``; deterministic, no global state touched."""
-    if max_operand < 1:
-        raise ValueError(f"max_operand must be >= 1, got {max_operand}")
+                  min_operand: int = 1, second_operand: list[int] | tuple[int, ...] = (),
+                  prompt_style: str = "plain", **_: Any) -> list[Problem]:
+    """``n`` problems from a private ``random.Random(seed)``; deterministic, no global state touched.
+    Operands are drawn from ``[min_operand, max_operand]``, the second from ``second_operand`` (``[lo, hi]``)
+    when given."""
+    if not 1 <= min_operand <= max_operand:
+        raise ValueError(f"need 1 <= min_operand <= max_operand, got {min_operand} and {max_operand}")
+    if second_operand and (len(second_operand) != 2 or not 1 <= second_operand[0] <= second_operand[1]):
+        raise ValueError(f"second_operand must be [lo, hi] with 1 <= lo <= hi, got {list(second_operand)}")
     bad = [o for o in ops if o not in _TEMPLATES]
     if bad or not ops:
         raise ValueError(f"ops must be a non-empty subset of {sorted(_TEMPLATES)}, got {list(ops)}")
+    if prompt_style not in PROMPT_STYLES:
+        raise ValueError(f"prompt_style must be one of {', '.join(PROMPT_STYLES)}, got {prompt_style!r}")
+    lo2, hi2 = (second_operand[0], second_operand[1]) if second_operand else (min_operand, max_operand)
     rng = random.Random(seed)
     out = []
     for i in range(n):
         op = rng.choice(list(ops))
-        a, b = rng.randint(1, max_operand), rng.randint(1, max_operand)
+        a, b = rng.randint(min_operand, max_operand), rng.randint(lo2, hi2)
         if op == "-" and b > a:
             a, b = b, a
         ans = a + b if op == "+" else a - b if op == "-" else a * b
         q = _TEMPLATES[op].format(n=rng.choice(_NAMES), a=a, b=b, it=rng.choice(_ITEMS))
-        out.append(Problem(f"arith-{seed}-{i}", q, ans))
+        out.append(Problem(f"arith-{seed}-{i}", q, ans, prompt_style))
     return out
+
+
+def problem_options(cfg: Any) -> dict[str, Any]:
+    """The :func:`make_problems` options of a job's ``[env]`` table."""
+    return {"max_operand": cfg.max_operand, "ops": cfg.ops, "min_operand": cfg.min_operand,
+            "second_operand": cfg.second_operand, "prompt_style": cfg.prompt_style}
 
 
 def required_tools(cfg: Any) -> list[str]:
@@ -101,15 +147,21 @@ def required_tools(cfg: Any) -> list[str]:
 
 def to_row(problem: Problem) -> dict[str, Any]:
     """A problem as a dataset row (what a job ships to the broker and episode runners get back)."""
-    return {"pid": problem.pid, "question": problem.question, "answer": problem.answer}
+    row: dict[str, Any] = {"pid": problem.pid, "question": problem.question, "answer": problem.answer}
+    if problem.style != "plain":
+        row["style"] = problem.style
+    return row
 
 
 def from_row(row: Any) -> Problem:
     """The problem of a dataset row; raises ValueError naming what is wrong."""
     try:
-        return Problem(str(row["pid"]), str(row["question"]), int(row["answer"]))
-    except (KeyError, TypeError, ValueError) as exc:
+        p = Problem(str(row["pid"]), str(row["question"]), int(row["answer"]), str(row.get("style", "plain")))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"arith row needs pid, question and an int answer: {exc!r}") from None
+    if p.style not in PROMPT_STYLES:
+        raise ValueError(f"arith row style must be one of {', '.join(PROMPT_STYLES)}, got {p.style!r}")
+    return p
 
 
 _CODE_RE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)(?:```|$)", re.DOTALL)
@@ -149,6 +201,11 @@ def score(text: str, problem: Problem, format_reward: float = 0.1,
     return reward, {"correct": correct, "formatted": got is not None, "answer": got}
 
 
+def tool_succeeded(out: dict[str, Any]) -> bool:
+    """Whether a tool call's result is a success: no error and exit code 0."""
+    return not out.get("error") and out.get("exit_code") == 0
+
+
 def format_tool_output(out: dict[str, Any], limit: int = 300) -> str:
     """What the model sees after its code ran."""
     if out.get("error"):
@@ -163,7 +220,7 @@ def format_tool_output(out: dict[str, Any], limit: int = 300) -> str:
 
 async def episode(session: Any, problem: Problem, cfg: Any) -> tuple[float, dict[str, Any]]:
     """Run one episode (see the module docstring); ``cfg`` is the job's ``[env]`` table."""
-    text = ""
+    text, ok = "", 0
     for turn in range(cfg.max_turns):
         text = await session.generate()
         code = parse_tool_call(text)
@@ -171,8 +228,10 @@ async def episode(session: Any, problem: Problem, cfg: Any) -> tuple[float, dict
             break
         out = await session.call_tool("python", {"code": code, "timeout_s": cfg.tool_timeout_s},
                                       timeout=cfg.tool_timeout_s + 30.0)
+        ok += tool_succeeded(out)
         session.add_user(format_tool_output(out))
     reward, info = score(text, problem, cfg.format_reward, cfg.digit_reward)
     info["turns"] = len(session.versions)
     info["tool_calls"] = session.tool_calls
+    info["tool_ok"] = ok
     return reward, info

@@ -61,7 +61,10 @@ class EnvConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_operand: int = 20
+    min_operand: int = 1
+    second_operand: list[int] = field(default_factory=list)  # [lo, hi] of the second operand; []: as the first
     ops: list[str] = field(default_factory=lambda: ["+", "-"])
+    prompt_style: str = "plain"  # "plain" or "tool_demo" (a demonstrated tool call; libra.envs.arith)
     format_reward: float = 0.1
     digit_reward: float = 0.0  # shaping for untrained test models (see libra.envs.arith.score)
     tool_timeout_s: float = 5.0
@@ -181,6 +184,13 @@ def _check(c: JobConfig, where: str) -> None:
         problems.append("[env] max_turns and max_new_tokens must be >= 1")
     if not set(c.env.ops) <= {"+", "-", "*"} or not c.env.ops:
         problems.append(f"[env] ops must be a non-empty subset of ['+', '-', '*'], got {c.env.ops}")
+    if not 1 <= c.env.min_operand <= c.env.max_operand:
+        problems.append(f"[env] needs 1 <= min_operand <= max_operand, got {c.env.min_operand} and {c.env.max_operand}")
+    so = c.env.second_operand
+    if so and (len(so) != 2 or not 1 <= so[0] <= so[1]):
+        problems.append(f"[env] second_operand must be [lo, hi] with 1 <= lo <= hi (or empty), got {so}")
+    if c.env.prompt_style not in ("plain", "tool_demo"):
+        problems.append(f"[env] prompt_style must be 'plain' or 'tool_demo', got {c.env.prompt_style!r}")
     if problems:
         raise ConfigError(f"{where}: " + "; ".join(problems))
 

@@ -137,8 +137,9 @@ class _Driver:
         self.progress = progress
         self.env = get_env(cfg.env.name)
         n = cfg.job.steps * cfg.job.prompts_per_step * 4 + 64
-        self.rows = [self.env.to_row(p) for p in self.env.make_problems(n, cfg.job.seed, max_operand=cfg.env.max_operand,
-                                                                         ops=cfg.env.ops)]
+        options = (self.env.problem_options(cfg.env) if hasattr(self.env, "problem_options")
+                   else {"max_operand": cfg.env.max_operand, "ops": cfg.env.ops})
+        self.rows = [self.env.to_row(p) for p in self.env.make_problems(n, cfg.job.seed, **options)]
         self.spec = job_spec(cfg, model_dir, run_dir, free_port())
         self.expected_rollouts = cfg.actors.rollout
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")

@@ -5,7 +5,9 @@
 10–90 % band, mean, accuracy, tool use) and ``throughput.png`` (generated tokens/s, and each step's
 rollout and training spans on one time axis),
 with matplotlib's Agg backend (the ``train`` extra). ``summarize(records)`` gives the first/last
-quarter reward statistics reported at the end of a run.
+quarter statistics reported at the end of a run; its ``quarters`` entry has, for the first and the last
+quarter of the steps, tool calls per episode, tool success rate, accuracy and reward, each pooled over
+episodes as mean, spread (population std) and n (:func:`quarter_stats`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsWriter", "plot_run", "read_metrics", "reward_bands", "summarize"]
+__all__ = ["MetricsWriter", "plot_run", "quarter_stats", "read_metrics", "reward_bands", "summarize"]
 
 
 class MetricsWriter:
@@ -46,6 +48,22 @@ def _stats(xs: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(xs), "std": statistics.pstdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
 
 
+def quarter_stats(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per-episode statistics (mean, population std, n) pooled over ``records`` (the steps of a quarter):
+    ``tool_calls_per_episode``, ``accuracy`` (1 for a correct episode, else 0) and ``reward`` over all
+    episodes; ``tool_success_rate`` over the episodes that called a tool (each episode's successful calls
+    over its calls), so its n is the number of those episodes. Records from before the per-episode lists
+    existed give n = 0 for what they lack."""
+    calls = [int(c) for r in records for c in r.get("episode_tool_calls", [])]
+    oks = [int(c) for r in records for c in r.get("episode_tool_ok", [])]
+    return {
+        "tool_calls_per_episode": _stats([float(c) for c in calls]),
+        "tool_success_rate": _stats([ok / c for c, ok in zip(calls, oks) if c > 0]),
+        "accuracy": _stats([float(x) for r in records for x in r.get("episode_correct", [])]),
+        "reward": _stats([float(x) for r in records for x in r.get("rewards", [])]),
+    }
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """First- and last-quarter statistics over steps of per-trajectory rewards (and step means)."""
     if not records:
@@ -65,6 +83,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "last_quarter_step_means": _stats([r["reward_mean"] for r in last]),
         "first_quarter_accuracy": _stats([r["accuracy"] for r in first]),
         "last_quarter_accuracy": _stats([r["accuracy"] for r in last]),
+        "quarters": {"first": quarter_stats(first), "last": quarter_stats(last)},
         "max_policy_lag_seen": max(r["policy_lag_max"] for r in records),
         "tokens_per_s_mean": statistics.fmean(r["tokens_per_s"] for r in records),
         "gen_tokens_total": sum(r.get("gen_tokens", 0) for r in records),
@@ -132,7 +151,8 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         tx = axes[0][1]
         tx.plot(steps, [r.get("tool_calls_per_episode", 0.0) for r in recs], marker="o", label="tool calls / episode")
         if any("tool_success_rate" in r for r in recs):
-            tx.plot(steps, [r.get("tool_success_rate") for r in recs], marker=".", linestyle="--",
+            rates = [r.get("tool_success_rate") for r in recs]  # None: no call that step
+            tx.plot(steps, [math.nan if x is None else x for x in rates], marker=".", linestyle="--",
                     label="tool success rate")
         tx.set_xlabel("step")
         tx.set_title("tool use")

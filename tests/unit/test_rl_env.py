@@ -168,3 +168,76 @@ def test_episode_session_sends_its_prompt_id_with_every_turn() -> None:
     sent.clear()
     asyncio.run(two_turns(None))
     assert all("prompt_id" not in a for a in sent)
+
+
+# ------------------------------------------------------------------ the tool task (tool_demo style)
+TOOL_TASK = {"ops": ["*"], "min_operand": 100, "max_operand": 999, "second_operand": [10, 99], "prompt_style": "tool_demo"}
+
+
+def test_tool_task_multiplies_a_three_digit_by_a_two_digit_number() -> None:
+    ps = arith.make_problems(200, seed=1, **TOOL_TASK)
+    assert ps == arith.make_problems(200, seed=1, **TOOL_TASK)
+    for p in ps:
+        x, y = (int(w) for w in re.findall(r"\d+", p.question))
+        assert 100 <= x <= 999 and 10 <= y <= 99 and p.answer == x * y and p.style == "tool_demo"
+    # the default options draw exactly what they drew before the new options existed
+    old = arith.make_problems(20, seed=3, max_operand=9, ops=["+", "-"])
+    assert old == arith.make_problems(20, seed=3, max_operand=9, ops=["+", "-"], min_operand=1, second_operand=[],
+                                      prompt_style="plain")
+    assert all(p.style == "plain" and "style" not in arith.to_row(p) for p in old)
+    for bad in ({"min_operand": 0}, {"min_operand": 30, "max_operand": 20}, {"second_operand": [5]},
+                {"second_operand": [9, 3]}, {"prompt_style": "fancy"}):
+        with pytest.raises(ValueError):
+            arith.make_problems(1, **bad)
+
+
+def test_tool_demo_prompt_demonstrates_a_tool_call_as_the_episode_shows_it() -> None:
+    p = arith.make_problems(1, seed=0, **TOOL_TASK)[0]
+    roles = [m["role"] for m in p.prompt]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
+    demo_call, demo_out, demo_answer = p.prompt[2]["content"], p.prompt[3]["content"], p.prompt[4]["content"]
+    code = arith.parse_tool_call(demo_call)
+    assert code is not None and code.startswith("print(")
+    value = eval(code[len("print("):-1])  # the demonstrated expression is plain arithmetic
+    assert demo_out == arith.format_tool_output({"stdout": f"{value}\n", "exit_code": 0})
+    assert arith.parse_answer(demo_answer) == value and p.prompt[-1]["content"] == p.question
+    assert "python" in p.prompt[0]["content"].lower()
+    # the row carries the style to the episode runner
+    assert arith.from_row(arith.to_row(p)) == p and arith.to_row(p)["style"] == "tool_demo"
+    with pytest.raises(ValueError, match="style"):
+        arith.from_row({**arith.to_row(p), "style": "fancy"})
+
+
+def test_episode_counts_successful_tool_calls() -> None:
+    p = arith.Problem("t", "q", 9716, "tool_demo")
+    cfg = EnvConfig(max_turns=2, format_reward=0.0, prompt_style="tool_demo")
+    ok = ScriptedSession(["```python\nprint(347 * 28)\n```", "Answer: 9716"], {"stdout": "9716\n", "exit_code": 0})
+    reward, info = asyncio.run(arith.episode(ok, p, cfg))
+    assert reward == 1.0 and info["tool_calls"] == 1 and info["tool_ok"] == 1
+    failed = ScriptedSession(["```python\nprint(x)\n```", "Answer: 1"], {"stdout": "", "stderr": "NameError", "exit_code": 1})
+    reward, info = asyncio.run(arith.episode(failed, p, cfg))
+    assert reward == 0.0 and info["tool_calls"] == 1 and info["tool_ok"] == 0  # a wrong, formatted answer: 0
+    errored = ScriptedSession(["```python\nwhile 1: pass\n```", "Answer: 9716"], {"error": "ToolTimeout: slow"})
+    assert asyncio.run(arith.episode(errored, p, cfg))[1]["tool_ok"] == 0
+    no_tool = ScriptedSession(["Answer: 9716"], {})
+    assert asyncio.run(arith.episode(no_tool, p, cfg))[1] == {"correct": True, "formatted": True, "answer": 9716,
+                                                                "turns": 1, "tool_calls": 0, "tool_ok": 0}
+    assert arith.tool_succeeded({"stdout": "1", "exit_code": 0}) and not arith.tool_succeeded({"stdout": "1"})
+
+
+def test_bundled_smollm2_job_makes_the_tool_the_way_to_the_answer() -> None:
+    smol = load_job(EXAMPLES / "arith_smollm2.toml")
+    e = smol.env
+    assert e.prompt_style == "tool_demo" and e.ops == ["*"] and e.format_reward == 0.0 and e.max_turns >= 2
+    assert e.min_operand >= 100 and e.second_operand[0] >= 10
+    rows = [arith.to_row(p) for p in arith.make_problems(4, smol.job.seed, **arith.problem_options(e))]
+    assert all(r["answer"] >= 1000 and r["style"] == "tool_demo" for r in rows)
+
+
+@pytest.mark.parametrize("env,msg", [
+    ({"min_operand": 0}, "min_operand"), ({"second_operand": [1, 2, 3]}, "second_operand"),
+    ({"prompt_style": "fancy"}, "prompt_style"),
+])
+def test_bad_tool_task_options_say_what_is_wrong(env: dict, msg: str) -> None:
+    with pytest.raises(ConfigError, match=msg):
+        job_from_mapping({"env": env})
