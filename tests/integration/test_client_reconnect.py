@@ -24,6 +24,8 @@ from libra.client import Client
 from libra.client.aio import AsyncClient
 from libra.local import free_port
 
+from .procs import stop_all
+
 pytestmark = pytest.mark.integration
 N = 1000
 
@@ -70,14 +72,7 @@ def _restarting_broker() -> Iterator[tuple[str, Callable[[], None], Callable[[],
     try:
         yield url, restart, start_actor
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        stop_all(procs)
 
 
 def _check_restarted_broker(url: str, restart: Callable[[], None], reconnects: Callable[[], int]) -> dict:

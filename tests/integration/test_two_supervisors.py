@@ -14,6 +14,8 @@ import pytest
 from libra.client import Client
 from libra.local import free_port
 
+from .procs import stop_all
+
 pytestmark = pytest.mark.integration
 
 
@@ -62,11 +64,4 @@ def test_a_second_supervisor_is_refused_and_a_prefixed_one_runs_beside_the_first
         log = (tmp_path / "second.log").read_text()
         assert "actor_id_refused" in log and "--actor-id-prefix" in log
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        stop_all(procs)
