@@ -31,6 +31,7 @@ def snapshot(request_id: str, now: float, sessions: SessionRegistry, table: Work
     queues = {f"{k}:{n}": len(q) for (k, n), q in table.queues.items()}
     st: dict[str, Any] = dict(stats)
     st["inflight"] = len(table.works)
+    st["parked"] = len(table.parked)  # restored work waiting for its actor to come back (adoption.py)
     st["clients"] = len(sessions.clients)
     if jobs.hosts:
         st["jobs"] = jobs.summaries()
