@@ -5,10 +5,11 @@ running its work and says, in its next ``ActorHello``, what it still holds: ``[w
 entries, for work still running and for results it has not delivered. For each entry the broker either
 
 - *adopts* it: the work is queued here (restored from the journal, or taken back when the old session
-  was dropped) and the actor's lease is not older than the last one given out for it; the work becomes
-  leased to the new session under the actor's lease, and the result that follows is accepted; or
-- *revokes* it (``Revoke``): the work is unknown, already answered, or running elsewhere under a newer
-  lease; the actor drops its copy.
+  was dropped) and its last lease went to this actor id and is the lease the actor names; the work
+  becomes leased to the new session under that lease, and the result that follows is accepted; or
+- *revokes* it (``Revoke``): the work is unknown, already answered, running elsewhere, or given out
+  again since (a broker restarted without a journal reuses work ids, never this actor's id and lease
+  together with a queued state); the actor drops its copy.
 
 Work restored from a journal is *parked* (queued, in no queue) for a grace period, long enough for every
 surviving actor to notice the restart, back off and say hello again; what is still parked afterwards (its
@@ -96,7 +97,7 @@ class Adoption:
             if wid in kept_ids:
                 continue
             w = self.table.works.get(wid)
-            if w is not None and w.state is WorkState.QUEUED and lease >= w.lease:
+            if w is not None and w.state is WorkState.QUEUED and lease == w.lease and w.holder == sess.actor_id:
                 if w.target is not None:  # a generate turn that waited for an instance: it has one
                     t = self.sessions.actors.get(w.target)
                     if t is not None:

@@ -33,7 +33,7 @@ def accept_record(client_id: str, msg: m.Submit, work_id: str) -> JournalWrite:
 def start_record(w: Work) -> JournalWrite:
     """The ``start`` record of journaled work ``w`` given to (or adopted from) an actor."""
     return JournalWrite("start", w.client_id, w.request_id, {"work_id": w.work_id, "lease": w.lease,
-                                                             "attempt": w.attempt})
+                                                             "attempt": w.attempt, "actor_id": w.holder})
 
 
 def restore(table: WorkTable, rollout: RolloutRouting, accepted: list[tuple[str, str, dict[str, Any]]],
@@ -52,9 +52,9 @@ def restore(table: WorkTable, rollout: RolloutRouting, accepted: list[tuple[str,
         wid = d.get("work_id")
         w = table.admit(client_id, rid, b"", d["kind"], name, d["args"], d["trajectory"], d["timeout_s"], now,
                         "restored", wid if type(wid) is str else None)
-        lease, attempt = d.get("lease"), d.get("attempt")
-        if type(lease) is int and type(attempt) is int:
-            w.lease, w.attempt = lease, attempt
+        lease, attempt, holder = d.get("lease"), d.get("attempt"), d.get("actor_id")
+        if type(lease) is int and type(attempt) is int and type(holder) is str:
+            w.lease, w.attempt, w.holder = lease, attempt, holder
             table.note_lease(lease)
         table.park(w)
         n += 1

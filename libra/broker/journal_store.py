@@ -24,7 +24,7 @@ CREATE TABLE IF NOT EXISTS accepted (client_id TEXT, request_id TEXT, body BLOB,
 CREATE TABLE IF NOT EXISTS done (seq INTEGER PRIMARY KEY AUTOINCREMENT, client_id TEXT, request_id TEXT, reply BLOB,
                                  UNIQUE (client_id, request_id));
 CREATE TABLE IF NOT EXISTS started (client_id TEXT, request_id TEXT, lease INTEGER, attempt INTEGER,
-                                    PRIMARY KEY (client_id, request_id));
+                                    actor_id TEXT, PRIMARY KEY (client_id, request_id));
 """
 
 
@@ -45,8 +45,8 @@ class BrokerJournal:
         self._pending += 1
 
     def start(self, client_id: str, request_id: str, data: dict[str, Any]) -> None:
-        self.db.execute("INSERT OR REPLACE INTO started VALUES (?, ?, ?, ?)",
-                        (client_id, request_id, int(data["lease"]), int(data["attempt"])))
+        self.db.execute("INSERT OR REPLACE INTO started VALUES (?, ?, ?, ?, ?)",
+                        (client_id, request_id, int(data["lease"]), int(data["attempt"]), str(data["actor_id"])))
         self._pending += 1
 
     def done(self, client_id: str, request_id: str, reply: dict[str, Any]) -> None:
@@ -75,12 +75,12 @@ class BrokerJournal:
     def load(self) -> tuple[list[tuple[str, str, dict[str, Any]]], list[tuple[str, str, dict[str, Any]]]]:
         unpack = lambda b: msgpack.unpackb(b, raw=False)  # noqa: E731
         accepted = []
-        for c, r, b, lease, attempt in self.db.execute(
-                "SELECT a.client_id, a.request_id, a.body, s.lease, s.attempt FROM accepted a LEFT JOIN started s "
-                "ON a.client_id = s.client_id AND a.request_id = s.request_id ORDER BY a.rowid"):
+        for c, r, b, lease, attempt, actor_id in self.db.execute(
+                "SELECT a.client_id, a.request_id, a.body, s.lease, s.attempt, s.actor_id FROM accepted a "
+                "LEFT JOIN started s ON a.client_id = s.client_id AND a.request_id = s.request_id ORDER BY a.rowid"):
             d = unpack(b)
             if lease is not None:
-                d["lease"], d["attempt"] = lease, attempt
+                d["lease"], d["attempt"], d["actor_id"] = lease, attempt, actor_id
             accepted.append((c, r, d))
         done = [(c, r, unpack(b)) for c, r, b in
                 self.db.execute("SELECT client_id, request_id, reply FROM done ORDER BY seq")]

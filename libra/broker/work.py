@@ -55,6 +55,7 @@ class Work:
     attempt: int = 0  # number of assignments so far
     failures: int = 0  # assignments lost to actor death / lease expiry
     actor: bytes | None = None  # session holding the current lease
+    holder: str = ""  # actor id given the current (or last) lease: only it may adopt the work back
     lease_expires: float = 0.0
     target: bytes | None = None  # generate: the instance the router chose (sticky prefix cache)
     client_id: str = ""  # the client's stable id (its socket ``client`` may change on reconnect)

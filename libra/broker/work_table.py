@@ -171,6 +171,7 @@ class WorkTable:
         w.lease = self._next_lease
         self._next_lease += 1
         w.attempt += 1
+        w.holder = actor_id
         self._hold(w, peer, f"assign:{actor_id}", now, lease_s)
 
     def adopt(self, w: Work, peer: bytes, actor_id: str, lease: int, attempt: int, now: float,
@@ -180,6 +181,7 @@ class WorkTable:
         w.lease = lease
         self._next_lease = max(self._next_lease, lease + 1)
         w.attempt = max(w.attempt, attempt)
+        w.holder = actor_id
         self._hold(w, peer, f"adopt:{actor_id}", now, lease_s)
 
     def transfer(self, w: Work, peer: bytes, actor_id: str) -> None:

@@ -60,7 +60,7 @@ def _journal_of_a_run() -> tuple[list, list, dict[str, m.Assign]]:
         if rec.op == "accept":
             accepted[key] = dict(rec.data)
         elif rec.op == "start":
-            accepted[key].update(lease=rec.data["lease"], attempt=rec.data["attempt"])
+            accepted[key].update(lease=rec.data["lease"], attempt=rec.data["attempt"], actor_id=rec.data["actor_id"])
     return [(c, rid, d) for (c, rid), d in accepted.items()], [], assigns
 
 
@@ -179,13 +179,34 @@ def test_the_journal_store_loads_work_ids_leases_and_attempts(tmp_path) -> None:
     body = {"kind": "action", "name": "bash", "args": {}, "trajectory": None, "timeout_s": 60.0}
     j.write(JournalWrite("accept", "c1", "r1", {**body, "work_id": "w7"}))
     j.write(JournalWrite("accept", "c1", "r2", {**body, "work_id": "w8"}))
-    j.write(JournalWrite("start", "c1", "r1", {"work_id": "w7", "lease": 3, "attempt": 1}))
-    j.write(JournalWrite("start", "c1", "r1", {"work_id": "w7", "lease": 9, "attempt": 2}))
-    j.write(JournalWrite("start", "c1", "r2", {"work_id": "w8", "lease": 4, "attempt": 1}))
+    j.write(JournalWrite("start", "c1", "r1", {"work_id": "w7", "lease": 3, "attempt": 1, "actor_id": "a1"}))
+    j.write(JournalWrite("start", "c1", "r1", {"work_id": "w7", "lease": 9, "attempt": 2, "actor_id": "a2"}))
+    j.write(JournalWrite("start", "c1", "r2", {"work_id": "w8", "lease": 4, "attempt": 1, "actor_id": "a1"}))
     j.write(JournalWrite("done", "c1", "r2", {"ok": True, "output": 1, "work_id": "w8", "attempts": 1}))
     j.close()
     j = BrokerJournal(tmp_path / "j.sqlite")
     accepted, done = j.load()
-    assert accepted == [("c1", "r1", {**body, "work_id": "w7", "lease": 9, "attempt": 2})]
+    assert accepted == [("c1", "r1", {**body, "work_id": "w7", "lease": 9, "attempt": 2, "actor_id": "a2"})]
     assert [(c, rid) for c, rid, _ in done] == [("c1", "r2")]
     j.close()
+
+
+def test_a_copy_from_another_actor_or_an_older_broker_is_never_adopted() -> None:
+    # a broker without a journal restarted: its work ids and leases start over, so an old actor's
+    # (work id, lease) may name a different request that waits here now
+    r = Run(journaling=False)
+    r.msg(C, m.ClientHello("c1", 1))
+    r.hello(A1, "x")
+    (a,) = sent(r.submit("r1"), m.Assign, A1)
+    assert (a.work_id, a.lease) == ("w1", 1)
+    r.do(Tick(), 3.5)  # x went silent: w1 waits in the queue again
+    assert not r.s.actors and r.s.works["w1"].state.value == "queued"
+    out = r.hello(A2, "y", held=[["w1", 1, 1]])  # y held an older broker's w1
+    (rv,) = sent(out, m.Revoke, A2)
+    assert (rv.work_id, rv.lease) == ("w1", 1) and r.s.stats["adopted"] == 0
+    # the queued work goes to y as a new assignment instead (a new lease, counted as a new start)
+    (again,) = sent(out, m.Assign, A2)
+    assert (again.work_id, again.lease, again.attempt) == ("w1", 2, 2)
+    # x itself comes back with the lease it had: w1 is leased to y now, so x's copy is revoked too
+    (rv,) = sent(r.hello(A3, "x", held=[["w1", 1, 1]]), m.Revoke, A3)
+    assert rv.work_id == "w1" and r.s.works["w1"].actor == A2

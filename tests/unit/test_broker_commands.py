@@ -55,7 +55,7 @@ def test_an_accepted_submit_and_its_reply_come_out_as_journal_writes_when_journa
     assert acc == JournalWrite("accept", "c1", "r1", {"kind": "action", "name": "echo", "args": {"x": 1},
                                                        "trajectory": "t1", "timeout_s": 30.0, "work_id": "w1"})
     # its assignment is recorded too: a restarted broker knows its lease and how often it was started
-    assert start == JournalWrite("start", "c1", "r1", {"work_id": "w1", "lease": 1, "attempt": 1})
+    assert start == JournalWrite("start", "c1", "r1", {"work_id": "w1", "lease": 1, "attempt": 1, "actor_id": "a1"})
     (done,) = [c for c in res if isinstance(c, JournalWrite)]
     assert (done.op, done.client_id, done.request_id) == ("done", "c1", "r1")
     assert done.data["ok"] is True and done.data["output"] == {"x": 1} and done.data["actor_id"] == "a1"
