@@ -14,16 +14,20 @@ Contracts:
 - A trajectory's version is the *oldest* weights version of any of its turns. A group's version is the
   oldest of its trajectories. The policy lag of a group trained at version ``v`` is ``v - group
   version``.
-- :meth:`cut_batch` returns the oldest ``prompts_per_step`` complete groups whose lag would be within
-  the bound, or ``None``; complete groups already beyond the bound are dropped (counted in
+- :meth:`cut_batch` returns the oldest (by creation) ``prompts_per_step`` complete groups whose lag would
+  be within the bound, or ``None``; complete groups already beyond the bound are dropped (counted in
   ``dropped_groups``) and their slots re-admitted, so every trained turn's lag is <= the bound.
 - One batch is in training at a time; :meth:`step_done` publishes the next version.
+- Admission and batch selection are the shared rule of :mod:`libra.policies.batching` (the simulator's
+  batch former uses the same functions); the drop of over-stale groups is this runtime's own filter.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from libra.policies.batching import admission_room, first_complete
 
 __all__ = ["Group", "JobState", "Trajectory"]
 
@@ -85,15 +89,11 @@ class JobState:
         self._complete: list[int] = []
 
     # ------------------------------------------------------------------ admission
-    def _slot_of(self, n: int) -> int:
-        """The nominal step of the ``n``-th live group (dropped groups free their slots)."""
-        return n // self.per_step
-
     def can_admit(self) -> bool:
         live = self.admitted - self.dropped_groups
         if live >= self.steps * self.per_step:
             return False
-        return self._slot_of(live) <= self.version + self.max_lag
+        return admission_room(self.version, self.max_lag, self.per_step, live) > 0
 
     def admit(self, prompt: Any) -> Group:
         """Start a new group for ``prompt``; raises RuntimeError when the lag bound says wait."""
@@ -139,10 +139,12 @@ class JobState:
             else:
                 keep.append(gid)
         self._complete = keep
-        if len(keep) < self.per_step:
+        picked = first_complete(keep, self.per_step)
+        if picked is None:
             return None
-        batch = [self.groups.pop(gid) for gid in keep[: self.per_step]]
-        self._complete = keep[self.per_step:]
+        batch = [self.groups.pop(gid) for gid in picked]
+        chosen = set(picked)
+        self._complete = [gid for gid in keep if gid not in chosen]
         self.training = True
         return batch
 

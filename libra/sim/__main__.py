@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="planner allocations: re-plan every N steps besides the pressure triggers (default 5)")
     p.add_argument("--lag", type=int, default=2, help="policy-lag bound: rollout of step s+lag waits for training "
                                                        "of step s (1 = synchronous; default 2)")
+    p.add_argument("--batching", default="streaming", choices=("streaming", "barrier"),
+                   help="streaming: groups start under the staleness budget and each step trains the first complete "
+                        "groups (docs/papers.md §1.7; default); barrier: each step waits for all of its own trajectories")
+    p.add_argument("--eta", type=int, default=2, help="streaming: max head off-policyness (default 2)")
+    p.add_argument("--max-concurrent", type=int, default=None,
+                   help="streaming: running GRPO groups at most this (default 2 x groups per step)")
     p.add_argument("--predictor-noise", type=float, default=2.0,
                    help="noisy_predictor: sigma of the log-normal error of its T=0 length guess (default 2.0: about 65%% bucket accuracy)")
     p.add_argument("--cap-metric", default="load", choices=("queued", "load"),
@@ -96,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             trajs = generate(args.workload, args.steps, prompts, args.group_size, args.seed)
         cfg = SimConfig(router=args.router, allocation=args.allocation, gpus=args.gpus, lag=args.lag, seed=args.seed,
                         bucket_thresholds=prof.bucket_thresholds, size_thresholds=prof.size_thresholds,
-                        predictor_noise=args.predictor_noise,
+                        predictor_noise=args.predictor_noise, batching=args.batching, eta=args.eta,
+                        max_concurrent=args.max_concurrent,
                         router_params={"cap_metric": args.cap_metric, "max_queue_length": args.max_queue_length},
                         allocation_params=({"search": args.plan_search, "search_s": args.plan_search_s,
                                             "plan_interval": args.plan_interval}
@@ -126,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("step time s (mean/p50/p99)", f"{st['mean']:.1f} / {st['p50']:.1f} / {st['p99']:.1f}"),
         ("rollout time s (mean/step)", f"{res.rollout_time_s:.1f}"), ("train time s (mean/step)", f"{res.train_time_s:.1f}"),
         ("GPU idle fraction", f"{res.gpu_idle_fraction:.3f}"),
+        ("batching / staleness", f"{res.batching} / mean {res.staleness['mean']:.2f}, max {res.staleness['max']:.0f}"),
         ("routing accuracy", f"{res.routing_accuracy:.3f} ({res.routing_decisions} decisions)"),
         ("migrated-token ratio", (f"{res.migrated_token_ratio:.3f} ({res.migrations} moves: {res.kv_migrations} kv, "
                                   f"{res.reprefill_migrations} re-prefill)")),
@@ -148,14 +156,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def per_step(sim: Simulator) -> list[dict[str, float]]:
     """Per RL step: trajectories, their mean total tokens, rollout seconds (release to last end), training
-    seconds and rollout / training."""
+    seconds and rollout / training, and the maximum staleness of what the step trained."""
     rows = []
+    stale = sim.former.step_staleness()
     for k, trajs in enumerate(sim.by_step):
         roll = sim.rollout_end[k] - sim.rollout_start[k]
         train = sim.train_end[k] - sim.train_start[k]
         rows.append({"step": k, "trajectories": len(trajs),
                      "mean_tokens": sum(t.total_tokens for t in trajs) / max(1, len(trajs)),
-                     "rollout_s": roll, "train_s": train, "rollout_over_train": roll / train if train > 0 else math.inf})
+                     "rollout_s": roll, "train_s": train, "rollout_over_train": roll / train if train > 0 else math.inf,
+                     "staleness_max": stale[k]["max"] if k < len(stale) else math.nan})
     return rows
 
 

@@ -15,10 +15,13 @@ every ``Send`` it returns by simulating the receiver:
 - one client that replays each trajectory of the trace (generate → action → generate ... →
   ``EndTrajectory``), submitting generate args ``{prompt_id, prompt_tokens, step, true_remaining}``.
 
-GRPO loop: a step's trajectories (its groups) are released when the policy-lag bound allows (rollout of
-step ``k + lag`` waits for the training of step ``k``; ``lag = 1`` is synchronous); a training step starts
-when its step's trajectories are all done and the previous training step has finished; its time comes
-from :class:`~libra.policies.cost.TrainingCostModel` (best TP/PP/DP layout of the training GPUs).
+GRPO loop: :class:`~libra.sim.sim_batching.BatchFormer` decides which groups start and what each training
+step consumes. ``SimConfig.batching = "streaming"`` (default, docs/papers.md §1.7): groups start while the
+staleness budget (``eta``) and the concurrency cap allow, and training step ``k`` takes the first complete
+groups by creation, as soon as the previous step has finished; ``"barrier"`` (the earlier model): the groups
+of step ``k + lag`` start when step ``k`` has trained, and step ``k`` trains when all of its own are done.
+A step's time = its train time from :class:`~libra.policies.cost.TrainingCostModel` (best TP/PP/DP layout
+of the training GPUs) + ``SimConfig.weight_sync_s``; the wait for data shows as the gap before it.
 The ``colocated`` layout (verl's time-sharing mode) also charges, inside each training phase, its two role
 switches of every GPU: to training (3.6 s snapshot + 4.4 s restore) and back to rollout (10.8 s), the
 measured transition costs of docs/papers.md §1.3.5 (:data:`COLOCATED_SWITCH`).
@@ -55,6 +58,7 @@ from libra.policies.cost import (
 from libra.policies.cost.training import TrainConfig
 from libra.policies.routing.interface import MigrationQuery, bucket_index_for, mode_by_cost
 from libra.protocol import messages as m
+from libra.sim.sim_batching import BatchFormer
 from libra.sim.sim_cluster import InstanceCosts, Layout, SimConfigError, make_layout
 from libra.sim.sim_config import SimConfig
 from libra.sim.sim_gpus import TransitionCosts
@@ -109,6 +113,13 @@ class Simulator:
         self.layout = layout or (self.alloc.layout if self.alloc is not None else
                                  make_layout(cfg.allocation, cfg.gpus, cfg.bucket_thresholds))
         self.lag = 1 if self.layout.colocated else cfg.lag
+        if isinstance(cfg.eta, bool) or not isinstance(cfg.eta, int) or cfg.eta < 0:
+            raise SimConfigError(f"eta must be an integer >= 0, got {cfg.eta!r}")
+        if cfg.max_concurrent is not None and cfg.max_concurrent < 1:
+            raise SimConfigError(f"max_concurrent must be >= 1 or None, got {cfg.max_concurrent!r}")
+        if cfg.batching not in ("streaming", "barrier"):
+            raise SimConfigError(f"batching must be 'streaming' or 'barrier', got {cfg.batching!r}")
+        self.batching = "barrier" if self.layout.colocated else cfg.batching  # colocated is synchronous
         hw, model = load_hardware(cfg.hardware), load_model(cfg.model)
         rcm = RolloutCostModel(hw, model)
         reserve = cfg.reserve_tokens if cfg.reserve_tokens is not None else _planner_reserve(rcm, trajs)
@@ -130,7 +141,7 @@ class Simulator:
         self._req_ids = itertools.count(1)
         self.records: list[TrajRecord] = []
         self._left = [len(b) for b in self.by_step]
-        self.released = 0
+        self.former = BatchFormer(self.by_step, self.batching, cfg.eta, cfg.max_concurrent, self.lag)
         self.trained = 0
         self.training = False
         self.rollout_start: list[float] = [math.nan] * len(steps)
@@ -310,26 +321,30 @@ class Simulator:
         self._left[tr.k] -= 1
         if self._left[tr.k] == 0:
             self.rollout_end[tr.k] = self.now
+        if self.former.done(spec.id):
+            self._release()  # a running slot freed (streaming)
             self._maybe_train()
 
     # ------------------------------------------------------------------ GRPO loop
     def _release(self) -> None:
-        while self.released < len(self.by_step) and (self.released < self.lag or
-                                                      self.trained > self.released - self.lag):
-            k = self.released
-            self.released += 1
-            self.rollout_start[k] = self.now
-            for spec in self.by_step[k]:
+        f = self.former
+        for g in f.admit(self.trained):
+            k = f.step_of[g]
+            if math.isnan(self.rollout_start[k]):
+                self.rollout_start[k] = self.now
+            for spec in f.groups[g]:
                 self._start_traj(spec, k)
 
     def _maybe_train(self) -> None:
         k = self.trained
-        if self.training or k >= len(self.by_step) or self._left[k] > 0:
+        if self.training or k >= len(self.by_step):
             return
         if self.alloc is not None and not self.alloc.can_train():
             return  # a re-plan left no complete training replica yet: the allocation calls back
-        lengths = [t.total_tokens for t in self.by_step[k]]
-        dur = self.train_time(lengths)
+        batch = self.former.cut(k)
+        if batch is None:
+            return  # not enough complete groups yet
+        dur = self.train_time([t.total_tokens for t in batch]) + self.cfg.weight_sync_s
         if self.layout.colocated:  # every GPU switches to training and back to rollout each step
             dur += COLOCATED_SWITCH.round_trip_s
         self.training = True
@@ -350,12 +365,12 @@ class Simulator:
 
     def _recredit(self, k: int) -> None:
         """Follow the observed lengths: after step ``k`` trains, every rollout instance's broker credit is
-        recomputed from the per-sequence reserve of step ``k``'s trajectories (the same formula as the
+        recomputed from the per-sequence reserve of the trajectories step ``k`` consumed (the same formula as the
         first-step profile, :func:`_planner_reserve`) and re-bid when it changed, as a real engine reports
         how many sequences of the current size fit its KV cache. Lengths drift ~4x over an R2E run; a credit
         fixed at step 0 keeps handing small instances trajectories they cannot hold. Instances whose
         actor is switching roles are skipped (their next bid uses the new reserve)."""
-        self.costs.reserve_tokens = _planner_reserve(self.costs.cm, self.by_step[k])
+        self.costs.reserve_tokens = _planner_reserve(self.costs.cm, self.former.batch_specs(k))
         fleet = self.alloc.fleet if self.alloc is not None else None
         for peer, inst in self.instances.items():
             cap = self.costs.max_seqs(inst.tp)

@@ -31,3 +31,7 @@ class SimConfig:
     tick_s: float = 30.0
     reserve_tokens: int | None = None  # broker credit = KV capacity / this; None: the planner's reserve (libra.sim.engine)
     allocation_params: dict[str, Any] = field(default_factory=dict)  # planner allocations (sim_planner.py)
+    batching: str = "streaming"  # "streaming" (docs/papers.md §1.7) or "barrier" (the earlier model): sim_batching.py
+    eta: int = 2  # streaming: max head off-policyness (admitted groups < (eta + version + 1) * B)
+    max_concurrent: int | None = None  # streaming: running groups at most this (None: 2 * B)
+    weight_sync_s: float = 0.0  # seconds added to every training step for the weight sync

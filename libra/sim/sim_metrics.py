@@ -14,7 +14,11 @@ Definitions (``makespan`` = virtual time when the last training step ends):
   the true remaining *response* tokens at that point (generated + tool-returned tokens still to come,
   ``TrajectorySpec.remaining_response_after_returns[0]``; bucket thresholds are in that unit);
 - ``migrated_token_ratio``: context tokens moved or recomputed because a trajectory changed instance
-  (counted once per move, whole context) / Σ trajectory tokens.
+  (counted once per move, whole context) / Σ trajectory tokens;
+- ``batching``: the execution model run (``streaming`` or ``barrier``, :mod:`libra.sim.sim_batching`);
+  ``staleness``: over every trained trajectory, the training version that consumed it minus the version
+  its first turn was generated with: mean, max, and ``step_max_mean`` (the mean over steps of each
+  step's maximum).
 
 Pure: reads the simulator's state, no I/O.
 """
@@ -23,13 +27,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:
     from libra.broker.state import BrokerState
+    from libra.sim.sim_batching import BatchFormer
     from libra.sim.sim_cluster import Layout
     from libra.sim.sim_config import SimConfig
     from libra.sim.sim_instance import SimInstance
@@ -82,6 +87,8 @@ class SimResult:
     reprefill_migrations: int
     buckets: list[dict[str, Any]]
     bucket_turns: dict[str, int]
+    batching: str = "barrier"
+    staleness: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: _clean(v) for k, v in asdict(self).items()}
@@ -113,6 +120,7 @@ class RunView(Protocol):
     train_end: Sequence[float]
     kv_moves: int
     reprefill_moves: int
+    former: BatchFormer
 
 
 def summarize(sim: RunView) -> SimResult:
@@ -161,4 +169,14 @@ def summarize(sim: RunView) -> SimResult:
         buckets=[{"name": b.name, "tp": b.tp, "max_tokens": b.max_tokens,
                   "instances": sum(1 for i in lay.instances if i.bucket == b.name)} for b in lay.buckets],
         bucket_turns=turns,
+        batching=sim.former.mode,
+        staleness=_staleness(sim.former.staleness),
     )
+
+
+def _staleness(per_step: Sequence[Sequence[int]]) -> dict[str, float]:
+    flat = [x for s in per_step for x in s]
+    if not flat:
+        return {"mean": 0.0, "max": 0.0, "step_max_mean": 0.0}
+    return {"mean": float(np.mean(flat)), "max": float(max(flat)),
+            "step_max_mean": float(np.mean([max(s) for s in per_step if s]))}

@@ -31,9 +31,10 @@ def test_same_seed_gives_identical_results() -> None:
     assert a["trajectories"] == 96 and a["steps"] == 3
 
 
-def test_48_gpu_20_step_r2e_run_completes_and_accounts_every_token() -> None:
+@pytest.mark.parametrize("batching", ["streaming", "barrier"])
+def test_48_gpu_20_step_r2e_run_completes_and_accounts_every_token(batching: str) -> None:
     trajs = generate("r2e", 20, 1, 16, seed=1)
-    sim = Simulator(trajs, _cfg(gpus=48, allocation="hetero", lag=2))
+    sim = Simulator(trajs, _cfg(gpus=48, allocation="hetero", lag=2, batching=batching))
     res = sim.run()
     assert res.steps == 20 and res.trajectories == len(trajs)
     assert res.tokens == sum(t.total_tokens for t in trajs)
@@ -45,9 +46,15 @@ def test_48_gpu_20_step_r2e_run_completes_and_accounts_every_token() -> None:
     assert res.tokens_per_s == pytest.approx(res.tokens / res.makespan_s)
     # every generate turn ran on some instance; the broker counted them per bucket
     assert sum(res.bucket_turns.values()) == sum(t.num_turns for t in trajs)
-    # the policy-lag bound: rollout of step k+2 never starts before training of step k ends
-    for k in range(18):
-        assert sim.rollout_start[k + 2] >= sim.train_end[k]
+    assert res.batching == batching
+    if batching == "barrier":  # the policy-lag bound: rollout of step k+2 never starts before training of step k ends
+        for k in range(18):
+            assert sim.rollout_start[k + 2] >= sim.train_end[k]
+        assert res.staleness["max"] <= 1
+    else:  # the staleness budget (eta = 2, one group per step): group k+3 waits for training step k
+        for k in range(17):
+            assert sim.rollout_start[k + 3] >= sim.train_end[k]
+        assert res.staleness["max"] >= 1
 
 
 def _traj(tid: str, turns: list[tuple[int, int | None]]) -> TrajectorySpec:
@@ -137,16 +144,20 @@ def test_cli_json_has_the_contract_keys(capsys: pytest.CaptureFixture[str]) -> N
     assert sim_main(["--trace", "/nonexistent.jsonl", "--json"]) == 2
 
 
-def test_instance_credit_follows_the_observed_lengths_after_each_step() -> None:
+@pytest.mark.parametrize("batching", ["streaming", "barrier"])
+def test_instance_credit_follows_the_observed_lengths_after_each_step(batching: str) -> None:
     from libra.sim.engine import _planner_reserve
 
     trajs = generate("r2e", 6, 2, 16, seed=3)
-    sim = Simulator(trajs, _cfg(seed=3))
+    sim = Simulator(trajs, _cfg(seed=3, batching=batching))
     first = sim.costs.reserve_tokens
     assert first == _planner_reserve(sim.costs.cm, [t for t in trajs if t.step == min(x.step for x in trajs)])
     sim.run()
     last = max(t.step for t in trajs)
-    expected = _planner_reserve(sim.costs.cm, [t for t in trajs if t.step == last])
+    consumed = sim.former.batch_specs(len(sim.by_step) - 1)  # what the last training step consumed
+    if batching == "barrier":
+        assert {t.id for t in consumed} == {t.id for t in trajs if t.step == last}
+    expected = _planner_reserve(sim.costs.cm, consumed)
     assert sim.costs.reserve_tokens == expected != first  # re-derived from the last trained step
     for peer, inst in sim.instances.items():
         assert inst.capacity == sim.costs.max_seqs(inst.tp)
