@@ -91,7 +91,8 @@ class BrokerServer:
         if self.journal is not None:
             accepted, done = self.journal.load()
             self.state.handle(Restore(accepted, done), time.monotonic())  # no commands: nothing is connected yet
-            log.info("journal_restored", path=journal, requeued=len(self.state.works), replies=len(done))
+            log.info("journal_restored", path=journal, restored=len(self.state.works), replies=len(done),
+                     adopt_grace_s=self.state.adopt_grace_s)
         self.metrics: BrokerMetrics | None = None  # optional Prometheus hook (set by __main__ / tests)
         # the broker planner's searches run on one worker thread, so a round never stalls the loop
         # (3 s at 512 GPUs); their result comes back to the core as a PlannerDone event

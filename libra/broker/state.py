@@ -233,6 +233,11 @@ class BrokerState:
         return self._planning.applier
 
     @property
+    def adopt_grace_s(self) -> float:
+        """How long restored work waits for the actors that still run it (``adoption.Adoption``)."""
+        return self._adoption.grace_s
+
+    @property
     def journaling(self) -> bool:
         return self._dispatch.journaling
 

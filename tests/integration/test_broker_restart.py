@@ -1,5 +1,6 @@
 """kill -9 of the broker mid-run, restart on the same journal: actors and clients reconnect by themselves,
-accepted work without a result is re-queued, and every request gets exactly one answer (issue #7)."""
+accepted work without a result comes back (adopted by the actor that still runs it, else queued again), and
+every request gets exactly one answer and runs once while its actor lives (issue #7)."""
 
 from __future__ import annotations
 
