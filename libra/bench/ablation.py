@@ -107,8 +107,8 @@ def model_check(sim: Any, trajs: Sequence[Any], allocation: str) -> dict[str, fl
     (``Allocator.evaluate``) gives ``pred_rollout_s`` (the rollout DP's per-step time), ``pred_chain_s``
     (the predicted release-to-last-end latency of the step's rollout: the layout's longest critical
     path ``Plan.t_chain`` with a policy lag > 1, else ``pred_rollout_s``), ``pred_train_s`` and
-    ``pred_step_s`` (``Plan.objective``: ``max`` of the two and, with a lag ``L > 1``, the pipeline
-    bound ``(chain + train) / L``; their sum when colocated); the simulator gives ``sim_rollout_s``
+    ``pred_step_s`` (``Plan.objective``: ``max`` of the two and, under the ``pipeline`` planner objective
+    with a lag ``L > 1``, the pipeline bound ``(chain + train) / L``; their sum when colocated); the simulator gives ``sim_rollout_s``
     (release to last trajectory end, which with a policy lag > 1 overlaps the previous step's rollout),
     ``sim_train_s`` and ``sim_step_s`` (mean interval between training-step ends).
     ``ratio_step`` = ``sim_step_s / pred_step_s``.
@@ -150,7 +150,9 @@ def model_check(sim: Any, trajs: Sequence[Any], allocation: str) -> dict[str, fl
             if lay.colocated:  # the simulator charges both role switches inside the training phase
                 t_train += COLOCATED_SWITCH.round_trip_s
                 return t_roll, t_train, t_roll + t_train, t_roll
-            return t_roll, t_train, pipeline_objective(t_train, t_roll, fixed.t_chain, fixed.overlap_steps), chain
+            obj = (max(t_train, t_roll) if fixed.throughput  # PlannerConfig.objective (default throughput)
+                   else pipeline_objective(t_train, t_roll, fixed.t_chain, fixed.overlap_steps))
+            return t_roll, t_train, obj, chain
     pr, pt, ps, sr, st, pc_ = [], [], [], [], [], []
     for k, s in enumerate(steps):
         r, t, o, c = predict(k, workload_of(by_step[s]))

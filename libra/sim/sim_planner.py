@@ -127,7 +127,8 @@ class PlannerAllocation:
                                             min_train_gpus=p.min_train_gpus, min_rollout_gpus=p.min_rollout_gpus,
                                             overlap_steps=cfg.lag,
                                             routing=planner_routing(cfg.router, p.planner_routing),
-                                            exact_pipeline=p.exact_pipeline, residency=p.residency)
+                                            exact_pipeline=p.exact_pipeline, residency=p.residency,
+                                            objective=p.objective)
         self.allocator = make_allocator(allocator_name, rollout_model=RolloutCostModel(hw, model),
                                         train_model=self.train_model, config=self.planner_config)
         self.replanner = Replanner(self.allocator, plan_interval=p.plan_interval, cooldown_steps=p.cooldown_steps,

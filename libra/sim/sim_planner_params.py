@@ -58,7 +58,8 @@ class PlannerSimParams:
     ``planner_routing``: the planner's ``PlannerConfig.routing`` (None: :func:`planner_routing` of the
     router); ``exact_pipeline``: ``PlannerConfig.exact_pipeline`` (off by default here: measured slower
     on the ablation, BENCHMARKS.md "the planner models C-MLFQ's start-small routing"); ``residency``:
-    ``PlannerConfig.residency``."""
+    ``PlannerConfig.residency``; ``objective``: ``PlannerConfig.objective`` (``"throughput"``, the
+    default, or the earlier ``"pipeline"``)."""
 
     plan_interval: int = 5
     cooldown_steps: int = 1
@@ -88,6 +89,7 @@ class PlannerSimParams:
     planner_routing: str | None = None
     exact_pipeline: bool = False
     residency: bool = True
+    objective: str = "throughput"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PlannerSimParams:
@@ -104,4 +106,6 @@ class PlannerSimParams:
         if p.planner_routing is not None and p.planner_routing not in ROUTINGS:
             raise SimConfigError(f"allocation parameter planner_routing must be one of {ROUTINGS} or None, "
                                  f"got {p.planner_routing!r}")
+        if p.objective not in ("throughput", "pipeline"):
+            raise SimConfigError(f"allocation parameter objective must be 'throughput' or 'pipeline', got {p.objective!r}")
         return p

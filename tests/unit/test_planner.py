@@ -242,6 +242,7 @@ def _small_planner(n_gpus: int, **kw: object) -> tuple[GlobalResourcePlanner, Ro
     hw, model = A800, load_model("qwen3-4b")
     rm, tm = RolloutCostModel(hw, model), TrainingCostModel(hw, model)
     kw.setdefault("pooled_buckets", False)  # the instance-level DP is what the brute force enumerates
+    kw.setdefault("objective", "pipeline")  # the brute force's instance cost includes the chain (pipeline objective)
     cfg = PlannerConfig(n_gpus=n_gpus, global_batch=8, group_size=2, max_micro_batch=4, **kw)  # type: ignore[arg-type]
     return GlobalResourcePlanner(rm, tm, cfg), rm, tm
 

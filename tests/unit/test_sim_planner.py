@@ -244,7 +244,9 @@ def test_error_feedback_reports_clean_steps_to_the_replanner() -> None:
 
 
 def test_reconfig_feedback_reports_the_measured_cost_of_a_deployment() -> None:
-    on = _sim("grp", gpus=24, steps=6, plan_interval=1)
+    # the pipeline objective: on this trace it re-deploys after the initial plan (the throughput objective
+    # keeps the initial plan, leaving no deployment to measure)
+    on = _sim("grp", gpus=24, steps=6, plan_interval=1, objective="pipeline")
     on.run()
     assert on.alloc is not None and on.alloc.applied  # this run deploys a new plan at least once
     costs = on.alloc.report()["reconfig_costs"]
@@ -252,6 +254,6 @@ def test_reconfig_feedback_reports_the_measured_cost_of_a_deployment() -> None:
     # their prediction); the Replanner charges it clamped at 0
     assert costs and all(c["deployments"] >= 1 and math.isfinite(c["cost_s"]) for c in costs)
     assert list(on.alloc.replanner.reconfigs) == pytest.approx([max(0.0, c["cost_s"]) for c in costs], abs=1e-3)
-    off = _sim("grp", gpus=24, steps=6, plan_interval=1, reconfig_feedback=False)
+    off = _sim("grp", gpus=24, steps=6, plan_interval=1, reconfig_feedback=False, objective="pipeline")
     off.run()
     assert off.alloc is not None and off.alloc.reconfig_costs == [] and not off.alloc.replanner.reconfigs

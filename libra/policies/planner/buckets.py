@@ -96,12 +96,14 @@ class BucketCosts:
     ``offset`` (0 unless built by :meth:`shifted`): the pipeline shift applied by :meth:`cost`;
     :meth:`chain`, :meth:`layout_time` and :meth:`layout_chain` are always unshifted."""
 
-    def __init__(self, cm: RolloutCostModel, sample: RolloutSample, overlap_steps: int = 1) -> None:
+    def __init__(self, cm: RolloutCostModel, sample: RolloutSample, overlap_steps: int = 1, *,
+                 chain_bound: bool = True) -> None:
         if overlap_steps < 1:
             raise PlannerError(f"overlap_steps must be >= 1, got {overlap_steps}")
         self.cm = cm
         self.sample = sample
         self.overlap_steps = overlap_steps
+        self.chain_bound = chain_bound  # False: the throughput objective (agentic_cost)
         self.P, self.G, self.W = sample.prefix()
         self.seg = sample.segments()
         self._flat = np.full((sample.size + 1,) * 2, -1)
@@ -126,7 +128,8 @@ class BucketCosts:
         out = self._cache.get(key)
         if out is None:
             seg = self.seg
-            cost, chain = agentic_cost(self.cm, tp, seg, np.minimum(float(k), seg.n), self.overlap_steps)
+            cost, chain = agentic_cost(self.cm, tp, seg, np.minimum(float(k), seg.n), self.overlap_steps,
+                                       chain_bound=self.chain_bound)
             c = np.full((self.sample.size + 1,) * 2, np.inf)
             c[seg.valid] = cost
             out = self._cache[key] = (c, chain)

@@ -42,10 +42,11 @@ class BlindCosts:
     what ``least_loaded`` does), else the instance count ``I`` (``round_robin``). Cached per TP."""
 
     def __init__(self, cm: RolloutCostModel, sample: RolloutSample, overlap_steps: int = 1, *,
-                 weighted: bool = True) -> None:
+                 weighted: bool = True, chain_bound: bool = True) -> None:
         if overlap_steps < 1:
             raise PlannerError(f"overlap_steps must be >= 1, got {overlap_steps}")
         self.cm = cm
+        self.chain_bound = chain_bound  # False: the throughput objective (agentic_cost)
         self.sample = sample
         self.overlap_steps = overlap_steps
         self.weighted = weighted
@@ -90,7 +91,8 @@ class BlindCosts:
             rep = [None if getattr(seg, f) is None else getattr(seg, f)[self._idx:self._idx + 1].repeat(int(ok.sum()))
                    for f in _SEG_FIELDS]
             one = type(seg)(np.ones(1, bool), *rep)
-            cost, chain = agentic_cost(self.cm, tp, one, np.minimum(d[ok], self.total), self.overlap_steps)
+            cost, chain = agentic_cost(self.cm, tp, one, np.minimum(d[ok], self.total), self.overlap_steps,
+                                       chain_bound=self.chain_bound)
             c = np.full(x.size, np.inf)
             h = np.full(x.size, np.inf)
             c[ok], h[ok] = cost, chain

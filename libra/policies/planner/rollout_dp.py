@@ -172,7 +172,8 @@ class SegmentStats:
 
 
 def agentic_cost(cm: RolloutCostModel, tp: int, seg: SegmentStats, share: Any = None,
-                 overlap_steps: int = 1, share_tail: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                 overlap_steps: int = 1, share_tail: bool = False,
+                 chain_bound: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """``(cost, chain)`` of one TP-``tp`` instance serving ``1/share`` of each segment (``share``
     None: the whole segment), vectorised over the segments.
 
@@ -202,7 +203,8 @@ def agentic_cost(cm: RolloutCostModel, tp: int, seg: SegmentStats, share: Any = 
       ``gen_star``, as ``segment_cost`` without ``max_gen`` does;
     - ``cost = max(work, chain / L)`` (``inf`` if the longest request does not fit; 0 for no request).
       With no tool seconds this equals ``segment_cost``'s ``stall + max(gen / b0, gen_star / L) *
-      step(b0)`` given the same residency sums.
+      step(b0)`` given the same residency sums. ``chain_bound=False`` (the throughput objective,
+      ``PlannerConfig.objective``, docs/papers.md §1.7): ``cost = work``; the chain is still returned.
     """
     share = 1.0 if share is None else share
     share = np.maximum(np.asarray(share, dtype=float), 1e-12)
@@ -223,7 +225,7 @@ def agentic_cost(cm: RolloutCostModel, tp: int, seg: SegmentStats, share: Any = 
     stall = calls * float(cm.cal.per_request_overhead_s) + np.asarray(cm.prefill_time(tp, p, n), dtype=float)
     chain = overlap_steps * stall + (seg.max_seq * seg.gen / np.maximum(seg.prompt + seg.gen, 1e-12)
                                      if share_tail else seg.gen_star) * step + seg.tool_star
-    cost = np.maximum(stall + g / b * step, chain / overlap_steps)
+    cost = np.maximum(stall + g / b * step, chain / overlap_steps) if chain_bound else stall + g / b * step
     zero = n <= 0
     if zero.any():
         cost[zero] = 0.0
@@ -235,7 +237,7 @@ def agentic_cost(cm: RolloutCostModel, tp: int, seg: SegmentStats, share: Any = 
 
 
 def cost_matrices(cm: RolloutCostModel, sample: RolloutSample, tps: tuple[int, ...], overlap_steps: int = 1,
-                  chains: dict[int, np.ndarray] | None = None) -> dict[int, np.ndarray]:
+                  chains: dict[int, np.ndarray] | None = None, chain_bound: bool = True) -> dict[int, np.ndarray]:
     """``C[tp][j, i]`` = seconds for one TP-``tp`` instance to serve sorted items ``j..i-1``
     (:func:`agentic_cost` with the whole segment on the instance).
 
@@ -247,7 +249,7 @@ def cost_matrices(cm: RolloutCostModel, sample: RolloutSample, tps: tuple[int, .
     n = sample.size
     out: dict[int, np.ndarray] = {}
     for tp in tps:
-        cost, chain = agentic_cost(cm, tp, seg, None, overlap_steps, share_tail=True)
+        cost, chain = agentic_cost(cm, tp, seg, None, overlap_steps, share_tail=True, chain_bound=chain_bound)
         c = np.full((n + 1, n + 1), np.inf)
         c[seg.valid] = cost
         out[tp] = c

@@ -1,7 +1,10 @@
 """The Global Resource Planner search ("Algorithm 1"): split N GPUs between training and rollout.
 
-Role: minimise ``max(T_train, T_rollout)`` (with a policy lag ``L > 1`` also the pipeline bound
-``(T_chain + T_train) / L``, :func:`~libra.policies.planner.types.pipeline_objective`) over ``n_train``
+Role: minimise ``max(T_train, T_rollout)`` (``PlannerConfig.objective = "throughput"``, the default,
+docs/papers.md §1.7: ``T_rollout`` is the busiest instance's work, no chain term, the rollout DP alone is
+exact; with ``"pipeline"``, the earlier objective, each bucket's cost includes its chain and with a policy
+lag ``L > 1`` also the pipeline bound ``(T_chain + T_train) / L``,
+:func:`~libra.policies.planner.types.pipeline_objective`, as described below) over ``n_train``
 (outer loop), the training layout (decision tree, ``planner/training.py``) and the rollout TP multiset
 with its length ranges (exact DP, ``planner/rollout_dp.py`` / ``planner/buckets.py`` /
 ``planner/start_small.py``; under a length-blind ``PlannerConfig.routing`` the exact enumeration of
@@ -135,14 +138,16 @@ class GlobalResourcePlanner:
         sample = RolloutSample.from_workload(workload, cfg.global_batch, cfg.max_dp_requests, residency=cfg.residency)
         chains: dict[int, Any] = {}
         costs: Any
+        cb = cfg.objective == "pipeline"  # the throughput objective drops the chain from every bucket cost
         if cfg.routing in BLIND_ROUTINGS:
-            costs = BlindCosts(self.rollout_model, sample, cfg.overlap_steps, weighted=cfg.routing == "length_blind")
+            costs = BlindCosts(self.rollout_model, sample, cfg.overlap_steps, weighted=cfg.routing == "length_blind",
+                               chain_bound=cb)
         elif cfg.routing == "start_small":
-            costs = StartSmallCosts(self.rollout_model, sample, cfg.overlap_steps)
+            costs = StartSmallCosts(self.rollout_model, sample, cfg.overlap_steps, chain_bound=cb)
         elif cfg.pooled_buckets:
-            costs = BucketCosts(self.rollout_model, sample, cfg.overlap_steps)
+            costs = BucketCosts(self.rollout_model, sample, cfg.overlap_steps, chain_bound=cb)
         else:
-            costs = cost_matrices(self.rollout_model, sample, self.rollout_tps, cfg.overlap_steps, chains)
+            costs = cost_matrices(self.rollout_model, sample, self.rollout_tps, cfg.overlap_steps, chains, cb)
         train = TrainingSearch(self.train_model, cfg, workload.training_lengths(cfg.global_batch))
         return _Context(workload, sample, costs, train, chains)
 
@@ -150,7 +155,8 @@ class GlobalResourcePlanner:
         """``ctx.costs`` shifted by the pipeline term for ``t_train`` (see the module docstring); the
         unshifted costs when the bound does not apply (``L = 1`` or an infeasible training)."""
         lag = self.config.overlap_steps
-        if lag <= 1 or not math.isfinite(t_train) or not self.config.exact_pipeline:
+        if (lag <= 1 or not math.isfinite(t_train) or not self.config.exact_pipeline
+                or self.config.objective == "throughput"):
             return ctx.costs
         if isinstance(ctx.costs, dict):  # the reference DP's per-TP matrices
             return {tp: np.maximum(c, (ctx.chains[tp] + t_train) / lag) for tp, c in ctx.costs.items()}
@@ -251,7 +257,8 @@ class GlobalResourcePlanner:
             if self._shifted(ctx, choice.time) is not ctx.costs:
                 stats.rollout_dp_solves += 1 if not self.homogeneous else len(self.rollout_tps)
             t_roll, chain, inst = self._rollout_for(ctx, choice.time, g, roll[n][1])
-            obj = pipeline_objective(choice.time, t_roll, chain, cfg.overlap_steps)
+            obj = (max(choice.time, t_roll) if cfg.objective == "throughput"
+                   else pipeline_objective(choice.time, t_roll, chain, cfg.overlap_steps))
             if obj < best_obj:
                 best_obj, best = obj, (n, choice, t_roll, chain, inst)
         stats.train_leaves = ctx.train.leaves_evaluated
@@ -263,7 +270,7 @@ class GlobalResourcePlanner:
             )
         n, choice, t_roll, chain, inst = best
         plan = Plan(cfg.n_gpus, n, choice.config, inst, choice.time, t_roll, t_chain=chain,
-                    overlap_steps=cfg.overlap_steps)
+                    overlap_steps=cfg.overlap_steps, throughput=cfg.objective == "throughput")
         return SearchResult(plan, stats)
 
     # -- fixed layouts ------------------------------------------------------------------------------
@@ -322,9 +329,10 @@ class GlobalResourcePlanner:
                 chains, base = ctx.chains, ctx.costs
                 if not set(tps) <= set(base):
                     chains = {}
-                    base = cost_matrices(self.rollout_model, ctx.sample, tuple(sorted(set(tps))), lag, chains)
+                    base = cost_matrices(self.rollout_model, ctx.sample, tuple(sorted(set(tps))), lag, chains,
+                                         cfg.objective == "pipeline")
                 shifted = ({tp: np.maximum(c, (chains[tp] + t_train) / lag) for tp, c in base.items()}
-                           if lag > 1 and math.isfinite(t_train) else base)
+                           if lag > 1 and math.isfinite(t_train) and cfg.objective == "pipeline" else base)
                 _, segments = evaluate_layout(shifted, tps)
                 t_roll = max((float(base[tp][j, i]) for tp, j, i in segments), default=math.inf)
                 instances = to_instances(ctx.sample, base, segments)
@@ -336,7 +344,7 @@ class GlobalResourcePlanner:
         if rollout_tps is not None:
             instances = _pad_idle(instances, rollout_tps)
         return Plan(cfg.n_gpus, n_train, train_cfg, instances, t_train, t_roll, allocator=allocator,
-                    t_chain=chain, overlap_steps=lag)
+                    t_chain=chain, overlap_steps=lag, throughput=cfg.objective == "throughput")
 
     def evaluate(self, plan: Plan, workload: Workload | list[tuple[float, float]]) -> Plan:
         """Re-score ``plan``'s layout (same n_train, training layout and TP multiset) on ``workload``."""

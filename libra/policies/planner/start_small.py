@@ -78,10 +78,12 @@ class StartSmallCosts:
     """Head and rest bucket costs of the start-small model (see the module docstring). Cached per
     ``(tp, k)``; :meth:`shifted` shares the caches."""
 
-    def __init__(self, cm: RolloutCostModel, sample: RolloutSample, overlap_steps: int = 1) -> None:
+    def __init__(self, cm: RolloutCostModel, sample: RolloutSample, overlap_steps: int = 1, *,
+                 chain_bound: bool = True) -> None:
         if overlap_steps < 1:
             raise PlannerError(f"overlap_steps must be >= 1, got {overlap_steps}")
         self.cm = cm
+        self.chain_bound = chain_bound  # False: the throughput objective (agentic_cost)
         self.sample = sample
         self.overlap_steps = overlap_steps
         self.offset = 0.0
@@ -153,8 +155,8 @@ class StartSmallCosts:
         out = self._head.get((tp, k))
         if out is None:
             share = np.minimum(float(k), self._head_a.n)
-            ca, ha = agentic_cost(self.cm, tp, self._head_a, share, self.overlap_steps)
-            cb, hb = agentic_cost(self.cm, tp, self._head_b, share, self.overlap_steps)
+            ca, ha = agentic_cost(self.cm, tp, self._head_a, share, self.overlap_steps, chain_bound=self.chain_bound)
+            cb, hb = agentic_cost(self.cm, tp, self._head_b, share, self.overlap_steps, chain_bound=self.chain_bound)
             out = self._head[(tp, k)] = (np.maximum(ca, cb), np.maximum(ha, hb))
         return out
 
@@ -162,7 +164,8 @@ class StartSmallCosts:
         out = self._rest.get((tp, k))
         if out is None:
             seg = self.rest_seg
-            cost, chain = agentic_cost(self.cm, tp, seg, np.minimum(float(k), seg.n), self.overlap_steps)
+            cost, chain = agentic_cost(self.cm, tp, seg, np.minimum(float(k), seg.n), self.overlap_steps,
+                                       chain_bound=self.chain_bound)
             out = self._rest[(tp, k)] = (cost, chain)
         return out
 

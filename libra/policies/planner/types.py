@@ -16,12 +16,13 @@ import numpy as np
 
 from libra.policies.cost.training import TrainConfig
 
-__all__ = ["ROUTINGS", "Plan", "PlannerConfig", "PlannerError", "RolloutBucket", "RolloutInstance", "Workload",
+__all__ = ["PLANNER_OBJECTIVES", "ROUTINGS", "Plan", "PlannerConfig", "PlannerError", "RolloutBucket", "RolloutInstance", "Workload",
            "as_workload", "pipeline_objective"]
 
 
 #: ``PlannerConfig.routing`` values (see :class:`PlannerConfig`).
 ROUTINGS = ("by_length", "length_blind", "round_robin", "start_small")
+PLANNER_OBJECTIVES = ("throughput", "pipeline")
 
 
 class PlannerError(ValueError):
@@ -133,6 +134,13 @@ class PlannerConfig:
     which can return a plan predicted slower than another layout on the same data; kept because the
     simulated ablation measured it faster, see BENCHMARKS.md). No effect at ``overlap_steps = 1``.
 
+    ``objective`` (default ``"throughput"``, docs/papers.md §1.3.1, §1.7): minimise ``max(T_train,
+    T_rollout)`` with ``T_rollout`` the busiest instance's work (stalls + generated tokens / running batch ×
+    decode step); no term models the longest trajectory's chain (each bucket's ``cost = work``, no pipeline
+    shift, :attr:`Plan.objective` without ``t_chain``), as for a trainer that streams batches.
+    ``"pipeline"``: the earlier objective (each bucket's ``max(work, chain / L)`` and, with ``overlap_steps
+    > 1``, the pipeline bound ``(t_chain + t_train) / L``), kept for comparison.
+
     ``residency`` (default True): size each instance's running batch and its KV by the
     generation-weighted context of its requests (long requests stay resident longest;
     ``RolloutCostModel.resident_context``); False: by the mean request (the earlier model, kept for
@@ -159,8 +167,11 @@ class PlannerConfig:
     routing: str = "by_length"
     exact_pipeline: bool = True
     residency: bool = True
+    objective: str = "throughput"
 
     def __post_init__(self) -> None:
+        if self.objective not in PLANNER_OBJECTIVES:
+            raise PlannerError(f"PlannerConfig.objective must be one of {PLANNER_OBJECTIVES}, got {self.objective!r}")
         for name in ("n_gpus", "global_batch", "group_size", "granularity", "max_dp_requests", "max_micro_batch",
                      "overlap_steps"):
             value = getattr(self, name)
@@ -238,13 +249,17 @@ class Plan:
     colocated: bool = False
     t_chain: float = 0.0
     overlap_steps: int = 1
+    throughput: bool = False  # scored under PlannerConfig.objective = "throughput": no chain term
 
     @property
     def objective(self) -> float:
-        """Predicted iteration time: ``max(t_train, t_rollout)`` (and the lag-``L`` pipeline bound
-        ``(t_chain + t_train) / L`` when ``overlap_steps > 1``), or their sum when colocated."""
+        """Predicted iteration time: ``max(t_train, t_rollout)`` (and, unless :attr:`throughput`, the
+        lag-``L`` pipeline bound ``(t_chain + t_train) / L`` when ``overlap_steps > 1``), or their sum when
+        colocated."""
         if self.colocated:
             return self.t_train + self.t_rollout
+        if self.throughput:
+            return max(self.t_train, self.t_rollout)
         return pipeline_objective(self.t_train, self.t_rollout, self.t_chain, self.overlap_steps)
 
     @property
