@@ -1,0 +1,190 @@
+"""Benchmark: the cost models and the simulator next to the paper's figures, in one run (docs/papers.md §1.2,
+§1.7, §5.1). It prints what comes out; nothing here is tuned to make a number match.
+
+1. **Fig. 3, per GPU.** For TP-1/2/4/8 on 8 A800 GPUs serving 512 Qwen3-14B requests (``8 / tp``
+   instances): tokens/s per GPU (prompt + generated, Σ tokens / makespan over 8 GPUs,
+   :func:`~libra.policies.cost.rollout.bucket_throughput`) for lengths spread over 0–2K and over 16–32K,
+   and the steady decode rate per GPU at the bucket's mid context (``RolloutCostModel.tokens_per_s``,
+   ``512 · tp / 8`` sequences per instance, clamped by the KV cache). Paper, read per GPU (§1.7): TP-1
+   1,852 and TP-8 591 at 0–2K, TP-1 430 and TP-8 1,220 at 16–32K; checks: TP-1 / TP-8 ≈ 3.1 at 0–2K,
+   TP-8 / TP-1 ≈ 2.8 at 16–32K.
+2. **Fig. 2a, like for like.** The same number of sequences (``--sequences``, default 512: the batch of
+   Fig. 3 and of the rollout fit) at 1K and at 32K tokens: rollout seconds on 8 GPUs (best homogeneous
+   TP, :func:`~libra.policies.cost.rollout.batch_latency`) and training seconds of one step on 8 GPUs (best
+   TP × PP of :class:`~libra.policies.cost.TrainingCostModel`); paper: rollout grows ≈ 95×, training ≈ 3.9×.
+3. **Static uniform / colocated** in the simulator (R2E-like trace, ``gpus / 3`` groups of 16 per step,
+   router ``least_loaded``), with streaming batches and with the per-step barrier (``SimConfig.batching``);
+   paper ≈ 1.7× (423 vs ≈ 247 tok/s, §1.7).
+
+``python -m libra.bench calibration [--gpus 48] [--steps 20] [--prompts N] [--seed 0] [--sequences 512]
+[--quick] [--json]``; ``--quick``: 16 GPUs, 3 steps, 2 groups per step (for tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from libra.bench.output import emit
+
+__all__ = ["fig2a", "fig3", "main", "run", "sim_ratio"]
+
+PAPER_FIG3 = {"0_2k": {1: 1852.0, 8: 591.0}, "16k_32k": {1: 430.0, 8: 1220.0}}
+PAPER_RATIOS = {"tp1_over_tp8_0_2k": 1852.0 / 591.0, "tp8_over_tp1_16k_32k": 1220.0 / 430.0,
+                "rollout_32k_over_1k": 95.0, "train_32k_over_1k": 3.9, "static_uniform_over_colocated": 423.0 / 247.0}
+BUCKETS = {"0_2k": (0.0, 2048.0), "16k_32k": (16384.0, 32768.0)}
+TPS = (1, 2, 4, 8)
+
+
+def _models(hardware: str = "a800", model: str = "qwen3-14b") -> tuple[Any, Any]:
+    from libra.policies.cost import RolloutCostModel, TrainingCostModel, load_hardware, load_model
+
+    hw, m = load_hardware(hardware), load_model(model)
+    return RolloutCostModel(hw, m), TrainingCostModel(hw, m)
+
+
+def fig3(cm: Any, n_gpus: int = 8, n_requests: int = 512) -> dict[str, Any]:
+    """Per-GPU tokens/s of each TP at each Fig. 3 length bucket (see the module docstring)."""
+    from libra.policies.cost.rollout import bucket_throughput
+
+    rows: dict[str, dict[str, dict[str, float]]] = {}
+    for name, (lo, hi) in BUCKETS.items():
+        rows[name] = {}
+        for tp in TPS:
+            batch = bucket_throughput(cm, tp, lo, hi, n_gpus=n_gpus, n_requests=n_requests) / n_gpus
+            steady = cm.tokens_per_s(tp, (lo + hi) / 2, n_requests * tp / n_gpus) / tp
+            rows[name][str(tp)] = {"batch_tok_s_per_gpu": batch, "decode_tok_s_per_gpu": steady}
+    b = {k: {tp: v[str(tp)]["batch_tok_s_per_gpu"] for tp in TPS} for k, v in rows.items()}
+    return {"rows": rows, "paper_per_gpu": {k: {str(t): x for t, x in v.items()} for k, v in PAPER_FIG3.items()},
+            "tp1_over_tp8_0_2k": b["0_2k"][1] / b["0_2k"][8] if b["0_2k"][8] else math.nan,
+            "tp8_over_tp1_16k_32k": b["16k_32k"][8] / b["16k_32k"][1] if b["16k_32k"][1] else math.nan,
+            "tp1_0_2k_vs_paper": b["0_2k"][1] / PAPER_FIG3["0_2k"][1]}
+
+
+def _best_train(tm: Any, n_gpus: int, lengths: list[int]) -> tuple[float, str]:
+    from libra.policies.cost.training import TrainConfig
+
+    best, label = math.inf, "OOM"
+    for tp in (8, 4, 2, 1):
+        for pp in (1, 2, 4, 5, 8):
+            if n_gpus % (tp * pp) or tp > n_gpus:
+                continue
+            cfg = TrainConfig(tp=tp, pp=pp, dp=n_gpus // (tp * pp), micro_batch=1)
+            padded = lengths + [1] * ((-len(lengths)) % cfg.dp)
+            t = float(tm.step_time(cfg, padded))
+            if t < best:
+                best, label = t, f"TP{tp} PP{pp} DP{cfg.dp}"
+    return best, label
+
+
+def fig2a(cm: Any, tm: Any, sequences: int = 512, n_gpus: int = 8) -> dict[str, Any]:
+    """Rollout and training seconds for ``sequences`` sequences of 1K and of 32K tokens on ``n_gpus``."""
+    from libra.policies.cost.rollout import batch_latency
+
+    out: dict[str, Any] = {"sequences": sequences, "n_gpus": n_gpus}
+    for name, length in (("1k", 1024), ("32k", 32768)):
+        roll = batch_latency(cm, length, n_gpus=n_gpus, n_requests=sequences)
+        train, layout = _best_train(tm, n_gpus, [length] * sequences)
+        out[name] = {"rollout_s": roll, "train_s": train, "train_layout": layout}
+    out["rollout_32k_over_1k"] = out["32k"]["rollout_s"] / out["1k"]["rollout_s"]
+    out["train_32k_over_1k"] = out["32k"]["train_s"] / out["1k"]["train_s"]
+    return out
+
+
+def sim_ratio(gpus: int, steps: int, prompts: int, seed: int) -> dict[str, Any]:
+    """Static uniform and colocated tokens/s with streaming and with barrier batching, and their ratios."""
+    from libra.sim.engine import SimConfig, Simulator
+    from libra.sim.workload_profiles import get_profile
+    from libra.sim.workloads import generate
+
+    prof = get_profile("r2e")
+    trajs = generate("r2e", steps, prompts, 16, seed)
+    out: dict[str, Any] = {"gpus": gpus, "steps": steps, "prompts": prompts, "seed": seed}
+    for batching in ("streaming", "barrier"):
+        row: dict[str, Any] = {}
+        for alloc in ("static_uniform", "colocated"):
+            cfg = SimConfig(router="least_loaded", allocation=alloc, gpus=gpus, seed=seed, batching=batching,
+                            bucket_thresholds=prof.bucket_thresholds, size_thresholds=prof.size_thresholds,
+                            router_params={"cap_metric": "load", "max_queue_length": 3})
+            res = Simulator(trajs, cfg).run()
+            row[alloc] = {"tokens_per_s": res.tokens_per_s, "step_time_s": res.step_time_s["mean"],
+                          "rollout_time_s": res.rollout_time_s, "train_time_s": res.train_time_s,
+                          "staleness_max": res.staleness["max"]}
+        co = row["colocated"]["tokens_per_s"]
+        row["static_uniform_over_colocated"] = row["static_uniform"]["tokens_per_s"] / co if co else math.nan
+        out[batching] = row
+    return out
+
+
+def run(gpus: int = 48, steps: int = 20, prompts: int | None = None, seed: int = 0,
+        sequences: int = 512) -> dict[str, Any]:
+    cm, tm = _models()
+    prompts = prompts if prompts is not None else max(1, gpus // 3)
+    return {"fig3": fig3(cm), "fig2a": fig2a(cm, tm, sequences), "sim": sim_ratio(gpus, steps, prompts, seed),
+            "paper": dict(PAPER_RATIOS)}
+
+
+def _fmt(out: dict[str, Any]) -> str:
+    f3, f2, sim, paper = out["fig3"], out["fig2a"], out["sim"], out["paper"]
+    lines = ["Fig. 3, tokens/s per GPU (8 A800, Qwen3-14B, 512 requests; batch = tokens / makespan over 8 GPUs; "
+             "decode = steady decode at the mid context)",
+             f"{'lengths':<9} {'TP':>3} {'batch/GPU':>10} {'decode/GPU':>11} {'paper/GPU':>10}"]
+    for name, rows in f3["rows"].items():
+        for tp, r in rows.items():
+            p = f3["paper_per_gpu"][name].get(tp)
+            lines.append(f"{name:<9} {tp:>3} {r['batch_tok_s_per_gpu']:>10.1f} {r['decode_tok_s_per_gpu']:>11.1f} "
+                         f"{'-' if p is None else format(p, '.0f'):>10}")
+    lines += [f"TP-1 / TP-8 at 0-2K: {f3['tp1_over_tp8_0_2k']:.2f} (paper {paper['tp1_over_tp8_0_2k']:.2f}); "
+              f"TP-8 / TP-1 at 16-32K: {f3['tp8_over_tp1_16k_32k']:.2f} (paper {paper['tp8_over_tp1_16k_32k']:.2f}); "
+              f"TP-1 at 0-2K = {f3['tp1_0_2k_vs_paper']:.3f} x the paper's per-GPU figure", "",
+              f"Fig. 2a, {f2['sequences']} sequences on {f2['n_gpus']} GPUs: 1K vs 32K tokens",
+              f"{'':<9} {'1K s':>9} {'32K s':>10} {'32K/1K':>8} {'paper':>6}",
+              f"{'rollout':<9} {f2['1k']['rollout_s']:>9.1f} {f2['32k']['rollout_s']:>10.1f} "
+              f"{f2['rollout_32k_over_1k']:>8.1f} {paper['rollout_32k_over_1k']:>6.1f}",
+              f"{'training':<9} {f2['1k']['train_s']:>9.1f} {f2['32k']['train_s']:>10.1f} "
+              f"{f2['train_32k_over_1k']:>8.1f} {paper['train_32k_over_1k']:>6.1f}  "
+              f"(layouts {f2['1k']['train_layout']} / {f2['32k']['train_layout']})", "",
+              f"Simulator, R2E-like trace: {sim['gpus']} GPUs, {sim['steps']} steps, {sim['prompts']} groups x 16, "
+              f"seed {sim['seed']}, router least_loaded",
+              f"{'batching':<10} {'uniform tok/s':>13} {'coloc tok/s':>11} {'ratio':>6} {'paper':>6} "
+              f"{'uniform step s':>14} {'staleness max':>13}"]
+    for batching in ("streaming", "barrier"):
+        r = sim[batching]
+        lines.append(f"{batching:<10} {r['static_uniform']['tokens_per_s']:>13.1f} {r['colocated']['tokens_per_s']:>11.1f} "
+                     f"{r['static_uniform_over_colocated']:>6.2f} {paper['static_uniform_over_colocated']:>6.2f} "
+                     f"{r['static_uniform']['step_time_s']:>14.1f} {r['static_uniform']['staleness_max']:>13.0f}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m libra.bench calibration", description=__doc__.splitlines()[0])
+    p.add_argument("--gpus", type=int, default=None, help="simulated GPUs, whole 8-GPU nodes (default 48; --quick 16)")
+    p.add_argument("--steps", type=int, default=None, help="simulated RL steps (default 20; --quick 3)")
+    p.add_argument("--prompts", type=int, default=None, help="GRPO groups of 16 per step (default gpus/3; --quick 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sequences", type=int, default=512, help="Fig. 2a: sequences at each length (default 512)")
+    p.add_argument("--quick", action="store_true", help="a tiny simulation (16 GPUs, 3 steps) for smoke tests")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    gpus = args.gpus if args.gpus is not None else (16 if args.quick else 48)
+    steps = args.steps if args.steps is not None else (3 if args.quick else 20)
+    prompts = args.prompts if args.prompts is not None else (2 if args.quick else None)
+    if steps < 1 or gpus < 16 or gpus % 8 or args.sequences < 1:
+        print("--steps and --sequences must be >= 1 and --gpus a multiple of 8, at least 16")
+        return 2
+    t0 = time.perf_counter()
+    out = run(gpus, steps, prompts, args.seed, args.sequences)
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    emit(out, args.json, _fmt)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

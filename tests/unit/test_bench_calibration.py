@@ -1,0 +1,35 @@
+"""``python -m libra.bench calibration``: one run prints Fig. 3 per GPU, Fig. 2a like for like and the
+simulator's static uniform / colocated ratio with streaming and barrier batching."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from libra.bench.__main__ import BENCHMARKS
+from libra.bench.calibration import main
+
+
+def test_calibration_quick_json_has_every_figure(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "calibration" in BENCHMARKS
+    assert main(["--quick", "--sequences", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    f3 = out["fig3"]
+    for bucket in ("0_2k", "16k_32k"):
+        assert set(f3["rows"][bucket]) == {"1", "2", "4", "8"}
+        assert all(r["batch_tok_s_per_gpu"] > 0 for r in f3["rows"][bucket].values())
+    assert math.isfinite(f3["tp1_over_tp8_0_2k"]) and math.isfinite(f3["tp8_over_tp1_16k_32k"])
+    f2 = out["fig2a"]
+    assert f2["sequences"] == 16 and f2["32k"]["rollout_s"] > f2["1k"]["rollout_s"] > 0
+    assert f2["32k"]["train_s"] > f2["1k"]["train_s"] > 0
+    sim = out["sim"]
+    for batching in ("streaming", "barrier"):
+        row = sim[batching]
+        assert row["static_uniform"]["tokens_per_s"] > 0 and row["colocated"]["tokens_per_s"] > 0
+        assert row["static_uniform_over_colocated"] == pytest.approx(
+            row["static_uniform"]["tokens_per_s"] / row["colocated"]["tokens_per_s"])
+    # colocated runs synchronously under both settings
+    assert sim["streaming"]["colocated"] == sim["barrier"]["colocated"]
+    assert out["paper"]["rollout_32k_over_1k"] == 95.0
