@@ -70,16 +70,17 @@ LADDER = ("static_uniform", "homogeneous", "heterogeneous", "cmlfq", "ehp")
 LADDER_COST = ("static_uniform", "homogeneous", "heterogeneous", "cmlfq_cost", "ehp_cost")
 
 
-def run_rung(job: tuple[str, str, str, int, int, int, int, dict[str, Any]]) -> dict[str, Any]:
-    """Simulate one rung: ``(key, allocation, router, steps, prompts, gpus, seed, allocation_params)``."""
+def run_rung(job: tuple[str, str, str, int, int, int, int, dict[str, Any], str]) -> dict[str, Any]:
+    """Simulate one rung: ``(key, allocation, router, steps, prompts, gpus, seed, allocation_params,
+    batching)`` (``batching``: ``SimConfig.batching``)."""
     from libra.sim.engine import SimConfig, Simulator
     from libra.sim.workload_profiles import get_profile
     from libra.sim.workloads import generate
 
-    key, allocation, router, steps, prompts, gpus, seed, params = job
+    key, allocation, router, steps, prompts, gpus, seed, params, batching = job
     prof = get_profile("r2e")
     trajs = generate("r2e", steps, prompts, 16, seed)
-    cfg = SimConfig(router=router, allocation=allocation, gpus=gpus, seed=seed,
+    cfg = SimConfig(router=router, allocation=allocation, gpus=gpus, seed=seed, batching=batching,
                     bucket_thresholds=prof.bucket_thresholds, size_thresholds=prof.size_thresholds,
                     router_params=dict(ROUTER_PARAMS),
                     allocation_params=dict(params) if allocation.startswith(("grp", "static_best")) else {})
@@ -237,11 +238,16 @@ def earl_run(points: int = 12, min_context: float = 1024.0, max_context: float =
 
 # ---------------------------------------------------------------------------------------------- run
 def run(steps: int = 20, gpus: int = 48, prompts: int | None = None, seed: int = 0, base_router: str = "least_loaded",
-        jobs: int = 1, earl_points: int = 12, allocation_params: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run both parts; returns the JSON-ready result (rows, ratios, target checks, EARL rows)."""
+        jobs: int = 1, earl_points: int = 12, allocation_params: dict[str, Any] | None = None,
+        batching: str = "streaming", objective: str | None = None) -> dict[str, Any]:
+    """Run both parts; returns the JSON-ready result (rows, ratios, target checks, EARL rows).
+    ``batching``: the simulator's ``SimConfig.batching``; ``objective``: the planner rungs'
+    ``PlannerConfig.objective`` (None: the allocation's default)."""
     prompts = prompts if prompts is not None else max(1, gpus // 3)
     params = dict(allocation_params or {})
-    jobs_list = [(key, alloc, router or base_router, steps, prompts, gpus, seed, params)
+    if objective is not None:
+        params["objective"] = objective
+    jobs_list = [(key, alloc, router or base_router, steps, prompts, gpus, seed, params, batching)
                  for key, _, alloc, router in RUNGS]
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -271,7 +277,7 @@ def run(steps: int = 20, gpus: int = 48, prompts: int | None = None, seed: int =
     targets["earl_as_good_as_best_fixed"] = earl["as_good_as_best_fixed"]
     targets["earl_never_oom"] = earl["never_oom"]
     return {"workload": "r2e", "gpus": gpus, "steps": steps, "prompts": prompts, "group_size": 16, "seed": seed,
-            "base_router": base_router, "rows": rows, "libra_vs_static_uniform": libra / su if su else math.nan,
+            "base_router": base_router, "batching": batching, "objective": objective or "throughput", "rows": rows, "libra_vs_static_uniform": libra / su if su else math.nan,
             "libra_vs_colocated": libra / co if co else math.nan,
             "libra_cost_vs_static_uniform": libra_cost / su if su else math.nan,
             "libra_cost_vs_colocated": libra_cost / co if co else math.nan, "targets": targets, "earl": earl}
@@ -286,6 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-router", default="least_loaded", help="router of the rungs below C-MLFQ (default %(default)s)")
     p.add_argument("--jobs", type=int, default=1, help="parallel simulations (default %(default)s)")
     p.add_argument("--earl-points", type=int, default=None, help="context-growth points (default 12; --quick 6)")
+    p.add_argument("--batching", default="streaming", choices=("streaming", "barrier"),
+                   help="simulator batch formation (docs/papers.md §1.7; default streaming)")
+    p.add_argument("--objective", default=None, choices=("throughput", "pipeline"),
+                   help="planner rungs' objective (default throughput; pipeline: the earlier chain-aware one)")
     p.add_argument("--quick", action="store_true", help="a tiny configuration (16 GPUs, 3 steps) for smoke tests")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
@@ -293,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _fmt(out: dict[str, Any]) -> str:
     lines = [f"Libra ablation, R2E-like trace: {out['gpus']} GPUs, {out['steps']} steps, {out['prompts']} groups x 16 "
-             f"per step, seed {out['seed']} (base router {out['base_router']})", "",
+             f"per step, seed {out['seed']} (base router {out['base_router']}; batching {out['batching']}, planner "
+             f"objective {out['objective']})", "",
              f"{'rung':<32} {'allocation / router':<28} {'tok/s':>8} {'step s':>8} {'idle':>6} {'x uniform':>9} "
              f"{'x coloc':>8} {'plans':>5} {'switch s':>8}"]
     for r in out["rows"]:
@@ -338,7 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("--steps must be >= 1 and --gpus a multiple of 8, at least 16")
         return 2
     t0 = time.perf_counter()
-    out = run(steps, gpus, prompts, args.seed, args.base_router, args.jobs, points)
+    out = run(steps, gpus, prompts, args.seed, args.base_router, args.jobs, points, batching=args.batching,
+              objective=args.objective)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     emit(out, args.json, _fmt)
     return 0
