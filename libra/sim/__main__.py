@@ -52,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="planner allocations: the fixed search charge in virtual seconds (default 2.0)")
     p.add_argument("--plan-interval", type=int, default=5,
                    help="planner allocations: re-plan every N steps besides the pressure triggers (default 5)")
-    p.add_argument("--lag", type=int, default=2, help="policy-lag bound: rollout of step s+lag waits for training "
-                                                       "of step s (1 = synchronous; default 2)")
+    p.add_argument("--lag", type=int, default=2, help="--batching barrier: rollout of step s+lag waits for training "
+                                                       "of step s (1 = synchronous; default 2); also the planner's "
+                                                       "overlap steps")
     p.add_argument("--batching", default="streaming", choices=("streaming", "barrier"),
                    help="streaming: groups start under the staleness budget and each step trains the first complete "
                         "groups (docs/papers.md §1.7; default); barrier: each step waits for all of its own trajectories")
