@@ -7,7 +7,7 @@ given), answers never negative. Same seed, same problems.
 
 Prompt styles (``prompt_style``): ``plain`` (a system prompt that says a python block may be run) and
 ``tool_demo``, where the tool is the way to the answer: the system prompt says to compute with Python,
-and the chat starts with one demonstrated episode (question → a fenced ``python`` block that prints the
+and the chat starts with two demonstrated episodes (question → a fenced ``python`` block that prints the
 product → the tool output as the environment shows it → ``Answer: N``). With operands a small model
 cannot multiply in its head (``ops = ["*"]``, 3-digit × 2-digit) and ``format_reward = 0``, the only
 reward is for calling the tool with the right expression and copying its output into the answer.
@@ -64,9 +64,10 @@ TOOL_SYSTEM_PROMPT = (
     "its output. Then reply with 'Answer: <number>'."
 )
 PROMPT_STYLES = ("plain", "tool_demo")
-# The demonstrated episode of the ``tool_demo`` style (its numbers are outside the generated problems'
-# pattern only by chance; the demonstration shows the format, not an answer to a task).
-_DEMO = ("Tom has 347 boxes with 28 coins in each box. How many coins does Tom have?", "347 * 28", 9716)
+# The demonstrated episodes of the ``tool_demo`` style: they show the format (a call, its output, the
+# answer), not an answer to a task (a generated problem repeats one only by chance).
+_DEMOS = (("Tom has 347 boxes with 28 coins in each box. How many coins does Tom have?", "347 * 28", 9716),
+          ("Ava has 612 boxes with 45 shells in each box. How many shells does Ava have?", "612 * 45", 27540))
 
 _NAMES = ["Mia", "Tom", "Ava", "Leo", "Zoe", "Sam", "Ivy", "Max", "Ana", "Ben"]
 _ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "shells", "cards"]
@@ -92,13 +93,13 @@ class Problem:
 def messages(question: str, style: str = "plain") -> list[dict[str, str]]:
     """The chat prompt for one question in prompt style ``style`` (see the module docstring)."""
     if style == "tool_demo":
-        q, expr, value = _DEMO
-        return [{"role": "system", "content": TOOL_SYSTEM_PROMPT},
-                {"role": "user", "content": q},
-                {"role": "assistant", "content": f"```python\nprint({expr})\n```"},
-                {"role": "user", "content": format_tool_output({"stdout": f"{value}\n", "exit_code": 0})},
-                {"role": "assistant", "content": f"Answer: {value}"},
-                {"role": "user", "content": question}]
+        out = [{"role": "system", "content": TOOL_SYSTEM_PROMPT}]
+        for q, expr, value in _DEMOS:
+            out += [{"role": "user", "content": q},
+                    {"role": "assistant", "content": f"```python\nprint({expr})\n```"},
+                    {"role": "user", "content": format_tool_output({"stdout": f"{value}\n", "exit_code": 0})},
+                    {"role": "assistant", "content": f"Answer: {value}"}]
+        return out + [{"role": "user", "content": question}]
     if style != "plain":
         raise ValueError(f"prompt style must be one of {', '.join(PROMPT_STYLES)}, got {style!r}")
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": f"{question}\n{ANSWER_HINT}"}]
