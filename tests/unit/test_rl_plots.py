@@ -35,3 +35,10 @@ def test_plot_run_writes_both_pictures(tmp_path) -> None:
     assert [p.name for p in paths] == ["reward.png", "throughput.png"]
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
+
+
+def test_plot_run_draws_steps_without_tool_calls(tmp_path) -> None:
+    recs = _records()
+    recs[0]["tool_success_rate"] = None  # no call that step: the job records None, not 0
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert [p.name for p in plot_run(tmp_path)] == ["reward.png", "throughput.png"]
