@@ -84,17 +84,19 @@ class Problem:
     question: str
     answer: int
     style: str = "plain"  # the prompt style (PROMPT_STYLES)
+    demos: int = 2  # tool_demo: how many demonstrated episodes the prompt starts with
 
     @property
     def prompt(self) -> list[dict[str, str]]:
-        return messages(self.question, self.style)
+        return messages(self.question, self.style, self.demos)
 
 
-def messages(question: str, style: str = "plain") -> list[dict[str, str]]:
-    """The chat prompt for one question in prompt style ``style`` (see the module docstring)."""
+def messages(question: str, style: str = "plain", demos: int = 2) -> list[dict[str, str]]:
+    """The chat prompt for one question in prompt style ``style`` (see the module docstring); ``tool_demo``
+    starts with the first ``demos`` demonstrated episodes."""
     if style == "tool_demo":
         out = [{"role": "system", "content": TOOL_SYSTEM_PROMPT}]
-        for q, expr, value in _DEMOS:
+        for q, expr, value in _DEMOS[:demos]:
             out += [{"role": "user", "content": q},
                     {"role": "assistant", "content": f"```python\nprint({expr})\n```"},
                     {"role": "user", "content": format_tool_output({"stdout": f"{value}\n", "exit_code": 0})},
@@ -107,7 +109,7 @@ def messages(question: str, style: str = "plain") -> list[dict[str, str]]:
 
 def make_problems(n: int, seed: int = 0, *, max_operand: int = 20, ops: list[str] | tuple[str, ...] = ("+", "-"),
                   min_operand: int = 1, second_operand: list[int] | tuple[int, ...] = (),
-                  prompt_style: str = "plain", **_: Any) -> list[Problem]:
+                  prompt_style: str = "plain", tool_demos: int = 2, **_: Any) -> list[Problem]:
     """``n`` problems from a private ``random.Random(seed)``; deterministic, no global state touched.
     Operands are drawn from ``[min_operand, max_operand]``, the second from ``second_operand`` (``[lo, hi]``)
     when given."""
@@ -120,6 +122,8 @@ def make_problems(n: int, seed: int = 0, *, max_operand: int = 20, ops: list[str
         raise ValueError(f"ops must be a non-empty subset of {sorted(_TEMPLATES)}, got {list(ops)}")
     if prompt_style not in PROMPT_STYLES:
         raise ValueError(f"prompt_style must be one of {', '.join(PROMPT_STYLES)}, got {prompt_style!r}")
+    if not 0 <= tool_demos <= len(_DEMOS):
+        raise ValueError(f"tool_demos must be within [0, {len(_DEMOS)}], got {tool_demos}")
     lo2, hi2 = (second_operand[0], second_operand[1]) if second_operand else (min_operand, max_operand)
     rng = random.Random(seed)
     out = []
@@ -130,14 +134,14 @@ def make_problems(n: int, seed: int = 0, *, max_operand: int = 20, ops: list[str
             a, b = b, a
         ans = a + b if op == "+" else a - b if op == "-" else a * b
         q = _TEMPLATES[op].format(n=rng.choice(_NAMES), a=a, b=b, it=rng.choice(_ITEMS))
-        out.append(Problem(f"arith-{seed}-{i}", q, ans, prompt_style))
+        out.append(Problem(f"arith-{seed}-{i}", q, ans, prompt_style, tool_demos))
     return out
 
 
 def problem_options(cfg: Any) -> dict[str, Any]:
     """The :func:`make_problems` options of a job's ``[env]`` table."""
     return {"max_operand": cfg.max_operand, "ops": cfg.ops, "min_operand": cfg.min_operand,
-            "second_operand": cfg.second_operand, "prompt_style": cfg.prompt_style}
+            "second_operand": cfg.second_operand, "prompt_style": cfg.prompt_style, "tool_demos": cfg.tool_demos}
 
 
 def required_tools(cfg: Any) -> list[str]:
@@ -151,17 +155,21 @@ def to_row(problem: Problem) -> dict[str, Any]:
     row: dict[str, Any] = {"pid": problem.pid, "question": problem.question, "answer": problem.answer}
     if problem.style != "plain":
         row["style"] = problem.style
+    if problem.demos != 2:
+        row["demos"] = problem.demos
     return row
 
 
 def from_row(row: Any) -> Problem:
     """The problem of a dataset row; raises ValueError naming what is wrong."""
     try:
-        p = Problem(str(row["pid"]), str(row["question"]), int(row["answer"]), str(row.get("style", "plain")))
+        p = Problem(str(row["pid"]), str(row["question"]), int(row["answer"]), str(row.get("style", "plain")),
+                    int(row.get("demos", 2)))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"arith row needs pid, question and an int answer: {exc!r}") from None
-    if p.style not in PROMPT_STYLES:
-        raise ValueError(f"arith row style must be one of {', '.join(PROMPT_STYLES)}, got {p.style!r}")
+    if p.style not in PROMPT_STYLES or not 0 <= p.demos <= len(_DEMOS):
+        raise ValueError(f"arith row style must be one of {', '.join(PROMPT_STYLES)} with 0 to {len(_DEMOS)} "
+                         f"demos, got {p.style!r} with {p.demos}")
     return p
 
 

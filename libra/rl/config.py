@@ -64,7 +64,8 @@ class EnvConfig:
     min_operand: int = 1
     second_operand: list[int] = field(default_factory=list)  # [lo, hi] of the second operand; []: as the first
     ops: list[str] = field(default_factory=lambda: ["+", "-"])
-    prompt_style: str = "plain"  # "plain" or "tool_demo" (a demonstrated tool call; libra.envs.arith)
+    prompt_style: str = "plain"  # "plain" or "tool_demo" (demonstrated tool calls; libra.envs.arith)
+    tool_demos: int = 2  # tool_demo: how many demonstrated episodes (0 to 2)
     format_reward: float = 0.1
     digit_reward: float = 0.0  # shaping for untrained test models (see libra.envs.arith.score)
     tool_timeout_s: float = 5.0
@@ -189,6 +190,8 @@ def _check(c: JobConfig, where: str) -> None:
     so = c.env.second_operand
     if so and (len(so) != 2 or not 1 <= so[0] <= so[1]):
         problems.append(f"[env] second_operand must be [lo, hi] with 1 <= lo <= hi (or empty), got {so}")
+    if not 0 <= c.env.tool_demos <= 2:
+        problems.append(f"[env] tool_demos must be within [0, 2], got {c.env.tool_demos}")
     if c.env.prompt_style not in ("plain", "tool_demo"):
         problems.append(f"[env] prompt_style must be 'plain' or 'tool_demo', got {c.env.prompt_style!r}")
     if problems:

@@ -243,3 +243,17 @@ def test_bundled_smollm2_job_makes_the_tool_the_way_to_the_answer() -> None:
 def test_bad_tool_task_options_say_what_is_wrong(env: dict, msg: str) -> None:
     with pytest.raises(ConfigError, match=msg):
         job_from_mapping({"env": env})
+
+
+def test_tool_demos_sets_how_many_demonstrations_the_prompt_has() -> None:
+    two, one, none = (arith.make_problems(1, seed=0, **TOOL_TASK, tool_demos=k)[0] for k in (2, 1, 0))
+    assert len(two.prompt) == 10 and len(one.prompt) == 6 and len(none.prompt) == 2
+    assert two.prompt == arith.make_problems(1, seed=0, **TOOL_TASK)[0].prompt  # 2 is the default
+    assert one.prompt[1:5] == two.prompt[1:5] and none.prompt[-1]["content"] == none.question
+    assert "demos" not in arith.to_row(two) and arith.from_row(arith.to_row(one)) == one
+    with pytest.raises(ValueError, match="tool_demos"):
+        arith.make_problems(1, **TOOL_TASK, tool_demos=3)
+    with pytest.raises(ValueError, match="demos"):
+        arith.from_row({**arith.to_row(one), "demos": 7})
+    with pytest.raises(ConfigError, match="tool_demos"):
+        job_from_mapping({"env": {"tool_demos": -1}})
