@@ -7,8 +7,8 @@ given), answers never negative. Same seed, same problems.
 
 Prompt styles (``prompt_style``): ``plain`` (a system prompt that says a python block may be run) and
 ``tool_demo``, where the tool is the way to the answer: the system prompt says to compute with Python,
-and the chat starts with two demonstrated episodes (question → a fenced ``python`` block that prints the
-product → the tool output as the environment shows it → ``Answer: N``). With operands a small model
+and the chat starts with ``tool_demos`` (default 2) demonstrated episodes (question → a fenced ``python``
+block that prints the product → the tool output as the environment shows it → ``Answer: N``). With operands a small model
 cannot multiply in its head (``ops = ["*"]``, 3-digit × 2-digit) and ``format_reward = 0``, the only
 reward is for calling the tool with the right expression and copying its output into the answer.
 

@@ -8,7 +8,10 @@ rollout slots started with the same model and at least one ``episode`` slot).
 How the pieces meet:
 
 - This process builds the dataset rows (the environment's offline problem generator) and the job spec
-  and sends them to the broker (``JobSubmit``). The **broker's job state** (``libra.broker.job``) turns
+  and sends them to the broker (``JobSubmit``). First it checks that every tool the environment needs
+  (its ``required_tools(env_config)``) is offered by a connected actor (``StatusReply.actors[i]
+  ["capabilities"]["action"]``); if not, :class:`JobFailed` names the tool and how to get it (for the
+  sandboxed code tools: ``sudo apt-get install bubblewrap``) and nothing is submitted. The **broker's job state** (``libra.broker.job``) turns
   rows into ``episode`` work under the policy-lag bound, collects GRPO groups, cuts batches and bumps the
   version after each step.
 - Episode runners (``--role episode`` slots, ``libra.actors.episode_role``) run the environment's agent
