@@ -129,6 +129,14 @@ def _run(args: argparse.Namespace) -> int:
         import dataclasses
 
         cfg = dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, steps=args.steps))
+    import signal
+
+    def _terminate(signum: int, _frame: object) -> None:
+        # SIGTERM (systemd, kill, a CI timeout) unwinds like Ctrl-C: the job is cancelled and the local
+        # broker and actors this command started are stopped, instead of outliving it.
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         summary = run_job(cfg, args.broker, progress=not args.no_progress)
     except JobFailed as exc:

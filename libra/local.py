@@ -45,11 +45,15 @@ class LocalCluster:
     def start(self, wait_actors: int | None = None, timeout: float = 60.0) -> "LocalCluster":
         if not self.port:
             self.port = free_port()
-        self.broker = subprocess.Popen(
-            [sys.executable, "-m", "libra.broker", "--bind", self.url, "--log-level", self.log_level,
-             *self.broker_args], env=self._env())
-        self.start_actors()
-        self.wait_for_actors(self.cpu_slots if wait_actors is None else wait_actors, timeout)
+        try:  # an interrupt or a failure while starting must not leave the processes behind
+            self.broker = subprocess.Popen(
+                [sys.executable, "-m", "libra.broker", "--bind", self.url, "--log-level", self.log_level,
+                 *self.broker_args], env=self._env())
+            self.start_actors()
+            self.wait_for_actors(self.cpu_slots if wait_actors is None else wait_actors, timeout)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def start_actors(self) -> None:
