@@ -33,7 +33,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -48,6 +47,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
 import torch.distributed as dist
+
+from libra.engines.checkpoints import prune_checkpoints
 
 from libra.engines.grpo import (
     Aggregation,
@@ -478,23 +479,3 @@ class GRPOTrainer:
         self.step = int(state["step"])
         self.weights_version = int(state["weights_version"])
         log.info("checkpoint_loaded", path=str(src), step=self.step, version=self.weights_version)
-
-
-def prune_checkpoints(directory: str | os.PathLike[str], keep_last: int) -> list[Path]:
-    """Remove all but the newest ``keep_last`` checkpoints ``step<N>`` in ``directory`` (newest: largest
-    ``N``); other entries are left alone. Returns the removed paths."""
-    if keep_last < 1:
-        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-    found = []
-    for p in Path(directory).iterdir():
-        m = _STEP_DIR.fullmatch(p.name)
-        if m is not None and p.is_dir():
-            found.append((int(m.group(1)), p))
-    found.sort()
-    removed = [p for _, p in found[:-keep_last]]
-    for p in removed:
-        shutil.rmtree(p, ignore_errors=True)
-    return removed
-
-
-_STEP_DIR = re.compile(r"step(\d+)")

@@ -4,7 +4,7 @@
   ``libra.sim`` or ``libra.bench`` module, and no runtime module names them in an import statement.
 - No import cycle anywhere in ``libra/``: every import statement counts, including imports inside functions
   and under ``TYPE_CHECKING`` (a lazy import that closes a cycle is still a cycle of responsibilities).
-- No source file over 500 lines, in ``libra/`` or ``tests/``.
+- Every source file under 500 lines, in ``libra/`` and ``tests/``.
 - The repository explains itself: nothing points outside it (to the workspace's notes).
 - ``BENCHMARKS.md`` is short and starts with the table of current results.
 - Every command-line entry point answers ``--help``.
@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "libra"
-MAX_LINES = 500
+MAX_LINES = 500  # a file must stay under this many lines
 #: Packages and modules that are the lab, not the runtime: the simulator and the benchmarks.
 LAB = ("libra.sim", "libra.bench")
 
@@ -129,9 +129,9 @@ def test_no_source_file_over_500_lines() -> None:
     long = []
     for path in sorted([*PKG.rglob("*.py"), *(ROOT / "tests").rglob("*.py")]):
         n = len(path.read_text().splitlines())
-        if n > MAX_LINES:
+        if n >= MAX_LINES:
             long.append(f"{path.relative_to(ROOT)}: {n} lines")
-    assert not long, f"files over {MAX_LINES} lines:\n" + "\n".join(long)
+    assert not long, f"files of {MAX_LINES} lines or more:\n" + "\n".join(long)
 
 
 def _is_lab(mod: str) -> bool:

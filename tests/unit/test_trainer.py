@@ -177,7 +177,7 @@ def test_checkpoint_resume_is_exact(model_dir, batch, tmp_path):
 
 
 def test_checkpoint_without_optimizer_state_and_pruning(model_dir, batch, tmp_path):
-    from libra.engines.trainer import prune_checkpoints
+    from libra.engines.checkpoints import prune_checkpoints
 
     a = GRPOTrainer(model_dir, lr=1e-3, micro_batch_tokens=48)
     for step in (1, 2, 3):
