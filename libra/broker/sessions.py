@@ -205,13 +205,17 @@ class SessionRegistry:
         return Send(sess.peer, m.Directive(did, list(kinds), mode, dict(config or {})))
 
     # ------------------------------------------------------------------ timers
+    def silent(self, sess: ActorSession, now: float) -> bool:
+        """Whether ``sess`` has been silent for longer than ``liveness`` heartbeats (dead by 7/MDP)."""
+        return now - sess.last_seen > self._dead_after
+
     def liveness(self, peer: bytes, now: float) -> str | None:
         """On the timer, for the actor at ``peer``: ``"dead"`` (silent too long: the caller drops it),
         ``"heartbeat"`` (a heartbeat is due: counted as sent now) or None."""
         sess = self.actors.get(peer)
         if sess is None:
             return None
-        if now - sess.last_seen > self._dead_after:
+        if self.silent(sess, now):
             return "dead"
         if now - sess.last_sent >= self._heartbeat_s:
             sess.last_sent = now

@@ -275,8 +275,7 @@ class BrokerState:
         old = self._sessions.actor_by_id(msg.actor_id)
         if old is not None:
             theirs, ours = old.labels.get("instance"), msg.labels.get("instance")
-            live = now - old.last_seen <= self.config.heartbeat_s * self.config.liveness
-            if theirs and ours and theirs != ours and live:
+            if theirs and ours and theirs != ours and not self._sessions.silent(old, now):
                 self.stats["hellos_refused"] = self.stats.get("hellos_refused", 0) + 1
                 why = (f"actor id {msg.actor_id!r} is already live (pid {old.pid} on {old.host}, another "
                        "supervisor); start this one with --actor-id-prefix, or stop the other")
