@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,31 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def stop_process(p: subprocess.Popen | None, grace_s: float = 15.0) -> None:
+    """SIGTERM ``p`` if it still runs, wait up to ``grace_s`` for it to drain, then SIGKILL it."""
+    if p is not None and p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def wait_until(cond: Callable[[], Any], timeout: float, what: str, step: float = 0.05) -> None:
+    """Poll ``cond`` every ``step`` seconds until it is true; an exception counts as not yet (a broker that
+    is still starting). Raises ``TimeoutError`` naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if cond():
+                return
+        except Exception:  # noqa: BLE001
+            pass
+        time.sleep(step)
+    raise TimeoutError(f"timed out waiting for {what}")
 
 
 @dataclass
@@ -85,13 +111,7 @@ class LocalCluster:
 
     def stop(self, grace_s: float = 15.0) -> None:
         for p in (self.actors, self.broker):
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(grace_s)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop_process(p, grace_s)
 
     def __enter__(self) -> "LocalCluster":
         return self.start()

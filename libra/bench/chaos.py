@@ -36,7 +36,7 @@ from typing import Any
 
 from libra.bench.output import emit
 from libra.client import Client
-from libra.local import LocalCluster, free_port
+from libra.local import LocalCluster, free_port, stop_process, wait_until
 
 #: What the unisolated ``bash`` tool needs on ``PATH`` (bubblewrap is left out on purpose).
 _TOOLS = ("bash", "sh", "timeout", "env", "cat", "echo", "sleep", "mkdir", "rm", "ls", "tail", "head", "true")
@@ -58,28 +58,6 @@ def _broker_cmd(url: str, args: list[str]) -> list[str]:
     return [sys.executable, "-m", "libra.broker", "--bind", url, "--log-level", "warning", *args]
 
 
-def _stop(p: subprocess.Popen | None) -> None:
-    if p is not None and p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
-def _wait(cond: Any, timeout: float, what: str, step: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if cond():
-                return
-        except Exception:  # the broker may be starting
-            pass
-        time.sleep(step)
-    raise TimeoutError(f"timed out waiting for {what}")
-
-
 def side_effects(workdir: Path, calls: int = 500, kill_after: int = 150, heartbeat_s: float = 0.3,
                  sleep_s: float = 0.1, slots: int = 2, capacity: int = 4) -> dict[str, Any]:
     """Scenario 1 (module docstring): the counts, and the broker's adoption counters."""
@@ -98,7 +76,7 @@ def side_effects(workdir: Path, calls: int = 500, kill_after: int = 150, heartbe
                     for i in range(calls)]
             waiter = threading.Thread(target=lambda: results.extend(c.gather(futs)), daemon=True)
             waiter.start()
-            _wait(lambda: len(ledger.read_text().split()) >= kill_after, 300, f"{kill_after} calls run")
+            wait_until(lambda: len(ledger.read_text().split()) >= kill_after, 300, f"{kill_after} calls run")
             assert cluster.broker is not None
             cluster.broker.send_signal(signal.SIGKILL)
             cluster.broker.wait()
@@ -108,7 +86,7 @@ def side_effects(workdir: Path, calls: int = 500, kill_after: int = 150, heartbe
             waiter.join(900)
         stats = cluster.status(timeout=10).stats
     finally:
-        _stop(restarted)
+        stop_process(restarted)
         cluster.broker = None
         cluster.stop()
     counts = collections.Counter(ledger.read_text().split())
@@ -140,13 +118,13 @@ def recovery(workdir: Path, pending: int = 1000, heartbeat_s: float = 0.5, round
     procs = [subprocess.Popen(_broker_cmd(url, args))]
     results: list[Any] = []
     try:
-        _wait(lambda: _known(url) is not None, 60, "the broker")
+        wait_until(lambda: _known(url) is not None, 60, "the broker")
         with Client(url, connect_timeout=30) as c:
             t0 = time.monotonic()
             futs = [c.submit_tool("echo", {"i": i}, timeout=600) for i in range(pending)]
             waiter = threading.Thread(target=lambda: results.extend(c.gather(futs)), daemon=True)
             waiter.start()
-            _wait(lambda: _known(url)["submitted"] >= pending, 120, "the calls accepted", step=0.01)
+            wait_until(lambda: _known(url)["submitted"] >= pending, 120, "the calls accepted", step=0.01)
             baseline = time.monotonic() - t0
             st: dict[str, Any] = {}
 
@@ -161,9 +139,9 @@ def recovery(workdir: Path, pending: int = 1000, heartbeat_s: float = 0.5, round
                 procs[0].wait()
                 t_spawn = time.monotonic()
                 procs[0] = subprocess.Popen(_broker_cmd(url, args))
-                _wait(lambda: _known(url) is not None, 60, "the restarted broker", step=0.01)
+                wait_until(lambda: _known(url) is not None, 60, "the restarted broker", step=0.01)
                 t1 = time.monotonic()
-                _wait(attached, 300, "the calls attached again", step=0.01)
+                wait_until(attached, 300, "the calls attached again", step=0.01)
                 recovered.append(time.monotonic() - t1)
                 startup.append(t1 - t_spawn)
             procs.append(subprocess.Popen([sys.executable, "-m", "libra.actors", "--broker", url, "--cpu-slots", "1",
@@ -172,7 +150,7 @@ def recovery(workdir: Path, pending: int = 1000, heartbeat_s: float = 0.5, round
             waiter.join(600)
     finally:
         for p in reversed(procs):
-            _stop(p)
+            stop_process(p)
     right = sum(1 for i, r in enumerate(results) if not isinstance(r, Exception) and r.output == {"i": i})
     med = sorted(recovered)[len(recovered) // 2]
     return {"pending": pending, "baseline_s": baseline, "recovery_s": med, "recovery_max_s": max(recovered),

@@ -22,7 +22,7 @@ import pytest
 
 from libra.client import Client
 from libra.client.aio import AsyncClient
-from libra.local import free_port
+from libra.local import free_port, wait_until
 
 from .procs import stop_all
 
@@ -39,18 +39,6 @@ def _stats(url: str) -> dict[str, Any]:
     with Client(url, connect_timeout=10) as c:
         snap = c.status(timeout=10)
     return {"queued": sum(snap.queues.values()), **snap.stats}
-
-
-def _wait(what: str, cond: Callable[[], bool], timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if cond():
-                return
-        except Exception:  # the broker may still be starting
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @contextmanager
@@ -76,9 +64,9 @@ def _restarting_broker() -> Iterator[tuple[str, Callable[[], None], Callable[[],
 
 
 def _check_restarted_broker(url: str, restart: Callable[[], None], reconnects: Callable[[], int]) -> dict:
-    _wait(f"{N} calls queued", lambda: _stats(url)["queued"] == N)
+    wait_until(lambda: _stats(url)["queued"] == N, 90, f"{N} calls queued", step=0.2)
     restart()
-    _wait("the calls resent to the restarted broker", lambda: _stats(url)["submitted"] >= N)
+    wait_until(lambda: _stats(url)["submitted"] >= N, 90, "the calls resent to the restarted broker", step=0.2)
     time.sleep(1.5)  # any storm would show in the counters within a ping interval or two
     stats = _stats(url)
     # Each waiting call reached the new broker exactly once: no duplicate submits, nothing missing.
