@@ -18,6 +18,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 __all__ = ["MetricsWriter", "plot_run", "quarter_stats", "read_metrics", "reward_bands", "summarize"]
 
 
@@ -91,15 +93,6 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _quantile(xs: list[float], q: float) -> float:
-    """The ``q`` quantile of ``xs`` by linear interpolation (``xs`` non-empty)."""
-    ys = sorted(xs)
-    pos = q * (len(ys) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ys) - 1)
-    return ys[lo] + (ys[hi] - ys[lo]) * (pos - lo)
-
-
 def reward_bands(records: list[dict[str, Any]], lo: float = 0.1, hi: float = 0.9) -> list[tuple[float, float, float]]:
     """Per step ``(q_lo, median, q_hi)`` of the per-trajectory rewards: a band that stays inside the rewards
     that happened (a mean ± std band of rewards in [0, 1.5] dips below 0). A record without its rewards
@@ -108,7 +101,8 @@ def reward_bands(records: list[dict[str, Any]], lo: float = 0.1, hi: float = 0.9
     for r in records:
         xs = [float(x) for x in r.get("rewards") or []]
         if xs:
-            out.append((_quantile(xs, lo), _quantile(xs, 0.5), _quantile(xs, hi)))
+            q_lo, med, q_hi = (float(q) for q in np.quantile(xs, [lo, 0.5, hi]))  # linear interpolation
+            out.append((q_lo, med, q_hi))
         else:
             m = float(r["reward_mean"])
             out.append((m, m, m))
