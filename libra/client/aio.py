@@ -13,7 +13,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode_many, encode, encode_many
+from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode_many, encode, encode_batch
 from libra.protocol import messages as m
 
 from libra.security import CurveClient
@@ -44,7 +44,7 @@ class AsyncClient:
         self._sock = self._ctx.socket(zmq.DEALER)
         self._curve = configure_socket(self._sock, max_frame_bytes, curve)
         self._sock.connect(broker_url)
-        self._pending: dict[str, tuple[asyncio.Future, Any, int]] = {}  # id -> (future, message, bytes)
+        self._pending: dict[str, tuple[asyncio.Future, list[bytes]]] = {}  # id -> (future, its encoded request)
         self._welcomed: asyncio.Event | None = None
         self._reader: asyncio.Task | None = None
         self._last_rx = 0.0
@@ -83,7 +83,7 @@ class AsyncClient:
         msg = m.Submit(rid, kind, name, args, trajectory, float(timeout))
         frames = encode_checked(msg, self._limit)  # BadRequest / PayloadTooLarge before anything is sent
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._pending[rid] = (fut, msg, sum(map(len, frames)))
+        self._pending[rid] = (fut, frames)
         await self._sock.send_multipart(frames)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout + REPLY_GRACE_S
@@ -117,9 +117,9 @@ class AsyncClient:
             await self.connect()
         rid = self._ids.next()
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        msg = m.StatusRequest(rid)
-        self._pending[rid] = (fut, msg, 0)
-        await self._sock.send_multipart(encode(msg))
+        frames = encode(m.StatusRequest(rid))
+        self._pending[rid] = (fut, frames)
+        await self._sock.send_multipart(frames)
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
@@ -141,7 +141,7 @@ class AsyncClient:
             await self.connect()
         frames = encode_checked(msg, self._limit)
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._pending[msg.request_id] = (fut, msg, sum(map(len, frames)))
+        self._pending[msg.request_id] = (fut, frames)
         await self._sock.send_multipart(frames)
         try:
             value = await asyncio.wait_for(fut, timeout)
@@ -162,9 +162,9 @@ class AsyncClient:
     async def _resend_pending(self) -> None:
         """Resend every unanswered request once (same request ids: the broker never runs one twice),
         ``RESEND_BATCH`` to a frame, yielding to the event loop between frames."""
-        waiting = [(pmsg, size) for fut, pmsg, size in list(self._pending.values()) if not fut.done()]
+        waiting = [(frames, sum(map(len, frames))) for fut, frames in list(self._pending.values()) if not fut.done()]
         for batch in batches(waiting):
-            await self._sock.send_multipart(encode_many(batch))
+            await self._sock.send_multipart(encode_batch(batch))
             await asyncio.sleep(0)
 
     async def _read_loop(self) -> None:

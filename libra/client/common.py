@@ -134,7 +134,7 @@ def encode_checked(msg: Any, limit: int) -> list[bytes]:
 
 
 def batches(items: list[tuple[Any, int]]) -> Iterator[list[Any]]:
-    """``(message, encoded size)`` pairs grouped for ``encode_many``: at most ``RESEND_BATCH`` messages and
+    """``(message, encoded size)`` pairs grouped for ``encode_batch``: at most ``RESEND_BATCH`` messages and
     ``BATCH_MAX_BYTES`` bytes a batch (a bigger message goes alone), in order."""
     batch: list[Any] = []
     total = 0

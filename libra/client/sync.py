@@ -21,7 +21,7 @@ from typing import Any
 
 import zmq
 
-from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode_many, encode, encode_many
+from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode_many, encode, encode_batch
 from libra.protocol import messages as m
 from libra.zmqio import recv_frames, send_frames
 
@@ -43,14 +43,14 @@ from .errors import BrokerUnreachable, ProtocolRejected, ToolTimeout
 
 
 class _Pending:
-    __slots__ = ("event", "value", "msg", "future", "size")
+    __slots__ = ("event", "value", "msg", "future", "frames")
 
-    def __init__(self, msg: Any, size: int = 0) -> None:
+    def __init__(self, msg: Any, frames: list[bytes] | None = None) -> None:
         self.event = threading.Event()
         self.value: Any = None
         self.msg = msg
         self.future: Future | None = None
-        self.size = size  # encoded bytes of ``msg`` (batches stay under BATCH_MAX_BYTES)
+        self.frames = frames  # ``msg`` encoded once, when it was checked; sent (and resent) as is
 
 
 class Client:
@@ -73,7 +73,7 @@ class Client:
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
         self._lock = threading.Lock()
-        self._outbox: deque[tuple[Any, int]] = deque()  # (message, encoded bytes); flushed as batches
+        self._outbox: deque[list[bytes]] = deque()  # encoded messages; flushed as batches
         self._pending: dict[str, _Pending] = {}
         self._welcomed = threading.Event()
         self._last_rx = time.monotonic()
@@ -201,9 +201,9 @@ class Client:
 
     def _submit(self, msg: Any) -> _Pending:
         # BadRequest / PayloadTooLarge here, in the caller's thread, before anything is sent.
-        p = _Pending(msg, sum(map(len, encode_checked(msg, self._limit))))
+        p = _Pending(msg, encode_checked(msg, self._limit))
         self._pending[msg.request_id] = p
-        self._send(msg, p.size)
+        self._send_frames(p.frames)
         return p
 
     def _result(self, p: _Pending, rid: str, timeout: float) -> ToolResult:
@@ -226,8 +226,11 @@ class Client:
         else:
             fut.set_result(p.value)
 
-    def _send(self, msg: Any, size: int = 0) -> None:
-        self._outbox.append((msg, size))
+    def _send(self, msg: Any) -> None:
+        self._send_frames(encode(msg))
+
+    def _send_frames(self, frames: list[bytes]) -> None:
+        self._outbox.append(frames)
         self._kick()
 
     def _kick(self) -> None:
@@ -248,9 +251,9 @@ class Client:
         out = self._outbox
         sock = self._sock
         while out:
-            items = [out.popleft() for _ in range(len(out))]
+            items = [(f, sum(map(len, f))) for f in (out.popleft() for _ in range(len(out)))]
             for batch in batches(items):
-                send_frames(sock, encode_many(batch))
+                send_frames(sock, encode_batch(batch))
 
     def _lead_or_wait(self, p: _Pending, deadline: float, until: threading.Event | None = None) -> None:
         target = until or p.event
@@ -266,7 +269,7 @@ class Client:
                         # A restarted broker does not know us; our ping makes it say Disconnect, and we then
                         # say hello again and resend every unanswered request (same ids: never run twice).
                         self._last_ping = now
-                        self._outbox.append((m.Heartbeat(), 0))
+                        self._outbox.append(encode(m.Heartbeat()))
                         self._flush()
                     for sock, _ in self._poller.poll(min(50, max(1, int(remaining * 1000)))):
                         if sock is self._sock:
@@ -313,7 +316,7 @@ class Client:
             if self._gate.on_welcome():  # a reconnect is complete: resend each unanswered request once
                 for p in list(self._pending.values()):
                     if p.msg is not None:
-                        self._outbox.append((p.msg, p.size))
+                        self._outbox.append(p.frames)
         elif t is m.Error:
             p = self._pending.pop(msg.request_id, None) if msg.request_id else None
             if p is not None:
@@ -325,4 +328,4 @@ class Client:
             # unanswered requests follow once, when the welcome comes (see ReconnectGate).
             if self._gate.on_disconnect(time.monotonic()):
                 self._welcomed.clear()
-                self._outbox.append((m.ClientHello(self.client_id, os.getpid()), 0))
+                self._outbox.append(encode(m.ClientHello(self.client_id, os.getpid())))

@@ -129,3 +129,16 @@ def test_bad_batches_are_rejected_whole() -> None:
     with pytest.raises(ProtocolError) as ei:
         decode_many([b"LIBRA1", kind, msgpack.packb([[m.Heartbeat.KIND, []]] * 100)], max_frame_bytes=50)
     assert ei.value.code is ProtocolCode.OVERSIZE
+
+
+@pytest.mark.parametrize("n", [1, 2, 15, 16, 300])
+def test_encode_batch_reuses_encoded_payloads_byte_for_byte(n: int) -> None:
+    from libra.protocol import encode_batch, encode_many
+
+    msgs = [m.Submit(f"r{i}", "action", "echo", {"i": i, "b": b"x"}, None, 1.0) if i % 3 else m.Heartbeat()
+            for i in range(n)]
+    frames = encode_batch([encode(x) for x in msgs])
+    assert frames == encode_many(msgs)  # the same bytes, without packing the fields again
+    assert [d.msg for d in decode_many(frames)] == msgs
+    with pytest.raises(ValueError, match="raw buffers"):
+        encode_batch([encode(m.Heartbeat()), encode(m.Heartbeat(), b"raw")])
