@@ -28,6 +28,9 @@ class BrokerConfig:
     client_idle_s: float = 300.0  # forget silent clients with nothing in flight
     router: str = "cmlfq"  # rollout router for generate turns (libra.policies.routing.baselines)
     router_params: dict[str, Any] = field(default_factory=dict)
+    # Without a job publishing weights, count a policy step for the router's drift rebuild this often
+    # (seconds; 0 = only on published weights versions).
+    router_step_s: float = 0.0
     buckets: list[dict[str, Any]] = field(default_factory=list)  # [{name, tp, max_tokens}], ascending
     action_scheduler: str = ""  # "" = first come first served by credit; or tangram | fixed_dop | per_trajectory
     action_scheduler_params: dict[str, Any] = field(default_factory=dict)

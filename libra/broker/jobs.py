@@ -31,6 +31,7 @@ class JobBoard:
         self.hosts: dict[str, Any] = {}  # name -> JobHost
         self.dirty = False  # replies to deliver, or a host that may want to submit or cancel work
         self.weights: dict[str, Any] | None = None  # newest weights a job published (generate turns load them)
+        self.published = 0  # weights versions published by all jobs (the router's drift clock)
         self._replies: list[tuple[str, str, m.Reply]] = []
 
     @staticmethod
@@ -104,6 +105,7 @@ class JobBoard:
                     host.on_reply(tag, r.ok, r.output, r.error, now)
                     if host.weights is not before:  # a step published a version: later turns load it
                         self.weights = host.weights
+                        self.published += 1
             for host in list(self.hosts.values()):
                 if host.active:
                     for jw in host.take_work(now):
@@ -122,6 +124,9 @@ class JobBoard:
         self.dirty = False
 
     # ------------------------------------------------------------------ views
+    def any_active(self) -> bool:
+        return any(h.active for h in self.hosts.values())
+
     def last_step_times(self) -> tuple[float | None, float | None]:
         """``(rollout s, training s)`` of the newest RL step recorded by a job (None, None without one)."""
         newest: dict[str, Any] | None = None

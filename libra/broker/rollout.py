@@ -65,6 +65,7 @@ class RolloutRouting:
         self.buckets: tuple[BucketSpec, ...] = tuple(sorted(buckets, key=lambda b: b.max_tokens)) or DEFAULT_BUCKETS
         self.trajs: dict[str, TrajRoute] = {}
         self.stats = {"turns": 0, "migrations": 0, "migrated_tokens": 0, "tokens": 0}
+        self.steps = 0  # policy steps the router has been told of (advance)
 
     def set_buckets(self, buckets: list[BucketSpec]) -> None:
         """Replace the bucket layout (the planner's re-plan); live trajectories are re-mapped by the router."""
@@ -174,6 +175,13 @@ class RolloutRouting:
 
     def on_step(self, step: int) -> None:
         self.router.on_step(step)
+
+    def advance(self) -> None:
+        """One more policy step happened (a job published weights, or the rebuild interval passed without
+        a job): the router counts it and rebuilds its prefix tree when its ``rebuild_interval`` is reached
+        (C-MLFQ's drift rebuild, docs/papers.md §1.4.2)."""
+        self.steps += 1
+        self.router.on_step(self.steps)
 
 
 def tool_output_fields(output: Any, ok: bool, error_code: str = "") -> tuple[int | None, int, str | None]:

@@ -103,6 +103,9 @@ class BrokerState:
         self._sessions = SessionRegistry(c.heartbeat_s, c.liveness, c.client_idle_s)
         self._table = WorkTable(c.reply_cache)
         self._jobs = JobBoard()
+        self._last_router_step: float | None = None  # when the router last counted a policy step
+        if c.router_step_s < 0:
+            raise ValueError(f"router_step_s must be >= 0, got {c.router_step_s}")
         self._dispatch = Dispatcher(c, self.stats, self._sessions, self._table, self.rollout, self.actions,
                                     self._jobs, journaling)
         self._planning = Planning(loop, self._sessions, self.rollout, planner_offload)
@@ -406,7 +409,11 @@ class BrokerState:
         def cancel(owner: str, why: str) -> None:
             self._dispatch.cancel_owned(owner, now, out, why)
 
+        published = self._jobs.published
         self._jobs.pump(now, submit, cancel)
+        for _ in range(self._jobs.published - published):  # a weights version: the router's drift clock
+            self.rollout.advance()
+            self._last_router_step = now
 
     # ------------------------------------------------------------------ timers
     def _on_tick(self, now: float) -> list[Command]:
@@ -422,6 +429,12 @@ class BrokerState:
         self._dispatch.expire(now, out)
         self._adoption.tick(now, out)
         self._sessions.forget_idle_clients(now)
+        step_s = self.config.router_step_s
+        if self._last_router_step is None:
+            self._last_router_step = now
+        elif step_s > 0 and now - self._last_router_step >= step_s and not self._jobs.any_active():
+            self._last_router_step = now
+            self.rollout.advance()
         out.extend(self._plan_round(now))
         return out
 

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from libra.broker.events import PeerMessage, Send
+from libra.broker.events import PeerMessage, Send, Tick
 from libra.broker.job import JobHost, JobSpec, group_advantages
 from libra.broker.state import BrokerConfig, BrokerState
 from libra.config import ConfigError
@@ -23,8 +23,8 @@ def sent(cmds: list[Send], cls: type, peer: bytes | None = None) -> list:
 class Harness:
     """The pure broker core driven by messages; invariants checked after every event."""
 
-    def __init__(self) -> None:
-        self.s = BrokerState(BrokerConfig())
+    def __init__(self, config: BrokerConfig | None = None) -> None:
+        self.s = BrokerState(config or BrokerConfig())
         self.now = 0.0
 
     def msg(self, peer: bytes, msg: object) -> list[Send]:
@@ -170,8 +170,8 @@ def test_a_failed_train_rank_fails_the_job_with_its_error() -> None:
 EP, T0, T1, R = b"ep", b"t0", b"t1", b"ro"
 
 
-def cluster() -> Harness:
-    hs = Harness()
+def cluster(config: BrokerConfig | None = None) -> Harness:
+    hs = Harness(config)
     hs.client()
     hs.msg(EP, m.ActorHello("ep", "h", "cpu3", 1, {"episode": ["*"]}, ["episode"], 64))
     hs.msg(EP, m.Bid(["episode"], 64))
@@ -184,7 +184,8 @@ def cluster() -> Harness:
 
 
 def test_a_job_runs_inside_the_broker_and_its_weights_reach_generate_turns() -> None:
-    hs = cluster()
+    hs = cluster(BrokerConfig(router_params={"rebuild_interval": 1}))
+    tree = hs.s.rollout.router.tree
     out = hs.msg(b"client", m.JobSubmit("s1", "j", {**SPEC, "steps": 1}, ROWS))
     assert sent(out, m.Reply)[0].ok
     eps = sent(out, m.Assign, EP)
@@ -202,11 +203,14 @@ def test_a_job_runs_inside_the_broker_and_its_weights_reach_generate_turns() -> 
     poll = sent(hs.msg(b"client", m.JobPoll("p1", "j")), m.Reply)[0].output
     assert poll["state"] == "running" and poll["training"] and poll["records"] == []
     weights = {"endpoint": "tcp://t0:9", "name": "weights/v1", "version": 1, "server_key": None, "bytes": 5}
+    assert hs.s.rollout.steps == 0 and tree.rebuilds == 0
     out = []
     for a in trains:
         r = a.args["rank"]
         out += hs.msg(T0 if r == 0 else T1, m.WorkResult(a.work_id, a.lease, True, {
             "rank": r, "weights_version": 1, "metrics": {"loss": 0.1}, "checksum": "x", "weights": weights if r == 0 else None}))
+    # the published version is the router's drift clock: C-MLFQ rebuilt its prefix tree (interval 1 step)
+    assert hs.s.rollout.steps == 1 and tree.rebuilds == 1
     poll = sent(hs.msg(b"client", m.JobPoll("p2", "j")), m.Reply)[0].output
     assert poll["state"] == "done" and poll["version"] == 1 and [r["step"] for r in poll["records"]] == [1]
     assert poll["next_cursor"] == 1 and sent(hs.msg(b"client", m.JobPoll("p3", "j", 1)), m.Reply)[0].output["records"] == []
@@ -247,3 +251,13 @@ def test_job_messages_are_validated() -> None:
     assert len(hs.s.works) == 12  # ... and not run twice
     out = hs.msg(b"stranger", m.JobPoll("p", "j"))
     assert sent(out, m.Disconnect)
+
+
+def test_without_a_job_the_router_counts_a_step_every_router_step_s() -> None:
+    s = BrokerState(BrokerConfig(router_step_s=10.0, router_params={"rebuild_interval": 2}))
+    tree = s.rollout.router.tree
+    for now in (100.0, 105.0, 110.0, 115.0, 120.0, 131.0):
+        s.handle(Tick(), now)
+    assert s.rollout.steps == 3 and tree.rebuilds == 1  # steps at 110, 120, 131; rebuilt at step 2
+    with pytest.raises(ValueError, match="router_step_s"):
+        BrokerState(BrokerConfig(router_step_s=-1.0))
