@@ -58,6 +58,7 @@ class LocalCluster:
     actor_args: list[str] = field(default_factory=list)
     log_level: str = "warning"
     env: dict[str, str] = field(default_factory=dict)
+    gpu_slots: str = "0"  # --gpu-slots of the supervisor ("auto": the GPUs NVML finds, for --gpu-roles)
     broker: subprocess.Popen | None = None
     actors: subprocess.Popen | None = None
 
@@ -85,7 +86,7 @@ class LocalCluster:
     def start_actors(self) -> None:
         self.actors = subprocess.Popen(
             [sys.executable, "-m", "libra.actors", "--broker", self.url, "--cpu-slots", str(self.cpu_slots),
-             "--gpu-slots", "0", "--log-level", self.log_level, *self.actor_args], env=self._env())
+             "--gpu-slots", self.gpu_slots, "--log-level", self.log_level, *self.actor_args], env=self._env())
 
     def status(self, timeout: float = 5.0) -> Any:
         from libra.client import Client

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
 import sys
 
 from libra.logging import configure, get_logger
 
-from .slots import resolve_slots
+from libra.engines.device import DTYPE_ENV, ENGINES_PER_GPU_ENV, MEMORY_FRACTION_ENV, NODE_GPUS_ENV, parse_dtype
+
+from .slots import place_gpu_roles, resolve_slots
 from .supervisor import Supervisor
 
 
@@ -31,6 +34,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--roles", default=None,
                    help="roles per CPU slot, e.g. 'rollout=2,train=2,action=1,episode=1' (slots in that order; "
                         "sets --cpu-slots to the total). Default: every slot is an action slot")
+    p.add_argument("--gpu-roles", default=None,
+                   help="engine slots on this host's GPUs, e.g. 'rollout=2,train=2' (spread over the GPUs found, "
+                        "gpuN then gpuN.K when several share one; with no GPU they run as CPU slots and say so). "
+                        "Default: one slot per GPU (--gpu-slots), role --gpu-role")
+    p.add_argument("--gpu-role", default="hybrid", choices=["hybrid", "rollout", "train", "action"],
+                   help="role of the one-per-GPU slots (default %(default)s: rollout or training as the broker's "
+                        "directives say; needs --model-dir, without it GPU slots are not started)")
+    p.add_argument("--dtype", default="auto",
+                   help="engine dtype: auto (bf16 on a GPU, fp32 on the CPU), bf16, fp16 or fp32")
+    p.add_argument("--gpu-memory-fraction", type=float, default=0.0,
+                   help="share of its GPU's memory an engine may use (0: 0.9 split among the engines on that GPU)")
     p.add_argument("--model-dir", default=None, help="transformers checkpoint for rollout/train slots")
     p.add_argument("--run-dir", default=None, help="job run directory shared by rollout/train slots")
     p.add_argument("--torch-threads", type=int, default=0, help="torch CPU threads per engine slot (0: default)")
@@ -65,8 +79,10 @@ def parse_roles(spec: str) -> list[str]:
     return out
 
 
-def slot_arguments(slots: list[str], roles: list[str] | None, prefix: str, host: str) -> dict[str, list[str]]:
-    """Per-slot runtime arguments: ``--actor-id HOST/PREFIX-SLOT`` with a prefix, ``--role`` per CPU slot."""
+def slot_arguments(slots: list[str], roles: list[str] | None, prefix: str, host: str,
+                   gpu_roles: dict[str, str] | None = None) -> dict[str, list[str]]:
+    """Per-slot runtime arguments: ``--actor-id HOST/PREFIX-SLOT`` with a prefix, ``--role`` per CPU slot and
+    per GPU slot named in ``gpu_roles``."""
     out: dict[str, list[str]] = {s: [] for s in slots}
     if prefix:
         if "/" in prefix or not prefix.strip():
@@ -77,7 +93,31 @@ def slot_arguments(slots: list[str], roles: list[str] | None, prefix: str, host:
         cpu = [s for s in slots if s.startswith("cpu")]
         for s, r in zip(cpu, roles):
             out[s] += ["--role", r]
+    for s, r in (gpu_roles or {}).items():
+        if s in out:
+            out[s] += ["--role", r]
     return out
+
+
+def gpu_layout(gpu_roles: list[str] | None, gpu_slots: list[str], n_gpus: int, gpu_role: str,
+               model_dir: str | None) -> tuple[list[str], dict[str, str], dict[str, dict[str, str]], list[str], str]:
+    """Where the GPU slots go: ``(gpu slot names, role per GPU slot, environment per GPU slot, roles that fall
+    back to CPU slots, a sentence saying what was decided)``. ``gpu_roles`` (``--gpu-roles``) are spread over
+    ``n_gpus`` GPUs; with none found they become CPU slots. Otherwise each of ``gpu_slots`` gets ``gpu_role``;
+    engine roles need ``model_dir`` (without it no GPU slot is started: GPU slots never default to actions)."""
+    if gpu_roles is not None:
+        if n_gpus < 1:
+            return [], {}, {}, list(gpu_roles), (f"no GPU available: the {len(gpu_roles)} GPU engine slot(s) "
+                                                 "run on the CPU")
+        placed = place_gpu_roles(gpu_roles, n_gpus)
+        env = {p.slot: {"CUDA_VISIBLE_DEVICES": str(p.gpu), ENGINES_PER_GPU_ENV: str(p.sharing)} for p in placed}
+        return ([p.slot for p in placed], {p.slot: p.role for p in placed}, env, [],
+                f"{len(placed)} engine slot(s) on {min(n_gpus, len(placed))} GPU(s)")
+    if gpu_slots and gpu_role != "action" and model_dir is None:
+        return [], {}, {}, [], (f"{len(gpu_slots)} GPU(s) left unused: GPU slots run engines (--gpu-role "
+                                f"{gpu_role}) and need --model-dir")
+    return (list(gpu_slots), {s: gpu_role for s in gpu_slots},
+            {s: {"CUDA_VISIBLE_DEVICES": s[3:]} for s in gpu_slots}, [], f"{len(gpu_slots)} GPU slot(s) as {gpu_role}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,18 +125,35 @@ def main(argv: list[str] | None = None) -> int:
     configure(args.log_level, cache=True)
     log = get_logger("libra.actors")
     try:
+        parse_dtype(args.dtype)
+        if not 0.0 <= args.gpu_memory_fraction <= 1.0:
+            raise ValueError(f"--gpu-memory-fraction must be within [0, 1], got {args.gpu_memory_fraction}")
         roles = parse_roles(args.roles) if args.roles else None
+        gpu_roles = parse_roles(args.gpu_roles) if args.gpu_roles else None
+        if gpu_roles is not None and any(r in ("action", "episode") for r in gpu_roles):
+            raise ValueError("--gpu-roles takes engine roles only (rollout, train, hybrid)")
         if roles is not None:
             args.cpu_slots = len(roles)
         slots, gpu_reason = resolve_slots(args.cpu_slots, args.gpu_slots)
+        n_found = sum(s.startswith("gpu") for s in slots)
+        gpus, gpu_role_of, gpu_env, fallback, gpu_plan = gpu_layout(
+            gpu_roles, [s for s in slots if s.startswith("gpu")], n_found, args.gpu_role, args.model_dir)
+        cpu = [s for s in slots if s.startswith("cpu")]
+        if fallback:  # engine slots with no GPU to go to run as extra CPU slots
+            roles = (roles if roles is not None else ["action"] * len(cpu)) + fallback
+            cpu = [f"cpu{i}" for i in range(len(roles))]
+        slots = gpus + cpu
     except ValueError as exc:
         print(f"libra.actors: {exc}", file=sys.stderr)
         return 2
-    n_gpu = sum(s.startswith("gpu") for s in slots)
+    n_gpu = len(gpus)
     if n_gpu == 0:
-        log.warning("no_gpu_slots", reason=gpu_reason, cpu_slots=len(slots))
+        log.warning("no_gpu_slots", reason=gpu_reason, decided=gpu_plan, cpu_slots=len(slots))
     else:
-        log.info("gpu_slots", count=n_gpu, reason=gpu_reason)
+        log.info("gpu_slots", count=n_gpu, reason=gpu_reason, decided=gpu_plan)
+    os.environ[DTYPE_ENV] = args.dtype  # the slots inherit the engine settings (libra.engines.device)
+    os.environ[MEMORY_FRACTION_ENV] = str(args.gpu_memory_fraction)
+    os.environ[NODE_GPUS_ENV] = str(max(1, n_found))
     if not slots:
         print("libra.actors: no slots to start (--cpu-slots 0 and no GPUs)", file=sys.stderr)
         return 2
@@ -113,12 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     extra += ["--torch-threads", str(args.torch_threads), "--rollout-batch", str(args.rollout_batch),
               "--episode-concurrency", str(args.episode_concurrency)]
     try:
-        slot_args = slot_arguments(slots, roles, args.actor_id_prefix, socket.gethostname())
+        slot_args = slot_arguments(slots, roles, args.actor_id_prefix, socket.gethostname(), gpu_role_of)
     except ValueError as exc:
         print(f"libra.actors: {exc}", file=sys.stderr)
         return 2
     sup = Supervisor(args.broker, slots, capacity=args.capacity, restart=not args.no_restart, extra_args=extra,
-                     slot_args=slot_args)
+                     slot_args=slot_args, slot_env=gpu_env)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sup.stop())
     return sup.run()

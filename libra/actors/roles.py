@@ -17,7 +17,7 @@ from typing import Any
 from libra.logging import get_logger
 
 from .rollout_role import ROLLOUT_ENGINE_ENV, RolloutRole, make_rollout_engine, read_weights_file, write_weights_file
-from .tools import Handler, WorkContext
+from .tools import Handler, ToolError, WorkContext
 from .train_role import TrainRole
 
 __all__ = ["ROLLOUT_ENGINE_ENV", "HybridRole", "RolloutRole", "TrainRole", "make_rollout_engine",
@@ -30,57 +30,102 @@ class HybridRole:
     """A slot that can be a rollout instance or a trainer rank, switched by broker directives (the Elastic
     Hybrid Pool's worker, and how a plan moves GPUs between roles without restarting processes).
 
-    Each engine is created on the first work of its kind; ``reconfigure(kinds, config)`` (called by the
-    runtime after the actor drained for a directive) closes the engine of a kind no longer accepted and
-    returns the capacity for the new role: 1 as a trainer rank, ``max_batch`` as a rollout instance.
+    Each engine runs where :func:`~libra.engines.device.placement_from_env` puts the slot (its GPU in bf16
+    on a GPU slot, the CPU otherwise) and is created on the first work of its kind. ``reconfigure(kinds,
+    config)`` (called by the runtime after the actor drained for a directive) closes the engine of a kind no
+    longer accepted and returns the capacity for the new role: 1 as a trainer rank, ``max_batch`` as a rollout
+    instance. A rollout TP group (``config`` ``tp > 1``) is one engine: its leader (``rank`` 0) builds it over
+    the group's GPUs at once (vLLM, ``tensor_parallel_size = tp``); the other members close their engines
+    and hold none while grouped (their actor core bids for nothing). A directive for a TP degree the
+    engine cannot serve raises :class:`~libra.engines.device.TPUnsupported` before anything is closed.
     """
 
     def __init__(self, model_dir: str, run_dir: str | None, slot: str, *, max_batch: int = 32,
-                 torch_threads: int = 0) -> None:
+                 torch_threads: int = 0, placement: Any = None) -> None:
+        from libra.engines.device import placement_from_env
+
         self.model_dir, self.run_dir, self.slot = model_dir, run_dir, slot
         self.max_batch, self.torch_threads = max_batch, torch_threads
+        self.placement = placement if placement is not None else placement_from_env(slot)
         self._lock = threading.Lock()
         self.rollout: RolloutRole | None = None
         self.trainer: TrainRole | None = None
         self.switches = 0
+        self.group: tuple[str, int, int] = ("", 1, 0)  # (name, tp, rank) of the rollout group; "" ungrouped
+        self.engines_built = 0
+
+    def _new_rollout(self) -> RolloutRole:
+        from libra.engines.device import group_devices
+
+        _, tp, rank = self.group
+        devices = group_devices(self.slot, rank, tp) if tp > 1 else ()
+        self.engines_built += 1
+        return RolloutRole(self.model_dir, self.run_dir, self.slot, max_batch=self.max_batch,
+                           torch_threads=self.torch_threads, placement=self.placement, tp=tp, devices=devices)
 
     def generate(self, args: Any, ctx: WorkContext) -> dict[str, Any]:
         with self._lock:
+            if self.group[2] > 0:
+                raise ToolError("bad_request", f"slot {self.slot} is member {self.group[2]} of TP group "
+                                               f"{self.group[0]!r}: its leader serves the group's turns")
             if self.rollout is None:
-                self.rollout = RolloutRole(self.model_dir, self.run_dir, self.slot, max_batch=self.max_batch,
-                                           torch_threads=self.torch_threads)
+                self.rollout = self._new_rollout()
             r = self.rollout
         return r.generate(args, ctx)
 
     def train(self, args: Any, ctx: WorkContext) -> dict[str, Any]:
         with self._lock:
             if self.trainer is None:
-                self.trainer = TrainRole(self.model_dir, self.run_dir, self.slot, torch_threads=self.torch_threads)
+                self.trainer = TrainRole(self.model_dir, self.run_dir, self.slot, torch_threads=self.torch_threads,
+                                         placement=self.placement)
             t = self.trainer
         return t.train(args, ctx)
 
     def reconfigure(self, kinds: list[str], config: dict[str, Any]) -> int:
+        from libra.engines.device import TPUnsupported, max_tp_for
+
+        from .rollout_role import rollout_engine_name
+
+        tp, rank = int(config.get("tp", 1) or 1), int(config.get("rank", 0) or 0)
+        rollout_group = "generate" in kinds and config.get("role", "rollout") == "rollout" and tp > 1
+        if rollout_group and rank == 0 and tp > max_tp_for(rollout_engine_name(), tp):
+            raise TPUnsupported(f"slot {self.slot}: the {rollout_engine_name()} rollout engine cannot lead a TP-{tp} "
+                                "group (the HF engine serves TP 1 only)")
+        group = (str(config.get("group", "")), tp, rank) if rollout_group else ("", 1, 0)
         with self._lock:
             self.switches += 1
-            if "generate" not in kinds and self.rollout is not None:
-                self.rollout.close()
+            regroup = group != self.group
+            if self.rollout is not None and ("generate" not in kinds or regroup):
+                self.rollout.close()  # drained by the actor core before this call
                 self.rollout = None
-            if "train" not in kinds and self.trainer is not None:
+            if self.trainer is not None and ("train" not in kinds or group[2] > 0):
                 self.trainer.close()  # stops serving weights; its process group is left to the job
                 self.trainer = None
-            log.info("role_switched", kinds=kinds, role=config.get("role"), switches=self.switches)
+            self.group = group
+            if rollout_group and rank == 0 and self.rollout is None:
+                self.rollout = self._new_rollout()  # the group's one engine, built now, not on the first turn
+            log.info("role_switched", kinds=kinds, role=config.get("role"), switches=self.switches,
+                     group=group[0] or None, tp=group[1], rank=group[2])
+            if group[2] > 0:
+                return 0  # a member: no engine, no capacity
             return 1 if "train" in kinds and "generate" not in kinds else self.max_batch
 
 
 def role_handlers(role: str, model_dir: str | None, run_dir: str | None, slot: str, *, max_batch: int = 32,
                   torch_threads: int = 0) -> tuple[list[str], dict[str, list[str]], dict[tuple[str, str], Handler]]:
-    """``(kinds, capabilities, handlers)`` for an engine role (``rollout`` or ``train``)."""
+    """``(kinds, capabilities, handlers)`` for an engine role (``rollout`` or ``train``), its engine placed by
+    :func:`~libra.engines.device.placement_from_env` (the slot's GPU, or the CPU)."""
+    from libra.engines.device import placement_from_env
+
     if model_dir is None:
         raise ValueError(f"role {role!r} needs --model-dir")
+    placement = placement_from_env(slot)
+    log.info("engine_placement", slot=slot, role=role, device=placement.device, dtype=placement.dtype,
+             memory_fraction=placement.memory_fraction, reason=placement.reason)
     if role == "rollout":
-        r = RolloutRole(model_dir, run_dir, slot, max_batch=max_batch, torch_threads=torch_threads)
+        r = RolloutRole(model_dir, run_dir, slot, max_batch=max_batch, torch_threads=torch_threads, placement=placement)
         return ["generate"], {"generate": ["default"]}, {("generate", "*"): r.generate}
     if role == "train":
-        t = TrainRole(model_dir, run_dir, slot, torch_threads=torch_threads)
+        t = TrainRole(model_dir, run_dir, slot, torch_threads=torch_threads, placement=placement)
         return ["train"], {"train": ["grpo"]}, {("train", "grpo"): t.train}
     raise ValueError(f"unknown role {role!r} (known: action, rollout, train, hybrid)")

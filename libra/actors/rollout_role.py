@@ -101,22 +101,42 @@ def set_torch_threads(n: int) -> None:
         torch.set_num_threads(n)
 
 
-def make_rollout_engine(model_dir: str, max_batch: int) -> Any:
-    """The rollout engine ``$LIBRA_ROLLOUT_ENGINE`` names (``hf`` by default; see the module contracts)."""
+def make_rollout_engine(model_dir: str, max_batch: int, placement: Any = None, *, tp: int = 1,
+                        devices: tuple[int, ...] = ()) -> Any:
+    """The rollout engine ``$LIBRA_ROLLOUT_ENGINE`` names (``hf`` by default; see the module contracts), on
+    ``placement`` (a :class:`~libra.engines.device.Placement`; CPU float32 when None). ``tp > 1`` (a TP group's
+    leader over ``devices``) needs vLLM: the HF engine raises :class:`~libra.engines.device.TPUnsupported`."""
+    from libra.engines.device import TPUnsupported, apply_memory_budget
+
     name = os.environ.get(ROLLOUT_ENGINE_ENV, "hf").strip().lower() or "hf"
     if name == "hf":
+        if tp > 1:
+            raise TPUnsupported(f"the HF rollout engine serves TP 1 only, asked for TP {tp} "
+                                f"(set {ROLLOUT_ENGINE_ENV}=vllm for tensor-parallel rollout)")
         from libra.engines.hf_rollout import HFRolloutEngine
 
-        return HFRolloutEngine(model_dir, max_batch_size=max_batch)
+        if placement is None:
+            return HFRolloutEngine(model_dir, max_batch_size=max_batch)
+        apply_memory_budget(placement)
+        return HFRolloutEngine(model_dir, max_batch_size=max_batch, device=placement.device,
+                               dtype=placement.torch_dtype())
     if name == "vllm":
         from libra.engines.rollout_base import EngineUnavailable
-        from libra.engines.vllm_rollout import VLLMRolloutEngine, vllm_args_from_env
+        from libra.engines.vllm_rollout import VLLMRolloutEngine, vllm_args_from_env, vllm_engine_args
 
+        args = vllm_engine_args(max_batch, placement, tp=tp, devices=devices, extra=vllm_args_from_env())
         try:
-            return VLLMRolloutEngine(model_dir, **{"max_num_seqs": max_batch, **vllm_args_from_env()})
+            return VLLMRolloutEngine(model_dir, **args)
         except EngineUnavailable as exc:
             raise ValueError(f"{ROLLOUT_ENGINE_ENV}=vllm: {exc}") from None
     raise ValueError(f"{ROLLOUT_ENGINE_ENV}={name!r}: unknown rollout engine (known: hf, vllm)")
+
+
+def rollout_engine_name() -> str:
+    """The rollout engine this slot runs (``$LIBRA_ROLLOUT_ENGINE``, ``hf`` by default)."""
+    return os.environ.get(ROLLOUT_ENGINE_ENV, "hf").strip().lower() or "hf"
+
+
 class RolloutRole:
     """A rollout engine (HF by default, see :func:`make_rollout_engine`) with a turn batcher (see the module
     contracts)."""
@@ -125,11 +145,15 @@ class RolloutRole:
 
     def __init__(self, model_dir: str, run_dir: str | None, slot: str, *, max_batch: int = 32,
                  window_s: float = 0.02, torch_threads: int = 0, fetch_timeout_s: float = 10.0,
-                 fetcher: Any = None) -> None:
+                 fetcher: Any = None, placement: Any = None, tp: int = 1, devices: tuple[int, ...] = (),
+                 engine: Any = None) -> None:
         from libra.dataplane import DataPlaneKeys, DataPlaneWeightFetcher
 
         set_torch_threads(torch_threads)
-        self.engine = make_rollout_engine(model_dir, max_batch)
+        self.placement = placement
+        self.engine = engine if engine is not None else make_rollout_engine(model_dir, max_batch, placement, tp=tp,
+                                                                            devices=devices)
+        self.ooms = 0  # CUDA out-of-memory failures survived (each halves max_batch)
         self.run_dir = Path(run_dir) if run_dir else None
         self.slot = slot
         self.max_batch = max_batch
@@ -201,11 +225,32 @@ class RolloutRole:
                                           weights_version=r.weights_version, gen_tokens=len(r.token_ids),
                                           batch=len(batch), **sync).to_wire() for r in results]
             except Exception as exc:  # noqa: BLE001  (deliver the failure to every waiting turn)
+                err = self._engine_failure(exc)
                 for *_, fut in batch:
-                    fut.set_exception(ToolError("engine_failed", f"{type(exc).__name__}: {exc}"))
+                    fut.set_exception(err)
                 continue
             for (*_, fut), reply in zip(batch, replies):
                 fut.set_result(reply)
+
+    def _engine_failure(self, exc: BaseException) -> ToolError:
+        """The typed failure of a batch the engine raised ``exc`` on. A CUDA out-of-memory error is ``oom``:
+        the cache is freed and the batch size halved (down to 1), and the instance keeps serving."""
+        from libra.engines.device import free_cuda_cache, is_cuda_oom
+
+        if not is_cuda_oom(exc):
+            return ToolError("engine_failed", f"{type(exc).__name__}: {exc}")
+        free_cuda_cache()
+        self.ooms += 1
+        before = self.max_batch
+        self.max_batch = max(1, self.max_batch // 2)
+        if hasattr(self.engine, "max_batch_size"):
+            self.engine.max_batch_size = min(self.engine.max_batch_size, self.max_batch)
+        self.stats["ooms"] = self.ooms
+        self.stats["max_batch"] = self.max_batch
+        self._write_status()
+        log.warning("rollout_oom", slot=self.slot, max_batch_before=before, max_batch=self.max_batch, ooms=self.ooms)
+        return ToolError("oom", f"CUDA out of memory in the rollout engine (batch lowered {before} -> "
+                                f"{self.max_batch}): {exc}")
 
     def _maybe_load(self, wanted: list[WeightsRef | None]) -> dict[str, Any]:
         """Load the newest version any of ``wanted`` names, if newer than the engine's. Returns the reply

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import zmq
 
 from libra import sdnotify
+from libra.engines.device import engine_labels_from_env
 from libra.logging import bind_context, configure, get_logger
 from libra.protocol import ProtocolError, decode_many, encode_many
 from libra.protocol import messages as m
@@ -285,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", args.slot[3:])
     labels = {"slot_kind": "gpu" if args.slot.startswith("gpu") else "cpu", "engine_role": args.role,
               "instance": args.instance or uuid.uuid4().hex[:12]}
+    labels.update(engine_labels_from_env(args.slot, args.role))  # engine kind and max rollout TP, for the planner
     if args.role == "action":
         tools = action_tools(enable_sandbox=not args.no_sandbox, allow_unisolated=args.allow_unisolated)
         handlers = handlers_for_tools(tools)

@@ -59,3 +59,32 @@ def resolve_slots(cpu_slots: int | None, gpu_slots: str) -> tuple[list[str], str
     if n_cpu < 0:
         raise ValueError("--cpu-slots must be >= 0")
     return [f"gpu{i}" for i in range(n_gpu)] + [f"cpu{i}" for i in range(n_cpu)], why
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEngineSlot:
+    """One engine slot placed on a GPU: its name (``gpuN``, or ``gpuN.K`` for the K-th extra engine sharing GPU
+    N), its role, the GPU and how many engine slots share that GPU (their memory budget is split)."""
+
+    slot: str
+    role: str
+    gpu: int
+    sharing: int
+
+
+def place_gpu_roles(roles: list[str], n_gpus: int) -> list[GpuEngineSlot]:
+    """Spread engine slots (``roles``, e.g. ``['rollout', 'rollout', 'train']``) over ``n_gpus`` GPUs round
+    robin: slot k goes to GPU ``k % n_gpus``. The first slot on a GPU is ``gpuN`` (a slot the broker's planner
+    can lay plans on), later ones ``gpuN.K``. Raises ValueError with no GPU to place on."""
+    if not roles:
+        return []
+    if n_gpus < 1:
+        raise ValueError(f"{len(roles)} GPU engine slot(s) asked for but no GPU is available")
+    per_gpu: dict[int, int] = {}
+    placed = []
+    for k, role in enumerate(roles):
+        g = k % n_gpus
+        n = per_gpu.get(g, 0)
+        per_gpu[g] = n + 1
+        placed.append((f"gpu{g}" if n == 0 else f"gpu{g}.{n}", role, g))
+    return [GpuEngineSlot(s, r, g, per_gpu[g]) for s, r, g in placed]

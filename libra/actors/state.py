@@ -10,6 +10,9 @@ Lifecycle (``ActorPhase``)::
         ▲                     ▲                                                  │
         └──broker silent / Disconnect (back-off)                     Reconfigured┘ (DirectiveDone + Bid)
 
+A directive that makes the slot a member (rank > 0) of a rollout TP group (``tp > 1``) leaves it bidding for
+nothing until the next directive: the group's leader (rank 0) holds the one engine over the group's GPUs.
+
 Liveness after Paranoid Pirate: any frame from the broker is a heartbeat; after ``liveness`` silent
 intervals the actor abandons the session, waits a back-off that doubles up to ``max_backoff_s``, and
 reconnects on a new socket.
@@ -144,6 +147,15 @@ class ActorIdentity:
     labels: dict[str, Any] = field(default_factory=dict)
 
 
+def group_membership(config: dict[str, Any]) -> tuple[str, int, int]:
+    """``(group, tp, rank)`` of a directive's rollout TP group (``("", 1, 0)`` when the directive puts the slot
+    in none: another role, or TP 1). Rank 0 leads the group and holds its one engine; ranks > 0 are members."""
+    tp = int(config.get("tp", 1) or 1)
+    if config.get("role") != "rollout" or tp <= 1:
+        return ("", 1, 0)
+    return (str(config.get("group", "")), tp, int(config.get("rank", 0) or 0))
+
+
 class ActorState:
     """The actor core. Mutated only through :meth:`handle`."""
 
@@ -173,6 +185,7 @@ class ActorState:
         self.connect_at: float | None = None  # a reconnect scheduled after back-off
         self.sessions = 0
         self.stopping = False
+        self.group: tuple[str, int, int] = ("", 1, 0)  # (name, tp, rank) of this slot's rollout TP group
 
     # ------------------------------------------------------------------
     def _go(self, to: ActorPhase) -> None:
@@ -309,7 +322,9 @@ class ActorState:
         if self.phase is not ActorPhase.SWITCHING or d is None or d.directive_id != ev.directive_id:
             return  # a stale reconfiguration (we reconnected meanwhile)
         if ev.ok:
-            self.kinds = [k for k in d.kinds if k in self.ident.capabilities]
+            self.group = group_membership(d.config)
+            # a member of a rollout TP group holds no engine: its leader serves the group, it bids for nothing
+            self.kinds = [] if self.group[2] > 0 else [k for k in d.kinds if k in self.ident.capabilities]
             if ev.capacity is not None and ev.capacity > 0:
                 self.capacity = ev.capacity
         else:

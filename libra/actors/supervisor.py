@@ -7,6 +7,7 @@ health. SIGTERM/SIGINT are forwarded; children get ``grace_s`` to drain before S
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -35,7 +36,8 @@ class _Child:
 class Supervisor:
     def __init__(self, broker: str, slots: list[str], *, capacity: int = 4, restart: bool = True,
                  extra_args: list[str] | None = None, grace_s: float = 10.0,
-                 slot_args: dict[str, list[str]] | None = None) -> None:
+                 slot_args: dict[str, list[str]] | None = None,
+                 slot_env: dict[str, dict[str, str]] | None = None) -> None:
         self.restart = restart
         self.grace_s = grace_s
         self._stop = threading.Event()
@@ -45,7 +47,7 @@ class Supervisor:
         self.children = [
             _Child(slot, [sys.executable, "-m", "libra.actors.runtime", "--broker", broker, "--slot", slot,
                           "--capacity", str(capacity), "--instance", self.instance, *(extra_args or []),
-                          *(slot_args or {}).get(slot, [])])
+                          *(slot_args or {}).get(slot, [])], env=(slot_env or {}).get(slot))
             for slot in slots
         ]
 
@@ -53,7 +55,7 @@ class Supervisor:
         self._stop.set()
 
     def _spawn(self, c: _Child) -> None:
-        c.proc = subprocess.Popen(c.argv)
+        c.proc = subprocess.Popen(c.argv, env={**os.environ, **c.env} if c.env else None)  # e.g. the slot's GPU
         c.started_at = time.monotonic()
         c.restart_at = None
         log.info("slot_started", slot=c.slot, pid=c.proc.pid, restarts=c.restarts)

@@ -47,7 +47,7 @@ class TrainRole:
     :class:`~libra.protocol.payloads_train.TrainArgs`)."""
 
     def __init__(self, model_dir: str, run_dir: str | None, slot: str, *, torch_threads: int = 0,
-                 fetch_timeout_s: float = 60.0) -> None:
+                 fetch_timeout_s: float = 60.0, placement: Any = None) -> None:
         set_torch_threads(torch_threads)
         from libra.dataplane import DataPlaneKeys
 
@@ -57,6 +57,7 @@ class TrainRole:
         self.run_dir = Path(run_dir) if run_dir else None
         self.slot = slot
         self.trainer: Any = None
+        self.placement = placement  # libra.engines.device.Placement: the trainer's device and dtype (None: CPU fp32)
         self.rank: int | None = None
         self.keys = DataPlaneKeys.from_env()
         self.fetch_timeout_s = fetch_timeout_s
@@ -82,7 +83,13 @@ class TrainRole:
                 self.publisher = TorchWeightPublisher(os.environ.get("LIBRA_WEIGHTS_HOST", "127.0.0.1"), keep=2)
             else:
                 self.publisher = DataPlaneWeightPublisher(self.server, keep=2)
-        self.trainer = GRPOTrainer(self.model_dir, cfg, dist_config=dist)
+        p = self.placement
+        on = {} if p is None else {"device": p.device, "dtype": p.torch_dtype()}
+        if p is not None:
+            from libra.engines.device import apply_memory_budget
+
+            apply_memory_budget(p)
+        self.trainer = GRPOTrainer(self.model_dir, cfg, dist_config=dist, **on)
         self.rank = rank
         log.info("trainer_ready", rank=rank, world_size=ws, slot=self.slot,
                  dataplane=self.server.endpoint if self.server else None)

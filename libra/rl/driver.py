@@ -63,6 +63,26 @@ _SANDBOX_HINT = ("the sandboxed code tools need bubblewrap: install it with `sud
 TOOL_HINTS = {"python": _SANDBOX_HINT, "bash": _SANDBOX_HINT, "pytest": _SANDBOX_HINT}
 
 
+def host_gpus() -> tuple[int, str]:
+    """``(GPUs on this host, why)`` by NVML (no torch import)."""
+    from libra.actors.slots import discover_gpus
+
+    d = discover_gpus()
+    return d.count, d.reason
+
+
+def engine_gpu_counts(a: Any, gpus: tuple[int, str]) -> tuple[int, int, str]:
+    """How many rollout and trainer slots of ``[actors]`` ``a`` go on GPUs on a host with ``gpus`` =
+    ``(count, why)``: ``auto`` puts all of a role's slots on GPUs when there is one, none when there is none;
+    a count is taken as given (the actors run slots without a GPU to go to on the CPU, and say so)."""
+    n, why = gpus
+    r = (a.rollout if n else 0) if a.rollout_gpus == "auto" else int(a.rollout_gpus)
+    t = (a.trainer if n else 0) if a.trainer_gpus == "auto" else int(a.trainer_gpus)
+    if not n:
+        why = f"{why}: rollout and training run on the CPU" if not r + t else f"{why}: GPU slots fall back to the CPU"
+    return r, t, why
+
+
 def missing_tools(required: list[str], actors: list[dict[str, Any]]) -> list[str]:
     """The tools in ``required`` that no actor in ``actors`` (``StatusReply.actors``) offers as ``action``
     work (``actor["capabilities"]["action"]``)."""
@@ -293,9 +313,15 @@ def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = T
         shutil.rmtree(run / stale, ignore_errors=True)
     model_dir = resolve_model(cfg.model.name)
     a = cfg.actors
-    actor_args = ["--roles", f"rollout={a.rollout},train={a.trainer},action={a.action},episode=1", "--model-dir",
-                  str(model_dir), "--run-dir", str(run), "--torch-threads", str(a.torch_threads), "--rollout-batch",
-                  str(a.rollout_batch), "--episode-concurrency", str(a.episode_concurrency), "--no-restart"]
+    gpu_r, gpu_t, why = engine_gpu_counts(a, host_gpus())
+    (log.info if gpu_r + gpu_t else log.warning)("job_engine_placement", rollout_gpu_slots=gpu_r,
+                                                 trainer_gpu_slots=gpu_t, reason=why)
+    actor_args = ["--roles", f"rollout={a.rollout - gpu_r},train={a.trainer - gpu_t},action={a.action},episode=1",
+                  "--model-dir", str(model_dir), "--run-dir", str(run), "--torch-threads", str(a.torch_threads),
+                  "--rollout-batch", str(a.rollout_batch), "--episode-concurrency", str(a.episode_concurrency),
+                  "--no-restart", "--dtype", a.dtype, "--gpu-memory-fraction", str(a.gpu_memory_fraction)]
+    if gpu_r + gpu_t:
+        actor_args += ["--gpu-roles", f"rollout={gpu_r},train={gpu_t}"]
     if a.allow_unisolated:
         actor_args.append("--allow-unisolated")
     n = a.rollout + a.trainer + a.action + 1  # + one episode runner
@@ -305,6 +331,6 @@ def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = T
     # the broker leaves its learned C-MLFQ tree in the run directory (python -m libra tree show ...)
     broker_args = ["--router-state", str(run / "router_state.json")]
     with LocalCluster(cpu_slots=n, actor_args=actor_args, broker_args=broker_args, log_level=log_level,
-                      env=env) as cluster:
+                      env=env, gpu_slots="auto" if gpu_r + gpu_t else "0") as cluster:
         cluster.wait_for_actors(n, timeout=300.0)
         return asyncio.run(run_job_async(cfg, cluster.url, progress=progress))
