@@ -53,6 +53,7 @@ from libra.policies.cost import (
     load_model,
 )
 from libra.policies.planner.allocators import ALLOCATORS, PlannerConfig, make_allocator
+from libra.policies.planner.engine_caps import cap_rollout_tps
 from libra.policies.planner.online import PressureSnapshot, ReplanDecision, Replanner
 from libra.policies.planner.types import Plan, PlannerError
 
@@ -220,6 +221,15 @@ class PlannerLoop:
         job.run()
         return self.finish(job, now)
 
+    max_rollout_tp: int | None = None  # the largest rollout TP group the GPU actors' engines can serve
+
+    def cap_rollout_tp(self, max_tp: int | None) -> None:
+        """Plan no rollout TP group larger than ``max_tp`` (the smallest ``max_tp`` the connected GPU actors
+        report: an HF engine serves TP 1 only); None: no cap. A change rebuilds the re-planner next round."""
+        if max_tp != self.max_rollout_tp:
+            self.max_rollout_tp = max_tp
+            self._key = None
+
     def rejected(self, plan: Plan, error: str) -> None:
         """The broker could not lay ``plan`` out (``PlanError``): forget it as the deployed plan."""
         if self.plan is plan:
@@ -247,7 +257,7 @@ class PlannerLoop:
         s = self.settings
         cfg = PlannerConfig(n_gpus=n_gpus, global_batch=batch, group_size=s.group_size)
         allocator = make_allocator(s.allocation, rollout_model=self._rollout_model, train_model=self._train_model,
-                                   config=cfg, **s.params)
+                                   config=cfg, **cap_rollout_tps(s.params, self.max_rollout_tp))
         return Replanner(allocator, **{"plan_interval": 1, **s.replanner})
 
     def _build(self, n_gpus: int, batch: int) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,10 +52,17 @@ class DataPlaneServer:
     ``127.0.0.1``; ``insecure`` defaults to ``$LIBRA_DATAPLANE_INSECURE == "1"``. Raises
     :class:`InsecureDataPlane` for a non-loopback host without keys (see the module contracts).
     Thread safe: publish/retire from any thread.
+
+    ``provider(name) -> (header, chunks) | None`` makes objects on demand: it is asked on every ``head``
+    request (on the server thread) and what it returns is published under ``name`` (topic ``provided``, the
+    newest 64 kept) before the request is served; None leaves the request to the published objects. A
+    provider that raises answers ``not_found`` with its message. A rollout instance serves trajectory
+    contexts (token ids, KV caches) this way, serialised only when another instance asks.
     """
 
     def __init__(self, host: str | None = None, *, keys: DataPlaneKeys | None = None, insecure: bool | None = None,
-                 allow_dir: str | os.PathLike[str] | None = None, ctx: zmq.Context | None = None) -> None:
+                 allow_dir: str | os.PathLike[str] | None = None, ctx: zmq.Context | None = None,
+                 provider: Callable[[str], tuple[bytes, Sequence[bytes]] | None] | None = None) -> None:
         host = host or os.environ.get(HOST_ENV) or "127.0.0.1"
         insecure = os.environ.get(INSECURE_ENV) == "1" if insecure is None else insecure
         probe = f"tcp://{host}:1"
@@ -65,6 +72,7 @@ class DataPlaneServer:
                 "(LIBRA_CURVE_SECRET, see 'python -m libra keys') or set LIBRA_DATAPLANE_INSECURE=1 to accept "
                 "plaintext weights and batches on this network")
         self.keys = keys
+        self._provider = provider
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         self._auth = None
@@ -206,6 +214,14 @@ class DataPlaneServer:
         if op not in ("head", "get"):
             self._error(ident, req, "bad_request", f"unknown op {op!r}")
             return
+        if op == "head" and self._provider is not None and isinstance(msg.get("name"), str):
+            try:
+                made = self._provider(msg["name"])
+            except Exception as exc:  # noqa: BLE001  (the provider could not make it: the fetcher hears why)
+                self._error(ident, req, "not_found", f"object {msg['name']!r}: {type(exc).__name__}: {exc}")
+                return
+            if made is not None:
+                self.publish(msg["name"], made[0], made[1], topic="provided", keep=64)
         with self._lock:
             obj = self._objects.get(msg.get("name"))
         if obj is None:

@@ -10,6 +10,14 @@ log-probs of the unmodified policy (see ``rollout_base`` for their meaning), per
 top-p, seed and stop tokens, and drops finished rows from the batch and the KV cache so a long
 request does not make short ones pay for it.
 
+Context cache: a request made with a session key (``generate(requests, sessions=[...])``, the trajectory
+id) keeps that trajectory's context in :attr:`HFRolloutEngine.kv_cache` (a
+:class:`~libra.engines.kv_cache.KVCache`, LRU within ``kv_cache_bytes``): token ids, digest and KV. Its next
+turn feeds only the tokens the cached KV does not cover; rows with different cached lengths share a batch
+with their cached KV left-padded and masked. KV is reused only when the prompt starts with exactly the
+cached ids and the weights version is the one that computed it (new weights drop all cached KV, keeping
+the ids). ``GenResult.cached_tokens`` says how many prompt tokens came from the cache.
+
 Contracts (beyond :class:`~libra.engines.rollout_base.RolloutEngine`):
 
 - ``GenResult.logprobs`` equal a full forward pass over prompt + completion to float tolerance
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import os
 import threading
+from array import array
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,12 +46,21 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
 
-from libra.engines.rollout_base import GenRequest, GenResult, WeightsMismatch
+from libra.engines.kv_cache import ContextEntry, KVCache
+from libra.engines.rollout_base import (
+    EngineError,
+    GenRequest,
+    GenResult,
+    WeightsMismatch,
+)
 from libra.logging import get_logger
+from libra.protocol.payloads_rollout import ContextDigest
 
 __all__ = ["HFRolloutEngine", "sample_next_tokens"]
 
 log = get_logger(__name__)
+
+DEFAULT_KV_CACHE_BYTES = 1 << 30  # trajectory contexts kept between turns (KV tensors + ids)
 
 
 def cache_kwarg(model: Any) -> str:
@@ -125,6 +143,7 @@ class HFRolloutEngine:
         max_batch_size: int = 32,
         weights_version: int = 0,
         attn_implementation: str | None = "sdpa",
+        kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -132,18 +151,21 @@ class HFRolloutEngine:
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"HFRolloutEngine: no config.json in model_dir {str(path)!r}")
         model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
-        self._init(model.to(device), max_batch_size=max_batch_size, weights_version=weights_version)
+        self._init(model.to(device), max_batch_size=max_batch_size, weights_version=weights_version,
+                   kv_cache_bytes=kv_cache_bytes)
         self.model_dir: Path | None = path
 
     @classmethod
-    def from_model(cls, model: Any, *, max_batch_size: int = 32, weights_version: int = 0) -> HFRolloutEngine:
+    def from_model(cls, model: Any, *, max_batch_size: int = 32, weights_version: int = 0,
+                   kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES) -> HFRolloutEngine:
         """Wrap an already-loaded causal LM (kept on its current device and dtype)."""
         self = cls.__new__(cls)
-        self._init(model, max_batch_size=max_batch_size, weights_version=weights_version)
+        self._init(model, max_batch_size=max_batch_size, weights_version=weights_version,
+                   kv_cache_bytes=kv_cache_bytes)
         self.model_dir = None
         return self
 
-    def _init(self, model: Any, *, max_batch_size: int, weights_version: int) -> None:
+    def _init(self, model: Any, *, max_batch_size: int, weights_version: int, kv_cache_bytes: int) -> None:
         if max_batch_size < 1:
             raise ValueError(f"HFRolloutEngine.max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model.eval()
@@ -157,6 +179,13 @@ class HFRolloutEngine:
         pad = getattr(cfg, "pad_token_id", None)
         self._pad_id: int = int(pad) if pad is not None else 0  # masked out; any id works
         self.device: torch.device = next(model.parameters()).device
+        self._dtype: torch.dtype = next(model.parameters()).dtype
+        self.kv_cache = KVCache(kv_cache_bytes)
+        from transformers import DynamicCache
+
+        # a sliding-window layer keeps only its window: its KV cannot be reused for a longer context
+        self._kv_reusable = not any(getattr(layer, "is_sliding", False)
+                                    for layer in DynamicCache(config=model.config).layers)
 
     # -- RolloutEngine -------------------------------------------------------------------------
 
@@ -165,23 +194,43 @@ class HFRolloutEngine:
         """The weights version the next ``generate`` uses."""
         return self._version
 
-    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
-        """Generate every request; results in request order (see the module contracts).
+    def generate(self, requests: Sequence[GenRequest], sessions: Sequence[str | None] | None = None) -> list[GenResult]:
+        """Generate every request; results in request order (see the module contracts). ``sessions[i]``
+        (a trajectory id, or None) keeps request ``i``'s context in :attr:`kv_cache` for its next turn.
 
         Raises ``ValueError`` naming the request index for a token id outside the vocabulary or a
-        request longer than ``max_position_embeddings``.
+        request longer than ``max_position_embeddings``, or for ``sessions`` of another length.
         """
         for i, req in enumerate(requests):
             self._check_request(i, req)
+        keys = list(sessions) if sessions is not None else [None] * len(requests)
+        if len(keys) != len(requests):
+            raise ValueError(f"{len(keys)} sessions for {len(requests)} requests")
         results: list[GenResult | None] = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
         with self._lock, torch.inference_mode():
             version = self._version
             for start in range(0, len(order), self.max_batch_size):
                 idx = order[start : start + self.max_batch_size]
-                for i, res in zip(idx, self._generate_batch([requests[i] for i in idx], version)):
+                for i, res in zip(idx, self._generate_batch([requests[i] for i in idx], version,
+                                                            [keys[i] for i in idx])):
                     results[i] = res
         return [r for r in results if r is not None]
+
+    def context(self, session: str) -> ContextEntry | None:
+        """The context this engine holds for ``session`` (None if none), without marking it used."""
+        return self.kv_cache.get(session, touch=False)
+
+    def import_context(self, session: str, entry: ContextEntry) -> None:
+        """Hold ``entry`` (e.g. fetched from another instance) as ``session``'s context; its KV is moved to
+        this engine's device and dtype, and dropped when it is not the current weights version's."""
+        if entry.kv is not None and (entry.version != self._version or not self._kv_reusable):
+            entry = entry.without_kv()
+        elif entry.kv is not None:
+            entry = ContextEntry(entry.ids, entry.digest, tuple(
+                (k.to(self.device, self._dtype), v.to(self.device, self._dtype)) for k, v in entry.kv),
+                entry.kv_len, entry.version)
+        self.kv_cache.put(session, entry)
 
     def load_weights(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy ``state_dict`` into the model in place and set :attr:`weights_version` to ``version``.
@@ -209,6 +258,7 @@ class HFRolloutEngine:
                 for name, tensor in state_dict.items():
                     own[name].copy_(tensor)
             self._version = int(version)
+            self.kv_cache.drop_kv()  # KV computed with the old weights is not this policy's
         log.info("weights_loaded", version=int(version), tensors=len(state_dict))
 
     # -- internals -----------------------------------------------------------------------------
@@ -226,21 +276,79 @@ class HFRolloutEngine:
                 f"exceeds the model's max_position_embeddings ({self.max_positions})"
             )
 
-    def _generate_batch(self, reqs: Sequence[GenRequest], version: int) -> list[GenResult]:
+    def _reusable(self, key: str | None, req: GenRequest, version: int) -> ContextEntry | None:
+        """The cached context whose KV this request may reuse (same ids, same weights version), or None."""
+        if key is None:
+            return None
+        e = self.kv_cache.get(key)
+        ok = (e is not None and e.kv is not None and self._kv_reusable and e.version == version
+              and e.kv_prefix_matches(req.prompt_ids))
+        self.kv_cache.stats["hits" if ok else "misses"] += 1
+        return e if ok else None
+
+    def _past_cache(self, reuse: Sequence[ContextEntry | None], width: int) -> Any:
+        """A DynamicCache of the rows' cached KV, each left-padded to ``width`` positions (zeros, masked)."""
         from transformers import DynamicCache
 
+        if width == 0:
+            return DynamicCache(config=self.model.config)
+        like = next(e for e in reuse if e is not None).kv
+        assert like is not None
+        layers = []
+        for li, (k0, v0) in enumerate(like):
+            ks, vs = [], []
+            for e in reuse:
+                n = e.kv_len if e is not None else 0
+                k = e.kv[li][0] if e is not None and e.kv is not None else k0[:, :, :0]
+                v = e.kv[li][1] if e is not None and e.kv is not None else v0[:, :, :0]
+                if n < width:
+                    pad = (1, k0.shape[1], width - n, k0.shape[3])
+                    k = torch.cat([k.new_zeros(pad), k], dim=2)
+                    v = torch.cat([v.new_zeros((1, v0.shape[1], width - n, v0.shape[3])), v], dim=2)
+                ks.append(k)
+                vs.append(v)
+            layers.append((torch.cat(ks, 0) if len(ks) > 1 else ks[0], torch.cat(vs, 0) if len(vs) > 1 else vs[0]))
+        return DynamicCache(ddp_cache_data=layers, config=self.model.config)
+
+    def _keep_context(self, key: str, req: GenRequest, toks: list[int], reused: ContextEntry | None, cache: Any,
+                      mask: torch.Tensor, j: int, version: int) -> None:
+        """Store row ``j``'s context (prompt + generated ids, and the KV of every position fed) as ``key``."""
+        prompt = req.prompt_ids
+        valid = mask[j].nonzero().squeeze(1)
+        if valid.numel() != len(prompt) + len(toks) - 1:
+            raise EngineError(f"KV cache of {valid.numel()} positions for {len(prompt)} + {len(toks)} - 1 tokens")
+        whole = valid.numel() == mask.shape[1] and mask.shape[0] == 1
+        kv = tuple((layer.keys, layer.values) if whole else
+                   (layer.keys[j : j + 1].index_select(2, valid), layer.values[j : j + 1].index_select(2, valid))
+                   for layer in cache.layers)
+        ids = array("I", prompt)
+        if reused is not None and len(prompt) >= len(reused.ids) and ids[: len(reused.ids)] == reused.ids:
+            digest = reused.digest.copy().update(ids[len(reused.ids) :])
+        else:
+            digest = ContextDigest(ids)
+        ids.extend(toks)
+        digest.update(toks)
+        self.kv_cache.put(key, ContextEntry(ids, digest, kv, valid.numel(), version))
+
+    def _generate_batch(self, reqs: Sequence[GenRequest], version: int,
+                        keys: Sequence[str | None]) -> list[GenResult]:
         dev = self.device
         bsz = len(reqs)
         lens = [len(r.prompt_ids) for r in reqs]
-        width = max(lens)
+        reuse = [self._reusable(k, r, version) for k, r in zip(keys, reqs)]
+        past = [e.kv_len if e is not None else 0 for e in reuse]
+        tails = [n - p for n, p in zip(lens, past)]
+        pw, width = max(past), max(tails)
         ids = torch.full((bsz, width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((bsz, width), dtype=torch.long)
+        tail_mask = torch.zeros((bsz, width), dtype=torch.long)
+        past_mask = torch.zeros((bsz, pw), dtype=torch.long)
         for b, r in enumerate(reqs):
-            ids[b, width - lens[b] :] = torch.tensor(list(r.prompt_ids), dtype=torch.long)
-            mask[b, width - lens[b] :] = 1
-        positions = (mask.cumsum(dim=1) - 1).clamp_(min=0)
-        mask = mask.to(dev)
-        cache = DynamicCache(config=self.model.config)
+            ids[b, width - tails[b] :] = torch.tensor(list(r.prompt_ids[past[b] :]), dtype=torch.long)
+            tail_mask[b, width - tails[b] :] = 1
+            past_mask[b, pw - past[b] :] = 1
+        positions = (tail_mask.cumsum(dim=1) - 1).clamp_(min=0) + torch.tensor(past, dtype=torch.long)[:, None]
+        mask = torch.cat([past_mask, tail_mask], dim=1).to(dev)
+        cache = self._past_cache(reuse, pw)
         out = self.model(
             input_ids=ids.to(dev),
             attention_mask=mask,
@@ -273,6 +381,10 @@ class HFRolloutEngine:
                     reasons[b] = "stop"
                 elif len(toks[b]) < reqs[b].max_new_tokens:
                     keep.append(j)
+                    continue
+                key = keys[b]
+                if key is not None:  # finished: keep its context before it leaves the batch
+                    self._keep_context(key, reqs[b], toks[b], reuse[b], cache, mask, j, version)
             if not keep:
                 break
             if len(keep) < len(rows):  # compact: finished rows leave the batch and the KV cache
@@ -300,6 +412,7 @@ class HFRolloutEngine:
                 weights_version=version,
                 sampling_logprobs=slps[b],
                 num_prompt_tokens=lens[b],
+                cached_tokens=past[b],
             )
             for b in range(bsz)
         ]

@@ -106,6 +106,7 @@ class GenResult:
     weights_version: int
     sampling_logprobs: list[float] | None = None
     num_prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from a cache (not fed through the model this call)
 
 
 @runtime_checkable

@@ -1,5 +1,14 @@
-"""Typed payloads of ``generate`` work: :class:`GenerateArgs` (one model turn), :class:`GenerateResult`
-(its reply) and :class:`RouteHints` (the fields of the args the broker's rollout router reads).
+"""Typed payloads of ``generate`` work: :class:`GenerateArgs` (one model turn), :class:`TurnContext` (the
+turn's context as a delta), :class:`GenerateResult` (its reply) and :class:`RouteHints` (the fields of the
+args the broker's rollout router reads); :class:`ContextDigest` is the context digest both ends compute.
+
+A turn names its context in one of two forms. The whole form (``prompt_ids``: every token so far) is the
+original one and stays valid. The delta form (``context``: a :class:`TurnContext`) carries only the tokens
+added since the previous turn, the total length and digests, so the bytes through the broker per turn stay
+O(new tokens): the rollout instance keeps the trajectory's context (and its KV cache) between turns, and on
+a miss (evicted, or the trajectory moved to another instance) fetches it over the data plane, from the
+previous instance (``holder``: its KV cache or its token ids) or from the session (``source``). A context
+whose digest does not match is never generated from: the turn fails with ``context_mismatch``.
 
 No I/O. Who uses them: episode sessions (``libra.rl.episode``) build ``GenerateArgs``; the rollout actor
 (``libra.actors.rollout_role``) parses them, answering a malformed mapping with a ``bad_request``
@@ -13,18 +22,98 @@ it is *not* a field of :class:`GenerateArgs` (the rollout actor ignores it); the
 
 from __future__ import annotations
 
+import hashlib
 import math
+import sys
+from array import array
+from collections.abc import Iterable
 from typing import Annotated, Any, Self
 
 import msgspec
 
 from .payloads_base import Payload
-from .payloads_refs import WeightsRef
+from .payloads_refs import DataRef, WeightsRef
 
-__all__ = ["GenerateArgs", "GenerateResult", "OracleHints", "RouteHints"]
+__all__ = ["EMPTY_DIGEST", "ContextDigest", "GenerateArgs", "GenerateResult", "OracleHints", "RouteHints",
+           "TurnContext", "context_digest"]
 
-TokenId = Annotated[int, msgspec.Meta(ge=0)]
+TokenId = Annotated[int, msgspec.Meta(ge=0, le=0xFFFFFFFF)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
+Digest = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32}$")]
+_TYPECODE = next(c for c in ("I", "L") if array(c).itemsize == 4)
+
+
+class ContextDigest:
+    """The digest of a token sequence: blake2b (16 bytes, hex) of the ids as little-endian uint32, computed
+    incrementally (:meth:`update` costs O(new tokens)), so a session and a rollout instance extend it turn by
+    turn and compare. ``length`` is the number of tokens hashed. Raises ``ValueError`` for an id outside
+    [0, 2**32)."""
+
+    __slots__ = ("_h", "length")
+
+    def __init__(self, ids: Iterable[int] = ()) -> None:
+        self._h = hashlib.blake2b(digest_size=16)
+        self.length = 0
+        self.update(ids)
+
+    def update(self, ids: Iterable[int]) -> ContextDigest:
+        try:
+            a = array(_TYPECODE, ids)
+        except (OverflowError, TypeError) as exc:
+            raise ValueError(f"token ids must be ints in [0, 2**32): {exc}") from None
+        if sys.byteorder == "big":
+            a.byteswap()
+        self._h.update(a.tobytes())
+        self.length += len(a)
+        return self
+
+    def copy(self) -> ContextDigest:
+        other = ContextDigest.__new__(ContextDigest)
+        other._h, other.length = self._h.copy(), self.length
+        return other
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def context_digest(ids: Iterable[int]) -> str:
+    """The :class:`ContextDigest` hex digest of ``ids``."""
+    return ContextDigest(ids).hexdigest()
+
+
+EMPTY_DIGEST = context_digest(())
+
+
+class TurnContext(Payload, frozen=True, kw_only=True):
+    """A turn's context as a delta (``GenerateArgs.context``): the first ``prefix_len`` tokens are what the
+    previous turn left (its context plus its generated tokens), ``new_ids`` what was appended since (tool
+    output, a user message). Object names at ``holder``: ``NAME/kv`` (token ids + KV cache) and ``NAME/ids``
+    (token ids); at ``source``: its ``name`` (the session's whole context)."""
+
+    WHAT = "turn context"
+    OMIT_DEFAULT = ("source", "holder")
+
+    new_ids: list[TokenId] = msgspec.field(default_factory=list)
+    """The tokens appended since the prefix (may be empty: the model continues its own turn)."""
+    prefix_len: Annotated[int, msgspec.Meta(ge=0)]
+    """Tokens before ``new_ids``: the context the previous turn ended with (0 on a trajectory's first turn)."""
+    prefix_digest: Digest
+    """:class:`ContextDigest` of the prefix (``EMPTY_DIGEST`` when ``prefix_len`` is 0)."""
+    total_len: Annotated[int, msgspec.Meta(ge=1)]
+    """``prefix_len + len(new_ids)``: the whole context's length."""
+    digest: Digest
+    """:class:`ContextDigest` of the whole context."""
+    source: DataRef | None = None
+    """The whole context's token ids on the session's data-plane server (re-prefill after a miss)."""
+    holder: DataRef | None = None
+    """The instance that served the previous turn (its ``GenerateResult.context_at``): KV transfer or ids."""
+
+    def __post_init__(self) -> None:
+        if self.total_len != self.prefix_len + len(self.new_ids):
+            raise ValueError(f"field `total_len`: {self.total_len} != prefix_len {self.prefix_len} + "
+                             f"{len(self.new_ids)} new ids")
+        if self.prefix_len == 0 and self.prefix_digest != EMPTY_DIGEST:
+            raise ValueError("field `prefix_digest`: an empty prefix has the empty digest")
 
 
 class GenerateArgs(Payload, frozen=True, kw_only=True):
@@ -36,10 +125,13 @@ class GenerateArgs(Payload, frozen=True, kw_only=True):
     """
 
     WHAT = "generate args"
-    OMIT_DEFAULT = ("seed", "prompt_id", "prompt_tokens", "step")
+    OMIT_DEFAULT = ("prompt_ids", "context", "seed", "prompt_id", "prompt_tokens", "step")
 
-    prompt_ids: Annotated[list[TokenId], msgspec.Meta(min_length=1)]
-    """The whole token sequence so far (chat-templated prompt, earlier turns, tool output): non-empty."""
+    prompt_ids: Annotated[list[TokenId], msgspec.Meta(min_length=1)] | None = None
+    """The whole form: every token so far (chat-templated prompt, earlier turns, tool output), non-empty.
+    Exactly one of ``prompt_ids`` and ``context`` is given."""
+    context: TurnContext | None = None
+    """The delta form (see :class:`TurnContext`): what a session sends once the instance holds the context."""
     max_new_tokens: Annotated[int, msgspec.Meta(ge=1)] = 32
     """Most tokens this turn may generate (the episode caps it so the sequence stays in its budget)."""
     temperature: NonNegFloat = 1.0
@@ -63,6 +155,14 @@ class GenerateArgs(Payload, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         if not math.isfinite(self.temperature):
             raise ValueError("field `temperature`: must be finite")
+        if (self.prompt_ids is None) == (self.context is None):
+            raise ValueError("field `prompt_ids`: a generate turn needs exactly one of `prompt_ids` (the whole "
+                             "context) and `context` (a delta)")
+
+    @property
+    def total_len(self) -> int:
+        """The whole context's length in tokens, in either form."""
+        return len(self.prompt_ids) if self.prompt_ids is not None else self.context.total_len  # type: ignore[union-attr]
 
 
 class GenerateResult(Payload, frozen=True, kw_only=True):
@@ -73,6 +173,7 @@ class GenerateResult(Payload, frozen=True, kw_only=True):
     """
 
     WHAT = "generate result"
+    OMIT_DEFAULT = ("context_at", "context_via", "prefill_tokens")
 
     token_ids: list[int]
     """The generated tokens (a stop token, if one ended the turn, is the last)."""
@@ -94,6 +195,14 @@ class GenerateResult(Payload, frozen=True, kw_only=True):
     """None, or why a wanted version could not be had (the turn then ran on the old version)."""
     batch: Annotated[int, msgspec.Meta(ge=1)] = 1
     """How many turns shared the engine call that produced this one."""
+    context_at: DataRef | None = None
+    """Where this instance now holds the trajectory's context (send it back as ``TurnContext.holder``)."""
+    context_via: str | None = None
+    """How the instance had the context: ``"cache"`` (its own KV), ``"local"`` (its own ids, KV dropped),
+    ``"kv"`` (KV fetched from ``holder``), ``"ids"`` (ids fetched, then re-prefilled), ``"new"`` (a first
+    turn) or ``"full"`` (the whole form)."""
+    prefill_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    """Tokens this turn fed through the model before its first new token (the part no cache covered)."""
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.token_ids):

@@ -134,9 +134,9 @@ def test_route_hints_never_raise_and_read_bad_hints_as_absent(args: object) -> N
 
 # (struct, wire, the field the error names, a phrase of its message)
 ERRORS = [
-    (GenerateArgs, {"max_new_tokens": 3}, "prompt_ids", "missing required field"),
+    (GenerateArgs, {"max_new_tokens": 3}, "prompt_ids", "exactly one of `prompt_ids`"),
     (GenerateArgs, {"prompt_ids": []}, "prompt_ids", "length >= 1"),
-    (GenerateArgs, {"prompt_ids": "1 2"}, "prompt_ids", "Expected `array`, got `str`"),
+    (GenerateArgs, {"prompt_ids": "1 2"}, "prompt_ids", "Expected `array | null`, got `str`"),
     (GenerateArgs, {"prompt_ids": [1, "2"]}, "prompt_ids[1]", "Expected `int`, got `str`"),
     (GenerateArgs, {"prompt_ids": [1, -2]}, "prompt_ids[1]", ">= 0"),
     (GenerateArgs, {"prompt_ids": [1], "max_new_tokens": 0}, "max_new_tokens", ">= 1"),
