@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from libra.policies.planner.engine_caps import cluster_max_tp
+
 from .events import Command, Log, StartPlannerSearch
 from .planner_loop import PlanJob, PlannerLoop
 from .pools import GpuSlot, PlanApplier, PlanError, Role, bucket_specs, layout_roles
@@ -46,6 +48,12 @@ class Planning:
                 out.append(GpuSlot(sess.actor_id, sess.host, int(sess.slot[3:])))
         return out
 
+    def max_rollout_tp(self) -> int | None:
+        """The largest rollout TP group every connected GPU actor's engine can serve (the smallest ``max_tp``
+        of their hello labels: 1 where an HF engine runs); None when no actor says."""
+        return cluster_max_tp(sess.labels for sess in self._sessions.actors.values()
+                              if sess.labels.get("slot_kind") == "gpu")
+
     # ------------------------------------------------------------------ applying a plan
     def apply(self, plan: Any, now: float) -> list[Command]:
         """Move GPU actors to the roles of ``plan`` (a planner ``Plan``) without stopping anything.
@@ -63,6 +71,12 @@ class Planning:
                                       if cfg.get("role") in ("train", "rollout") else Role("idle"))
         self._generation += 1
         target = layout_roles(plan, self.gpu_slots(), current, self._generation)
+        for aid, role in target.items():  # refused at plan time, not when the engine is built
+            cap = self._sessions.actor_by_id(aid).labels.get("max_tp")  # type: ignore[union-attr]
+            if role.kind == "rollout" and isinstance(cap, int) and role.tp > cap:
+                engine = self._sessions.actor_by_id(aid).labels.get("engine", "?")  # type: ignore[union-attr]
+                raise PlanError(f"plan puts {aid} in a TP-{role.tp} rollout group but its {engine} engine serves "
+                                f"TP <= {cap}")
         self.applier = PlanApplier(current, target)
         self._rollout.set_buckets(bucket_specs(plan))
         return self._direct(self.applier.start(), now)
@@ -108,6 +122,7 @@ class Planning:
         loop = self.loop
         assert loop is not None
         since = loop.recorded
+        loop.cap_rollout_tp(self.max_rollout_tp())  # no TP group larger than the engines can serve
         job = loop.start(len(self.gpu_slots()), now, queue_pressure=queue_pressure, active_pressure=active_pressure,
                          rejected_total=rejected_total, rollout_time=rollout_time, train_time=train_time)
         out = self._decision_logs(since)
