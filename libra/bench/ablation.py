@@ -1,7 +1,7 @@
 """Benchmark: the Libra ablation ladder and the EARL parallelism selector, in the simulator, in one run.
 
 Part 1, the ladder (docs/papers.md §1.5, R2E-Gym ablation; §5.1): one generated R2E-like trace (48 GPUs,
-20 steps, ``gpus / 3`` GRPO groups of 16 per step by default) is replayed by the discrete-event simulator
+20 steps, ``gpus / 16`` GRPO groups of 16 per step by default, ~346K tokens per step as docs/papers.md §1.7 says) is replayed by the discrete-event simulator
 (:mod:`libra.sim.engine`: the real ``BrokerState``, the real routers, the real planner and plan
 application) under each rung, cumulatively:
 
@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from libra.bench.output import emit
+from libra.sim.sim_config import default_prompts
 
 __all__ = ["RUNGS", "earl_run", "main", "measure_tgs", "run", "run_rung"]
 
@@ -243,7 +244,7 @@ def run(steps: int = 20, gpus: int = 48, prompts: int | None = None, seed: int =
     """Run both parts; returns the JSON-ready result (rows, ratios, target checks, EARL rows).
     ``batching``: the simulator's ``SimConfig.batching``; ``objective``: the planner rungs'
     ``PlannerConfig.objective`` (None: the allocation's default)."""
-    prompts = prompts if prompts is not None else max(1, gpus // 3)
+    prompts = prompts if prompts is not None else default_prompts(gpus)
     params = dict(allocation_params or {})
     if objective is not None:
         params["objective"] = objective
@@ -287,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m libra.bench ablation", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=None, help="RL steps (default 20; --quick 3)")
     p.add_argument("--gpus", type=int, default=None, help="GPUs, whole 8-GPU nodes (default 48; --quick 16)")
-    p.add_argument("--prompts", type=int, default=None, help="GRPO groups of 16 per step (default gpus/3; --quick 2)")
+    p.add_argument("--prompts", type=int, default=None, help="GRPO groups of 16 per step (default gpus/16, 3 at 48 GPUs: ~346K tokens per step, docs/papers.md §1.7; --quick 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--base-router", default="least_loaded", help="router of the rungs below C-MLFQ (default %(default)s)")
     p.add_argument("--jobs", type=int, default=1, help="parallel simulations (default %(default)s)")

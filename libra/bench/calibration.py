@@ -12,9 +12,12 @@
    Fig. 3 and of the rollout fit) at 1K and at 32K tokens: rollout seconds on 8 GPUs (best homogeneous
    TP, :func:`~libra.policies.cost.rollout.batch_latency`) and training seconds of one step on 8 GPUs (best
    TP × PP of :class:`~libra.policies.cost.TrainingCostModel`); paper: rollout grows ≈ 95×, training ≈ 3.9×.
-3. **Static uniform / colocated** in the simulator (R2E-like trace, ``gpus / 3`` groups of 16 per step,
+3. **Static uniform / colocated** in the simulator (R2E-like trace, ``gpus / 16`` groups of 16 per step,
    router ``least_loaded``), with streaming batches and with the per-step barrier (``SimConfig.batching``);
    paper ≈ 1.7× (423 vs ≈ 247 tok/s, §1.7).
+4. **Fig. 2b** and the **oracle sanity** (:mod:`libra.bench.calibration_sim`): rollout vs training time at the
+   first and last steps on the static uniform split; every router on every workload on the mixed-TP layout,
+   the oracle router expected at least as fast as all others (``--no-oracle`` skips these runs).
 
 ``python -m libra.bench calibration [--gpus 48] [--steps 20] [--prompts N] [--seed 0] [--sequences 512]
 [--quick] [--json]``; ``--quick``: 16 GPUs, 3 steps, 2 groups per step (for tests).
@@ -29,6 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from libra.bench.output import emit
+from libra.sim.sim_config import default_prompts
 
 __all__ = ["fig2a", "fig3", "main", "run", "sim_ratio"]
 
@@ -120,11 +124,16 @@ def sim_ratio(gpus: int, steps: int, prompts: int, seed: int) -> dict[str, Any]:
 
 
 def run(gpus: int = 48, steps: int = 20, prompts: int | None = None, seed: int = 0,
-        sequences: int = 512) -> dict[str, Any]:
+        sequences: int = 512, oracle: bool = True) -> dict[str, Any]:
+    from libra.bench.calibration_sim import oracle_sanity, stage_ratio
+
     cm, tm = _models()
-    prompts = prompts if prompts is not None else max(1, gpus // 3)
-    return {"fig3": fig3(cm), "fig2a": fig2a(cm, tm, sequences), "sim": sim_ratio(gpus, steps, prompts, seed),
-            "paper": dict(PAPER_RATIOS)}
+    prompts = prompts if prompts is not None else default_prompts(gpus)
+    out = {"fig3": fig3(cm), "fig2a": fig2a(cm, tm, sequences), "sim": sim_ratio(gpus, steps, prompts, seed),
+           "stages": stage_ratio(gpus, steps, prompts, seed), "paper": dict(PAPER_RATIOS)}
+    if oracle:
+        out["oracle"] = oracle_sanity(gpus, steps, prompts, seed)
+    return out
 
 
 def _fmt(out: dict[str, Any]) -> str:
@@ -156,6 +165,24 @@ def _fmt(out: dict[str, Any]) -> str:
         lines.append(f"{batching:<10} {r['static_uniform']['tokens_per_s']:>13.1f} {r['colocated']['tokens_per_s']:>11.1f} "
                      f"{r['static_uniform_over_colocated']:>6.2f} {paper['static_uniform_over_colocated']:>6.2f} "
                      f"{r['static_uniform']['step_time_s']:>14.1f} {r['static_uniform']['staleness_max']:>13.0f}")
+    st = out["stages"]
+    lines += ["", f"Fig. 2b, static uniform ({st['rollout_gpus']} rollout / {st['train_gpus']} training GPUs): "
+              "rollout vs training per step (paper: rollout the faster stage first, the bottleneck after the drift)",
+              f"{'step':<6} {'mean tok':>8} {'model roll s':>12} {'model train s':>13} {'roll/train':>10} "
+              f"{'sim step s':>10} {'sim train s':>11} {'sim wait':>8}"]
+    for name in ("first", "last"):
+        r = st[name]
+        lines.append(f"{name:<6} {r['mean_tokens']:>8.0f} {r['model_rollout_s']:>12.1f} {r['model_train_s']:>13.1f} "
+                     f"{r['model_rollout_over_train']:>10.2f} {r['sim_step_s']:>10.1f} {r['sim_train_s']:>11.1f} "
+                     f"{r['sim_wait_fraction']:>8.2f}")
+    if "oracle" in out:
+        o = out["oracle"]
+        lines += ["", f"Oracle sanity ({o['allocation']} layout, {o['gpus']} GPUs, {o['steps']} steps, {o['prompts']} "
+                  f"groups x 16): oracle >= every other router on every workload: {'yes' if o['ok'] else 'NO'}"]
+        for wl, w in o["workloads"].items():
+            others = ", ".join(f"{r} {v:.0f}" for r, v in w["tokens_per_s"].items() if r != "oracle")
+            lines.append(f"  {wl:<10} oracle {w['tokens_per_s']['oracle']:.0f} tok/s; best other {w['best_other']} "
+                         f"x{w['best_other_over_oracle']:.3f} of it; {others}")
     return "\n".join(lines)
 
 
@@ -163,10 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m libra.bench calibration", description=__doc__.splitlines()[0])
     p.add_argument("--gpus", type=int, default=None, help="simulated GPUs, whole 8-GPU nodes (default 48; --quick 16)")
     p.add_argument("--steps", type=int, default=None, help="simulated RL steps (default 20; --quick 3)")
-    p.add_argument("--prompts", type=int, default=None, help="GRPO groups of 16 per step (default gpus/3; --quick 2)")
+    p.add_argument("--prompts", type=int, default=None, help="GRPO groups of 16 per step (default gpus/16, 3 at 48 GPUs: ~346K tokens per step, docs/papers.md §1.7; --quick 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sequences", type=int, default=512, help="Fig. 2a: sequences at each length (default 512)")
     p.add_argument("--quick", action="store_true", help="a tiny simulation (16 GPUs, 3 steps) for smoke tests")
+    p.add_argument("--no-oracle", action="store_true", help="skip the oracle-router sanity runs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -180,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("--steps and --sequences must be >= 1 and --gpus a multiple of 8, at least 16")
         return 2
     t0 = time.perf_counter()
-    out = run(gpus, steps, prompts, args.seed, args.sequences)
+    out = run(gpus, steps, prompts, args.seed, args.sequences, oracle=not args.no_oracle)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     emit(out, args.json, _fmt)
     return 0

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from libra.sim.engine import SIM_ROUTERS, SimConfig, Simulator
 from libra.sim.sim_cluster import ALLOCATIONS, PLANNER_ALLOCATIONS, SimConfigError
+from libra.sim.sim_config import default_prompts
 from libra.traces import TraceError, read_trace
 from libra.sim.workload_profiles import PROFILES, get_profile
 from libra.sim.workloads import generate
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --trace: the workload whose bucket and tool-size thresholds to use (default r2e)")
     p.add_argument("--gpus", type=int, default=48, help="GPUs in the cluster (default 48)")
     p.add_argument("--steps", type=int, default=20, help="RL steps (default 20; with --trace: at most this many)")
-    p.add_argument("--prompts", type=int, default=None, help="GRPO groups per step (default gpus/3)")
+    p.add_argument("--prompts", type=int, default=None, help="GRPO groups per step (default gpus/16: ~346K tokens per step on r2e)")
     p.add_argument("--group-size", type=int, default=16, help="samples per prompt (default 16)")
     p.add_argument("--router", default="cmlfq", choices=SIM_ROUTERS)
     p.add_argument("--allocation", default="hetero", choices=ALLOCATIONS,
@@ -99,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             keep = sorted({t.step for t in trajs})[: args.steps]
             trajs = [t for t in trajs if t.step in set(keep)]
         else:
-            prompts = args.prompts if args.prompts is not None else max(1, args.gpus // 3)
+            prompts = args.prompts if args.prompts is not None else default_prompts(args.gpus)
             trajs = generate(args.workload, args.steps, prompts, args.group_size, args.seed)
         cfg = SimConfig(router=args.router, allocation=args.allocation, gpus=args.gpus, lag=args.lag, seed=args.seed,
                         bucket_thresholds=prof.bucket_thresholds, size_thresholds=prof.size_thresholds,
@@ -144,9 +145,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         fp = report["final_plan"]
         rows += [("plans applied / switches", f"{report['plans_applied']} / {sum(report['switches'].values())}"),
                  ("final plan", f"train {fp['n_train']} GPUs {fp['train']}, rollout TP {fp['rollout_tps']}"),
-                 ("charged s (switch / search)", f"{report['transition_s']:.1f} / {report['search_s']:.1f}")]
+                 ("charged s (switch / search)", f"{report['transition_s']:.1f} / {report['search_s']:.1f}"),
+                 ("planner", f"{report['runtime']}, {report['loop_rounds']} rounds")]
     for k, v in rows:
         print(f"{k:<28} {v}")
+    for line in (report or {}).get("modelled_only", []):
+        print(f"modelled-only: {line}")
     if args.per_step:
         print(f"\n{'step':>4} {'trajs':>6} {'mean len':>9} {'rollout s':>10} {'train s':>8} {'roll/train':>10}")
         for r in out["per_step"]:

@@ -241,7 +241,10 @@ class Simulator:
             new = tr.context
         tr.kv_home = inst.id
         tr.pending_new = 0
+        # The prefill (and any instance-serial overhead, 0 in the bundled GPU profiles) stalls the instance; the
+        # per-turn serving latency delays only this trajectory (docs/papers.md §1.7).
         inst.charge(self.costs.request_overhead_s + self.costs.prefill(inst.tp, new), new)
+        delay += self.costs.turn_latency_s
         if delay > 0:
             self._push(self.now + delay, "join", (inst, seq))
         else:

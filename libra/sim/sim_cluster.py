@@ -132,6 +132,7 @@ class InstanceCosts:
         self.kv_fixed_s = kv_fixed_s
         self.reserve_tokens = reserve_tokens
         self.request_overhead_s = float(cm.cal.per_request_overhead_s)
+        self.turn_latency_s = float(cm.cal.per_turn_latency_s)
         self._lin: dict[int, tuple[float, float, float]] = {}
         self._kv_bytes_full = float(cm.kv_bytes_per_token(1))
 

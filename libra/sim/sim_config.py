@@ -7,7 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SimConfig"]
+__all__ = ["STEP_TOKENS", "SimConfig", "default_prompts"]
+
+#: Tokens per training step in the paper's R2E runs: 763 tok/s x 454 s mean step time (docs/papers.md §1.5, §1.7).
+STEP_TOKENS = 346_000
+
+
+def default_prompts(gpus: int) -> int:
+    """GRPO groups (of 16) per step by default: ``gpus / 16``, i.e. 3 on the paper's 48 GPUs, which on the R2E-like
+    trace (mean length 2.2K -> 9.2K tokens over 20 steps) gives ~365K tokens per step, the paper's ~346K
+    (:data:`STEP_TOKENS`; docs/papers.md §1.7: B = 48 trajectories, in flight at most 2B, eta = 2)."""
+    return max(1, round(gpus / 16))
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,10 +6,12 @@ server of TP degree ``tp``. Model (per :class:`~libra.sim.sim_cluster.InstanceCo
 - every running sequence decodes one token per step; a step takes ``decode_step(tp, running, kv_tokens)``
   (constant between events, evaluated at the segment's mid-point KV size); contexts grow as they decode;
 - a new turn first pays, serialised on the instance (it stalls decoding, as a prefill does), the
-  per-request serving overhead plus the prefill of the tokens not in its KV cache here: the new tokens
-  (prompt or tool payload) when its cache lives here, the whole context after a re-prefill migration or a
-  first placement; a ``kv`` migration instead delays only that sequence by the KV transfer time and then
-  prefills the new tokens;
+  prefill of the tokens not in its KV cache here (plus the profile's instance-serial
+  ``per_request_overhead_s``, 0 in the bundled GPU profiles): the new tokens (prompt or tool payload) when
+  its cache lives here, the whole context after a re-prefill migration or a first placement; a ``kv``
+  migration instead delays only that sequence by the KV transfer time and then prefills the new tokens;
+  the per-turn serving latency (``per_turn_latency_s``) delays only that sequence, never the instance
+  (the engine joins it late, docs/papers.md §1.7);
 - KV capacity: a sequence is admitted to the running batch while the running contexts fit in the
   instance's token capacity (FCFS), otherwise it waits on the instance.
 

@@ -33,3 +33,16 @@ def test_calibration_quick_json_has_every_figure(capsys: pytest.CaptureFixture[s
     # colocated runs synchronously under both settings
     assert sim["streaming"]["colocated"] == sim["barrier"]["colocated"]
     assert out["paper"]["rollout_32k_over_1k"] == 95.0
+    st = out["stages"]
+    for name in ("first", "last"):
+        r = st[name]
+        assert r["model_rollout_s"] > 0 and r["model_train_s"] > 0 and 0 <= r["sim_wait_fraction"] <= 1
+        assert r["model_rollout_over_train"] == pytest.approx(r["model_rollout_s"] / r["model_train_s"])
+    assert st["last"]["mean_tokens"] > st["first"]["mean_tokens"]  # the R2E drift
+    oracle = out["oracle"]
+    assert set(oracle["workloads"]) == {"r2e", "search_r1", "dapo_math"}
+    for w in oracle["workloads"].values():
+        tps = w["tokens_per_s"]
+        assert "oracle" in tps and all(v > 0 for v in tps.values())
+        assert w["ok"] == all(tps["oracle"] >= v for v in tps.values())
+    assert oracle["ok"] == all(w["ok"] for w in oracle["workloads"].values())

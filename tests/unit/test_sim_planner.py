@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
 from libra.bench import ablation
 from libra.broker.pools import GpuSlot, PlanApplier, layout_roles
+from libra.policies.cost import RolloutCostModel, TrainingCostModel, load_hardware, load_model
 from libra.policies.cost.training import TrainConfig
 from libra.policies.planner.allocators import Workload, make_allocator
 from libra.policies.planner.types import Plan, RolloutInstance
@@ -164,7 +166,11 @@ def test_sim_cli_accepts_planner_allocations(capsys: pytest.CaptureFixture[str])
 
 
 def test_colocated_allocator_and_multi_turn_workloads_in_the_planner() -> None:
-    alloc = make_allocator("grp", hardware="a800", model="qwen3-14b", n_gpus=16, global_batch=32, group_size=16)
+    # an instance-serial per-request overhead (0 in the bundled GPU profiles) is paid once per turn
+    hw, model = load_hardware("a800"), load_model("qwen3-14b")
+    rollout = RolloutCostModel(hw, model, replace(hw.rollout, per_request_overhead_s=0.5))
+    alloc = make_allocator("grp", rollout_model=rollout, train_model=TrainingCostModel(hw, model), n_gpus=16,
+                           global_batch=32, group_size=16)
     one = Workload.from_pairs([(2000.0, 3000.0)] * 32)
     many = Workload.from_pairs([(2000.0, 3000.0, 10.0)] * 32)
     assert alloc.evaluate(alloc.propose(one), many).t_rollout > alloc.propose(one).t_rollout
@@ -244,9 +250,9 @@ def test_error_feedback_reports_clean_steps_to_the_replanner() -> None:
 
 
 def test_reconfig_feedback_reports_the_measured_cost_of_a_deployment() -> None:
-    # the pipeline objective: on this trace it re-deploys after the initial plan (the throughput objective
-    # keeps the initial plan, leaving no deployment to measure)
-    on = _sim("grp", gpus=24, steps=6, plan_interval=1, objective="pipeline")
+    # with the hardware-derived costs the throughput objective re-deploys after the initial plan on this trace,
+    # and 12 steps leave clean steps after the deployment to measure it
+    on = _sim("grp", gpus=24, steps=12, plan_interval=1)
     on.run()
     assert on.alloc is not None and on.alloc.applied  # this run deploys a new plan at least once
     costs = on.alloc.report()["reconfig_costs"]
@@ -254,6 +260,6 @@ def test_reconfig_feedback_reports_the_measured_cost_of_a_deployment() -> None:
     # their prediction); the Replanner charges it clamped at 0
     assert costs and all(c["deployments"] >= 1 and math.isfinite(c["cost_s"]) for c in costs)
     assert list(on.alloc.replanner.reconfigs) == pytest.approx([max(0.0, c["cost_s"]) for c in costs], abs=1e-3)
-    off = _sim("grp", gpus=24, steps=6, plan_interval=1, reconfig_feedback=False, objective="pipeline")
+    off = _sim("grp", gpus=24, steps=12, plan_interval=1, reconfig_feedback=False)
     off.run()
     assert off.alloc is not None and off.alloc.reconfig_costs == [] and not off.alloc.replanner.reconfigs

@@ -6,7 +6,7 @@ by responsibility:
 - ``cost/profiles.py``: :class:`HardwareProfile` / :class:`ModelProfile` and their TOML loaders
   (:func:`load_hardware`, :func:`load_model`; :class:`ProfileError` on an unknown name or a bad file);
 - ``cost/rollout.py``: :class:`RolloutCostModel` (KV capacity, OOM, prefill and decode steps,
-  steady batch, O(1) ``segment_cost``, ``tokens_per_s``) and its calibration against the paper's
+  steady batch, O(1) ``segment_cost``, ``tokens_per_s``) and its validation against the paper's
   measured throughputs (:data:`CALIBRATION_TARGETS`, :func:`calibration_report`);
 - ``cost/training.py``: :class:`TrainingCostModel` (per-layer costs with interference, TP/EP
   communication, an explicit 1F1B simulation over per-micro-batch lengths, exposed DP communication,
@@ -70,9 +70,10 @@ __all__ = [
 
 
 def training_time_ratio(hardware: HardwareProfile, model: ModelProfile) -> float:
-    """Training-step time growth from 1K- to 32K-token sequences at a fixed token budget (512 x 1K vs
-    16 x 32K sequences, TP-8 on one node, micro-batch 1): the quantity calibrated to about 3.9x."""
+    """Training-step time growth from 1K- to 32K-token sequences for the *same number of sequences*
+    (512 x 1K vs 512 x 32K, TP-8 on one node, micro-batch 1), the basis of the paper's Fig. 2a (3.9x,
+    docs/papers.md §1.7); a validation fact, not a fitting target."""
     tm = TrainingCostModel(hardware, model)
     cfg = TrainConfig(tp=min(8, hardware.gpus_per_node), pp=1, dp=1, micro_batch=1)
-    return tm.step_time(cfg, [32768] * 16) / tm.step_time(cfg, [1024] * 512)
+    return tm.step_time(cfg, [32768] * 512) / tm.step_time(cfg, [1024] * 512)
 

@@ -52,7 +52,10 @@ class RolloutCalibration:
     ``tp_comm_overhead_s`` the latency of one TP all-reduce (two per layer per step);
     ``per_seq_step_overhead_s`` CPU time per running sequence per decode step (scheduler, sampler);
     ``per_request_overhead_s`` time an instance spends serially on each request outside the batched
-    GPU work (admission, tokenisation, HTTP, agent round trip); ``max_batch`` the engine's concurrent
+    GPU work, stalling every sequence on it (0 in the bundled GPU profiles: docs/papers.md §1.7 says per-turn
+    serving overhead is latency of that trajectory only); ``per_turn_latency_s`` that per-turn latency
+    (admission, tokenisation, HTTP, agent round trip), which delays only the turn's own trajectory and
+    costs the instance nothing; ``max_batch`` the engine's concurrent
     sequence cap; ``kv_reserve_gen_fraction`` the share of a request's generation whose KV the
     admission control reserves (0.5: the average in-flight size, 1.0: the full length).
     """
@@ -65,6 +68,7 @@ class RolloutCalibration:
     tp_comm_overhead_s: float = 8e-6
     per_seq_step_overhead_s: float = 0.0
     per_request_overhead_s: float = 0.0
+    per_turn_latency_s: float = 0.0
     max_batch: int = 256
     kv_reserve_gen_fraction: float = 0.5
 
@@ -75,12 +79,14 @@ class TrainingCalibration:
 
     ``mfu``: achieved fraction of peak FLOP/s for the GEMMs; ``attention_slowdown``: how much slower
     than its FLOP count the attention core (the L^2 part) runs; ``mem_fraction``: usable share of
-    device memory for the training memory model.
+    device memory for the training memory model; ``export_weights`` (1 or 0): each step ends by streaming
+    the new weights to the rollout side (``params * dtype_bytes / bw_inter``, a fixed per-step cost).
     """
 
     mfu: float = 0.4
     attention_slowdown: float = 1.0
     mem_fraction: float = 0.95
+    export_weights: int = 1
 
 
 @dataclass(frozen=True, slots=True)

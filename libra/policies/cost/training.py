@@ -14,13 +14,17 @@ The model:
   ``2 * [2 (tp-1)/tp * b L d bytes] / bw_intra`` per layer and direction; MoE adds the EP all-to-all.
 - :class:`TrainingCoefficients` defaults are the notes' values. :meth:`TrainingCoefficients.derive`
   replaces the model-dependent ones (``a_mlp``, ``b_attn``, ``a_attn``) with the model's FLOPs at the
-  hardware's training MFU (the attention core slowed by the calibrated ``attention_slowdown``), and
+  hardware's training MFU (the attention core slowed by the profile's ``attention_slowdown``), and
   keeps the notes' fixed per-sequence terms and interference constants.
 - The batch is split into DP replicas by length quantiles (sorted lengths dealt round-robin); a
   micro-batch's length is the longest inside it. Each replica runs an explicit 1F1B schedule over its
   own micro-batches; the step's pipeline time is the slowest replica's. Then the exposed DP gradient
   all-reduce (``(dp-1)/dp * 2 P_local bytes / bw``, 70% exposed with pp = 1, 50% with pp > 1), the
-  optimizer update, and (optionally) the forward-only pass that recomputes old log-probs.
+  optimizer update (32 bytes of HBM traffic per local parameter), the weight export to the rollout side
+  (``params * dtype_bytes / bw_inter``, :meth:`TrainingCostModel.export_time`) and (optionally) the
+  forward-only pass that recomputes old log-probs. With the bundled profiles (``attention_slowdown = 1``)
+  this is FLOPs at MFU (``6 N`` per token plus the causal attention core) plus fixed per-step costs;
+  nothing is fitted to a length ratio (docs/papers.md §1.7).
 - Memory per GPU: weights, fp32 gradients, Adam state (sharded by ZeRO stage), 1F1B in-flight
   activations (``34 b L d / tp`` bytes per layer, flash attention + sequence parallel) and the fp32
   logits of the log-prob recompute on the last stage. Over the usable memory means OOM.
@@ -127,6 +131,7 @@ class TrainEstimate:
     oom: bool
     n_micro: int
     bubble: float = field(default=0.0)
+    export: float = field(default=0.0)
 
 
 def simulate_1f1b(fwd: np.ndarray, bwd: np.ndarray, p2p: np.ndarray | float = 0.0) -> float:
@@ -368,8 +373,16 @@ class TrainingCostModel:
             dp_comm = volume / dp_bw * (0.7 if cfg.pp == 1 else 0.5)
         shard = cfg.dp if cfg.zero_stage >= 1 else 1
         optimizer = self.local_params(cfg) / shard * 32.0 / hw.mem_bw
-        total = pipeline + logprob + dp_comm + optimizer
-        return TrainEstimate(total, pipeline, dp_comm, optimizer, logprob, mem, False, n_micro, bubble)
+        export = self.export_time()
+        total = pipeline + logprob + dp_comm + optimizer + export
+        return TrainEstimate(total, pipeline, dp_comm, optimizer, logprob, mem, False, n_micro, bubble, export)
+
+    def export_time(self) -> float:
+        """Seconds to stream the new weights to the rollout side after a step (``params * dtype_bytes /
+        bw_inter``; 0 when the hardware profile sets ``training.export_weights = 0``)."""
+        if not self.hardware.training.export_weights:
+            return 0.0
+        return self.model.params * self.model.dtype_bytes / self.hardware.bw_inter
 
     def step_time(self, cfg: TrainConfig, lengths: Sequence[float] | np.ndarray) -> float:
         """Seconds for one step (``inf`` if OOM); see :meth:`evaluate`."""
