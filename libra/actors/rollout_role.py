@@ -31,6 +31,10 @@ Contracts:
 - Fallback (documented, not used by ``python -m libra run``): a weights ref with a ``path`` instead of an
   ``endpoint`` is read from a :func:`write_weights_file` file, for weights on shared storage (e.g. a
   checkpoint) when no data-plane route to a trainer exists.
+- Contexts stay on the instance: a turn in the delta form (``GenerateArgs.context``) is resolved by
+  :class:`~libra.actors.rollout_context.ContextService` (its own cache; on a miss, KV or ids fetched over the
+  data plane as ``Assign.route["mode"]`` says; a digest mismatch fails the turn with ``context_mismatch``), and
+  the engine keeps each trajectory's context keyed by its trajectory id.
 - Data-plane host and security: ``$LIBRA_DATAPLANE_HOST`` (default ``127.0.0.1``); CURVE when
   ``LIBRA_CURVE_SECRET`` is set (the actor's own key pair); a non-loopback host without keys is refused
   unless ``LIBRA_DATAPLANE_INSECURE=1`` (see ``libra.dataplane``).
@@ -161,6 +165,9 @@ class RolloutRole:
         self.keys = DataPlaneKeys.from_env()
         self.fetcher = fetcher or DataPlaneWeightFetcher(keys=self.keys, idle_timeout_s=fetch_timeout_s)
         self.fetch_timeout_s = fetch_timeout_s
+        from .rollout_context import ContextService
+
+        self.contexts = ContextService(self.engine, self.keys, fetch_timeout_s=fetch_timeout_s)
         self._torch: Any = None  # TorchWeightFetcher, created on the first torch.distributed ref
         self._q: queue.SimpleQueue[tuple[Any, WeightsRef | None, Future]] = queue.SimpleQueue()
         self.stats: dict[str, Any] = {"loads": 0, "dataplane_loads": 0, "torch_loads": 0, "file_loads": 0,
@@ -178,21 +185,25 @@ class RolloutRole:
         """One ``generate`` turn: :class:`GenerateArgs` in, :class:`GenerateResult` (as a mapping) out."""
         from libra.engines.rollout_base import GenRequest
 
+        from .rollout_context import Turn
+
         try:
             ga = GenerateArgs.from_wire(args)
-            req = GenRequest(prompt_ids=ga.prompt_ids, max_new_tokens=ga.max_new_tokens, temperature=ga.temperature,
+            prompt, via = self.contexts.resolve(ctx.trajectory, ga, getattr(ctx, "route", None))
+            req = GenRequest(prompt_ids=prompt, max_new_tokens=ga.max_new_tokens, temperature=ga.temperature,
                              top_p=ga.top_p, stop_token_ids=ga.stop_token_ids, seed=ga.seed)
         except PayloadError as exc:
             raise ToolError("bad_request", str(exc)) from None
         except (ValueError, TypeError) as exc:
             raise ToolError("bad_request", f"bad generate args: {exc}") from None
         fut: Future = Future()
-        self._q.put((req, ga.weights, fut))
+        self._q.put((Turn(req, ctx.trajectory, via), ga.weights, fut))
         return fut.result()
 
     def close(self) -> None:
         """Stop the batcher after its current batch and release the engine (turns must be drained first)."""
         self._stopped.set()
+        self.contexts.close()
 
     def _take_batch(self) -> list[tuple[Any, WeightsRef | None, Future]]:
         while True:
@@ -220,10 +231,12 @@ class RolloutRole:
                 return
             try:
                 sync = self._maybe_load([w for _, w, _ in batch])
-                results = self.engine.generate([req for req, _, _ in batch])
+                turns = [t for t, _, _ in batch]
+                results = self.contexts.generate(turns)
                 replies = [GenerateResult(token_ids=r.token_ids, logprobs=r.logprobs, finish_reason=r.finish_reason,
                                           weights_version=r.weights_version, gen_tokens=len(r.token_ids),
-                                          batch=len(batch), **sync).to_wire() for r in results]
+                                          batch=len(batch), **sync, **self.contexts.reply_fields(t, r)).to_wire()
+                           for t, r in zip(turns, results)]
             except Exception as exc:  # noqa: BLE001  (deliver the failure to every waiting turn)
                 err = self._engine_failure(exc)
                 for *_, fut in batch:

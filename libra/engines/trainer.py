@@ -1,7 +1,8 @@
-"""GRPO training engine: torch + transformers, data parallel over torch.distributed.
+"""GRPO training engine: torch + transformers, data parallel over torch.distributed (replicated or FSDP2).
 
 Role: what a GPU (or CPU) slot runs for ``train`` work. One :class:`GRPOTrainer` per rank holds the
-model, AdamW and the step/version counters; ``train_step`` consumes this rank's shard of a batch.
+model (whole, or its FSDP2 shard: ``parallel``, see ``fsdp.py``), AdamW and the step/version counters;
+``train_step`` consumes this rank's shard of a batch.
 
 Contracts:
 
@@ -12,15 +13,19 @@ Contracts:
   are sharded over ranks: an average over ranks weighted by each rank's tokens, which reduces to the
   plain average when shards hold equal token counts.
 - **Identical replicas.** Rank 0's initial weights are broadcast at start-up; all ranks then apply the
-  same reduced, clipped gradient with the same optimizer, so weights stay bit-identical.
+  same reduced, clipped gradient with the same optimizer, so weights stay bit-identical. Under ``fsdp``
+  each rank holds a shard instead; gradients are reduce-scattered with a sum, and every rank runs the
+  same number of micro-batches (a rank with fewer runs empty ones), because FSDP's collectives pair up
+  forward and backward passes across ranks.
 - **Versions.** ``weights_version`` starts at ``initial_version`` (or the checkpoint's) and increases
-  by one per successful step; ``state_dict_for_sync()`` returns CPU copies of the weights of that
-  version.
+  by one per successful step; ``state_dict_for_sync()`` returns full CPU copies of the weights of that
+  version (a collective under ``fsdp``: call it on every rank, as ``train_step`` and ``logprobs``).
 - After ``train_step`` the parameters' ``.grad`` hold that step's reduced, clipped gradients until the
   next step (useful for checks); the model is left in eval mode.
 - A non-finite gradient norm raises :class:`TrainingDiverged` without changing the weights.
 - ``save_checkpoint``/``load_checkpoint`` round-trip model, optimizer state, step and version, so a
-  resumed run continues bit-identically (tested).
+  resumed run continues bit-identically (tested); under ``fsdp`` as a sharded
+  ``torch.distributed.checkpoint`` (``checkpoints.py``).
 
 Not in this module: the GRPO formula (``grpo.py``), deciding batches or staleness (the broker's job
 state), which rank trains on what (``libra.policies.parallelism.dispatch``), moving weights to rollout engines and
@@ -30,11 +35,8 @@ shards to ranks (``libra.dataplane``, driven by ``libra.actors.train_role``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,7 +50,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch
 import torch.distributed as dist
 
-from libra.engines.checkpoints import prune_checkpoints
+from libra.engines import checkpoints, fsdp
 
 from libra.engines.grpo import (
     Aggregation,
@@ -74,14 +76,6 @@ __all__ = [
 
 log = get_logger(__name__)
 
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-)
 _BUCKET_ELEMENTS = 32 * 1024 * 1024  # gradient all-reduce bucket (elements)
 
 
@@ -148,6 +142,10 @@ class GRPOTrainer:
     keyword, or a whole ``config``. ``dist=None`` trains alone; with a :class:`DistConfig` the
     constructor joins (or reuses) the default process group and blocks until all ranks have joined.
     ``ref_model_dir`` (default: ``model_dir``) is loaded, frozen, only when ``kl_coef > 0``.
+    ``parallel``: ``"ddp"`` (replicas), ``"fsdp"`` (FSDP2 shards) or ``"auto"``
+    (:func:`libra.engines.fsdp.choose_parallel`); the choice is :attr:`parallel`. ``random_init``: build
+    the model from ``model_dir``'s ``config.json`` with random weights (seed 0, the same on every rank),
+    for benchmarks of realistic shapes (``libra.engines.shapes``).
 
     Mutation rule: model, optimizer, ``step`` and ``weights_version`` change only in
     :meth:`train_step` and :meth:`load_checkpoint`.
@@ -163,14 +161,19 @@ class GRPOTrainer:
         dist_config: DistConfig | None = None,
         ref_model_dir: str | os.PathLike[str] | None = None,
         initial_version: int = 0,
+        parallel: str = "auto",
+        random_init: bool = False,
         **overrides: Any,
     ) -> None:
         self.config = self._make_config(config, overrides)
         self.model_dir = Path(model_dir)
         self.device = torch.device(device)
         self.dtype = dtype
+        if parallel not in fsdp.PARALLEL_MODES:
+            raise ValueError(f"unknown parallel mode {parallel!r} (known: {', '.join(fsdp.PARALLEL_MODES)})")
+        self.random_init = random_init
         self._init_distributed(dist_config)
-        self._init_model()
+        self._init_model(parallel)
         self._init_reference(ref_model_dir)
         self._init_optimizer()
         self.step = 0
@@ -212,22 +215,41 @@ class GRPOTrainer:
         self.rank, self.world_size = cfg.rank, cfg.world_size
         log.info("trainer_joined_group", rank=self.rank, world_size=self.world_size, backend=backend)
 
-    def _load_model(self, path: Path) -> Any:
-        from transformers import AutoModelForCausalLM
+    def _load_model(self, path: Path, device: torch.device | None = None) -> Any:
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"GRPOTrainer: no config.json in model dir {str(path)!r}")
-        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
-        return model.to(self.device)
+        if self.random_init:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                model: Any = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=self.dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
+        return model.to(device or self.device)
 
-    def _init_model(self) -> None:
-        self.model = self._load_model(self.model_dir)
+    def _init_model(self, parallel: str) -> None:
+        self.model = self._load_model(self.model_dir, torch.device("cpu"))
+        n_params = sum(p.numel() for p in self.model.parameters())
+        mem = None
+        if self.device.type == "cuda":
+            mem = torch.cuda.get_device_properties(self.device).total_memory
+        self.parallel = fsdp.choose_parallel(parallel, world_size=self.world_size, n_params=n_params,
+                                             param_bytes=self.dtype.itemsize, device_type=self.device.type,
+                                             device_memory_bytes=mem)
+        if self.parallel == "fsdp":
+            # every rank loaded the same weights (same files, or the same seed): shard them where they are;
+            # fully_shard moves each rank's shard, and only it, to the device
+            fsdp.shard_model(self.model, self.device.type, self.world_size)
+        else:
+            self.model.to(self.device)
         self.model.eval()  # dropout off for the log-prob passes; train_step switches modes itself
         self._params = [p for p in self.model.parameters() if p.requires_grad]
-        if self.world_size > 1:  # identical replicas from the first step on
+        if self.world_size > 1 and self.parallel == "ddp":  # identical replicas from the first step on
             with torch.no_grad():
                 for p in self._params:
                     dist.broadcast(p.data, src=0)
+        log.info("trainer_model_ready", parallel=self.parallel, params=n_params, rank=self.rank)
 
     def _init_reference(self, ref_model_dir: str | os.PathLike[str] | None) -> None:
         self.ref_model = None
@@ -282,11 +304,21 @@ class GRPOTrainer:
             micro = [list(mb) for mb in micro_batches if len(mb)]
             if sorted(i for mb in micro for i in mb) != list(range(len(batch))):
                 raise ValueError(f"micro_batches must cover the batch's {len(batch)} sequences exactly once")
+        passes = len(micro)
+        if self.parallel == "fsdp" and self.world_size > 1:  # the same number of passes on every rank
+            most = torch.tensor([float(passes)], dtype=torch.float64)
+            self._all_reduce_cpu(most, dist.ReduceOp.MAX)
+            passes = int(most.item())
         sums = torch.zeros(4, dtype=torch.float64)  # loss, clipped tokens, ratio sum, kl sum
         self.model.train()
         try:
-            for idx in micro:
-                out = self._micro_step(batch.select(idx), normalizer)
+            for i in range(passes):
+                if self.parallel == "fsdp":  # reduce-scatter once, after the last pass
+                    self.model.set_requires_gradient_sync(i == passes - 1)
+                if i >= len(micro):
+                    self._empty_pass()
+                    continue
+                out = self._micro_step(batch.select(micro[i]), normalizer)
                 out.loss.backward()
                 sums += torch.tensor(
                     [float(out.loss.detach()), out.clipped_tokens, out.ratio_sum, out.kl_sum], dtype=torch.float64
@@ -294,8 +326,9 @@ class GRPOTrainer:
         finally:
             self.model.eval()
         self._all_reduce_cpu(sums)
-        self._all_reduce_grads()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, c.max_grad_norm))
+        if self.parallel == "ddp":
+            self._all_reduce_grads()
+        grad_norm = fsdp.grad_norm_value(torch.nn.utils.clip_grad_norm_(self._params, c.max_grad_norm))
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=False)
             raise TrainingDiverged(f"step {self.step + 1}: gradient norm is {grad_norm}; weights left unchanged")
@@ -320,6 +353,11 @@ class GRPOTrainer:
         }
         log.info("train_step_done", step=self.step, version=self.weights_version, loss=loss, grad_norm=grad_norm)
         return metrics
+
+    def _empty_pass(self) -> None:
+        """A forward and backward that adds nothing to any gradient (FSDP: pairs up another rank's pass)."""
+        ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+        (self.model(input_ids=ids).logits.sum() * 0.0).backward()
 
     def _micro_step(self, mb: TrainBatch, normalizer: float) -> GRPOLossOutput:
         c = self.config
@@ -361,16 +399,17 @@ class GRPOTrainer:
 
     # -- distributed helpers -------------------------------------------------------------------
 
-    def _all_reduce_cpu(self, t: torch.Tensor) -> None:
-        """Sum a small CPU tensor over ranks, in place (via the device for NCCL)."""
+    def _all_reduce_cpu(self, t: torch.Tensor, op: Any = None) -> None:
+        """Reduce (sum, or ``op``) a small CPU tensor over ranks, in place (via the device for NCCL)."""
         if self.world_size == 1:
             return
+        op = dist.ReduceOp.SUM if op is None else op
         if dist.get_backend() == "nccl":
             moved = t.to(self.device)
-            dist.all_reduce(moved)
+            dist.all_reduce(moved, op=op)
             t.copy_(moved.cpu())
         else:
-            dist.all_reduce(t)
+            dist.all_reduce(t, op=op)
 
     def _all_reduce_grads(self) -> None:
         """Sum gradients over ranks in flat buckets (one collective per ~32 M elements)."""
@@ -400,82 +439,26 @@ class GRPOTrainer:
     # -- weights and checkpoints ----------------------------------------------------------------
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
-        """CPU copies of the current weights (``model.state_dict()`` names), safe to serialise or load
-        into a rollout engine while training continues; they are of version :attr:`weights_version`."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        """Full CPU copies of the current weights (``model.state_dict()`` names), safe to serialise or load
+        into a rollout engine while training continues; they are of version :attr:`weights_version`. Under
+        ``fsdp`` every rank gathers them (a collective: call it on all ranks)."""
+        return dict(fsdp.full_state_items(self.model))
 
     def save_checkpoint(self, path: str | os.PathLike[str], *, optimizer: bool = True,
                         keep_last: int = 0) -> Path:
-        """Write model (safetensors, loadable with ``from_pretrained``, tokenizer files copied along),
-        step, version and (``optimizer``) the optimizer state to ``path`` atomically (replacing an older
-        checkpoint there). The optimizer state is the bulk of a checkpoint (AdamW keeps two fp32 moments:
-        8 bytes a parameter, 1.08 GB for a 135M model); without it a resumed run starts a fresh optimizer.
-        ``keep_last > 0``: afterwards remove all but the newest ``keep_last`` sibling checkpoints named
-        ``step<N>`` (:func:`prune_checkpoints`). In a data-parallel group call it on one rank (replicas are
-        identical). Returns ``path``."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        try:
-            self.model.save_pretrained(tmp)
-            for name in _TOKENIZER_FILES:
-                if (self.model_dir / name).is_file():
-                    shutil.copy2(self.model_dir / name, tmp / name)
-            if optimizer:
-                torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            state = {
-                "step": self.step,
-                "weights_version": self.weights_version,
-                "world_size": self.world_size,
-                "config": dataclasses.asdict(self.config),
-                "optimizer": optimizer,
-            }
-            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
-            os.chmod(tmp, 0o755)  # mkdtemp makes it private; rollout hosts may read it
-            old = None
-            if target.exists():
-                old = target.with_name(f".{target.name}.old-{os.getpid()}")
-                os.rename(target, old)
-            os.rename(tmp, target)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        removed = prune_checkpoints(target.parent, keep_last) if keep_last > 0 else []
-        log.info("checkpoint_saved", path=str(target), step=self.step, version=self.weights_version,
-                 optimizer=optimizer, removed=[p.name for p in removed])
-        return target
+        """Write model (replicated: safetensors, loadable with ``from_pretrained``, tokenizer files copied
+        along; ``fsdp``: a sharded ``torch.distributed.checkpoint``), step, version and (``optimizer``) the
+        optimizer state to ``path`` atomically (replacing an older checkpoint there). The optimizer state is
+        the bulk of a checkpoint (AdamW keeps two fp32 moments: 8 bytes a parameter, 1.08 GB for a 135M
+        model); without it a resumed run starts a fresh optimizer. ``keep_last > 0``: afterwards remove all
+        but the newest ``keep_last`` sibling checkpoints named ``step<N>``
+        (:func:`~libra.engines.checkpoints.prune_checkpoints`). Replicated: call it on one rank (replicas
+        are identical); ``fsdp``: on every rank. Returns ``path``."""
+        return checkpoints.save_checkpoint(self, path, optimizer=optimizer, keep_last=keep_last)
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        """Restore model weights, optimizer state, step and version from :meth:`save_checkpoint`'s output.
-        A checkpoint saved without its optimizer state leaves this trainer's optimizer fresh.
-
-        Raises ``FileNotFoundError`` if a part is missing and ``ValueError`` if the weights do not fit
-        this model. Call it on every rank.
-        """
-        from safetensors.torch import load_file
-
-        src = Path(path)
-        for name in ("model.safetensors", "trainer_state.json"):
-            if not (src / name).is_file():
-                raise FileNotFoundError(f"checkpoint {str(src)!r} lacks {name}")
-        state = json.loads((src / "trainer_state.json").read_text())
-        with_optimizer = bool(state.get("optimizer", True))
-        if with_optimizer and not (src / "optimizer.pt").is_file():
-            raise FileNotFoundError(f"checkpoint {str(src)!r} lacks optimizer.pt")
-        weights = load_file(src / "model.safetensors", device=str(self.device))
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
-        # save_pretrained stores tied tensors (e.g. lm_head tied to the embeddings) once: a "missing"
-        # name that shares storage with a loaded one is fine.
-        own = self.model.state_dict()
-        loaded = {own[k].data_ptr() for k in weights if k in own}
-        missing = [k for k in missing if own[k].data_ptr() not in loaded]
-        if missing or unexpected:
-            raise ValueError(f"checkpoint {str(src)!r} does not fit the model: missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")
-        if with_optimizer:
-            opt_state = torch.load(src / "optimizer.pt", map_location=self.device, weights_only=True)
-            self.optimizer.load_state_dict(opt_state)
-        self.step = int(state["step"])
-        self.weights_version = int(state["weights_version"])
-        log.info("checkpoint_loaded", path=str(src), step=self.step, version=self.weights_version)
+        """Restore model weights, optimizer state, step and version from :meth:`save_checkpoint`'s output
+        (either format). A checkpoint saved without its optimizer state leaves this trainer's optimizer
+        fresh. Raises ``FileNotFoundError`` if a part is missing and ``ValueError`` if the weights do not
+        fit this model. Call it on every rank."""
+        checkpoints.load_checkpoint(self, path)
