@@ -36,6 +36,7 @@ from libra.zmqio import NOBLOCK, recv_frames, send_frames
 from .state import (ActorIdentity, ActorState, CancelWork, Connect, Note, Received, Reconfigure,
                     Reconfigured, SendMsg, Start, StartWork, Stop, Tick, WorkDone)
 from .tools import Handler, ToolError, WorkContext, action_tools
+from .topology import action_labels
 
 log = get_logger("libra.actor")
 
@@ -134,7 +135,8 @@ class ActorRuntime:
         cancelled = threading.Event()
         cores = a.route.get("cores") if isinstance(a.route, dict) else None
         ctx = WorkContext(a.work_id, a.trajectory, a.budget_s, cancelled, self.state.ident.actor_id,
-                          cores if type(cores) is int and cores > 0 else 1)
+                          cores if type(cores) is int and cores > 0 else 1,
+                          a.route if isinstance(a.route, dict) else {})
         if getattr(handler, "inline", False):  # constant-time handler: no thread hand-off
             self._execute(self.state.handle(self._call(a, handler, ctx), time.monotonic()))
             return
@@ -273,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rollout-batch", type=int, default=32, help="max turns decoded together by a rollout slot")
     p.add_argument("--episode-concurrency", type=int, default=64,
                    help="episodes an episode slot runs at once (default %(default)s)")
+    p.add_argument("--service-gpus", type=int, default=None,
+                   help="GPUs a gpu action slot's model services use (default 1); without a GPU they run on CPU "
+                        "and the slot says so (gpu_emulated)")
     p.add_argument("--log-level", default=None)
     return p
 
@@ -288,7 +293,16 @@ def main(argv: list[str] | None = None) -> int:
               "instance": args.instance or uuid.uuid4().hex[:12]}
     labels.update(engine_labels_from_env(args.slot, args.role))  # engine kind and max rollout TP, for the planner
     if args.role == "action":
-        tools = action_tools(enable_sandbox=not args.no_sandbox, allow_unisolated=args.allow_unisolated)
+        try:
+            labels.update(action_labels(args.slot, args.service_gpus))  # cores, NUMA nodes, service GPUs
+        except ValueError as exc:
+            print(f"libra.actors.runtime: {exc}", file=sys.stderr)
+            return 2
+        if labels["gpu_emulated"]:
+            log.warning("gpu_slot_emulated_on_cpu", slot=args.slot, gpus=labels["gpus"],
+                        reason="no GPU found: model services run on CPU in simulated one-GPU chunks")
+        tools = action_tools(enable_sandbox=not args.no_sandbox, allow_unisolated=args.allow_unisolated,
+                             service_gpus=labels["gpus"])
         handlers = handlers_for_tools(tools)
         kinds, caps, capacity = ["action"], {"action": sorted(tools)}, args.capacity
     elif args.role == "hybrid":

@@ -53,9 +53,10 @@ def builtin_tools() -> dict[str, Handler]:
 
 
 def action_tools(enable_sandbox: bool = True, allow_unisolated: bool = False,
-                 enable_services: bool = True) -> dict[str, Handler]:
+                 enable_services: bool = True, service_gpus: int | None = None) -> dict[str, Handler]:
     """All tools a CPU slot offers: the built-ins, plus sandboxed ``python``/``bash``/``pytest`` when
-    the sandbox engine is available on this host, plus ``reward_model`` when torch is importable."""
+    the sandbox engine is available on this host, plus ``reward_model`` when torch is importable (its
+    services on ``service_gpus`` GPUs, default all visible)."""
     tools = builtin_tools()
     if enable_sandbox:
         try:  # the sandbox engine is optional
@@ -71,11 +72,11 @@ def action_tools(enable_sandbox: bool = True, allow_unisolated: bool = False,
 
                 get_logger("libra.actor").warning("code_tools_unavailable", reason=str(exc))
     if enable_services and importlib.util.find_spec("torch") is not None:
-        tools["reward_model"] = _lazy_reward_model()
+        tools["reward_model"] = _lazy_reward_model(service_gpus or None)
     return tools
 
 
-def _lazy_reward_model() -> Handler:
+def _lazy_reward_model(budget: int | None = None) -> Handler:
     """``reward_model`` without importing torch at actor start: the engine loads on the first call."""
     lock = threading.Lock()
     box: dict[str, Handler] = {}
@@ -83,9 +84,9 @@ def _lazy_reward_model() -> Handler:
     def reward_model(args: Any, ctx: WorkContext) -> Any:
         with lock:
             if "fn" not in box:
-                from libra.engines.services import service_tools
+                from libra.engines.services import default_manager, service_tools
 
-                box["fn"] = service_tools()["reward_model"]
+                box["fn"] = service_tools(lambda: default_manager(budget))["reward_model"]
         return box["fn"](args, ctx)
 
     reward_model.__doc__ = "Score args['text'] with model service args['service'] (libra.engines.services)."

@@ -1,23 +1,35 @@
 """Action placement inside the broker (ARL-Tangram). Pure; the dispatcher (``dispatch.py``) asks it.
 
 With ``BrokerConfig.action_scheduler`` set (``tangram``, ``fixed_dop``, ``per_trajectory``), queued
-``action`` work is not handed out first-come-first-served by credit: the policy decides which actions
-start and how many cores each gets, over the cores that all action actors pool (an actor advertises its
-cores in its hello labels, ``{"cores": n}``, default its capacity). A grant is placed on the actor with
-the fewest free cores that still fit it (best fit, so large grants stay possible) and travels in
-``Assign.route["cores"]``; a grant that fits no single actor stays queued (the policy contract allows it).
+``action`` work is not handed out first-come-first-served by credit. One placement round (:meth:`place`):
+
+1. **GPU services.** Calls of a service tool (``reward_model``, or any tool declared with a ``services``
+   table) go to the GPU actors that serve it when there are any: evict-on-execution over each GPU actor's
+   multi-level cells (``service_pools.py``). The route names the replica, its cell, whether it is restored
+   and which cells' idle replicas were evicted first; the actor's service engine obeys it.
+2. **CPU actions.** The policy decides once over the cores of *every* action actor with a free work slot
+   (``core_pools.py``: actors report their CPU ids and NUMA nodes in their hello labels; actors of one host
+   share them; ``{"cores": n}`` alone gives a private pool): which queued actions start now and with how
+   many cores each (the degree of parallelism; several cores of one actor when they are free). Each grant,
+   largest first, is then placed **best fit**: the trajectory's home actor (its sandbox's workspace) if it
+   fits, inside one NUMA node if possible, on the actor left with the fewest free cores; a grant that fits
+   no single actor shrinks to the widest free actor (elastic DoP) or stays queued. The grant travels in
+   ``Assign.route`` (:class:`~libra.protocol.payloads_actions.ActionRoute`: ``cores`` and, when the actor
+   reported its CPUs, the exact ``core_ids`` its sandbox pins to).
 
 Tool declarations (``BrokerConfig.tools``) give each tool its demand and elasticity:
 ``{"pytest": {"cpu": 1, "max_cpu": 8, "parallel_fraction": 0.7, "duration_s": 2.0}}``. Undeclared tools
 take one core, are not elastic, and are estimated at ``duration_s = 1``. Estimates only steer the
-policy's completion-time model; actual durations come from the actors.
+policy's completion-time model; actual durations come from the actors. A service tool's declaration may
+carry ``services = {name = {gpus, checkpoint_gb, reserve_gb}}``.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
@@ -28,11 +40,19 @@ from libra.policies.actions.registry import (
     RunningView,
     make_action_scheduler,
 )
+from libra.protocol.payloads_actions import ActionRoute
 
+from .core_pools import CorePools, resources_of
+from .service_pools import ServicePools, service_specs
+from .sessions import ActorSession
 from .work import Work
 
 #: The most queued actions one placement round shows the policy (the oldest ones).
 WINDOW = 512
+#: Tools that are GPU-service calls even when undeclared (their args name the ``service``).
+SERVICE_TOOLS = frozenset({"reward_model"})
+#: Trajectories whose home actor is remembered (the oldest are forgotten first).
+HOMES = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +61,11 @@ class ToolDecl:
     max_cpu: int = 1
     parallel_fraction: float = 0.7
     duration_s: float = 1.0
+    services: dict[str, Any] = field(default_factory=dict)
 
 
 class ActionPlacement:
-    """Turns queued action work into grants and placements."""
+    """Turns queued action work into grants and placements (see the module docstring)."""
 
     def __init__(self, scheduler: str, params: dict[str, Any] | None, tools: dict[str, dict[str, Any]]) -> None:
         self.scheduler = make_action_scheduler(scheduler, **(params or {}))
@@ -54,9 +75,17 @@ class ActionPlacement:
             try:
                 self.tools[name] = ToolDecl(**decl)
             except TypeError as exc:
-                raise ValueError(f"tool {name!r}: {exc} (fields: cpu, max_cpu, parallel_fraction, duration_s)") from None
+                raise ValueError(f"tool {name!r}: {exc} (fields: cpu, max_cpu, parallel_fraction, duration_s, "
+                                 "services)") from None
+        specs = {}
+        for name, d in self.tools.items():
+            specs.update(service_specs(d.services))
+        self.service_tools = SERVICE_TOOLS | {n for n, d in self.tools.items() if d.services}
+        self.cores = CorePools()
+        self.services = ServicePools(specs)
         self._specs: dict[str, ActionSpec] = {}
         self.granted: dict[str, tuple[int, float, float]] = {}  # work id -> (cores, started, expected end)
+        self._home: OrderedDict[str, str] = OrderedDict()  # trajectory -> actor id of its sandbox
 
     def spec(self, work_id: str, trajectory: str | None, tool: str, submitted_at: float) -> ActionSpec:
         s = self._specs.get(work_id)
@@ -76,14 +105,91 @@ class ActionPlacement:
         return [(g.action_id, int(g.units.get("cpu", 1))) for g in grants]
 
     def grants(self, queues: Iterable[Iterable[Work]], free_cores: int, now: float) -> list[tuple[str, int]]:
-        """Which queued actions start now on one actor with ``free_cores`` free, and with how many cores each:
-        ``queues`` are the FCFS queues that actor serves (their oldest :data:`WINDOW` actions are shown to
-        the policy). Returns ``(work id, cores)`` grants that fit the actor jointly."""
+        """Which queued actions start now over ``free_cores`` free cores, and with how many cores each:
+        ``queues`` are FCFS queues (their oldest :data:`WINDOW` actions are shown to the policy). Returns
+        ``(work id, cores)`` grants that fit ``free_cores`` jointly."""
         queued = list(islice(heapq.merge(*queues, key=lambda w: w.seq), WINDOW))
         if not queued:
             return []
         specs = [self.spec(w.work_id, w.trajectory, w.name, w.submitted_at) for w in queued]
         return self.decide(specs, free_cores, now)
+
+    # ------------------------------------------------------------------ one placement round
+    def place(self, actors: Sequence[ActorSession], queues: Mapping[tuple[str, str], Sequence[str]],
+              works: Mapping[str, Work], now: float) -> list[tuple[str, ActorSession, dict[str, Any]]]:
+        """One round over every connected actor (``actors``) and the action queues: returns ``(work id, actor,
+        route)`` for each action to start now (the caller takes it off its queue and assigns it)."""
+        self.cores.forget(s.peer for s in actors)
+        self.services.forget(s.peer for s in actors)
+        slots = {s.peer: s.free for s in actors if "action" in s.accepting and s.free > 0}
+        eligible = [s for s in actors if s.peer in slots]
+        out: list[tuple[str, ActorSession, dict[str, Any]]] = []
+        if not eligible:
+            return out
+        gpu = [(s, resources_of(s).gpus) for s in eligible]
+        gpu = [(s, g) for s, g in gpu if g > 0]
+        routed: set[tuple[str, str]] = set()
+        for key, q in queues.items():
+            if key[0] != "action" or not q or key[1] not in self.service_tools:
+                continue
+            serving = [(s, g) for s, g in gpu if s.serves(*key)]
+            if not serving:
+                continue  # no GPU actor offers it: CPU actors run it like any tool (their engine decides)
+            routed.add(key)
+            for wid in list(q):
+                w = works[wid]
+                service = w.args.get("service") if isinstance(w.args, dict) else None
+                free = [(s, g) for s, g in serving if slots[s.peer] > 0]
+                if not free:
+                    break
+                if not isinstance(service, str):  # malformed args: the actor's tool refuses them (typed)
+                    slots[free[0][0].peer] -= 1
+                    out.append((wid, free[0][0], ActionRoute().to_wire()))
+                    continue
+                placed = self.services.place(wid, service, free)
+                if placed is not None:
+                    sess, route = placed
+                    slots[sess.peer] -= 1
+                    out.append((wid, sess, ActionRoute(service=route).to_wire()))
+        cpu = [s for s in eligible if slots[s.peer] > 0 and self.cores.free_ids(s)]
+        mine = [q for key, q in queues.items() if key[0] == "action" and q and key not in routed
+                and any(s.serves(*key) for s in cpu)]
+        if not mine:
+            return out
+        heads = [(works[wid] for wid in q) for q in mine]  # each queue is FCFS: merged lazily
+        grants = self.grants(heads, self.cores.total_free(cpu), now)
+        for wid, n in sorted(grants, key=lambda g: -g[1]):
+            w = works[wid]
+            cands = [s for s in cpu if slots[s.peer] > 0 and s.serves("action", w.name)]
+            pick = self.cores.best_fit(cands, n, self._specs[wid].demand.get("cpu", 1),
+                                       self._home.get(w.trajectory) if w.trajectory else None)
+            if pick is None:
+                continue
+            sess, ids = pick
+            self.cores.take(wid, sess, ids)
+            slots[sess.peer] -= 1
+            route = ActionRoute(cores=len(ids), core_ids=list(ids) if self.cores.real_ids(sess) else None)
+            out.append((wid, sess, route.to_wire()))
+        return out
+
+    def hold(self, w: Work, sess: ActorSession, now: float) -> None:
+        """``w`` was assigned to (or adopted by) ``sess`` with ``w.route``: count its cores as used (a
+        GPU-service call holds a replica, counted by the service pools, and no cores)."""
+        route = w.route if isinstance(w.route, dict) else {}
+        if route.get("service"):
+            return
+        cores = route.get("cores", 1)
+        cores = cores if type(cores) is int and cores > 0 else 1
+        if not self.cores.holds(w.work_id):  # adopted, or assigned outside a round: take its cores if free
+            ids = route.get("core_ids")
+            self.cores.take(w.work_id, sess, ids if isinstance(ids, list) else self.cores.free_ids(sess)[:cores])
+        sess.cores_used += cores
+        self.started(w.work_id, cores, now)
+        if w.trajectory:
+            self._home[w.trajectory] = sess.actor_id
+            self._home.move_to_end(w.trajectory)
+            if len(self._home) > HOMES:
+                self._home.popitem(last=False)
 
     def started(self, work_id: str, cores: int, now: float) -> None:
         s = self._specs.get(work_id)
@@ -93,11 +199,13 @@ class ActionPlacement:
     def ended(self, work_id: str) -> int:
         """Forget a finished/lost action; returns the cores it held (0 if none)."""
         self._specs.pop(work_id, None)
-        c = self.granted.pop(work_id, None)
-        return c[0] if c else 0
+        return self.unstarted(work_id)
 
-    def unstarted(self, work_id: str) -> int:
-        """The action goes back to the queue: release its cores, keep its spec."""
+    def unstarted(self, work_id: str, failed: bool = False) -> int:
+        """The action stopped running (done, failed, handed back or lost): release its cores and its GPU
+        service replica (``failed``: evicting a replica it restored), keep its spec; returns its cores."""
+        self.cores.give_back(work_id)
+        self.services.release(work_id, failed)
         c = self.granted.pop(work_id, None)
         return c[0] if c else 0
 
@@ -107,3 +215,4 @@ class ActionPlacement:
 
     def trajectory_finished(self, trajectory: str, now: float) -> None:
         self.scheduler.trajectory_finished(trajectory, now)
+        self._home.pop(trajectory, None)

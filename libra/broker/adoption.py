@@ -127,9 +127,7 @@ class Adoption:
         sess.held.add(w.work_id)
         actions = self.dispatch.actions
         if w.kind == "action" and actions is not None:
-            cores = int(w.route.get("cores", 1))
-            sess.cores_used += cores
-            actions.started(w.work_id, cores, now)
+            actions.hold(w, sess, now)
 
     def tick(self, now: float, out: list[Command]) -> None:
         """At the end of the grace period, queue the restored work no actor adopted (its actor is gone)."""

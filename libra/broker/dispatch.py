@@ -156,29 +156,18 @@ class Dispatcher:
         self.table.push(w)
 
     def schedule_actions(self, now: float, out: list[Command]) -> None:
-        """Let the action policy start queued actions (see ``actions.py``).
-
-        One round per action actor, most free cores first: the policy decides over that actor's free
-        cores and the actions it serves, so every grant of the round fits on it jointly.
-        """
+        """Let action placement start queued actions (see ``actions.py``): one round over every action
+        actor's cores and GPU services; each placed action leaves its queue with its route."""
         assert self.actions is not None
-        eligible = [s for s in self.sessions.actors.values() if "action" in s.accepting and s.free > 0
-                    and s.cores > s.cores_used]
         queues = self.table.queues
-        if not eligible or not any(q for (k, _), q in queues.items() if k == "action"):
+        if not any(q for (k, _), q in queues.items() if k == "action"):
             return
         works = self.table.works
-        for sess in sorted(eligible, key=lambda s: (s.cores_used - s.cores, s.actor_id)):
-            mine = [q for (k, name), q in queues.items() if k == "action" and q and sess.serves(k, name)]
-            # each queue is FCFS already: the policy merges their heads (lazily: hot under load)
-            heads = [(works[wid] for wid in q) for q in mine]
-            for wid, cores in self.actions.grants(heads, sess.cores - sess.cores_used, now):
-                if sess.free <= 0:
-                    break  # out of work slots: the rest stays queued
-                w = works[wid]
-                queues[w.key].remove(wid)
-                w.route = {"cores": cores}
-                self.assign(w, sess, now, out)
+        for wid, sess, route in self.actions.place(list(self.sessions.actors.values()), queues, works, now):
+            w = works[wid]
+            queues[w.key].remove(wid)
+            w.route = route
+            self.assign(w, sess, now, out)
 
     # ------------------------------------------------------------------ handing work out
     def fill(self, sess: ActorSession, now: float, out: list[Command]) -> None:
@@ -232,9 +221,7 @@ class Dispatcher:
             out.append(start_record(w))
         sess.held.add(w.work_id)
         if w.kind == "action" and self.actions is not None:
-            cores = int(w.route.get("cores", 1))
-            sess.cores_used += cores
-            self.actions.started(w.work_id, cores, now)
+            self.actions.hold(w, sess, now)
         sess.last_sent = now
         args = w.args
         weights = self.jobs.weights
@@ -250,7 +237,7 @@ class Dispatcher:
             self.stats["stale_results"] += 1
             return
         sess.held.discard(w.work_id)
-        self.release_cores(w, sess)
+        self.release_cores(w, sess, failed=not msg.ok)
         sess.completed += 1
         if w.trajectory:
             if w.kind == "generate" and msg.ok:
@@ -307,9 +294,9 @@ class Dispatcher:
         if sess is not None:
             sess.targeted = 0
 
-    def release_cores(self, w: Work, sess: ActorSession) -> None:
+    def release_cores(self, w: Work, sess: ActorSession, failed: bool = False) -> None:
         if self.actions is not None and w.kind == "action":
-            sess.cores_used = max(0, sess.cores_used - self.actions.unstarted(w.work_id))
+            sess.cores_used = max(0, sess.cores_used - self.actions.unstarted(w.work_id, failed))
 
     def expire(self, now: float, out: list[Command]) -> None:
         """On the timer: fail work past its deadline, take back work whose lease expired."""

@@ -36,6 +36,7 @@ class WorkContext:
     cancelled: threading.Event = field(default_factory=threading.Event)
     actor_id: str = ""
     cores: int = 1  # cores the action scheduler granted this action (sandbox tools pin to this many)
+    route: dict[str, Any] = field(default_factory=dict)  # Assign.route: core_ids, a GPU service's placement
 
 
 Handler = Callable[[Any, WorkContext], Any]

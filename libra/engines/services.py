@@ -26,8 +26,17 @@ table are guarded by one lock; copies and forward passes run outside it (a busy 
 Errors: :class:`UnknownService` (``code == "unknown_service"``) names the known services;
 :class:`ServiceError` with ``code`` ``bad_request`` / ``busy`` for a bad argument or a pool that stayed full.
 
+Placed by the broker. When the broker's action placement decides (``action_scheduler`` set and this actor
+reports ``gpus`` in its hello labels), each call's ``Assign.route`` carries a
+:class:`~libra.protocol.payloads_actions.ServiceRoute` and :meth:`ServiceManager.score_at` obeys it instead of
+the local placement: the idle replicas on the cells it lists are evicted, the replica on its cell is used as
+it is (a hit) or restored from host memory, and the answer names the cell. Replicas are kept per cell, so a
+broker whose view was lost (a restart) converges by its next routes; a call never evicts a replica another
+call is executing on (it waits up to ``wait_s``, then fails with ``busy``).
+
 Actor tool: :func:`service_tools` returns ``{"reward_model": handler}`` (args ``{"service": name, "text":
-str}`` → ``{"service", "score", "tokens", "restored", "evicted", "device"}``). Its default manager is built
+str}`` → ``{"service", "score", "tokens", "restored", "evicted", "device"}``, plus ``"cell"`` and
+``"replica"`` when the broker placed it). Its default manager is built
 lazily on the first call with the bundled tiny model as service ``tiny_reward`` plus every
 ``name=path`` in ``LIBRA_REWARD_MODELS`` (``;``-separated Hugging Face causal-LM directories).
 """
@@ -48,6 +57,7 @@ import torch
 from libra.logging import get_logger
 from libra.policies.actions.gpu_services import ServicePlacement, ServiceSpec
 from libra.policies.actions.gpu_cells import Allocation, MultiLevelCellAllocator
+from libra.protocol.payloads_actions import Cell, ServiceRoute
 
 __all__ = ["ServiceError", "ServiceManager", "UnknownService", "service_tools"]
 
@@ -143,6 +153,8 @@ class ServiceManager:
         self._placement = ServicePlacement(MultiLevelCellAllocator(self._nodes), [], h2d_gbps=h2d_gbps,
                                            max_replicas=max_replicas)
         self._replicas: dict[int, _Replica] = {}
+        self._routed: dict[tuple[int, tuple[int, ...]], _Replica] = {}  # broker-placed replicas by cell
+        self._routed_busy: set[tuple[int, tuple[int, ...]]] = set()
         self._cond = threading.Condition()
         self._clock = itertools.count(1)  # logical LRU clock: strictly increasing, no ties
         self.events: list[tuple[str, str]] = []  # ("restore" | "evict", service), in order
@@ -191,7 +203,11 @@ class ServiceManager:
     def resident(self) -> dict[str, int]:
         """Resident replicas per service (busy or idle)."""
         with self._cond:
-            return self._placement.resident()
+            out = self._placement.resident()
+            for r in self._routed.values():
+                if r.resident:
+                    out[r.service] = out.get(r.service, 0) + 1
+            return out
 
     def stats(self) -> dict[str, float]:
         with self._cond:
@@ -202,7 +218,7 @@ class ServiceManager:
         """Devices of the resident replicas per service; evicted replicas hold only meta tensors."""
         with self._cond:
             out: dict[str, list[str]] = {}
-            for r in self._replicas.values():
+            for r in [*self._replicas.values(), *self._routed.values()]:
                 if r.resident:
                     out.setdefault(r.service, []).append(str(r.device))
             return out
@@ -211,7 +227,7 @@ class ServiceManager:
         """Device types of every tensor of the replicas of ``service`` (empty when it has none resident)."""
         with self._cond:
             devs: set[str] = set()
-            for r in self._replicas.values():
+            for r in [*self._replicas.values(), *self._routed.values()]:
                 if r.service == service:
                     devs |= {t.device.type for t in itertools.chain(r.model.parameters(), r.model.buffers())}
             return devs
@@ -219,24 +235,12 @@ class ServiceManager:
     # ------------------------------------------------------------------ calls
     def score(self, service: str, text: str) -> dict[str, Any]:
         """Score ``text`` with ``service`` (see the module docstring); restores/evicts as needed."""
-        if not isinstance(text, str):
-            raise ServiceError("bad_request", f"text must be a string, got {type(text).__name__}")
-        with self._cond:
-            svc = self._services.get(service) if isinstance(service, str) else None
-            if svc is None:
-                raise UnknownService(service, self._services)
-        ids = svc.tokenizer(text, return_tensors="pt", truncation=True, max_length=svc.max_tokens)["input_ids"]
-        if ids.shape[-1] < 2:
-            raise ServiceError("bad_request", f"text must tokenize to at least 2 tokens to be scored, got {ids.shape[-1]}")
+        svc, ids = self._tokens(service, text)
         rid, rep, restored, evicted = self._acquire(service)
         try:
             if restored:
                 self._restore(rep, svc)
-            with torch.inference_mode():
-                x = ids.to(rep.device)
-                logits = rep.model(input_ids=x).logits.float()
-                lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, x[:, 1:, None]).squeeze(-1)
-                score = float(lp.mean().item())
+            score = self._forward(rep, ids)
         except BaseException:
             with self._cond:  # a half-restored replica must not be reused: drop it
                 if restored:
@@ -246,6 +250,81 @@ class ServiceManager:
         self._release(rid)
         return {"service": service, "score": score, "tokens": int(ids.shape[-1]), "restored": restored,
                 "evicted": list(evicted), "device": str(rep.device)}
+
+    def _tokens(self, service: str, text: str) -> tuple[_Service, torch.Tensor]:
+        if not isinstance(text, str):
+            raise ServiceError("bad_request", f"text must be a string, got {type(text).__name__}")
+        with self._cond:
+            svc = self._services.get(service) if isinstance(service, str) else None
+            if svc is None:
+                raise UnknownService(service, self._services)
+        ids = svc.tokenizer(text, return_tensors="pt", truncation=True, max_length=svc.max_tokens)["input_ids"]
+        if ids.shape[-1] < 2:
+            raise ServiceError("bad_request", f"text must tokenize to at least 2 tokens to be scored, got {ids.shape[-1]}")
+        return svc, ids
+
+    @staticmethod
+    def _forward(rep: _Replica, ids: torch.Tensor) -> float:
+        with torch.inference_mode():
+            x = ids.to(rep.device)
+            logits = rep.model(input_ids=x).logits.float()
+            lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, x[:, 1:, None]).squeeze(-1)
+            return float(lp.mean().item())
+
+    def score_at(self, route: ServiceRoute, text: str) -> dict[str, Any]:
+        """Score ``text`` with ``route.service`` on the replica the broker placed (module docstring)."""
+        svc, ids = self._tokens(route.service, text)
+        key = self._cell_key(route.cell)
+        deadline = time.monotonic() + self.wait_s
+        cells = [key, *(self._cell_key(c) for c in route.evict)]
+        with self._cond:
+            while any(_overlap(b, c) for b in self._routed_busy for c in cells):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ServiceError("busy", f"a replica on cell {key} stayed busy for {self.wait_s} s")
+                self._cond.wait(left)
+            if self._replicas and not self._routed:  # placed locally before the broker took over: free them
+                self.evict_all()
+            evicted: list[str] = []
+            for k, r in list(self._routed.items()):
+                if any(_overlap(k, c) for c in cells) and not (k == key and r.service == route.service):
+                    del self._routed[k]
+                    if r.resident:
+                        self._evict_tensors(r)
+                        evicted.append(r.service)
+                        self.events.append(("evict", r.service))
+            rep = self._routed.get(key)
+            if rep is None:
+                model = copy.deepcopy(svc.skeleton)
+                rep = self._routed[key] = _Replica(route.service, model, _tensor_slots(model),
+                                                   self._device(Allocation(key[0], key[1])))
+            restored = not rep.resident
+            if restored:
+                self.events.append(("restore", route.service))
+            self._routed_busy.add(key)
+        try:
+            if restored:
+                self._restore(rep, svc)
+            score = self._forward(rep, ids)
+        except BaseException:
+            with self._cond:
+                if restored:
+                    self._evict_tensors(rep)
+            raise
+        finally:
+            with self._cond:
+                self._routed_busy.discard(key)
+                self._cond.notify_all()
+        return {"service": route.service, "score": score, "tokens": int(ids.shape[-1]), "restored": restored,
+                "evicted": evicted, "device": str(rep.device), "cell": {"node": key[0], "gpus": list(key[1])},
+                "replica": route.replica}
+
+    def _cell_key(self, cell: Cell) -> tuple[int, tuple[int, ...]]:
+        gpus = tuple(cell.gpus)
+        if not gpus or any(cell.node * 8 + g >= self.budget or g >= 8 for g in gpus):
+            raise ServiceError("bad_request", f"cell node {cell.node} GPUs {list(gpus)} is outside this actor's "
+                                              f"{self.budget} GPU(s)")
+        return cell.node, gpus
 
     def _acquire(self, service: str) -> tuple[int, _Replica, bool, tuple[str, ...]]:
         deadline = time.monotonic() + self.wait_s
@@ -313,11 +392,16 @@ class ServiceManager:
 
 
 # ---------------------------------------------------------------------- actor tool
-def default_manager() -> ServiceManager:
-    """The bundled tiny model as ``tiny_reward`` plus ``LIBRA_REWARD_MODELS`` (``name=path;...``)."""
+def _overlap(a: tuple[int, tuple[int, ...]], b: tuple[int, tuple[int, ...]]) -> bool:
+    return a[0] == b[0] and not set(a[1]).isdisjoint(b[1])
+
+
+def default_manager(budget: int | None = None) -> ServiceManager:
+    """The bundled tiny model as ``tiny_reward`` plus ``LIBRA_REWARD_MODELS`` (``name=path;...``), over
+    ``budget`` GPUs (on CPU: simulated one-GPU chunks; default: all visible GPUs, or 2 on CPU)."""
     from libra.engines.tiny_model import ensure_tiny_model
 
-    mgr = ServiceManager()
+    mgr = ServiceManager(budget=budget)
     mgr.register_pretrained("tiny_reward", ensure_tiny_model())
     for item in filter(None, (s.strip() for s in os.environ.get("LIBRA_REWARD_MODELS", "").split(";"))):
         name, sep, path = item.partition("=")
@@ -349,7 +433,16 @@ def service_tools(manager: ServiceManager | Callable[[], ServiceManager] | None 
         with lock:
             if "m" not in box:
                 box["m"] = make()
+        placed = (getattr(ctx, "route", None) or {}).get("service")
         try:
+            if placed is not None:
+                try:
+                    route = ServiceRoute.from_wire(placed)
+                except ValueError as exc:
+                    raise ToolError("bad_request", str(exc)) from None
+                if route.service != args["service"]:
+                    raise ToolError("bad_request", f"route names service {route.service!r}, args {args['service']!r}")
+                return box["m"].score_at(route, args["text"])
             return box["m"].score(args["service"], args["text"])
         except ServiceError as exc:
             raise ToolError(exc.code, exc.message) from exc

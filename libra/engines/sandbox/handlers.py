@@ -25,7 +25,8 @@ def sandbox_tools(*, allow_unisolated: bool = False, pool: Any = None, **pool_op
 
     Each handler is ``fn(args, ctx)`` with ``ctx`` a ``libra.engines.handlers.WorkContext``: it runs the tool
     in ``ctx.trajectory``'s sandbox (a throw-away one, released afterwards, when the call has no
-    trajectory), with ``timeout_s`` defaulting to ``ctx.budget_s`` (capped at the pool's maximum), kills
+    trajectory), pinned to the route's ``core_ids`` when the broker placed it (else ``ctx.cores`` cores
+    the pool picks), with ``timeout_s`` defaulting to ``ctx.budget_s`` (capped at the pool's maximum), kills
     the action when ``ctx.cancelled`` is set, and raises ``ToolError(code, message)`` for every
     :class:`SandboxError` (``denied`` becomes ``bad_request``). The pool (one per actor process) is
     created here unless given, so a host without bubblewrap fails now with :class:`SandboxUnavailable`;
@@ -38,16 +39,20 @@ def sandbox_tools(*, allow_unisolated: bool = False, pool: Any = None, **pool_op
     def make(name: str) -> Callable[[Any, Any], Any]:
         def handler(args: Any, ctx: Any) -> Any:
             cores = getattr(ctx, "cores", 1)
+            core_ids = (getattr(ctx, "route", None) or {}).get("core_ids")  # the broker's exact cores
             if isinstance(args, Mapping) and "cores" in args:
                 args = dict(args)
-                cores = args.pop("cores")
+                cores, core_ids = args.pop("cores"), None
             if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
                 raise ToolError("bad_request", f"{name}: cores must be a positive integer, got {cores!r}")
+            if core_ids is not None and (not isinstance(core_ids, list) or not core_ids):
+                raise ToolError("bad_request", f"{name}: route core_ids must be a non-empty list, got {core_ids!r}")
             if isinstance(args, Mapping) and "timeout_s" not in args and ctx.budget_s and ctx.budget_s > 0:
                 args = {**args, "timeout_s": min(float(ctx.budget_s), pool.limits.max_timeout_s)}
             traj = ctx.trajectory or f"work-{ctx.work_id}"
             try:
-                return pool.run(traj, name, args, cores=cores, cancel=ctx.cancelled)  # bounded by the pool
+                return pool.run(traj, name, args, cores=len(core_ids) if core_ids else cores, core_ids=core_ids,
+                                cancel=ctx.cancelled)  # bounded by the pool
             except SandboxError as exc:
                 raise ToolError(_ACTOR_CODES.get(exc.code, exc.code), str(exc)) from exc
             finally:

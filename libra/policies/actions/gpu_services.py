@@ -46,8 +46,10 @@ must be seconds for this; it is off by default.
 
 A busy replica is never evicted and a cell is never booked twice. The real engine
 (``libra/engines/services.py``) drives this class; the simulator does too. Pure state: no I/O, clocks or
-threads (time comes in as ``now``). Mutation rule: only :meth:`~ServicePlacement.acquire`,
-:meth:`~ServicePlacement.release` and :meth:`~ServicePlacement.evict_idle` change it.
+threads (time comes in as ``now``). Mutation rule: only :meth:`~ServicePlacement.register`, :meth:`~ServicePlacement.acquire`,
+:meth:`~ServicePlacement.release`, :meth:`~ServicePlacement.evict` and :meth:`~ServicePlacement.evict_idle`
+change it. The broker (``libra/broker/service_pools.py``) keeps one per GPU actor and sends its decisions to
+the actor in ``Assign.route``.
 """
 
 from __future__ import annotations
@@ -155,21 +157,13 @@ class ServicePlacement:
         cap = None if gpu_mem_gb is None else gpu_mem_gb - workspace_gb
         self.allocator = allocator
         self.services: dict[str, ServiceSpec] = {}
-        for s in services:
-            if s.name in self.services:
-                raise GpuCellError(f"service {s.name!r} registered twice")
-            if cap is not None and s.gb_per_gpu > cap + _EPS:
-                raise GpuCellError(
-                    f"service {s.name!r} needs {s.gb_per_gpu:g} GB per GPU (checkpoint {s.checkpoint_gb:g} GB / "
-                    f"{s.gpus} GPUs + reserve {s.reserve_gb:g} GB) but a GPU holds {cap:g} GB of replicas "
-                    f"({gpu_mem_gb:g} GB − workspace {workspace_gb:g} GB)"
-                )
-            self.services[s.name] = s
         self.h2d_gbps = h2d_gbps
         self.max_replicas = max_replicas
         self.gpu_mem_gb = gpu_mem_gb
         self.workspace_gb = workspace_gb
         self._cap = cap
+        for s in services:
+            self.register(s)
         self.stats = PlacementStats()
         self._replicas: dict[int, _Replica] = {}
         self._next = 0
@@ -178,6 +172,20 @@ class ServicePlacement:
         self._exec: dict[str, tuple[int, float]] = {}  # service -> (completed actions, mean seconds)
         self._wait_now: float | None = None
         self._waiting: dict[str, int] = {}  # service -> callers told to wait at ``_wait_now``
+
+    def register(self, s: ServiceSpec) -> None:
+        """Add service ``s`` (any time: it starts evicted). Raises :class:`GpuCellError` for a name registered
+        twice or a replica that does not fit a GPU under the memory model."""
+        if s.name in self.services:
+            raise GpuCellError(f"service {s.name!r} registered twice")
+        cap = self._cap
+        if cap is not None and s.gb_per_gpu > cap + _EPS:
+            raise GpuCellError(
+                f"service {s.name!r} needs {s.gb_per_gpu:g} GB per GPU (checkpoint {s.checkpoint_gb:g} GB / "
+                f"{s.gpus} GPUs + reserve {s.reserve_gb:g} GB) but a GPU holds {cap:g} GB of replicas "
+                f"({self.gpu_mem_gb:g} GB − workspace {self.workspace_gb:g} GB)"
+            )
+        self.services[s.name] = s
 
     @property
     def replica_capacity_gb(self) -> float | None:
@@ -452,6 +460,14 @@ class ServicePlacement:
         self._busy_gpus -= len(r.alloc.gpus)
         if self.shared:
             self.allocator.free(r.alloc)
+
+    def evict(self, instance: int) -> None:
+        """Evict the idle replica ``instance`` (e.g. its restore failed on the device). Raises
+        :class:`GpuCellError` if there is no such replica or it is executing."""
+        r = self._replicas.get(instance)
+        if r is None or r.busy:
+            raise GpuCellError(f"replica {instance} is not an idle resident replica")
+        self._evict(instance)
 
     def evict_idle(self, service: str | None = None) -> int:
         """Evict every idle replica (of ``service``, or all); returns how many were evicted."""

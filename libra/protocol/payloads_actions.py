@@ -1,0 +1,84 @@
+"""Typed payloads of action placement: what an action actor reports about its resources (in its hello
+labels, :class:`ActorResources`) and where the broker's placement puts one action (``Assign.route``,
+:class:`ActionRoute`, with :class:`ServiceRoute` for a GPU-service call such as ``reward_model``).
+
+No I/O. The broker's action placement (``libra/broker/actions.py``) reads the first and writes the second;
+the actor's runtime hands the route to the tool (sandbox tools pin to ``core_ids``; the GPU service engine
+restores, evicts and runs on the cell the route names).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from .payloads_base import Payload
+
+__all__ = ["ActionRoute", "ActorResources", "Cell", "ServiceRoute"]
+
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class ActorResources(Payload, frozen=True, kw_only=True):
+    """The resources an action actor offers, from its hello labels (``cores``, ``cpus``, ``numa``, ``gpus``).
+
+    ``cpus`` are the CPU ids its sandboxes may run on and ``numa`` the NUMA node of each (same length);
+    actors on one host that list the same ids share those cores, and the broker never grants one core to
+    two actions at once. Without ``cpus`` the actor's ``cores`` (default: its capacity) are its own. ``gpus``
+    is the number of GPUs its model services may use (0: none; a slot declared with GPU labels on a CPU-only
+    host runs its services on CPU and says so in ``gpu_emulated``)."""
+
+    WHAT = "actor resources"
+
+    cores: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    cpus: list[Count] | None = None
+    numa: list[Count] | None = None
+    gpus: Count = 0
+    gpu_emulated: bool = False
+
+    def __post_init__(self) -> None:
+        if self.cpus is not None:
+            if len(set(self.cpus)) != len(self.cpus) or not self.cpus:
+                raise ValueError(f"field `cpus`: must be distinct CPU ids, at least one, got {self.cpus}")
+            if self.numa is not None and len(self.numa) != len(self.cpus):
+                raise ValueError(f"field `numa`: one NUMA node per CPU id ({len(self.cpus)}), got {len(self.numa)}")
+        elif self.numa is not None:
+            raise ValueError("field `numa`: given without `cpus`")
+
+
+class Cell(Payload, frozen=True, kw_only=True):
+    """One aligned GPU cell of a GPU actor: ``gpus`` consecutive GPU indices on ``node`` (1, 2, 4 or 8)."""
+
+    WHAT = "GPU cell"
+
+    node: Count
+    gpus: list[Count]
+
+
+class ServiceRoute(Payload, frozen=True, kw_only=True):
+    """Where a GPU-service call runs on its actor: the replica ``replica`` of ``service`` on ``cell``.
+    ``restore``: the broker placed a new replica there (the actor copies the weights from host memory
+    first); ``evict``: cells whose idle replicas the broker evicted to make room (least recently used), to
+    be freed before the restore."""
+
+    WHAT = "service route"
+
+    service: str
+    replica: Count
+    cell: Cell
+    restore: bool
+    evict: list[Cell] = msgspec.field(default_factory=list)
+
+
+class ActionRoute(Payload, frozen=True, kw_only=True):
+    """``Assign.route`` of an ``action`` placed by the broker's action scheduler: the cores granted (the
+    degree of parallelism), the exact CPU ids when the actor reported its CPUs, and for a GPU-service call
+    the :class:`ServiceRoute`."""
+
+    WHAT = "action route"
+    OMIT_DEFAULT = ("core_ids", "service")
+
+    cores: Annotated[int, msgspec.Meta(ge=1)] = 1
+    core_ids: list[Count] | None = None
+    service: ServiceRoute | None = None
