@@ -14,6 +14,12 @@ Contracts:
   torch.distributed instead).
 - Each rank trains on its data with the micro-batch plan it was given. A shard or trajectory that cannot
   be fetched fails the work with ``ToolError("shard_fetch_failed", ...)``.
+- Parallelism and rendezvous: the train config (``TrainArgs.grpo``) may name ``parallel`` (``ddp``,
+  ``fsdp`` or ``auto``, :func:`libra.engines.fsdp.choose_parallel`) and ``master_addr``, the routable
+  address of the host whose actor trains as rank 0 (default ``$LIBRA_ADVERTISE_ADDRESS``, else
+  ``127.0.0.1``); every rank joins the group at ``master_addr:master_port`` and rank 0 checks that the
+  address is its own (``rendezvous_failed`` if not). Under ``fsdp`` every rank gathers the full weights
+  after a step (rank 0 publishes them) and writes its shard of a checkpoint.
 - Data-plane host and security: ``$LIBRA_DATAPLANE_HOST`` (default ``127.0.0.1``); CURVE when
   ``LIBRA_CURVE_SECRET`` is set (the actor's own key pair); a non-loopback host without keys is refused
   unless ``LIBRA_DATAPLANE_INSECURE=1`` (see ``libra.dataplane``).
@@ -72,9 +78,20 @@ class TrainRole:
         if self.trainer is not None:
             return self.trainer
         ws, rank = args.world_size, args.rank
-        dist = DistConfig("127.0.0.1", args.master_port, rank, ws) if ws > 1 else None
         opts: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in args.grpo.items()}
-        cfg = GRPOConfig(**opts)
+        parallel = opts.pop("parallel", "auto")
+        master_addr = opts.pop("master_addr", None) or os.environ.get("LIBRA_ADVERTISE_ADDRESS") or "127.0.0.1"
+        if not isinstance(master_addr, str) or not isinstance(parallel, str):
+            raise ToolError("bad_request", f"train config: master_addr and parallel must be strings, got "
+                                           f"{master_addr!r} and {parallel!r}")
+        if rank == 0 and ws > 1 and not is_local_address(master_addr):
+            raise ToolError("rendezvous_failed", f"rank 0 runs on this host, but the train config's master_addr "
+                                                 f"{master_addr!r} is not one of its addresses")
+        dist = DistConfig(master_addr, args.master_port, rank, ws) if ws > 1 else None
+        try:
+            cfg = GRPOConfig(**opts)
+        except (TypeError, ValueError) as exc:
+            raise ToolError("bad_request", f"train config: {exc}") from None
         if rank == 0:  # before the (slow) model load, so a refused bind fails fast with its own message
             self.server = DataPlaneServer(keys=self.keys)
             if os.environ.get("LIBRA_WEIGHTS_TRANSPORT", "dataplane") == "torch":
@@ -89,7 +106,10 @@ class TrainRole:
             from libra.engines.device import apply_memory_budget
 
             apply_memory_budget(p)
-        self.trainer = GRPOTrainer(self.model_dir, cfg, dist_config=dist, **on)
+        try:
+            self.trainer = GRPOTrainer(self.model_dir, cfg, dist_config=dist, parallel=parallel, **on)
+        except ValueError as exc:  # an unknown parallel mode, a group that does not fit
+            raise ToolError("bad_request", f"train config: {exc}") from None
         self.rank = rank
         log.info("trainer_ready", rank=rank, world_size=ws, slot=self.slot,
                  dataplane=self.server.endpoint if self.server else None)
@@ -124,15 +144,18 @@ class TrainRole:
             metrics = trainer.train_step(shard, micro_batches=micro)
             version = trainer.weights_version
             weights, publish_s, checkpoint = None, 0.0, None
+            t0 = time.perf_counter()
+            full = trainer.state_dict_for_sync()  # under fsdp a collective: every rank gathers
+            checksum = state_checksum(full)
             if trainer.rank == 0:
-                t0 = time.perf_counter()
-                weights = WeightsRef.from_wire(self.publisher.publish(version, trainer.state_dict_for_sync()))
+                weights = WeightsRef.from_wire(self.publisher.publish(version, full))
                 publish_s = time.perf_counter() - t0
-                if ta.checkpoint:
-                    trainer.save_checkpoint(ta.checkpoint, optimizer=ta.checkpoint_optimizer,
-                                            keep_last=ta.keep_checkpoints)
-                    checkpoint = ta.checkpoint
-            return TrainResult(rank=trainer.rank, metrics=metrics, weights_version=version, checksum=self.checksum(),
+            del full
+            if ta.checkpoint and (trainer.rank == 0 or trainer.parallel == "fsdp"):
+                trainer.save_checkpoint(ta.checkpoint, optimizer=ta.checkpoint_optimizer,
+                                        keep_last=ta.keep_checkpoints)
+                checkpoint = ta.checkpoint if trainer.rank == 0 else None
+            return TrainResult(rank=trainer.rank, metrics=metrics, weights_version=version, checksum=checksum,
                                weights=weights, publish_s=publish_s, shard_sequences=len(shard),
                                shard_tokens=sum(shard.lengths()), checkpoint=checkpoint, **fetched).to_wire()
 
@@ -178,9 +201,35 @@ class TrainRole:
             self.server = None
 
     def checksum(self) -> str:
-        h = hashlib.sha256()
-        for name, t in sorted(self.trainer.model.state_dict().items()):
-            h.update(name.encode())
-            h.update(t.detach().cpu().contiguous().numpy().tobytes())
-        return h.hexdigest()
+        """sha256 of the trainer's full weights (a collective under fsdp)."""
+        return state_checksum(self.trainer.state_dict_for_sync())
+
+
+def state_checksum(state: dict[str, Any]) -> str:
+    """sha256 over a state dict's names and bytes, in name order."""
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in sorted(state.items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())  # bf16 too
+    return h.hexdigest()
+
+
+def is_local_address(addr: str) -> bool:
+    """Whether this host can bind ``addr`` (one of its own addresses; loopback names count)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, _, _, _, sockaddr in infos:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((sockaddr[0], 0))
+                return True
+            except OSError:
+                continue
+    return False
 

@@ -82,6 +82,8 @@ class GRPOParams:
     max_grad_norm: float = 1.0
     micro_batch_tokens: int = 4096
     scale_by_std: bool = True
+    parallel: str = "auto"  # trainer ranks: "ddp" (replicas), "fsdp" (FSDP2 shards), "auto" (libra.engines.fsdp)
+    master_addr: str = ""  # the routable address of rank 0's host ("": the actors' LIBRA_ADVERTISE_ADDRESS or loopback)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +185,8 @@ def _check(c: JobConfig, where: str) -> None:
         problems.append(f"[grpo] group_size must be >= 2 (advantages are relative to the group), got {c.grpo.group_size}")
     if not c.grpo.lr > 0:
         problems.append(f"[grpo] lr must be > 0, got {c.grpo.lr}")
+    if c.grpo.parallel not in ("auto", "ddp", "fsdp"):
+        problems.append(f"[grpo] parallel must be 'auto', 'ddp' or 'fsdp', got {c.grpo.parallel!r}")
     if c.actors.rollout < 1 or c.actors.trainer < 1 or c.actors.action < 1:
         problems.append("[actors] rollout, trainer and action must each be >= 1")
     for key, n, count in (("rollout_gpus", c.actors.rollout_gpus, c.actors.rollout),
