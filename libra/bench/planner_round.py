@@ -58,7 +58,7 @@ def run(gpus: Sequence[int], repeat: int, seed: int = 0) -> dict[str, Any]:
             job = loop.start(n, 2.0)
             start.append(time.perf_counter() - t0)
             assert job is not None
-            gaps.append(loop_gaps_while(threading.Thread(target=job.run)))
+            gaps.append(loop_gaps_while(threading.Thread(target=job.run, args=(time.perf_counter,))))  # as the server
             search.append(job.seconds)
             t0 = time.perf_counter()
             loop.finish(job, 3.0)

@@ -29,18 +29,24 @@ round with too few GPU actors or too little history is a decision with a reason,
 A round is :meth:`PlannerLoop.start` (on the broker's loop: snapshot the pressure, build the re-planner),
 :meth:`PlanJob.run` (the search: about 35 ms at 48 GPUs, 0.2 s at 128, 3 s at 512, so the server runs it
 on a worker thread) and :meth:`PlannerLoop.finish` (back on the loop: record, apply). Trajectories that
-finish while a search runs are held and reach the re-planner afterwards. Pure but for the search's
-own timer (reported as ``search_s``, never decided on): no I/O, threads or logging here. Each decision
-is kept in :attr:`PlannerLoop.decisions` and counted in :attr:`PlannerLoop.recorded`; the broker core turns
-new ones into log lines.
+finish while a search runs are held and reach the re-planner afterwards. Pure: no clock, I/O, threads or
+logging here. Time comes in as ``now``; the search's duration (reported as ``search_s``, never decided on)
+is measured only with the clock its caller hands :meth:`PlanJob.run` (the server: ``time.perf_counter``;
+the simulator: none, or the wall clock in its ``search="measured"`` mode). Each decision is kept in
+:attr:`PlannerLoop.decisions` and counted in :attr:`PlannerLoop.recorded`; the broker core turns new ones
+into log lines.
+
+Who starts a round is the caller's choice, the decision is the same code: the live broker starts one on its
+timer (``interval_s``, :meth:`PlannerLoop.due`), numbering rounds 1, 2, ...; the simulator
+(``libra.sim.sim_planner``) starts one at every training-step boundary and numbers it by the step
+(``start(..., step=k)``), after a profiling pass (:meth:`PlannerLoop.profile`) chose the plan it launches with.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +61,7 @@ from libra.policies.cost import (
 from libra.policies.planner.allocators import ALLOCATORS, PlannerConfig, make_allocator
 from libra.policies.planner.engine_caps import cap_rollout_tps
 from libra.policies.planner.online import PressureSnapshot, ReplanDecision, Replanner
-from libra.policies.planner.types import Plan, PlannerError
+from libra.policies.planner.types import Plan, PlannerError, Workload
 
 __all__ = ["BROKER_ALLOCATORS", "PlanJob", "PlannerLoop", "PlannerSettings"]
 
@@ -168,10 +174,11 @@ class PlannerLoop:
 
     def start(self, n_gpus: int, now: float, *, queue_pressure: float = 0.0, active_pressure: float = 0.0,
               rejected_total: int = 0, rollout_time: float | None = None,
-              train_time: float | None = None) -> PlanJob | None:
+              train_time: float | None = None, step: int | None = None) -> PlanJob | None:
         """Begin a planning round on ``n_gpus`` connected GPU actors (``rollout_time`` / ``train_time``:
         the last measured stage seconds of an RL step, when the broker runs a job; they drive the
-        re-planner's stage-imbalance trigger). Returns the search to run (in flight until
+        re-planner's stage-imbalance trigger; ``step``: the number the re-planner's interval, warm-up and
+        cooldown count in, default the round's own number). Returns the search to run (in flight until
         :meth:`finish`), or None when the round ended at once (too few GPU actors, a
         configuration the planner refuses: the decision is recorded)."""
         self.last_round_t = now
@@ -187,7 +194,8 @@ class PlannerLoop:
             except (PlannerError, ValueError) as exc:
                 return self._record(now, "planner_config_error", error=str(exc))
         assert self._replanner is not None
-        snap = PressureSnapshot(self.rounds, queue_pressure, active_pressure, rejected_total, rollout_time, train_time)
+        snap = PressureSnapshot(self.rounds if step is None else step, queue_pressure, active_pressure, rejected_total,
+                                rollout_time, train_time)
         self._job = PlanJob(self._replanner, snap, self.plan)
         return self._job
 
@@ -206,8 +214,8 @@ class PlannerLoop:
         dec = job.decision
         assert dec is not None, "PlanJob.run() was not called"
         plan = dec.plan if dec.apply else None
-        self._record(now, dec.reason, trigger=dec.trigger, current_s=dec.current_time, candidate_s=dec.candidate_time,
-                     search_s=round(job.seconds, 4), plan=_plan_summary(plan) if plan is not None else None)
+        self._record(now, dec.reason, step=dec.step, trigger=dec.trigger, current_s=dec.current_time,
+                     candidate_s=dec.candidate_time, search_s=round(job.seconds, 4), plan=_plan_summary(plan) if plan is not None else None)
         if plan is not None:
             self.plan = plan
             self.applied += 1
@@ -220,6 +228,31 @@ class PlannerLoop:
             return None
         job.run()
         return self.finish(job, now)
+
+    def profile(self, n_gpus: int, workload: Workload, now: float, *, step: int = 0) -> Plan:
+        """Deploy the allocator's plan for ``workload`` (a profiling pass before launch: the simulator's
+        first profiled steps) as the current plan, without a round: builds the re-planner for ``n_gpus``,
+        proposes, and counts ``step`` as its last re-plan (so the cooldown runs from it). The decision is
+        recorded as ``profiled_plan``. Raises ``PlannerError`` / ``ValueError`` for a cluster or workload
+        the allocator refuses."""
+        s = self.settings
+        batch = s.batch or s.group_size
+        if (n_gpus, batch) != self._key:
+            self._build(n_gpus, batch)
+        rp = self._replanner
+        assert rp is not None
+        plan = rp.allocator.propose(workload, None)
+        rp.last_replan = step
+        self.plan = plan
+        self.applied += 1
+        self._record(now, "profiled_plan", step=step, plan=_plan_summary(plan))
+        return plan
+
+    @property
+    def replanner(self) -> Replanner | None:
+        """The re-planner of the current cluster size (None before the first round). The simulator feeds its
+        prediction-error and reconfiguration-cost observations to it; the live broker has none to give."""
+        return self._replanner
 
     max_rollout_tp: int | None = None  # the largest rollout TP group the GPU actors' engines can serve
 
@@ -293,15 +326,16 @@ class PlanJob:
         self.error: str | None = None
         self.seconds = 0.0
 
-    def run(self) -> PlanJob:
+    def run(self, clock: Callable[[], float] | None = None) -> PlanJob:
         """Search (the expensive part: about 35 ms at 48 GPUs, 3 s at 512). Never raises: a planner
-        error is kept in :attr:`error`."""
-        t0 = time.perf_counter()
+        error is kept in :attr:`error`. ``clock`` (the caller's, e.g. ``time.perf_counter``) measures
+        :attr:`seconds`; without one it stays 0 (nothing here reads a clock)."""
+        t0 = clock() if clock is not None else 0.0
         try:
             self.decision = self.replanner.step(self.snapshot, self.current)
         except (PlannerError, ValueError, ArithmeticError) as exc:
             self.error = f"{type(exc).__name__}: {exc}"
-        self.seconds = time.perf_counter() - t0
+        self.seconds = clock() - t0 if clock is not None else 0.0
         return self
 
 

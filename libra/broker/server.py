@@ -142,7 +142,7 @@ class BrokerServer:
         if self._planner_pool is None or self._plan_running is not None:  # the core never asks for two
             log.error("planner_search_refused", running=self._plan_running is not None)
             return
-        self._plan_running = (job, self._planner_pool.submit(job.run))
+        self._plan_running = (job, self._planner_pool.submit(job.run, time.perf_counter))  # the shell's clock
 
     def _flush(self) -> None:
         if self.journal is not None:

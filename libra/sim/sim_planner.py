@@ -1,9 +1,14 @@
 """Planner-driven allocations in the simulator: GRP plans, online re-planning and the Elastic Hybrid Pool.
 
 Role: the allocation policy of a :class:`~libra.sim.engine.Simulator` whose ``SimConfig.allocation`` is
-one of :data:`PLANNER_ALLOCATIONS`. It drives the real planner (:mod:`libra.policies.planner.allocators`) and the
-real broker plan application (:meth:`BrokerState.apply_plan`, directives) on the simulated GPU fleet
-(:mod:`libra.sim.sim_gpus`, which charges the transition costs in virtual time).
+one of :data:`PLANNER_ALLOCATIONS`. It drives the broker's own planner loop
+(:class:`~libra.broker.planner_loop.PlannerLoop`, built from the same :class:`~libra.broker.planner_loop.PlannerSettings`
+a ``[broker.planner]`` table gives a live broker) and the real broker plan application
+(:meth:`BrokerState.apply_plan`, directives) on the simulated GPU fleet (:mod:`libra.sim.sim_gpus`, which charges
+the transition costs in virtual time). The simulator is the loop's shell here: it feeds every finished
+trajectory to :meth:`PlannerLoop.observe`, starts a round at every training-step boundary
+(:meth:`PlannerLoop.start` with ``step=k``: a live broker starts them on its ``interval_s`` timer instead), runs
+the round's search and hands it back with :meth:`PlannerLoop.finish` when the search charge has passed.
 
 The planner scores layouts for the simulated router (:func:`planner_routing`: ``least_loaded`` and
 ``round_robin`` ignore buckets, so their plans are scored as length-blind; see ``PlannerConfig.routing``;
@@ -23,12 +28,13 @@ Contract of one run:
    steps of the trace (a profiling pass before launch: ``(prompt + tool payload, generated)`` tokens
    the generate turns of each trajectory, each turn paying the serving overhead, and its tool seconds). The cluster
    starts in that layout (no transition cost).
-2. **Online re-planning** at every training-step boundary: a
-   :class:`~libra.policies.planner.online.Replanner` over the history the simulator has observed (the
+2. **Online re-planning** at every training-step boundary: a round of the broker's planner loop, whose
+   :class:`~libra.policies.planner.online.Replanner` decides over the history the simulator has observed (the
    last ``history_steps`` steps of finished trajectories), with its triggers (interval
    ``plan_interval``, queue pressure, active pressure, rollout/train imbalance, cooldown) and its rule
    (apply iff the layout differs, net gain over ``reconfig_cost_s`` > 0 and gain ratio >=
-   ``min_gain_ratio``). The Replanner learns from what it observes (``PlannerAllocation._observe_step``):
+   ``min_gain_ratio``). The Replanner learns from what it observes (``PlannerAllocation._observe_step``; the
+   live broker measures neither, so the report lists both feedbacks under ``modelled_only`` when they are on):
    with ``reconfig_feedback`` (default) the measured cost of each deployment, the seconds by which the
    steps it touched exceeded the deployed plan's prediction, replaces ``reconfig_cost_s`` when larger
    (:meth:`Replanner.observe_reconfig`); with ``error_feedback`` (opt-in: measured worse on the
@@ -38,15 +44,18 @@ Contract of one run:
    between the GRP's best plan and its best homogeneous plan by corrected time. Pressures: queued
    generate turns / (instances × ``max_queue_length``), running turns / Σ instance credits; stage
    times: the last finished rollout and training step.
-3. **Search charge**: an applied plan reaches the broker ``search_s`` virtual seconds after the decision
-   (``search="fixed"``, the default: deterministic) or after the measured wall time of the planner call
-   (``search="measured"``: not reproducible). The GPUs keep working under the old plan meanwhile.
+3. **Search charge**: a round whose search decides to deploy a plan stays in flight (as on the live broker's
+   worker thread: trajectories finishing meanwhile are held) and its plan reaches the broker ``search_s``
+   virtual seconds after the decision (``search="fixed"``, the default: deterministic) or after the
+   measured wall time of the search (``search="measured"``: not reproducible). The GPUs keep working under
+   the old plan meanwhile. A search that deploys nothing finishes at once.
 4. **Application**: ``BrokerState.apply_plan`` lays the plan out on the GPU actors and sends directives
    in waves; the fleet drains, pays the transition (10.8 s into rollout, 3.6 + 4.4 s into training)
    and bids again. Without the EHP a change of the set of training replicas also pauses core training
    once by ``regroup_s`` (the process groups are rebuilt and the state re-aligned; [G]). One
    application at a time: a decision while one is in flight is skipped (``reason="busy"``).
-5. **EHP** (``grp_ehp``): new training replicas join as whole DP replicas through the hybrid join
+5. **EHP** (``grp_ehp``; **modelled only**: the broker's planner loop does not run it, issue #19, and the
+   report says so): new training replicas join as whole DP replicas through the hybrid join
    protocol (:class:`~libra.broker.hybrid.HybridReplica`: fetch the snapshot in the background, one
    zero-gradient core step, activation at a step boundary) and core training never pauses; after each
    step :func:`~libra.policies.planner.online.ehp_signal` sets the number of hybrid replicas (whole
@@ -70,10 +79,11 @@ from typing import Any
 
 from libra.broker.events import Rehome
 from libra.broker.hybrid import HybridReplica, JoinState
+from libra.broker.planner_loop import PlanJob, PlannerLoop
 from libra.broker.pools import GpuSlot, Role, bucket_specs, layout_roles
-from libra.policies.cost import RolloutCostModel, TrainingCostModel, load_hardware, load_model
+from libra.policies.cost import TrainingCostModel, load_hardware, load_model
 from libra.policies.cost.training import TrainConfig
-from libra.policies.planner.allocators import Plan, PlannerConfig, PressureSnapshot, Replanner, make_allocator
+from libra.policies.planner.allocators import Plan, PlannerConfig, PressureSnapshot, Replanner
 from libra.policies.planner.online import layout_class
 from libra.policies.routing.interface import BucketSpec
 from libra.protocol import messages as m
@@ -88,7 +98,9 @@ from libra.sim.sim_planner_params import (
     ROUTER_ROUTING,
     PlannerSimParams,
     is_planner_allocation,
+    modelled_only,
     planner_routing,
+    planner_settings,
 )
 from libra.traces import TrajectorySpec, tool_seconds_of, workload_of
 
@@ -120,30 +132,15 @@ class PlannerAllocation:
         first = [t for t in trajs if t.step == steps[0]]
         self.batch = len(first)
         group = _group_size(first)
-        hw, model = load_hardware(cfg.hardware), load_model(cfg.model)
-        self.train_model = TrainingCostModel(hw, model)
-        self.planner_config = PlannerConfig(n_gpus=cfg.gpus, global_batch=self.batch, group_size=group,
-                                            rollout_tps=tuple(p.rollout_tps), granularity=p.granularity,
-                                            min_train_gpus=p.min_train_gpus, min_rollout_gpus=p.min_rollout_gpus,
-                                            overlap_steps=cfg.lag,
-                                            routing=planner_routing(cfg.router, p.planner_routing),
-                                            exact_pipeline=p.exact_pipeline, residency=p.residency,
-                                            objective=p.objective)
-        self.allocator = make_allocator(allocator_name, rollout_model=RolloutCostModel(hw, model),
-                                        train_model=self.train_model, config=self.planner_config)
-        self.replanner = Replanner(self.allocator, plan_interval=p.plan_interval, cooldown_steps=p.cooldown_steps,
-                                   online=p.online, reconfig_cost_s=p.reconfig_cost_s,
-                                   min_gain_ratio=p.min_gain_ratio, max_history=p.history_steps * self.batch,
-                                   error_window=p.error_window)
+        self.train_model = TrainingCostModel(load_hardware(cfg.hardware), load_model(cfg.model))
+        self.loop = PlannerLoop(planner_settings(allocator_name, cfg, p, self.batch, group))
         profile = p.profile_steps if p.profile_steps is not None else (5 if self.name == "static_best" else 1)
         self.profile = [t for t in trajs if t.step in set(steps[:max(1, profile)])]
         self.specs = {t.id: t for t in trajs}
         self.search_seconds: list[float] = []
         t0 = time.perf_counter()
-        self.core = self.allocator.propose(workload_of(self.profile), None)
+        self.initial = self.plan = self.loop.profile(cfg.gpus, workload_of(self.profile), 0.0, step=0)
         self._charge(time.perf_counter() - t0)
-        self.replanner.last_replan = 0
-        self.initial = self.plan = self.core
         self.plan_history: list[tuple[float, Plan]] = [(0.0, self.core)]  # (virtual time applied, plan)
         self.roles = layout_roles(self.plan, _slots(cfg.gpus))
         self.layout = self._layout(self.plan, self.roles)
@@ -165,6 +162,34 @@ class PlannerAllocation:
         self.reconfig_costs: list[dict[str, Any]] = []
         self._dirty: list[float] = []  # excess seconds of the steps a deployment touched, not yet reported
         self._dirty_applied = 0
+
+    # ------------------------------------------------------------------ the broker loop's parts
+    @property
+    def core(self) -> Plan:
+        """The plan the broker's planner loop has deployed (EHP's hybrid replicas are not part of it)."""
+        assert self.loop.plan is not None
+        return self.loop.plan
+
+    @property
+    def replanner(self) -> Replanner:
+        """The broker planner loop's re-planner (the simulator feeds it its step and deployment measurements)."""
+        rp = self.loop.replanner
+        assert rp is not None
+        return rp
+
+    @property
+    def allocator(self) -> Any:
+        """The allocator the broker planner loop built from the settings."""
+        return self.replanner.allocator
+
+    @property
+    def planner_config(self) -> PlannerConfig:
+        """The GRP search's configuration as the broker planner loop built it."""
+        return self.allocator.planner.config
+
+    def modelled_only(self) -> list[str]:
+        """What this run credits that the live broker's planner does not do (issue #19), one line each."""
+        return modelled_only(self.ehp, self.params)
 
     # ------------------------------------------------------------------ layouts
     def _layout(self, plan: Plan, roles: dict[str, Role]) -> Layout:
@@ -232,27 +257,45 @@ class PlannerAllocation:
         self._observe()
         if self.ehp:
             self._advance_joins(k)
-        busy = self._pending_apply or (self.sim.broker.plan_applier is not None and not self.sim.broker.plan_applier.done)
+        busy = (self._pending_apply or self.loop.searching
+                or (self.sim.broker.plan_applier is not None and not self.sim.broker.plan_applier.done))
         if self.params.error_feedback or self.params.reconfig_feedback:
             self._observe_step(k, busy)
         snap = self._snapshot(k + 1)
         if busy:
             self.decisions.append({"step": k + 1, "t": self.sim.now, "apply": False, "reason": "busy"})
             return
-        t0 = time.perf_counter()
-        dec = self.replanner.step(snap, self.core)
-        wall = time.perf_counter() - t0
+        job = self.loop.start(len(self.sim.broker.gpu_slots()), self.sim.now, step=snap.step,
+                              queue_pressure=snap.queue_pressure, active_pressure=snap.active_pressure,
+                              rejected_total=snap.rejected_total, rollout_time=snap.rollout_time,
+                              train_time=snap.train_time)
+        if job is None:  # the loop ended the round at once (too few GPU actors, a refused configuration)
+            raise SimConfigError(f"broker planner loop: {self.loop.decisions[-1]}")
+        job.run(time.perf_counter if self.params.search == "measured" else None)
+        dec = job.decision
+        if job.error is not None or dec is None:
+            raise SimConfigError(f"broker planner loop: {job.error}")
         self.decisions.append({"step": dec.step, "t": round(self.sim.now, 3), "apply": dec.apply, "reason": dec.reason,
                                "trigger": dec.trigger, "current_s": dec.current_time, "candidate_s": dec.candidate_time})
         if dec.trigger is not None:
-            delay = self._charge(wall)
+            delay = self._charge(job.seconds)
             if dec.apply and dec.plan is not None:
-                self.core = dec.plan
                 self.n_hybrid = 0
-                self._schedule(dec.plan, delay, dec.reason)
+                self._pending_apply = True
+                self.sim._push(self.sim.now + delay, "call", lambda: self._finish_round(job, dec.reason))
                 return
+        self.loop.finish(job, self.sim.now)
         if self.ehp:
             self._ehp_step(k + 1, snap)
+
+    def _finish_round(self, job: PlanJob, reason: str) -> None:
+        """The round's search is back (its charge has passed): the loop records it and the plan is applied."""
+        assert self.sim is not None
+        plan = self.loop.finish(job, self.sim.now)
+        if plan is None:  # not expected: the decision said apply
+            self._pending_apply = False
+            return
+        self.apply(plan, reason)
 
     def plan_at(self, t: float) -> Plan:
         """The plan most recently applied at or before virtual time ``t``."""
@@ -299,16 +342,19 @@ class PlannerAllocation:
             "final_plan": _plan_dict(self.plan),
             "step_errors": list(self.step_errors),
             "reconfig_costs": list(self.reconfig_costs),
+            "runtime": "broker PlannerLoop (libra/broker/planner_loop.py) + BrokerState.apply_plan",
+            "loop_rounds": self.loop.rounds,
+            "modelled_only": self.modelled_only(),
         }
 
     # ------------------------------------------------------------------ internals
     def _observe(self) -> None:
         sim = self.sim
         assert sim is not None
-        for rec in sim.records[self._seen:]:
+        for rec in sim.records[self._seen:]:  # as BrokerState does at each EndTrajectory
             spec = self.specs[rec.id]
-            self.replanner.observe(spec.prompt_tokens + spec.total_payload_tokens, max(1, spec.total_gen_tokens),
-                                   spec.num_turns, tool_seconds_of(spec))
+            self.loop.observe(spec.prompt_tokens + spec.total_payload_tokens, max(1, spec.total_gen_tokens),
+                              spec.num_turns, tool_seconds_of(spec))
         self._seen = len(sim.records)
 
     def _observe_step(self, k: int, busy: bool) -> None:

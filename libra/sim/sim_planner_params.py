@@ -1,7 +1,9 @@
 """The names and knobs of the simulator's planner-driven allocations (:mod:`libra.sim.sim_planner`):
 :data:`PLANNER_ALLOCATIONS` (simulator allocation -> planner allocator, elastic hybrid pool),
 :func:`planner_routing` (how the planner models each simulated router) and :class:`PlannerSimParams`
-(``SimConfig.allocation_params``). :mod:`libra.sim.sim_planner` re-exports them.
+(``SimConfig.allocation_params``), :func:`planner_settings` (those knobs as the ``[broker.planner]`` table
+of the broker's own planner loop, which the simulator drives) and :func:`modelled_only` (what a run credits
+that the live broker lacks). :mod:`libra.sim.sim_planner` re-exports the first four.
 """
 
 from __future__ import annotations
@@ -10,11 +12,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from libra.broker.planner_loop import PlannerSettings
 from libra.policies.planner.types import ROUTINGS
 from libra.sim import sim_cluster
 from libra.sim.sim_cluster import SimConfigError
+from libra.sim.sim_config import SimConfig
 
-__all__ = ["PLANNER_ALLOCATIONS", "ROUTER_ROUTING", "PlannerSimParams", "is_planner_allocation", "planner_routing"]
+__all__ = ["PLANNER_ALLOCATIONS", "ROUTER_ROUTING", "PlannerSimParams", "is_planner_allocation", "modelled_only",
+           "planner_routing", "planner_settings"]
 
 #: Simulated router -> the planner's ``PlannerConfig.routing`` that models how it realises a plan.
 #: ``least_loaded`` (least connections on load / TP) and ``round_robin`` ignore buckets. Every other router
@@ -109,3 +114,39 @@ class PlannerSimParams:
         if p.objective not in ("throughput", "pipeline"):
             raise SimConfigError(f"allocation parameter objective must be 'throughput' or 'pipeline', got {p.objective!r}")
         return p
+
+
+def planner_settings(allocator: str, cfg: SimConfig, p: PlannerSimParams, batch: int, group: int) -> PlannerSettings:
+    """The ``[broker.planner]`` table a live broker would need to plan as this simulated run does (validated by
+    the broker's own :meth:`PlannerSettings.from_dict`). Raises :class:`SimConfigError` if it refuses it."""
+    table = {"allocation": allocator, "hardware": cfg.hardware, "model": cfg.model, "group_size": group,
+             "batch": batch,
+             "params": {"rollout_tps": tuple(p.rollout_tps), "granularity": p.granularity,
+                        "min_train_gpus": p.min_train_gpus, "min_rollout_gpus": p.min_rollout_gpus,
+                        "overlap_steps": cfg.lag, "routing": planner_routing(cfg.router, p.planner_routing),
+                        "exact_pipeline": p.exact_pipeline, "residency": p.residency, "objective": p.objective},
+             "replanner": {"plan_interval": p.plan_interval, "cooldown_steps": p.cooldown_steps, "online": p.online,
+                           "reconfig_cost_s": p.reconfig_cost_s, "min_gain_ratio": p.min_gain_ratio,
+                           "max_history": p.history_steps * batch, "error_window": p.error_window}}
+    try:
+        return PlannerSettings.from_dict(table)
+    except ValueError as exc:
+        raise SimConfigError(str(exc)) from None
+
+
+def modelled_only(ehp: bool, p: PlannerSimParams) -> list[str]:
+    """What a planner-driven run with these settings credits that the live broker's planner does not do
+    (issue #19), one line each, printed as ``modelled-only: ...`` and kept in the report."""
+    out = []
+    if ehp:
+        out.append("EHP: modelled only (runtime lacks it, #19): hybrid replicas join training in the simulator; "
+                   "the broker's planner loop accepts no grp_ehp allocation")
+    if p.reconfig_feedback:
+        out.append("reconfiguration-cost feedback: modelled only (the simulator measures each deployment's cost; "
+                   "the live broker's planner loop charges the fixed reconfig_cost_s)")
+    if p.error_feedback:
+        out.append("prediction-error feedback: modelled only (the live broker's planner loop does not measure "
+                   "step times against its plan)")
+    out.append("initial plan from a profiling pass of the first steps (the live broker plans its first round "
+               "from observed trajectories); rounds at training-step boundaries (the live broker: every interval_s)")
+    return out
