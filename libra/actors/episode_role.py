@@ -131,7 +131,7 @@ class EpisodeRole:
         # per-prompt prefix tree
         prompt_id = "p-" + hashlib.sha1(text.encode()).hexdigest()[:16]
         s = EpisodeSession(client, tok, traj_id, prompt_ids, params, lambda: None, stop_ids,
-                           seed=args.seed, prompt_id=prompt_id)
+                           seed=args.seed, prompt_id=prompt_id, context_server=self.server)
         t0 = time.time()
         try:
             reward, info = await env.episode(s, problem, env_cfg)

@@ -35,7 +35,7 @@ from .payloads_base import Payload
 from .payloads_refs import DataRef, WeightsRef
 
 __all__ = ["EMPTY_DIGEST", "ContextDigest", "GenerateArgs", "GenerateResult", "OracleHints", "RouteHints",
-           "TurnContext", "context_digest"]
+           "TurnContext", "context_digest", "ids_from_object", "ids_object"]
 
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=0xFFFFFFFF)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
@@ -82,6 +82,38 @@ def context_digest(ids: Iterable[int]) -> str:
 
 
 EMPTY_DIGEST = context_digest(())
+_IDS_CHUNK = 1 << 20
+
+
+def ids_object(ids: Iterable[int]) -> tuple[bytes, list[bytes]]:
+    """A context's token ids as a data-plane object ``(header, chunks)``: the header is msgpack ``{"format":
+    "ids1", "n", "digest"}``, the chunks the ids as little-endian uint32 (1 MiB each)."""
+    a = array(_TYPECODE, ids)
+    digest = ContextDigest(a).hexdigest()
+    if sys.byteorder == "big":
+        a.byteswap()
+    raw = a.tobytes()
+    header = msgspec.msgpack.encode({"format": "ids1", "n": len(a), "digest": digest})
+    return header, [raw[i : i + _IDS_CHUNK] for i in range(0, len(raw), _IDS_CHUNK)] or [b""]
+
+
+def ids_from_object(header: bytes, chunks: Iterable[bytes | memoryview]) -> array:
+    """The token ids of an :func:`ids_object`; raises ``ValueError`` when the object is malformed or its ids
+    do not hash to its digest."""
+    try:
+        meta = msgspec.msgpack.decode(header)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"context ids object: bad header ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != "ids1":
+        raise ValueError("context ids object: unknown format")
+    a = array(_TYPECODE)
+    for c in chunks:
+        a.frombytes(bytes(c))
+    if sys.byteorder == "big":
+        a.byteswap()
+    if len(a) != meta.get("n") or ContextDigest(a).hexdigest() != meta.get("digest"):
+        raise ValueError("context ids object: ids do not match their length and digest")
+    return a
 
 
 class TurnContext(Payload, frozen=True, kw_only=True):

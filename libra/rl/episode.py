@@ -11,9 +11,17 @@ An environment author writes::
 
 The session keeps the whole trajectory as token ids: the chat-templated prompt and every environment
 message get loss mask 0; every generated token gets mask 1 and its rollout log-prob. Each ``generate``
-sends the full token sequence so far (``prompt_ids``) and the newest published weights (a data-plane ref:
-version + trainer endpoint),
-and records the weights version the rollout actor actually used. Tokenisation happens here, in the
+sends the newest published weights (a data-plane ref: version + trainer endpoint) and records the weights
+version the rollout actor actually used.
+
+Bulk data stays off the broker: a turn carries only the tokens added since the previous turn, the total length
+and digests (:class:`~libra.protocol.payloads_rollout.TurnContext`), never the whole growing context. The
+rollout instance keeps the context between turns; the previous instance's reply names where it holds it
+(``context_at``, sent back as ``holder``), and with a ``context_server`` (the episode runner's data-plane
+server) the session also publishes its whole context as ``ctx/TRAJECTORY`` (the turn's ``source``), so an
+instance that does not hold it (evicted, or the trajectory migrated) fetches it peer to peer. Without a
+``context_server``, an instance that can get the context nowhere fails the turn with ``context_missing`` and
+the session sends that one turn in the whole form (``prompt_ids``); ``delta=False`` always does. Tokenisation happens here, in the
 driver; the rollout actors see token ids only.
 
 Each turn's args are a :class:`~libra.protocol.payloads_rollout.GenerateArgs` and its reply a
@@ -32,12 +40,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from libra.client import LibraError
+import msgspec
+
+from libra.client import LibraError, ToolFailed
 from libra.client.aio import AsyncClient
 from libra.logging import get_logger
 from libra.protocol.payloads_job import EpisodeSampling
-from libra.protocol.payloads_refs import WeightsRef
-from libra.protocol.payloads_rollout import GenerateArgs, GenerateResult
+from libra.protocol.payloads_refs import DataRef, WeightsRef
+from libra.protocol.payloads_rollout import (
+    EMPTY_DIGEST,
+    ContextDigest,
+    GenerateArgs,
+    GenerateResult,
+    TurnContext,
+    ids_object,
+)
 
 __all__ = ["EpisodeSession", "SamplingParams", "chat_continuation"]
 
@@ -73,11 +90,18 @@ class EpisodeSession:
     finished: bool = False
     gen_tokens: int = 0
     load_s: list[float] = field(default_factory=list)  # weights fetch+load seconds the rollout paid before each turn
+    context_server: Any = None  # a DataPlaneServer the whole context is published on (re-prefill source)
+    delta: bool = True  # send turns as deltas (TurnContext); False: the whole context every turn
+    context_via: list[str | None] = field(default_factory=list)  # how the instance had each turn's context
+    turn_bytes: list[int] = field(default_factory=list)  # each turn's args, msgpack bytes (what the broker carries)
 
     def __post_init__(self) -> None:
         self.input_ids = list(self.prompt_ids)
         self.loss_mask = [0] * len(self.prompt_ids)
         self.logprobs = [0.0] * len(self.prompt_ids)
+        self._digest = ContextDigest(self.input_ids)  # of input_ids, extended as they grow
+        self._known = (0, EMPTY_DIGEST)  # (length, digest) of the context the last turn's instance holds
+        self._holder: DataRef | None = None  # where it holds it (GenerateResult.context_at)
 
     async def generate(self) -> str:
         """One model turn from the whole sequence so far; returns the decoded text (stop token dropped)."""
@@ -87,19 +111,29 @@ class EpisodeSession:
         if budget < 1:
             return ""
         weights = self.weights()
-        args = GenerateArgs(
-            prompt_ids=self.input_ids, prompt_tokens=len(self.input_ids),
+        common = dict(
+            prompt_tokens=len(self.input_ids),
             max_new_tokens=min(self.params.max_new_tokens, budget),
             temperature=self.params.temperature, top_p=self.params.top_p,
             stop_token_ids=self.stop_token_ids,
             weights=WeightsRef.from_wire(weights) if weights is not None else None,
             seed=self.seed + len(self.versions) if self.seed is not None else None, prompt_id=self.prompt_id,
         )
-        res = await self.client.request("generate", GENERATE_BUCKET, args.to_wire(), self.trajectory,
-                                        timeout=self.params.timeout_s)
-        out = GenerateResult.from_wire(res.output)
+        args = GenerateArgs(context=self._turn_context(), **common) if self.delta else \
+            GenerateArgs(prompt_ids=self.input_ids, **common)
+        try:
+            out = await self._request(args)
+        except ToolFailed as exc:
+            if exc.tool_code != "context_missing" or not self.delta:
+                raise
+            log.info("context_resent_whole", trajectory=self.trajectory, tokens=len(self.input_ids))
+            out = await self._request(GenerateArgs(prompt_ids=self.input_ids, **common))
         toks = out.token_ids
         self.input_ids += toks
+        self._digest.update(toks)
+        self._known = (len(self.input_ids), self._digest.hexdigest())
+        self._holder = out.context_at
+        self.context_via.append(out.context_via)
         self.loss_mask += [1] * len(toks)
         self.logprobs += out.logprobs
         self.versions.append(out.weights_version)
@@ -110,12 +144,31 @@ class EpisodeSession:
         self.texts.append(text)
         return text
 
+    def _turn_context(self) -> TurnContext:
+        known, known_digest = self._known
+        source = None
+        if self.context_server is not None:  # the whole context, for an instance that does not hold it
+            header, chunks = ids_object(self.input_ids)
+            ref = self.context_server.publish(f"ctx/{self.trajectory}", header, chunks)
+            source = DataRef(endpoint=ref.endpoint, name=ref.name, server_key=ref.server_key)
+        return TurnContext(new_ids=self.input_ids[known:], prefix_len=known, prefix_digest=known_digest,
+                           total_len=len(self.input_ids), digest=self._digest.hexdigest(), source=source,
+                           holder=self._holder)
+
+    async def _request(self, args: GenerateArgs) -> GenerateResult:
+        wire = args.to_wire()
+        self.turn_bytes.append(len(msgspec.msgpack.encode(wire)))
+        res = await self.client.request("generate", GENERATE_BUCKET, wire, self.trajectory,
+                                        timeout=self.params.timeout_s)
+        return GenerateResult.from_wire(res.output)
+
     def add_user(self, content: str) -> None:
         """Append an environment message (tool output, feedback) as a user turn; no loss on it."""
         ids = self.tokenizer.encode(chat_continuation("user", content), add_special_tokens=False)
         if self.input_ids and self.loss_mask[-1] and self.input_ids[-1] not in self.stop_token_ids:
             ids = self.stop_token_ids[:1] + ids  # the turn was cut by max_new_tokens: close it
         self.input_ids += ids
+        self._digest.update(ids)
         self.loss_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
 
@@ -132,6 +185,8 @@ class EpisodeSession:
     async def finish(self, ok: bool = True) -> None:
         """Tell the broker's rollout router the trajectory ended (it learns output lengths)."""
         self.finished = True
+        if self.context_server is not None:
+            self.context_server.retire(f"ctx/{self.trajectory}")
         try:  # AsyncClient has no public end_trajectory yet: send the protocol message directly
             await self.client.end_trajectory(self.trajectory, self.gen_tokens, ok)
         except Exception as exc:  # noqa: BLE001  (advisory only: the router just learns less)
