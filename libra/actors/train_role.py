@@ -71,6 +71,12 @@ class TrainRole:
         self.publisher: Any = None
         self._lock = threading.Lock()
 
+    def _backend(self) -> str | None:
+        """gloo where ranks may share a GPU (NCCL refuses that), else the trainer's own choice."""
+        from libra.engines.device import trainer_backend
+
+        return trainer_backend(self.placement) if self.placement is not None else None
+
     def _ensure(self, args: TrainArgs) -> Any:
         from libra.dataplane import DataPlaneServer, DataPlaneWeightPublisher
         from libra.engines.trainer import DistConfig, GRPOConfig, GRPOTrainer
@@ -87,7 +93,7 @@ class TrainRole:
         if rank == 0 and ws > 1 and not is_local_address(master_addr):
             raise ToolError("rendezvous_failed", f"rank 0 runs on this host, but the train config's master_addr "
                                                  f"{master_addr!r} is not one of its addresses")
-        dist = DistConfig(master_addr, args.master_port, rank, ws) if ws > 1 else None
+        dist = DistConfig(master_addr, args.master_port, rank, ws, backend=self._backend()) if ws > 1 else None
         try:
             cfg = GRPOConfig(**opts)
         except (TypeError, ValueError) as exc:

@@ -10,7 +10,10 @@
    batch plus the same AdamW step. Step time (median) and the ratio.
 
 Defaults use the tiny offline model (``libra.engines.tiny_model``); ``--model-dir`` points at any HF
-causal-LM directory (e.g. the converted SmolLM2 from ``libra.engines.smollm2``).
+causal-LM directory (e.g. the converted SmolLM2 from ``libra.engines.smollm2``); ``--shape qwen2-0.5b`` or
+``qwen2-1.5b`` builds a randomly initialised model of that real shape in code (``libra.engines.shapes``: the
+same FLOPs and bytes as trained weights, nothing to download). ``--device cuda`` runs both sides on the GPU,
+in ``--dtype`` (``auto``: bf16 on a GPU, fp32 on the CPU, as the actors' engines run).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -64,9 +68,23 @@ def _baseline_generate(model: Any, prompts: list[list[int]], new_tokens: int, pa
     return int(lp.numel())
 
 
+def _dtype(name: str, device: str) -> torch.dtype:
+    """``--dtype`` as a torch dtype; ``auto`` follows the actors' rule (bf16 on a GPU, fp32 on the CPU)."""
+    from libra.engines.device import parse_dtype
+
+    d = parse_dtype(name)
+    return getattr(torch, ("bfloat16" if device.startswith("cuda") else "float32") if d == "auto" else d)
+
+
 def bench_rollout(model_dir: str, batches: list[int], prompt_len: int, new_tokens: int, repeats: int,
-                  device: str) -> list[dict[str, float]]:
-    engine = HFRolloutEngine(model_dir, device=device, max_batch_size=max(batches))
+                  device: str, dtype: torch.dtype = torch.float32, shape: str | None = None) -> list[dict[str, float]]:
+    if shape:
+        from libra.engines.shapes import build_random_model
+
+        engine = HFRolloutEngine.from_model(build_random_model(shape, dtype=dtype, device=device),
+                                            max_batch_size=max(batches))
+    else:
+        engine = HFRolloutEngine(model_dir, device=device, dtype=dtype, max_batch_size=max(batches))
     model = engine.model
     model.generation_config.eos_token_id = None
     pad_id = int(model.config.pad_token_id or 0)
@@ -106,8 +124,9 @@ def _train_batch(vocab: int, n_seq: int, prompt_len: int, new_tokens: int) -> Tr
 
 
 def bench_train(model_dir: str, n_seq: int, prompt_len: int, new_tokens: int, micro_tokens: int, repeats: int,
-                device: str) -> dict[str, float]:
-    trainer = GRPOTrainer(model_dir, lr=1e-5, device=device, micro_batch_tokens=micro_tokens)
+                device: str, dtype: torch.dtype = torch.float32, random_init: bool = False) -> dict[str, float]:
+    trainer = GRPOTrainer(model_dir, lr=1e-5, device=device, dtype=dtype, micro_batch_tokens=micro_tokens,
+                          **({"random_init": True} if random_init else {}))
     vocab = int(trainer.model.get_output_embeddings().weight.shape[0])
     batch = _train_batch(vocab, n_seq, prompt_len, new_tokens)
     ids, attn, mask, _, _ = batch.to_tensors(device)
@@ -145,16 +164,26 @@ def bench_train(model_dir: str, n_seq: int, prompt_len: int, new_tokens: int, mi
 
 def run(args: argparse.Namespace) -> dict:
     """Run both benchmarks; returns the result object ``--json`` prints."""
-    model_dir = str(args.model_dir or ensure_tiny_model())
+    dtype = _dtype(args.dtype, args.device)
+    if args.shape:
+        import tempfile
+
+        from libra.engines.shapes import write_shape_dir
+
+        model_dir = str(write_shape_dir(args.shape, Path(tempfile.mkdtemp()) / args.shape))  # config only
+    else:
+        model_dir = str(args.model_dir or ensure_tiny_model())
     torch.manual_seed(0)
     return {
         "model_dir": model_dir,
+        "shape": args.shape,
         "device": args.device,
+        "dtype": str(dtype).removeprefix("torch."),
         "torch_threads": torch.get_num_threads(),
         "rollout": bench_rollout(model_dir, args.batches, args.prompt_len, args.new_tokens, args.repeats,
-                                 args.device),
+                                 args.device, dtype, args.shape),
         "train": bench_train(model_dir, args.train_sequences, args.prompt_len, args.new_tokens,
-                             args.micro_batch_tokens, args.repeats, args.device),
+                             args.micro_batch_tokens, args.repeats, args.device, dtype, bool(args.shape)),
     }
 
 
@@ -162,7 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m libra.bench engines", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", help="HF causal-LM directory (default: the tiny offline model)")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default: cpu)")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), bf16, fp16 or fp32")
+    p.add_argument("--shape", choices=["tiny", "qwen2-0.5b", "qwen2-1.5b"], default=None,
+                   help="a randomly initialised model of this shape instead of --model-dir")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32], help="rollout batch sizes")
     p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per request")
     p.add_argument("--new-tokens", type=int, default=64, help="generated tokens per request (forced)")
@@ -179,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(res))
         return 0
-    print(f"model {res['model_dir']}  device {res['device']}  torch threads {res['torch_threads']}")
+    print(f"model {res['shape'] or res['model_dir']}  device {res['device']} ({res['dtype']})  "
+          f"torch threads {res['torch_threads']}")
     print(f"\nrollout ({args.prompt_len}-token prompts, {args.new_tokens} forced new tokens, sampling)")
     print(f"{'batch':>6} {'ours tok/s':>12} {'hf generate tok/s':>18} {'ratio':>7}")
     for r in res["rollout"]:

@@ -4,7 +4,11 @@
 this process. Through Libra: a real broker and one rollout actor (``python -m libra.actors --roles
 rollout=1``) running the same engine on the same model, fed by concurrent ``generate`` requests from an
 asyncio client (the actor batches up to ``--batch`` concurrent turns per engine call). Same requests,
-same number of torch threads; prints the ratio (target ≥ 0.90).
+same number of torch threads; prints the ratio (target ≥ 0.90). ``--device cuda`` puts both on the GPU:
+the direct engine on ``cuda`` and the actor on a GPU slot (``--gpu-roles rollout=1``; with no GPU it falls back
+to the CPU and says so), both in ``--dtype`` (``auto``: bf16 on a GPU). ``--shape qwen2-0.5b|qwen2-1.5b``
+(or ``tiny``) writes a randomly initialised model of that real shape (``libra.engines.shapes``) to a
+temporary directory that both sides load.
 
 ``--engine vllm`` (run with an interpreter that has vLLM, e.g. ``.venv-vllm/bin/python``; the actor
 processes use the same interpreter): three ways to generate the same requests with the same sampling
@@ -44,14 +48,33 @@ def _requests(n: int, new_tokens: int) -> list[dict]:
              "temperature": 1.0, "seed": i} for i in range(n)]
 
 
-def direct(model_dir: Path, reqs: list[dict], batch: int, threads: int) -> dict:
+def _placement(device: str, dtype: str):  # -> libra.engines.device.Placement
+    """Where the direct engine runs: the placement an actor on ``gpu0`` (cuda) or ``cpu0`` would choose."""
+    from libra.engines.device import choose_placement
+
+    cuda = device.startswith("cuda")
+    return choose_placement("gpu0" if cuda else "cpu0", cuda_devices=1 if cuda else 0, dtype=dtype)
+
+
+def random_shape_dir(shape: str, dtype: str, device: str) -> Path:
+    """A temporary checkpoint (config and random weights, in the engines' dtype) of model shape ``shape``."""
+    from libra.engines.shapes import build_random_model
+
+    out = Path(tempfile.mkdtemp()) / shape
+    build_random_model(shape, dtype=_placement(device, dtype).torch_dtype()).save_pretrained(out)
+    return out
+
+
+def direct(model_dir: Path, reqs: list[dict], batch: int, threads: int, device: str = "cpu",
+           dtype: str = "auto") -> dict:
     import torch
 
     from libra.engines.hf_rollout import HFRolloutEngine
     from libra.engines.rollout_base import GenRequest
 
     torch.set_num_threads(threads)
-    eng = HFRolloutEngine(str(model_dir), max_batch_size=batch)
+    p = _placement(device, dtype)
+    eng = HFRolloutEngine(str(model_dir), max_batch_size=batch, device=p.device, dtype=p.torch_dtype())
     gen = [GenRequest(prompt_ids=r["prompt_ids"], max_new_tokens=r["max_new_tokens"], seed=r["seed"]) for r in reqs]
     eng.generate(gen[:batch])  # warm-up
     t0 = time.perf_counter()
@@ -71,18 +94,31 @@ async def _through(url: str, reqs: list[dict], batch: int, warmup: bool = True) 
 
 
 def run(requests: int = 128, new_tokens: int = 32, batch: int = 16, threads: int = 2,
-        model_dir: str | None = None) -> dict:
+        model_dir: str | None = None, device: str = "cpu", shape: str | None = None, dtype: str = "auto") -> dict:
     from libra.engines.tiny_model import ensure_tiny_model
 
-    mdir = Path(model_dir) if model_dir else ensure_tiny_model(Path(tempfile.mkdtemp()) / "tiny")
+    if shape:
+        mdir = random_shape_dir(shape, dtype, device)
+    else:
+        mdir = Path(model_dir) if model_dir else ensure_tiny_model(Path(tempfile.mkdtemp()) / "tiny")
     reqs = _requests(requests, new_tokens)
-    d = direct(mdir, reqs, batch, threads)
-    with LocalCluster(cpu_slots=1, actor_args=["--roles", "rollout=1", "--model-dir", str(mdir),
-                                               "--rollout-batch", str(batch), "--torch-threads", str(threads)]) as cl:
+    d = direct(mdir, reqs, batch, threads, device, dtype)
+    common = ["--model-dir", str(mdir), "--rollout-batch", str(batch), "--torch-threads", str(threads),
+              "--dtype", dtype]
+    if device.startswith("cuda"):  # the actor on a GPU slot, as `libra run` places it
+        cl = LocalCluster(cpu_slots=0, gpu_slots="auto", actor_args=["--gpu-roles", "rollout=1", *common])
+    else:
+        cl = LocalCluster(cpu_slots=1, actor_args=["--roles", "rollout=1", *common])
+    cl.start(wait_actors=1, timeout=600.0)
+    try:
         lib = asyncio.run(_through(cl.url, reqs, batch))
+        slots = [a["slot"] for a in cl.status().actors]
+    finally:
+        cl.stop()
     dt, lt = d["tokens"] / d["seconds"], lib["tokens"] / lib["seconds"]
     return {"direct_tokens_per_s": dt, "libra_tokens_per_s": lt, "ratio": lt / dt, "requests": requests,
-            "new_tokens": new_tokens, "batch": batch, "threads": threads, "model_dir": str(mdir)}
+            "new_tokens": new_tokens, "batch": batch, "threads": threads, "model_dir": str(mdir), "device": device,
+            "dtype": _placement(device, dtype).dtype, "shape": shape, "actor_slots": slots}
 
 
 DEFAULT_VLLM_ARGS = {"enforce_eager": True, "dtype": "float32", "max_model_len": 512}
@@ -204,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vllm-args", default=json.dumps(DEFAULT_VLLM_ARGS),
                    help="vllm only: JSON object of extra vllm.LLM arguments for all three engines (default %(default)s)")
     p.add_argument("--model-dir", help="a transformers checkpoint (default: the tiny random model)")
+    p.add_argument("--device", default="cpu", help="hf only: cpu or cuda (the actor then runs on a GPU slot)")
+    p.add_argument("--dtype", default="auto", help="hf only: auto (bf16 on cuda, fp32 on cpu), bf16, fp16, fp32")
+    p.add_argument("--shape", choices=["tiny", "qwen2-0.5b", "qwen2-1.5b"], default=None,
+                   help="hf only: a randomly initialised model of this shape instead of --model-dir")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     if a.engine == "vllm":
@@ -230,10 +270,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['requests']} requests x {r['new_tokens']} tokens x {r['rounds']} rounds, batch {r['batch']}, "
                   f"vLLM {r['vllm_version']}, load1 {r['load1_before']:.2f} -> {r['load1_after']:.2f}")
         return 0
-    r = run(a.requests, a.new_tokens, a.batch, a.threads, a.model_dir)
+    r = run(a.requests, a.new_tokens, a.batch, a.threads, a.model_dir, a.device, a.shape, a.dtype)
     if a.json:
         print(json.dumps(r))
     else:
+        print(f"model {r['shape'] or r['model_dir']} on {r['device']} ({r['dtype']}); actor slot(s) "
+              f"{', '.join(r['actor_slots'])}")
         print(f"HF engine direct:        {r['direct_tokens_per_s']:9.0f} tok/s")
         print(f"HF engine behind Libra:  {r['libra_tokens_per_s']:9.0f} tok/s")
         print(f"ratio {r['ratio']:.2f} (target >= 0.90); {r['requests']} requests x {r['new_tokens']} tokens, "

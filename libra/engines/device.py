@@ -35,7 +35,7 @@ from typing import Any
 __all__ = ["DTYPE_ENV", "ENGINES_PER_GPU_ENV", "MEMORY_FRACTION_ENV", "NODE_GPUS_ENV", "DeviceConfigError", "Placement",
            "TPUnsupported", "apply_memory_budget", "choose_placement", "engine_labels", "engine_labels_from_env",
            "free_cuda_cache",
-           "group_devices", "is_cuda_oom", "max_tp_for", "parse_dtype", "placement_from_env", "slot_gpu_index"]
+           "group_devices", "is_cuda_oom", "trainer_backend", "max_tp_for", "parse_dtype", "placement_from_env", "slot_gpu_index"]
 
 DTYPE_ENV = "LIBRA_DTYPE"
 MEMORY_FRACTION_ENV = "LIBRA_GPU_MEMORY_FRACTION"
@@ -199,6 +199,18 @@ def engine_labels_from_env(slot: str, role: str, environ: Mapping[str, str] | No
     if engine not in ("hf", "vllm"):
         return {"engine": engine, "max_tp": 1}  # the role refuses the name itself, with its own message
     return engine_labels(slot, role, engine, gpus)
+
+
+def trainer_backend(p: Placement, environ: Mapping[str, str] | None = None) -> str | None:
+    """The trainer ranks' ``torch.distributed`` backend: None (the trainer's own rule: NCCL on CUDA, gloo on
+    the CPU) unless this GPU is shared with other engine slots (``$LIBRA_ENGINES_PER_GPU`` > 1), where two
+    ranks may sit on one device, which NCCL refuses: gloo then."""
+    env = os.environ if environ is None else environ
+    try:
+        shared = int(env.get(ENGINES_PER_GPU_ENV, "1") or 1) > 1
+    except ValueError:
+        shared = False
+    return "gloo" if p.on_gpu and shared else None
 
 
 def is_cuda_oom(exc: BaseException) -> bool:

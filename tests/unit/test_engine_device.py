@@ -100,3 +100,12 @@ def test_vllm_arguments_for_a_tp_group_leader() -> None:
         vllm_engine_args(8, p, tp=2, devices=(0,))
     with pytest.raises(ValueError, match="tensor_parallel_size=2"):
         vllm_engine_args(8, p, tp=4, devices=(0, 1, 2, 3), extra={"tensor_parallel_size": 2})
+
+
+def test_trainer_ranks_sharing_a_gpu_use_gloo_not_nccl() -> None:
+    from libra.engines.device import trainer_backend
+
+    gpu = choose_placement("gpu0", cuda_devices=1)
+    assert trainer_backend(gpu, {"LIBRA_ENGINES_PER_GPU": "4"}) == "gloo"  # NCCL refuses two ranks on one device
+    assert trainer_backend(gpu, {"LIBRA_ENGINES_PER_GPU": "1"}) is None  # the trainer's own rule: NCCL on CUDA
+    assert trainer_backend(choose_placement("cpu0", cuda_devices=0), {"LIBRA_ENGINES_PER_GPU": "4"}) is None
