@@ -130,7 +130,7 @@ def test_blind_search_minimises_the_pipeline_objective_and_reevaluates_consisten
 
 def test_fixed_blind_layout_keeps_idle_and_infeasible_instances() -> None:
     cfg = PlannerConfig(n_gpus=16, global_batch=16, group_size=16, routing="length_blind")
-    reqs = [(1000.0, 200000.0)] + [(500.0, 500.0)] * 15  # too long for a TP-1 instance
+    reqs = [(1000.0, 300000.0)] + [(500.0, 500.0)] * 15  # too long for a TP-1 instance (~240K tokens of KV)
     planner = GlobalResourcePlanner(RM, TM, cfg)
     bad = planner.plan_fixed(reqs, 8, (1, 4))
     assert math.isinf(bad.t_rollout) and bad.rollout_tps == (1, 4)
