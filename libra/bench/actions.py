@@ -1,6 +1,6 @@
 """Benchmark: action-level orchestration end to end (issue #5), every number against its baseline.
 
-``python -m libra.bench actions [--quick] [--json] [--skip-sandbox] [--skip-sim]``
+``python -m libra.bench actions [--quick] [--json] [--skip-sandbox] [--skip-sim] [--real [--real-only] [--burst N] [--rounds R]]``
 
 1. **On this machine, real sandboxes** (reuses :mod:`libra.bench.sandbox`): per-action overhead of a warm
    bubblewrap sandbox dispatch (``SandboxPool.run``) vs a plain ``subprocess.run`` of the same code, run
@@ -15,6 +15,14 @@
    batch 2,048 (the ``breakdown`` load calibration, ``libra.sim.action_workloads.MOPD_LOADS``): GPUs of the
    static deployment vs the smallest evict-on-execution pool (80 GB GPUs, idle teachers co-resident in GPU
    memory) whose mean ACT is within ``--ratio`` of it (target ≤ 30 %).
+
+4. **Real cluster** (``--real``, :mod:`libra.bench.actions_real`): a broker and action actors as real
+   processes on loopback; the mean ACT (submit → reply) of a burst of ``--burst`` ``pytest`` actions (one
+   trajectory each, real bubblewrap sandboxes) under the broker's ``tangram`` placement vs ``fifo`` (no action
+   scheduler: first come first served by credit, one core each), alternated ``--rounds`` times on the same
+   actor processes (the broker restarts between them); ratio = fifo ACT / tangram ACT. ``pytest`` is declared
+   elastic (up to all cores) only when ``pytest-xdist`` is importable, since only then can it use more cores.
+   The load average is printed with it: on a shared machine other processes take part of the cores.
 
 ``--quick`` trims iterations (sandbox 20/4, latency 3 × 50) so the whole run stays well under a minute or
 two; the full run stays under about three minutes on a 2-core machine.
@@ -73,9 +81,33 @@ def sim_part(seed: int, ratio: float) -> dict[str, Any]:
     }
 
 
+def real_part(burst: int, rounds: int) -> dict[str, Any]:
+    """Tangram vs fifo on a real loopback cluster: one CPU action actor over this host's cores."""
+    import importlib.util
+    import os
+
+    from libra.bench import actions_real
+
+    if shutil.which("bwrap") is None:
+        return {"skipped": "bubblewrap (bwrap) is not installed"}
+    cores = len(os.sched_getaffinity(0))
+    xdist = importlib.util.find_spec("xdist") is not None
+    decl = {"cpu": 1, "max_cpu": cores if xdist else 1, "parallel_fraction": 0.6, "duration_s": 1.0}
+    load_before = os.getloadavg()[0]
+    res = actions_real.compare(burst, rounds, cpu_slots=1, capacity=4, tools={"pytest": decl})
+    res["xdist"] = xdist
+    res["load_avg_1m"] = (load_before, os.getloadavg()[0])
+    return res
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"quick": args.quick}
     t0 = time.perf_counter()
+    if args.real:
+        out["real"] = real_part(args.burst, args.rounds)
+        if args.real_only:
+            out["wall_s"] = time.perf_counter() - t0
+            return out
     if not args.skip_sandbox:
         out["sandbox"] = sandbox_part(args.quick)
     out["latency"] = latency_part(args.quick)
@@ -85,7 +117,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _print_real(r: dict[str, Any]) -> None:
+    if "skipped" in r:
+        print(f"4. real cluster skipped: {r['skipped']}")
+        return
+    print(f"4. real cluster: burst of {r['n']} pytest actions x {r['rounds']} rounds, {r['cpu_slots']} action actor"
+          f" (capacity {r['capacity']}) on {r['cores']} cores, pytest-xdist {'yes' if r['xdist'] else 'no'},"
+          f" load average {r['load_avg_1m'][0]:.1f} -> {r['load_avg_1m'][1]:.1f}")
+    for name in ("tangram", "fifo"):
+        x = r[name]
+        print(f"   {name:<8} mean ACT {x['act_mean_s']:6.2f} s  p50 {x['act_p50_s']:6.2f}  max {x['act_max_s']:6.2f}"
+              f"  (n={x['actions']}, tests passed {x['tests_passed']})")
+    print(f"   ratio fifo / tangram mean ACT: {r['ratio_fifo_over_tangram']:.2f}")
+
+
 def _print(res: dict[str, Any]) -> None:
+    if "real" in res:
+        _print_real(res["real"])
+    if "latency" not in res:
+        print(f"total {res['wall_s']:.1f} s")
+        return
     sb = res.get("sandbox")
     if sb and "skipped" not in sb:
         iso = sb["isolation"]
@@ -131,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-sim", action="store_true", help="skip the simulator part")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ratio", type=float, default=1.25, help="MOPD: allowed tangram/baseline mean-ACT ratio")
+    p.add_argument("--real", action="store_true", help="also run tangram vs fifo on a real loopback cluster")
+    p.add_argument("--real-only", action="store_true", help="with --real: skip the other parts")
+    p.add_argument("--burst", type=int, default=16, help="--real: pytest actions per burst (default %(default)s)")
+    p.add_argument("--rounds", type=int, default=2, help="--real: bursts per scheduler, alternated (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     configure_logging(level="warning")
