@@ -26,7 +26,7 @@ from typing import Any, Callable
 import zmq
 
 from libra import sdnotify
-from libra.engines.device import engine_labels_from_env
+from libra.engines.device import engine_labels_from_env, slot_gpu_index
 from libra.logging import bind_context, configure, get_logger
 from libra.protocol import ProtocolError, decode_many, encode_many
 from libra.protocol import messages as m
@@ -338,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     ident = ActorIdentity(actor_id, host, args.slot, os.getpid(), caps, labels)
     rt = ActorRuntime(args.broker, ident, kinds, capacity, handlers, heartbeat_s=args.heartbeat_s,
                       reconfigure=hybrid.reconfigure if args.role == "hybrid" else None)
+    if args.slot.startswith("gpu"):  # NVML memory and utilisation of this slot's GPU, sent to the broker
+        from .gpu_stats import GpuSampler
+        from .state import GpuSampled
+
+        GpuSampler(slot_gpu_index(args.slot), rt._post, GpuSampled).start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: rt.stop())
     log.info("actor_starting", actor=actor_id, broker=args.broker, role=args.role, tools=sorted(tools),

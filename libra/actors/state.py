@@ -95,6 +95,13 @@ class Tick:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuSampled:
+    """A new NVML sample of this slot's GPU (``libra.actors.gpu_stats``): sent to the broker at once."""
+
+    gpu: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """Leave: hand back what has not started and say goodbye."""
 
@@ -186,6 +193,7 @@ class ActorState:
         self.sessions = 0
         self.stopping = False
         self.group: tuple[str, int, int] = ("", 1, 0)  # (name, tp, rank) of this slot's rollout TP group
+        self.gpu: dict[str, float] = {}  # the last NVML sample of this slot's GPU (GPU slots only)
 
     # ------------------------------------------------------------------
     def _go(self, to: ActorPhase) -> None:
@@ -237,6 +245,10 @@ class ActorState:
             self._on_reconfigured(event, now, out)
         elif t is Start:
             self._connect(now, out)
+        elif t is GpuSampled:
+            self.gpu = dict(event.gpu)
+            if self.phase is not ActorPhase.CONNECTING:
+                self._send(m.Heartbeat(self.gpu), now, out)
         elif t is Stop:
             self.stopping = True
             for a in self.waiting:
@@ -390,7 +402,7 @@ class ActorState:
             self._back_off(now, out)
             return
         if now - self.last_send >= self.heartbeat_s:
-            self._send(m.Heartbeat(), now, out)
+            self._send(m.Heartbeat(self.gpu), now, out)
 
     def _expire_held(self, now: float, out: list[Any]) -> None:
         """Without a session, work held past its budget is given up (the broker has failed it by then)."""

@@ -16,7 +16,9 @@ Exported families (all prefixed ``libra_``): ``queue_depth{kind,name}``, ``work_
 (every other ``BrokerState.stats`` counter), ``replies_total{kind,outcome}``,
 ``work_latency_seconds{kind}`` and ``work_exec_seconds{kind}`` histograms, ``act_seconds`` (mean action
 completion time over the last window), ``generated_tokens_total`` and ``tokens_per_second``,
-``rollout_*`` routing counters, ``broker_core_errors_total`` and ``broker_info``.
+``rollout_*`` routing counters, ``broker_core_errors_total`` and ``broker_info``; per GPU actor (the NVML
+samples its heartbeats carry) ``actor_gpu_memory_used_bytes{actor,gpu}``,
+``actor_gpu_memory_total_bytes{actor,gpu}`` and ``actor_gpu_utilization_percent{actor,gpu}``.
 Policy lag appears as ``policy_lag`` once the broker core reports it in ``stats`` (no job state yet).
 """
 
@@ -61,6 +63,24 @@ class _Hist:
         self.total = 0.0
 
 
+_GPU_GAUGES = (("libra_actor_gpu_memory_used_bytes", "memory_used_bytes", "GPU memory in use (NVML), per GPU actor."),
+               ("libra_actor_gpu_memory_total_bytes", "memory_total_bytes", "GPU memory in all (NVML), per GPU actor."),
+               ("libra_actor_gpu_utilization_percent", "utilization_pct",
+                "Share of the last NVML sample period a kernel ran on the actor's GPU."))
+
+
+def gpu_families(gpus: dict[str, dict[str, float]]) -> Iterator[Metric]:
+    """The per-GPU-actor gauges from each actor's last NVML sample (none when no actor reports one)."""
+    if not gpus:
+        return
+    for name, key, doc in _GPU_GAUGES:
+        g = GaugeMetricFamily(name, doc, labels=["actor", "gpu"])
+        for aid, sample in sorted(gpus.items()):
+            if key in sample:
+                g.add_metric([aid, str(int(sample.get("index", -1)))], float(sample[key]))
+        yield g
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything a scrape reports, frozen at one tick. Built by the loop, read by the HTTP thread."""
@@ -81,6 +101,7 @@ class Snapshot:
     act_mean_s: float = 0.0
     core_errors: int = 0
     info: dict[str, str] = field(default_factory=dict)
+    gpus: dict[str, dict[str, float]] = field(default_factory=dict)  # actor id -> its last NVML sample
 
 
 def actor_role(kinds: frozenset[str] | set[str] | list[str]) -> str:
@@ -183,6 +204,7 @@ class BrokerMetrics:
             exec_time={k: (list(h.counts), h.total) for k, h in self._exec.items()},
             tokens_per_s=tps, act_mean_s=act, core_errors=core_errors,
             info={"broker_id": st.config.broker_id, "router": st.rollout.router_name},
+            gpus={s.actor_id: dict(s.gpu) for s in st.actors.values() if getattr(s, "gpu", None)},
         )
 
     # ------------------------------------------------------------------ HTTP thread
@@ -216,6 +238,7 @@ class BrokerMetrics:
         yield GaugeMetricFamily("libra_actor_load", "Work items held by actors now.", value=s.load)
         yield GaugeMetricFamily("libra_work_inflight", "Accepted work without a reply yet.", value=s.inflight)
         yield GaugeMetricFamily("libra_clients", "Connected client sessions.", value=s.clients)
+        yield from gpu_families(s.gpus)
         ev = CounterMetricFamily("libra_broker_events", "Other broker counters (BrokerState.stats).",
                                  labels=["event"])
         for k, v in sorted(s.stats.items()):

@@ -47,6 +47,7 @@ class ActorSession:
     cores: int = 1  # CPU cores it offers to actions (labels["cores"], default its capacity)
     cores_used: int = 0  # cores granted to its running actions (action scheduler on)
     targeted: int = 0  # queued generate turns waiting for this instance
+    gpu: dict[str, float] = field(default_factory=dict)  # the last NVML sample of its GPU (Heartbeat.gpu)
 
     @property
     def free(self) -> int:

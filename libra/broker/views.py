@@ -24,6 +24,7 @@ def snapshot(request_id: str, now: float, sessions: SessionRegistry, table: Work
             "kinds": sorted(s.accepting), "capabilities": {k: sorted(v) for k, v in s.capabilities.items()},
             "state": s.state, "load": len(s.held), "capacity": s.capacity, "completed": s.completed,
             "role": dict(s.directive_config),
+            "gpu": dict(s.gpu),
             "last_seen_s": round(now - s.last_seen, 3),
         }
         for s in sessions.actors.values()

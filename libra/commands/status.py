@@ -20,12 +20,29 @@ def format_status(actors: list[dict], queues: dict[str, int], stats: dict) -> st
         lines.append(f"{k:<34} {v:>5}")
     if not queues:
         lines.append("(no queued work)")
+    gpu = gpu_lines(actors)
+    if gpu:
+        lines += ["", *gpu]
     lines.append("")
     lines.append(_counters(stats))
     planner = stats.get("planner")
     if isinstance(planner, dict):
         lines += ["", planner_line(planner)]
     return "\n".join(lines)
+
+
+def gpu_lines(actors: list[dict]) -> list[str]:
+    """One line per GPU actor that reports NVML samples: its GPU, memory used / total and utilisation."""
+    rows = [a for a in sorted(actors, key=lambda a: a["id"]) if a.get("gpu")]
+    if not rows:
+        return []
+    out = [f"{'GPU ACTOR':<28} {'GPU':>3} {'MEMORY USED':>20} {'UTIL':>5}"]
+    for a in rows:
+        g = a["gpu"]
+        used, total = g.get("memory_used_bytes", 0.0) / 2**30, g.get("memory_total_bytes", 0.0) / 2**30
+        out.append(f"{a['id']:<28} {int(g.get('index', -1)):>3} {f'{used:.1f}/{total:.1f} GiB':>20} "
+                   f"{g.get('utilization_pct', 0.0):>4.0f}%")
+    return out
 
 
 def tools_of(actor: dict) -> str:

@@ -50,9 +50,12 @@ class ClientHello:
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """*: liveness only. Any frame counts as a heartbeat; this one is sent when nothing else was."""
+    """*: liveness. Any frame counts as a heartbeat; this one is sent when nothing else was. An actor on a GPU
+    slot also sends one with each NVML sample of its GPU in ``gpu`` (``index``, ``memory_used_bytes``,
+    ``memory_total_bytes``, ``utilization_pct``; see ``libra.actors.gpu_stats``); empty otherwise."""
 
     KIND: ClassVar[int] = 0x03
+    gpu: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
