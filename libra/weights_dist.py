@@ -1,4 +1,4 @@
-"""Weights over ``torch.distributed``: the trainer's rank 0 broadcasts a version to each rollout actor that asks.
+"""Weights over ``torch.distributed``: the trainer's rank 0 sends a version to each rollout actor that asks.
 
 The second implementation of :class:`~libra.dataplane.WeightPublisher` / :class:`~libra.dataplane.WeightFetcher`
 (the first is the ZeroMQ data plane). Chosen on the trainer with ``LIBRA_WEIGHTS_TRANSPORT=torch``; a rollout
@@ -7,18 +7,27 @@ actor picks the fetcher from the ref it is given (``"transport": "torch"``), so 
 Why a per-fetch group: rollout actors come and go (elastic roles, restarts), while a ``torch.distributed``
 group has a fixed membership. So rank 0 keeps a :class:`torch.distributed.TCPStore` (the rendezvous and
 control channel; never the bytes) and, for every fetch, the two processes form a fresh two-member process
-group (``ProcessGroupNCCL`` when CUDA is available, else ``ProcessGroupGloo``) and rank 0 broadcasts the
-version's tensors in it: one flat buffer per dtype, GPU to GPU under NCCL.
+group and rank 0 broadcasts the version's buckets in it.
+
+Which path: decided per fetch by :func:`libra.weights_backend.choose_backend` from where the two ends'
+tensors actually live (the publisher's snapshot device, written in the manifest, and the fetcher's
+``device``): ``nccl`` (bucketed broadcast GPU to GPU) only between two different CUDA devices,
+``cuda_ipc`` (the fetcher opens rank 0's GPU buffers by CUDA IPC and copies them on the device) when both
+are the same GPU, ``gloo`` when either end is on the CPU. A publisher or ref may force ``gloo``/``nccl``.
 
 Protocol (keys in rank 0's store):
 
-1. ``publish(v, state_dict)`` snapshots the tensors into per-dtype flat buffers (the trainer keeps
-   updating its weights in place; the snapshot is what version ``v`` means) and writes ``manifest/v``
-   (msgpack: names, shapes, dtypes, the buffer layout). The newest ``keep`` versions stay fetchable.
-2. A fetcher takes a ticket ``t = add("tickets", 1)``, reads ``manifest/v`` and writes ``req/t = v``.
+1. ``publish(v, state_dict)`` snapshots the tensors into per-dtype buckets
+   (:func:`~libra.weights_backend.plan_buckets`; the trainer keeps updating its weights in place, the
+   snapshot is what version ``v`` means) and writes ``manifest/v`` (msgpack: the publisher's device,
+   names, shapes, dtypes, the bucket layout). The newest ``keep`` versions stay fetchable.
+2. A fetcher takes a ticket ``t = add("tickets", 1)``, reads ``manifest/v``, chooses the backend and
+   writes ``req/t = "v:backend"``.
 3. Rank 0's serving thread sees ``req/t`` and answers ``resp/t`` = ``ok`` (then joins the pair group
-   ``pair/t/`` as its rank 0 and broadcasts) or ``gone`` (the version was superseded).
-4. The fetcher joins as rank 1, receives the buffers and rebuilds the state dict.
+   ``pair/t/`` as its rank 0 and broadcasts), ``ipc`` (with the buffers' CUDA IPC handles in ``ipc/t``;
+   it keeps them alive until the fetcher sets ``done/t``) or ``gone`` (the version was superseded).
+4. The fetcher joins as rank 1 and receives the buckets (or copies from the IPC handles) and rebuilds
+   the state dict on its device.
 
 Contracts: a failed fetch raises :class:`~libra.dataplane.PeerLost` (rank 0 unreachable or silent) or
 :class:`~libra.dataplane.TransferCorrupted` (bad manifest, version gone, size mismatch) and leaves the
@@ -44,17 +53,22 @@ import torch.distributed as dist
 
 from libra.dataplane import FetchStats, PeerLost, TransferCorrupted
 from libra.logging import get_logger
+from libra.weights_backend import DEFAULT_BUCKET_BYTES, DeviceEnd, choose_backend, local_end, plan_buckets
 
 __all__ = ["TorchWeightFetcher", "TorchWeightPublisher", "default_backend", "latest_ref"]
 
 log = get_logger("libra.weights_dist")
 
 SCHEME = "torch+tcp://"
+_FORCED = ("gloo", "nccl")
 
 
-def default_backend() -> str:
-    """``nccl`` where CUDA and NCCL are available, else ``gloo``."""
-    return "nccl" if torch.cuda.is_available() and hasattr(dist, "ProcessGroupNCCL") else "gloo"
+def default_backend(device: Any = "cpu") -> str:
+    """The pair backend for tensors on ``device`` sent to a receiver on another device: ``nccl`` for a
+    CUDA device (where NCCL exists), else ``gloo``. Per-fetch choices use
+    :func:`libra.weights_backend.choose_backend`."""
+    cuda = torch.device(device).type == "cuda"
+    return "nccl" if cuda and hasattr(dist, "ProcessGroupNCCL") else "gloo"
 
 
 def _pair_group(store: Any, ticket: int, rank: int, backend: str) -> Any:
@@ -77,18 +91,51 @@ def _dtype(name: str) -> torch.dtype:
     return dt
 
 
+def _ipc_handle(t: torch.Tensor) -> list[Any]:
+    """A CUDA tensor's IPC handle as msgpack-able values (torch's own reduction, with its types named)."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    _, args = reduce_tensor(t)
+    return [f"{a.__module__}:{a.__qualname__}" if isinstance(a, type)
+            else str(a) if isinstance(a, (torch.dtype, torch.device)) else a for a in args]
+
+
+def _ipc_open(handle: list[Any]) -> torch.Tensor:
+    import importlib
+
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    def resolve(name: str) -> Any:
+        module, _, qual = name.partition(":")
+        if not module.startswith("torch"):
+            raise TransferCorrupted(f"a CUDA IPC handle names a non-torch type {name!r}")
+        obj: Any = importlib.import_module(module)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    args = list(handle)
+    args[0], args[4] = resolve(args[0]), resolve(args[4])
+    args[5] = _dtype(args[5])
+    args[1], args[2] = torch.Size(args[1]), tuple(args[2])
+    return rebuild_cuda_tensor(*args)
+
+
 class TorchWeightPublisher:
     """Rank 0's side (see the module docstring). ``host``: the address rollout actors reach this process on
-    (default loopback); ``backend``: ``gloo``, ``nccl`` or None (:func:`default_backend`). Thread-safe."""
+    (default loopback); ``backend``: ``gloo`` or ``nccl`` to force one for every fetch, or None to let each
+    fetch choose from both ends' devices; ``device``: where snapshots are kept (default: where the published
+    tensors are); ``bucket_bytes``: the largest broadcast bucket. Thread-safe."""
 
     def __init__(self, host: str = "127.0.0.1", *, keep: int = 2, backend: str | None = None,
-                 timeout_s: float = 60.0) -> None:
+                 timeout_s: float = 60.0, device: Any = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
-        self.backend = backend or default_backend()
-        if self.backend not in ("gloo", "nccl"):
-            raise ValueError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
-        self.host, self.keep, self.timeout_s = host, keep, timeout_s
+        if backend is not None and backend not in _FORCED:
+            raise ValueError(f"backend must be 'gloo', 'nccl' or None (chosen per fetch), got {backend!r}")
+        self.backend = backend
+        self.device = torch.device(device) if device is not None else None
+        self.host, self.keep, self.timeout_s, self.bucket_bytes = host, keep, timeout_s, bucket_bytes
         self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
                                    timeout=datetime.timedelta(seconds=timeout_s))
         self.endpoint = f"{SCHEME}{host}:{self.store.port}"
@@ -96,33 +143,38 @@ class TorchWeightPublisher:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self.served = 0
+        self.served_by: dict[str, int] = {}
         self._thread = threading.Thread(target=self._serve, name="torch-weights", daemon=True)
         self._thread.start()
         atexit.register(self.close)  # stop polling the store before the interpreter tears c10d down
 
     def publish(self, version: int, state_dict: Mapping[str, Any]) -> dict[str, Any]:
         """Snapshot ``state_dict`` as ``version``; returns the ref generate work carries to rollout actors."""
-        groups: dict[str, list[tuple[str, torch.Tensor]]] = {}
+        items: list[tuple[str, torch.Tensor]] = []
         for name, t in state_dict.items():
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"state dict entry {name!r} is {type(t).__name__}, not a tensor")
-            groups.setdefault(str(t.dtype), []).append((name, t.detach()))
-        device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+            items.append((name, t.detach()))
+        device = self.device or (items[0][1].device if items else torch.device("cpu"))
+        if self.backend == "nccl" and device.type != "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
+        plan = plan_buckets([(n, str(t.dtype), t.numel(), t.element_size()) for n, t in items], self.bucket_bytes)
         layout, buffers = [], []
-        for dt, items in groups.items():
-            flat = torch.cat([t.reshape(-1).to(device) for _, t in items])  # a copy: the snapshot of version
+        for dt, idx in plan:
+            flat = torch.cat([items[i][1].reshape(-1).to(device) for i in idx])  # a copy: the snapshot
             buffers.append(flat)
             layout.append({"dtype": dt, "numel": flat.numel(),
-                           "entries": [[n, list(t.shape)] for n, t in items]})
-        manifest = msgpack.packb({"version": version, "buffers": layout}, use_bin_type=True)
+                           "entries": [[items[i][0], list(items[i][1].shape)] for i in idx]})
+        end = local_end(device)
+        manifest = msgpack.packb({"version": version, "buffers": layout, "device": end.to_wire()}, use_bin_type=True)
         with self._lock:
             self._versions[version] = buffers
             while len(self._versions) > self.keep:
                 self._versions.popitem(last=False)
         self.store.set(f"manifest/{version}", manifest)
         nbytes = sum(b.numel() * b.element_size() for b in buffers)
-        ref = {"version": version, "transport": "torch", "backend": self.backend, "endpoint": self.endpoint,
-               "name": f"weights/v{version}", "bytes": nbytes}
+        ref = {"version": version, "transport": "torch", "backend": self.backend or "auto",
+               "endpoint": self.endpoint, "name": f"weights/v{version}", "bytes": nbytes}
         self.store.set("latest", msgpack.packb(ref, use_bin_type=True))
         return ref
 
@@ -154,17 +206,24 @@ class TorchWeightPublisher:
 
     def _serve_one(self, ticket: int) -> None:
         try:
-            version = int(self.store.get(f"req/{ticket}"))
+            version_s, _, backend = self.store.get(f"req/{ticket}").decode().partition(":")
+            backend = backend or self.backend or "gloo"
             with self._lock:
-                buffers = self._versions.get(version)
+                buffers = self._versions.get(int(version_s))
             if buffers is None:
                 self.store.set(f"resp/{ticket}", "gone")
                 return
-            self.store.set(f"resp/{ticket}", "ok")
-            pg = _pair_group(self.store, ticket, 0, self.backend)
-            for b in buffers:
-                _broadcast(pg, b)
+            if backend == "cuda_ipc":
+                self.store.set(f"ipc/{ticket}", msgpack.packb([_ipc_handle(b) for b in buffers], use_bin_type=True))
+                self.store.set(f"resp/{ticket}", "ipc")
+                self.store.wait([f"done/{ticket}"], datetime.timedelta(seconds=self.timeout_s))  # buffers stay alive
+            else:
+                self.store.set(f"resp/{ticket}", "ok")
+                pg = _pair_group(self.store, ticket, 0, backend)
+                for b in buffers:
+                    _broadcast(pg, b if backend == "nccl" or b.device.type == "cpu" else b.cpu())
             self.served += 1
+            self.served_by[backend] = self.served_by.get(backend, 0) + 1
         except (RuntimeError, ValueError) as exc:
             log.warning("torch_weights_serve_failed", ticket=ticket, error=f"{type(exc).__name__}: {exc}")
 
@@ -192,15 +251,18 @@ def latest_ref(endpoint: str, timeout_s: float = 1.0) -> dict[str, Any] | None:
 
 
 class TorchWeightFetcher:
-    """A rollout actor's side (see the module docstring): ``fetch(ref) -> (state_dict, version, stats)``."""
+    """A rollout actor's side (see the module docstring): ``fetch(ref) -> (state_dict, version, stats)``.
+    ``device``: where the weights should land (the rollout engine's device; default CPU). After a fetch,
+    ``last_backend`` says which path it took."""
 
     def __init__(self, *, timeout_s: float = 60.0, device: str | None = None) -> None:
-        self.timeout_s, self.device = timeout_s, device
+        self.timeout_s, self.device = timeout_s, torch.device(device or "cpu")
+        self.last_backend: str | None = None
 
     def fetch(self, ref: Mapping[str, Any]) -> tuple[dict[str, Any], int, FetchStats]:
-        endpoint, version, backend = ref.get("endpoint"), ref.get("version"), ref.get("backend", "gloo")
+        endpoint, version, forced = ref.get("endpoint"), ref.get("version"), ref.get("backend") or "auto"
         if not (isinstance(endpoint, str) and endpoint.startswith(SCHEME) and type(version) is int
-                and backend in ("gloo", "nccl")):
+                and forced in (*_FORCED, "auto")):
             raise TransferCorrupted(f"not a torch weights ref: {dict(ref)!r}")
         t0 = time.perf_counter()
         store = _client_store(endpoint, self.timeout_s)
@@ -208,30 +270,52 @@ class TorchWeightFetcher:
             if not store.check([f"manifest/{version}"]):
                 raise TransferCorrupted(f"torch weights {endpoint}: version {version} was never published there")
             meta = msgpack.unpackb(store.get(f"manifest/{version}"), raw=False)
+            src = DeviceEnd.from_wire(meta["device"]) if "device" in meta else DeviceEnd("?", "cpu")
+            backend = forced if forced in _FORCED else choose_backend(src, local_end(self.device))
             ticket = int(store.add("tickets", 1))
-            store.set(f"req/{ticket}", str(version))
+            store.set(f"req/{ticket}", f"{version}:{backend}")
             answer = store.get(f"resp/{ticket}").decode()  # blocks up to timeout_s
-            if answer != "ok":
+            if answer not in ("ok", "ipc"):
                 raise TransferCorrupted(f"torch weights {endpoint}: version {version} is gone (superseded)")
-            device = torch.device(self.device or ("cuda" if backend == "nccl" else "cpu"))
-            pg = _pair_group(store, ticket, 1, backend)
-            sd: dict[str, Any] = {}
-            nbytes = 0
-            for b in meta["buffers"]:
-                flat = torch.empty(int(b["numel"]), dtype=_dtype(b["dtype"]), device=device)
-                _broadcast(pg, flat)
-                nbytes += flat.numel() * flat.element_size()
-                offset = 0
-                for name, shape in b["entries"]:
-                    n = math.prod(shape)
-                    sd[name] = flat[offset:offset + n].view(shape)
-                    offset += n
-                if offset != flat.numel():
-                    raise TransferCorrupted(f"torch weights {endpoint}: manifest sizes do not add up for {b['dtype']}")
-        except (KeyError, TypeError, ValueError) as exc:
+            if answer == "ipc":
+                try:
+                    handles = msgpack.unpackb(store.get(f"ipc/{ticket}"), raw=False)
+                    flats = [_ipc_open(h).to(self.device, copy=True) for h in handles]
+                finally:
+                    store.set(f"done/{ticket}", "1")
+            else:
+                recv_on = self.device if backend == "nccl" else torch.device("cpu")
+                pg = _pair_group(store, ticket, 1, backend)
+                flats = []
+                for b in meta["buffers"]:
+                    flat = torch.empty(int(b["numel"]), dtype=_dtype(b["dtype"]), device=recv_on)
+                    _broadcast(pg, flat)
+                    flats.append(flat.to(self.device))
+            sd, nbytes = self._unflatten(endpoint, meta["buffers"], flats)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise TransferCorrupted(f"torch weights {endpoint}: bad manifest ({type(exc).__name__}: {exc})") from None
         except RuntimeError as exc:  # store or collective timeout, peer gone mid-broadcast
             if isinstance(exc, (PeerLost, TransferCorrupted)):
                 raise
             raise PeerLost(f"torch weights {endpoint}: {type(exc).__name__}: {exc}") from None
+        self.last_backend = backend
         return sd, version, FetchStats(time.perf_counter() - t0, nbytes, len(meta["buffers"]), 1)
+
+    @staticmethod
+    def _unflatten(endpoint: str, layout: list[Any], flats: list[torch.Tensor]) -> tuple[dict[str, Any], int]:
+        if len(flats) != len(layout):
+            raise TransferCorrupted(f"torch weights {endpoint}: {len(flats)} buffers for {len(layout)} buckets")
+        sd: dict[str, Any] = {}
+        nbytes = 0
+        for b, flat in zip(layout, flats):
+            if flat.numel() != int(b["numel"]) or str(flat.dtype) != b["dtype"]:
+                raise TransferCorrupted(f"torch weights {endpoint}: a {b['dtype']} bucket does not match its manifest")
+            nbytes += flat.numel() * flat.element_size()
+            offset = 0
+            for name, shape in b["entries"]:
+                n = math.prod(shape)
+                sd[name] = flat[offset:offset + n].view(shape)
+                offset += n
+            if offset != flat.numel():
+                raise TransferCorrupted(f"torch weights {endpoint}: manifest sizes do not add up for {b['dtype']}")
+        return sd, nbytes

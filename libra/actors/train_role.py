@@ -69,6 +69,7 @@ class TrainRole:
         self.fetch_timeout_s = fetch_timeout_s
         self.server: Any = None  # rank 0's DataPlaneServer, created with the trainer
         self.publisher: Any = None
+        self.elastic: Any = None  # libra.engines.elastic_dp.ElasticGroup, in the broker's Elastic Hybrid Pool
         self._lock = threading.Lock()
 
     def _backend(self) -> str | None:
@@ -103,7 +104,10 @@ class TrainRole:
             if os.environ.get("LIBRA_WEIGHTS_TRANSPORT", "dataplane") == "torch":
                 from libra.weights_dist import TorchWeightPublisher
 
-                self.publisher = TorchWeightPublisher(os.environ.get("LIBRA_WEIGHTS_HOST", "127.0.0.1"), keep=2)
+                # snapshots stay where the trainer lives: a GPU trainer serves GPU rollouts by NCCL or CUDA IPC
+                on = self.placement.device if self.placement is not None else None
+                self.publisher = TorchWeightPublisher(os.environ.get("LIBRA_WEIGHTS_HOST", "127.0.0.1"), keep=2,
+                                                      device=on)
             else:
                 self.publisher = DataPlaneWeightPublisher(self.server, keep=2)
         p = self.placement
@@ -129,6 +133,11 @@ class TrainRole:
             ta = TrainArgs.from_wire(args)
         except PayloadError as exc:
             raise ToolError("bad_request", str(exc)) from None
+        if ta.elastic is not None:  # a step of the broker's Elastic Hybrid Pool (libra.actors.elastic_train)
+            from .elastic_train import elastic_step
+
+            with self._lock:
+                return elastic_step(self, ta, ctx)
         parts, shards = ta.parts, ta.shards
         with self._lock:
             try:
@@ -202,6 +211,9 @@ class TrainRole:
         if self.publisher is not None and hasattr(self.publisher, "close"):
             self.publisher.close()  # the torch.distributed publisher's serving thread and store
         self.publisher = None
+        if self.elastic is not None:
+            self.elastic.close()  # leave the elastic DP group (a hybrid actor going back to rollout)
+            self.elastic = None
         if self.server is not None:
             self.server.close()
             self.server = None
