@@ -326,7 +326,8 @@ class RolloutRole:
         if self._torch is None:
             from libra.weights_dist import TorchWeightFetcher
 
-            self._torch = TorchWeightFetcher(timeout_s=max(30.0, self.fetch_timeout_s))
+            on = self.placement.device if self.placement is not None else None  # weights land on the engine's device
+            self._torch = TorchWeightFetcher(timeout_s=max(30.0, self.fetch_timeout_s), device=on)
         return self._torch
 
     def _poll_published(self) -> None:
