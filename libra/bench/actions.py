@@ -127,6 +127,7 @@ def _print_real(r: dict[str, Any]) -> None:
     for name in ("tangram", "fifo"):
         x = r[name]
         print(f"   {name:<8} mean ACT {x['act_mean_s']:6.2f} s  p50 {x['act_p50_s']:6.2f}  max {x['act_max_s']:6.2f}"
+              f"  mean execution {x['exec_mean_s']:6.2f} s"
               f"  (n={x['actions']}, tests passed {x['tests_passed']})")
     print(f"   ratio fifo / tangram mean ACT: {r['ratio_fifo_over_tangram']:.2f}")
 

@@ -172,6 +172,7 @@ def compare(n: int, rounds: int, cpu_slots: int, capacity: int, tools: dict[str,
     configs = {"tangram": {"action_scheduler": "tangram", "tools": tools}, "fifo": {}}
     actors = [(f"cpu{i}", ["--capacity", str(capacity)]) for i in range(cpu_slots)]
     acts: dict[str, list[float]] = {k: [] for k in configs}
+    execs: dict[str, list[float]] = {k: [] for k in configs}
     checks: dict[str, int] = {k: 0 for k in configs}
     t0 = time.perf_counter()
     with PlacementCluster(configs["tangram"], actors) as cl:
@@ -184,11 +185,13 @@ def compare(n: int, rounds: int, cpu_slots: int, capacity: int, tools: dict[str,
                     current = name
                 res = burst(cl.url, n, f"{name}-{r}")
                 acts[name] += [x["act_s"] for x in res]
+                execs[name] += [x["exec_s"] for x in res]
                 checks[name] += sum(x["passed"] for x in res)
     out: dict[str, Any] = {"n": n, "rounds": rounds, "cpu_slots": cpu_slots, "capacity": capacity,
                            "cores": len(os.sched_getaffinity(0)), "tools": tools, "wall_s": time.perf_counter() - t0}
     for name, xs in acts.items():
         out[name] = {"act_mean_s": statistics.fmean(xs), "act_p50_s": statistics.median(xs),
+                     "exec_mean_s": statistics.fmean(execs[name]),
                      "act_max_s": max(xs), "actions": len(xs), "tests_passed": checks[name]}
     out["ratio_fifo_over_tangram"] = out["fifo"]["act_mean_s"] / out["tangram"]["act_mean_s"]
     return out

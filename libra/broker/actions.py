@@ -42,7 +42,7 @@ from libra.policies.actions.registry import (
 )
 from libra.protocol.payloads_actions import ActionRoute
 
-from .core_pools import CorePools, resources_of
+from .core_pools import CorePools
 from .service_pools import ServicePools, service_specs
 from .sessions import ActorSession
 from .work import Work
@@ -126,7 +126,7 @@ class ActionPlacement:
         out: list[tuple[str, ActorSession, dict[str, Any]]] = []
         if not eligible:
             return out
-        gpu = [(s, resources_of(s).gpus) for s in eligible]
+        gpu = [(s, self.cores.actor(s).gpus) for s in eligible]
         gpu = [(s, g) for s, g in gpu if g > 0]
         routed: set[tuple[str, str]] = set()
         for key, q in queues.items():

@@ -53,6 +53,7 @@ class _ActorCores:
     pool: str
     cpus: tuple[int, ...]
     real: bool  # ids the actor reported (sent in the route) rather than anonymous ones
+    gpus: int = 0  # GPUs its model services use (the resources it reported)
 
 
 class CorePools:
@@ -77,7 +78,7 @@ class CorePools:
             numa = dict.fromkeys(cpus, 0)
         pool = self._pools.setdefault(key, _Pool())
         pool.numa.update(numa)
-        ac = _ActorCores(key, cpus, real)
+        ac = _ActorCores(key, cpus, real, res.gpus)
         self._actors[sess.peer] = (sess, ac)
         return ac
 
