@@ -12,6 +12,11 @@ Contracts:
   JSON object ``$LIBRA_VLLM_ARGS`` as extra ``vllm.LLM`` arguments). The slot must then run under an
   interpreter that has vLLM (the supervisor starts slots with its own ``sys.executable``). An unknown
   name, bad ``$LIBRA_VLLM_ARGS`` or an unusable vLLM raises ``ValueError`` (the slot exits with rc 2).
+- Placement: the engine runs where ``libra.engines.device`` puts the slot (``placement``): a GPU slot's GPU in
+  bf16 by default with its memory budget, the CPU in fp32 otherwise. A TP group's leader (``tp > 1``) builds
+  one vLLM engine over the group's GPUs (``devices``); the HF engine refuses ``tp > 1`` (``TPUnsupported``).
+- A CUDA out-of-memory error in an engine call fails that batch's turns with ``oom`` (``ToolFailed.tool_code``
+  at the client), frees the CUDA cache and halves the batch (down to 1); the instance keeps serving.
 - Concurrent turns are batched: one thread drains the queue of waiting turns (up to ``max_batch``) and
   runs one engine call for all of them.
 - Weights are loaded only between engine calls, never mid-turn: before a batch, if any waiting turn
