@@ -40,7 +40,7 @@ from libra.policies.parallelism.dispatch import STRATEGIES, plan_dispatch
 from libra.protocol.payloads_base import PayloadError
 from libra.protocol.payloads_job import EpisodeArgs, EpisodeResult, EpisodeSpec
 from libra.protocol.payloads_refs import DataRef
-from libra.protocol.payloads_train import TrainArgs, TrainPart
+from libra.protocol.payloads_train import ElasticArgs, TrainArgs, TrainPart
 
 from .job_state import Group, JobState, Trajectory
 
@@ -158,6 +158,7 @@ class JobHost:
         self._t_last = now
         self._tokens_last = 0
         self._n = 0
+        self.elastic: Any = None  # the broker's ElasticPool (libra.broker.ehp) under allocation grp_ehp
 
     # ------------------------------------------------------------------ driving
     @property
@@ -178,19 +179,20 @@ class JobHost:
                                    seed=s.seed * 1_000_003 + g.gid * 1000 + i * 10, episode=self._episode)
                 self._outbox.append(JobWork(tag, "episode", s.env, args.to_wire(), f"job:{self.name}/g{g.gid}/{i}",
                                             s.episode_timeout_s))
-        if self.active and self._train is None:
+        if self.active and self._train is None and (self.elastic is None or self.elastic.ready(self.spec.world_size)):
             batch = st.cut_batch()
             if batch is not None:
                 self._start_train(batch, now)
         out, self._outbox = self._outbox, []
         return out
 
-    def on_reply(self, tag: str, ok: bool, output: Any, error: str, now: float) -> None:
-        """The one reply of work ``tag`` (its output if ``ok``, else the error text)."""
+    def on_reply(self, tag: str, ok: bool, output: Any, error: str, now: float, attempts: int = 1) -> None:
+        """The one reply of work ``tag`` (its output if ``ok``, else the error text; ``attempts``: the
+        broker's count of starts of that work)."""
         if tag.startswith("ep:"):
             self._on_episode(tag, ok, output, error, now)
         elif tag.startswith("train:"):
-            self._on_train(tag, ok, output, error, now)
+            self._on_train(tag, ok, output, error, now, attempts)
         if self.active and self.state.finished:
             self.phase = DONE
             self.finished_at = now
@@ -236,37 +238,67 @@ class JobHost:
         trajs = [t for g in batch for t in g.trajs]
         adv = group_advantages([t.reward for t in trajs], [t.group for t in trajs], scale_by_std=s.scale_by_std)
         lengths = [t.tokens for t in trajs]
-        plan = plan_dispatch(lengths, s.world_size, micro_batch_tokens=s.micro_batch_tokens, strategy=s.dispatch)
-        naive = plan_dispatch(lengths, s.world_size, strategy="round_robin")
+        step = st.steps_done + 1
+        group = None
+        if self.elastic is not None:  # the EHP's group for this step: core ranks, then hybrid replicas
+            w = self.weights or {}
+            roll, train = (self.records[-1].get("rollout_time_s"), self.records[-1].get("train_time_s")) \
+                if self.records else (None, None)
+            group = self.elastic.plan_step(step, s.world_size, bool(w.get("endpoint")) and w.get("transport") is None,
+                                           roll or None, train or None)
+        n_train = len(group.trainers) if group else s.world_size
+        plan = plan_dispatch(lengths, n_train, micro_batch_tokens=s.micro_batch_tokens, strategy=s.dispatch)
+        naive = plan_dispatch(lengths, n_train, strategy="round_robin")
         parts = [[TrainPart(ref=DataRef.from_wire(trajs[i].ref), advantage=adv[i], index=i) for i in idx]
                  for idx in plan.assignment]
-        step = st.steps_done + 1
+        micro = [[list(mb) for mb in mbs] for mbs in plan.micro_batches]
+        elastic = None
+        if group is not None:  # zero-gradient members get no trajectories
+            by = dict(zip(group.trainers, zip(parts, micro)))
+            parts = [by[a][0] if a in by else [] for a in group.members]
+            micro = [by[a][1] if a in by else [] for a in group.members]
+            src = None
+            if group.joining:
+                w = self.weights or {}
+                src = DataRef(endpoint=w["endpoint"], name=group.snapshot, server_key=w.get("server_key"))
+            elastic = ElasticArgs(generation=group.generation, members=list(group.members), zero=list(group.zero),
+                                  joining=list(group.joining), join_from=src, snapshot=group.snapshot if src else None)
+        world = len(parts) if group else s.world_size
         ckpt = ""
         if s.checkpoint_dir and (step == s.steps or (s.checkpoint_every and step % s.checkpoint_every == 0)):
             ckpt = f"{s.checkpoint_dir.rstrip('/')}/step{step}"
-        self._train = {"step": step, "trajs": trajs, "plan": plan, "naive": naive, "t0": now, "outs": {}}
-        for r in range(s.world_size):
-            args = TrainArgs(parts=parts, micro_batches=[[list(mb) for mb in mbs] for mbs in plan.micro_batches],
-                             world_size=s.world_size, rank=r, step=step, master_port=s.master_port, grpo=s.grpo,
-                             checkpoint=ckpt or None, checkpoint_optimizer=s.checkpoint_optimizer,
-                             keep_checkpoints=s.keep_checkpoints)
+        self._train = {"step": step, "trajs": trajs, "plan": plan, "naive": naive, "t0": now, "outs": {},
+                       "group": group, "world": world, "attempts": {}}
+        for r in range(world):
+            args = TrainArgs(parts=parts, micro_batches=micro, world_size=world, rank=r, step=step,
+                             master_port=s.master_port, grpo=s.grpo, checkpoint=ckpt or None,
+                             checkpoint_optimizer=s.checkpoint_optimizer, keep_checkpoints=s.keep_checkpoints,
+                             elastic=elastic)
             self._outbox.append(JobWork(f"train:{step}:{r}", "train", "grpo", args.to_wire(), None, s.train_timeout_s))
 
-    def _on_train(self, tag: str, ok: bool, out: Any, error: str, now: float) -> None:
+    def _on_train(self, tag: str, ok: bool, out: Any, error: str, now: float, attempts: int = 1) -> None:
         tr = self._train
         if tr is None or not tag.startswith(f"train:{tr['step']}:"):
             return
+        group = tr["group"]
         if not ok or not isinstance(out, dict):
+            if group is not None:
+                self.elastic.step_failed(group)
             self._train = None
             self.phase = FAILED
             self.error = f"train step {tr['step']} failed on rank {tag.rsplit(':', 1)[1]}: {error or 'bad reply'}"
             self.finished_at = now
             return
-        tr["outs"][int(tag.rsplit(":", 1)[1])] = out
-        if len(tr["outs"]) < self.spec.world_size:
+        # an elastic step's works are alike: the rank a reply names is the member's position in the group
+        rank = out.get("rank") if group is not None and isinstance(out.get("rank"), int) else int(tag.rsplit(":", 1)[1])
+        tr["outs"][rank] = out
+        tr["attempts"][rank] = attempts
+        if len(tr["outs"]) < tr["world"]:
             return
         self._train = None
-        outs = [tr["outs"][r] for r in range(self.spec.world_size)]
+        outs = [tr["outs"].get(r, {}) for r in range(tr["world"])]
+        if group is not None:
+            self.elastic.step_done(group, {group.members[r]: o for r, o in enumerate(outs)})
         try:
             new_v = int(outs[0]["weights_version"])
             rec = self._record(tr, outs, now)
@@ -333,10 +365,21 @@ class JobHost:
             "versions_seen": sorted({v for t in trajs for v in t.versions}), "turn_versions": [t.versions for t in trajs],
             "loss": m.get("loss"), "grad_norm": m.get("grad_norm"), "clip_frac": m.get("clip_frac"),
             "kl_mean": m.get("kl_mean"), "checksums": [o.get("checksum") for o in outs], "ranks": len(outs),
+            "train_attempts": [tr["attempts"].get(r) for r in range(len(outs))],
+            "shard_sequences": [o.get("shard_sequences") for o in outs], **self._elastic_record(tr, outs),
             "dropped_groups": st.dropped_groups, "episodes_failed": self.episodes_failed,
             "samples": [{"question": t.info.get("question"), "expected": t.info.get("expected"), "reward": t.reward,
                          "versions": t.versions, "texts": t.info.get("texts")} for t in trajs[: self.spec.samples_per_step]],
         }
+
+    def _elastic_record(self, tr: dict[str, Any], outs: list[dict[str, Any]]) -> dict[str, Any]:
+        """An elastic step's group: members in rank order, who contributed zeros, who joined from what."""
+        g = tr["group"]
+        if g is None:
+            return {}
+        return {"members": list(g.members), "generation": g.generation, "zero_members": list(g.zero),
+                "joining": list(g.joining), "trained_by": [o.get("member") for o in outs],
+                "restored_versions": [o.get("restored_version") for o in outs], "ehp": self.elastic.view()}
 
     # ------------------------------------------------------------------ views
     def poll(self, cursor: int) -> dict[str, Any]:

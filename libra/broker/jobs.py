@@ -32,6 +32,7 @@ class JobBoard:
         self.dirty = False  # replies to deliver, or a host that may want to submit or cancel work
         self.weights: dict[str, Any] | None = None  # newest weights a job published (generate turns load them)
         self.published = 0  # weights versions published by all jobs (the router's drift clock)
+        self.ehp: Any = None  # the Elastic Hybrid Pool (libra.broker.ehp.ElasticPool) under grp_ehp, else None
         self._replies: list[tuple[str, str, m.Reply]] = []
 
     @staticmethod
@@ -63,6 +64,10 @@ class JobBoard:
         except ConfigError as exc:
             return err(str(exc))
         host.submit_request = msg.request_id
+        if self.ehp is not None:
+            if any(h.active and h.elastic is not None for n, h in self.hosts.items() if n != msg.name):
+                return err("the broker's Elastic Hybrid Pool serves one job at a time: another job is running")
+            host.elastic = self.ehp
         self.hosts.pop(msg.name, None)
         self.hosts[msg.name] = host
         finished = [n for n, h in self.hosts.items() if not h.active and not h.outstanding()]
@@ -102,7 +107,7 @@ class JobBoard:
                 host = self.hosts.get(name)
                 if host is not None:
                     before = host.weights
-                    host.on_reply(tag, r.ok, r.output, r.error, now)
+                    host.on_reply(tag, r.ok, r.output, r.error, now, r.attempts)
                     if host.weights is not before:  # a step published a version: later turns load it
                         self.weights = host.weights
                         self.published += 1
@@ -120,7 +125,7 @@ class JobBoard:
         for name, tag, r in replies:
             h = self.hosts.get(name)
             if h is not None:
-                h.on_reply(tag, r.ok, r.output, r.error, now)
+                h.on_reply(tag, r.ok, r.output, r.error, now, r.attempts)
         self.dirty = False
 
     # ------------------------------------------------------------------ views

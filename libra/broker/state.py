@@ -54,6 +54,7 @@ from .events import (
     Tick,
 )
 from .job import JobWork
+from .ehp import from_planner_config
 from .jobs import JobBoard
 from .planner_loop import PlannerLoop, PlannerSettings
 from .planning import Planning
@@ -94,7 +95,8 @@ class BrokerState:
         self.rollout = RolloutRouting(c.router, buckets, c.router_params)
         self.actions = (ActionPlacement(c.action_scheduler, c.action_scheduler_params, c.tools)
                         if c.action_scheduler else None)
-        loop = PlannerLoop(PlannerSettings.from_dict(c.planner)) if c.planner else None
+        planner, ehp = from_planner_config(c.planner)  # grp_ehp: GRP rounds plus the Elastic Hybrid Pool
+        loop = PlannerLoop(PlannerSettings.from_dict(planner)) if c.planner else None
         self.stats: dict[str, int] = dict.fromkeys(
             ("submitted", "completed", "failed", "requeued", "stale_results", "bad_frames", "timeouts",
              "unknown_tool", "busy", "duplicates", "actors_expired", "handbacks"),
@@ -103,6 +105,7 @@ class BrokerState:
         self._sessions = SessionRegistry(c.heartbeat_s, c.liveness, c.client_idle_s)
         self._table = WorkTable(c.reply_cache)
         self._jobs = JobBoard()
+        self._jobs.ehp = ehp
         self._last_router_step: float | None = None  # when the router last counted a policy step
         if c.router_step_s < 0:
             raise ValueError(f"router_step_s must be >= 0, got {c.router_step_s}")
@@ -324,6 +327,8 @@ class BrokerState:
         if sess is None:
             return
         out.extend(self._planning.actor_left(sess.actor_id, why, now))
+        if self._jobs.ehp is not None:
+            self._jobs.ehp.actor_left(sess.actor_id)
         self._dispatch.actor_gone(sess, now, out, why, lost)
 
     def _actor_or_disconnect(self, peer: bytes, out: list[Command]) -> ActorSession | None:
@@ -412,7 +417,13 @@ class BrokerState:
             self._dispatch.cancel_owned(owner, now, out, why)
 
         published = self._jobs.published
+        ehp = self._jobs.ehp
+        if ehp is not None:
+            ehp.observe_sessions(self._sessions.actors.values(), self._table.queued("generate"))
         self._jobs.pump(now, submit, cancel)
+        for aid, kinds, cfg in ehp.take_moves() if ehp is not None else ():  # the pool's borrows and releases
+            if self._sessions.actor_by_id(aid) is not None:
+                out.append(self._sessions.direct(aid, kinds, now, "finish", cfg))
         for _ in range(self._jobs.published - published):  # a weights version: the router's drift clock
             self.rollout.advance()
             self._last_router_step = now

@@ -16,7 +16,7 @@ import msgspec
 from .payloads_base import Payload
 from .payloads_refs import DataRef, WeightsRef
 
-__all__ = ["TrainArgs", "TrainPart", "TrainResult"]
+__all__ = ["ElasticArgs", "TrainArgs", "TrainPart", "TrainResult"]
 
 NonNeg = Annotated[int, msgspec.Meta(ge=0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
@@ -36,6 +36,39 @@ class TrainPart(Payload, frozen=True, kw_only=True):
     """Its position in the step's batch (informational)."""
 
 
+class ElasticArgs(Payload, frozen=True, kw_only=True):
+    """One step's elastic data-parallel group, decided by the broker's Elastic Hybrid Pool
+    (``libra.broker.ehp``, ``allocation = "grp_ehp"``). Every work of the step carries the same group; an
+    actor's rank is its position in ``members`` (core ranks first, hybrid replicas after them), and a
+    member re-forms the gloo group (``libra.engines.elastic_dp``) when ``generation`` changes."""
+
+    WHAT = "elastic group"
+    OMIT_DEFAULT = ("zero", "joining", "join_from", "snapshot")
+
+    generation: Annotated[int, msgspec.Meta(ge=1)]
+    """The group's generation: bumped by the broker whenever ``members`` change."""
+    members: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta(min_length=1)]
+    """Actor ids in rank order; ``members[0]`` hosts the rendezvous store on ``master_port``."""
+    zero: list[str] = msgspec.field(default_factory=list)
+    """Members that contribute zero gradients this step (joining replicas): they get no trajectories."""
+    joining: list[str] = msgspec.field(default_factory=list)
+    """Members that first load the core's state (weights and optimizer) from ``join_from``."""
+    join_from: DataRef | None = None
+    """Where the joining members fetch the state: rank 0 publishes it there (``snapshot``) before its step."""
+    snapshot: str | None = None
+    """Rank 0: publish its state (weights and optimizer, before this step) on its data plane under this name."""
+
+    def __post_init__(self) -> None:
+        if len(set(self.members)) != len(self.members):
+            raise ValueError("field `members`: an actor is listed twice")
+        if not set(self.zero) <= set(self.members) or not set(self.joining) <= set(self.zero):
+            raise ValueError("field `joining`: joining members must contribute zeros and zero members must be members")
+        if self.joining and (self.join_from is None or self.snapshot is None):
+            raise ValueError("field `join_from`: joining members need the state's ref and rank 0 its `snapshot` name")
+        if self.members[0] in self.zero:
+            raise ValueError("field `zero`: rank 0 is a core rank and trains")
+
+
 class TrainArgs(Payload, frozen=True, kw_only=True):
     """The args of one ``train`` work (name ``grpo``).
 
@@ -50,7 +83,7 @@ class TrainArgs(Payload, frozen=True, kw_only=True):
     """
 
     WHAT = "train args"
-    OMIT_DEFAULT = ("parts", "micro_batches", "shards", "step", "checkpoint_optimizer", "keep_checkpoints")
+    OMIT_DEFAULT = ("parts", "micro_batches", "shards", "step", "checkpoint_optimizer", "keep_checkpoints", "elastic")
 
     parts: list[list[TrainPart]] = msgspec.field(default_factory=list)
     """Per rank, the trajectories it trains on."""
@@ -75,6 +108,8 @@ class TrainArgs(Payload, frozen=True, kw_only=True):
     """Whether the checkpoint includes the optimizer state (the bulk of its size)."""
     keep_checkpoints: NonNeg = 0
     """After saving, keep only the newest this many ``step<N>`` checkpoints beside it (0: keep all)."""
+    elastic: ElasticArgs | None = None
+    """The step's elastic DP group (the broker's EHP); None: the fixed group of ``world_size`` ranks."""
 
     def __post_init__(self) -> None:
         if not self.parts and not self.shards:
@@ -82,13 +117,15 @@ class TrainArgs(Payload, frozen=True, kw_only=True):
                              "`micro_batches`) or `shards` ([data-plane ref per rank])")
         if self.rank >= self.world_size:
             raise ValueError(f"field `rank`: {self.rank} is not below world_size {self.world_size}")
+        if self.elastic is not None and len(self.elastic.members) != self.world_size:
+            raise ValueError(f"field `elastic`: {len(self.elastic.members)} members for world_size {self.world_size}")
 
 
 class TrainResult(Payload, frozen=True, kw_only=True):
     """The reply of one ``train`` work: the rank's metrics and, on rank 0, the published weights."""
 
     WHAT = "train result"
-    OMIT_DEFAULT = ("checkpoint",)
+    OMIT_DEFAULT = ("checkpoint", "member", "generation", "restored_version", "zero")
 
     rank: NonNeg
     """The rank that trained."""
@@ -115,3 +152,11 @@ class TrainResult(Payload, frozen=True, kw_only=True):
     """Distinct data-plane servers fetched from."""
     checkpoint: str | None = None
     """Rank 0: where the checkpoint was saved, when the args asked for one."""
+    member: str | None = None
+    """Elastic steps: the actor id that trained (its position in the group's members is ``rank``)."""
+    generation: int | None = None
+    """Elastic steps: the group generation this rank stepped in."""
+    restored_version: int | None = None
+    """Elastic steps: the weights version of the core state a joining member loaded before this step."""
+    zero: bool = False
+    """Elastic steps: this member contributed zero gradients (its zero-gradient step)."""

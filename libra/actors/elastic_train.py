@@ -1,0 +1,130 @@
+"""Elastic ``train`` steps: a trainer rank (core or hybrid) in the broker's Elastic Hybrid Pool.
+
+Role: what :class:`~libra.actors.train_role.TrainRole` runs for a ``train`` work whose args carry an
+:class:`~libra.protocol.payloads_train.ElasticArgs` group (``allocation = "grp_ehp"``, ``libra.broker.ehp``).
+
+Contracts:
+
+- The member's rank is its actor id's position in ``members``; an actor that is not a member fails the
+  work with ``not_a_member``. Every work of a step carries the same args, so any member may take any.
+- The trainer is created without a fixed process group; before each step the member joins the group of
+  the step's generation (``libra.engines.elastic_dp.ElasticGroup``: rendezvous store on 127.0.0.1:
+  ``master_port``, hosted by rank 0) when it changed.
+- Rank 0 serves weights as in the fixed group, and when the group has joining members it first publishes
+  its state before the step (weights and AdamW state, ``elastic_dp.snapshot``) on its data plane under
+  ``snapshot``. A joining member fetches that state from ``join_from`` (waiting while rank 0 has not
+  published it yet, up to the fetch timeout: ``join_state_unavailable``), loads it, and takes the step with
+  an empty shard: zero tokens and zero gradients, which leaves the core's step unchanged, and the same
+  update, which leaves it with the core's weights. It reports the version it loaded (``restored_version``).
+- A member that contributes real gradients fetches its trajectories as in the fixed group.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from libra.logging import get_logger
+from libra.protocol.payloads_refs import WeightsRef
+from libra.protocol.payloads_train import TrainArgs, TrainResult
+
+from .tools import ToolError, WorkContext
+
+__all__ = ["elastic_step"]
+
+log = get_logger("libra.roles")
+
+
+def _ensure_trainer(role: Any, ta: TrainArgs, rank: int) -> Any:
+    """The role's trainer (created on the first elastic work, with no fixed group); rank 0 also serves."""
+    from libra.dataplane import DataPlaneServer, DataPlaneWeightPublisher
+    from libra.engines.elastic_dp import ElasticGroup
+    from libra.engines.trainer import GRPOConfig, GRPOTrainer
+
+    if role.trainer is None:
+        opts: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in ta.grpo.items()}
+        opts.pop("master_addr", None)  # the elastic group's rendezvous is on 127.0.0.1 (one host for now)
+        if opts.pop("parallel", "auto") not in ("auto", "ddp"):
+            raise ToolError("bad_request", "an elastic group joins whole replicas: parallel must be ddp or auto")
+        try:
+            cfg = GRPOConfig(**opts)
+        except (TypeError, ValueError) as exc:
+            raise ToolError("bad_request", f"train config: {exc}") from None
+        role.trainer = GRPOTrainer(role.model_dir, cfg, parallel="ddp")
+        role.elastic = ElasticGroup()
+    if rank == 0 and role.server is None:  # core rank 0 never changes: it serves weights and state
+        role.server = DataPlaneServer(keys=role.keys)
+        role.publisher = DataPlaneWeightPublisher(role.server, keep=2)
+    return role.trainer
+
+
+def _load_state(role: Any, trainer: Any, ta: TrainArgs) -> int:
+    """Fetch rank 0's state from ``join_from`` (waiting until it is published) and load it; its version."""
+    from libra.dataplane import ObjectNotFound, ObjectRef, fetch_state_dict
+    from libra.engines.elastic_dp import SnapshotError, restore
+
+    e = ta.elastic
+    assert e is not None and e.join_from is not None
+    ref = ObjectRef.from_wire(e.join_from.to_wire())
+    deadline = time.monotonic() + role.fetch_timeout_s
+    while True:
+        try:
+            sd, hdr, _ = fetch_state_dict(ref, keys=role.keys, idle_timeout_s=role.fetch_timeout_s)
+            break
+        except ObjectNotFound:
+            if time.monotonic() > deadline:
+                raise ToolError("join_state_unavailable", f"{ref.endpoint} did not publish {ref.name!r} within "
+                                                          f"{role.fetch_timeout_s}s") from None
+            time.sleep(0.05)
+    try:
+        restore(trainer.model, trainer.optimizer, sd)
+    except SnapshotError as exc:
+        raise ToolError("join_state_mismatch", str(exc)) from None
+    trainer.weights_version = int(hdr.version)
+    trainer.step = int(hdr.version)
+    return trainer.weights_version
+
+
+def elastic_step(role: Any, ta: TrainArgs, ctx: WorkContext) -> dict[str, Any]:
+    """One elastic ``train`` work for ``role`` (a ``TrainRole``; the caller holds its lock)."""
+    from libra.dataplane import DataPlaneError
+    from libra.engines.elastic_dp import GroupSpec, snapshot
+    from libra.engines.grpo import TrainBatch
+
+    e = ta.elastic
+    assert e is not None
+    if ctx.actor_id not in e.members:
+        raise ToolError("not_a_member", f"actor {ctx.actor_id!r} is not in the step's group {e.members}")
+    rank = e.members.index(ctx.actor_id)
+    trainer = _ensure_trainer(role, ta, rank)
+    if rank == 0 and e.snapshot:
+        role.server.publish_state_dict(e.snapshot, snapshot(trainer.model, trainer.optimizer),
+                                       version=trainer.weights_version, topic="ehp/state", keep=1)
+    restored = _load_state(role, trainer, ta) if ctx.actor_id in e.joining else None
+    spec = GroupSpec(e.generation, rank, len(e.members), "127.0.0.1", ta.master_port)
+    if role.elastic.ensure(spec):
+        log.info("elastic_group_formed", generation=e.generation, rank=rank, world_size=len(e.members))
+    trainer.rank, trainer.world_size = rank, len(e.members)
+    zero = ctx.actor_id in e.zero
+    fetched: dict[str, Any] = {}
+    if zero:
+        shard, micro = TrainBatch([], [], [], []), []
+    else:
+        try:
+            shard, micro, fetched = role._fetch_parts(ta.parts[rank], ta.micro_batches[rank:][:1])
+        except (DataPlaneError, ValueError, TypeError, KeyError) as exc:
+            raise ToolError("shard_fetch_failed", f"rank {rank}: {type(exc).__name__}: {exc}") from None
+    metrics = trainer.train_step(shard, micro_batches=micro)
+    version = trainer.weights_version
+    weights, publish_s, checkpoint = None, 0.0, None
+    if rank == 0:
+        t0 = time.perf_counter()
+        weights = WeightsRef.from_wire(role.publisher.publish(version, trainer.state_dict_for_sync()))
+        publish_s = time.perf_counter() - t0
+        if ta.checkpoint:
+            trainer.save_checkpoint(ta.checkpoint, optimizer=ta.checkpoint_optimizer, keep_last=ta.keep_checkpoints)
+            checkpoint = ta.checkpoint
+    return TrainResult(rank=rank, metrics=metrics, weights_version=version, checksum=role.checksum(), weights=weights,
+                       publish_s=publish_s, shard_sequences=len(shard), shard_tokens=sum(shard.lengths()),
+                       checkpoint=checkpoint, member=ctx.actor_id, generation=e.generation, restored_version=restored,
+                       zero=zero, **fetched).to_wire()
