@@ -331,7 +331,11 @@ def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = T
         env["LIBRA_WEIGHTS_TRANSPORT"] = "torch"
     # the broker leaves its learned C-MLFQ tree in the run directory (python -m libra tree show ...)
     broker_args = ["--router-state", str(run / "router_state.json")]
-    with LocalCluster(cpu_slots=n, actor_args=actor_args, broker_args=broker_args, log_level=log_level,
-                      env=env, gpu_slots="auto" if gpu_r + gpu_t else "0") as cluster:
-        cluster.wait_for_actors(n, timeout=300.0)
+    cluster = LocalCluster(cpu_slots=n, actor_args=actor_args, broker_args=broker_args, log_level=log_level,
+                           env=env, gpu_slots="auto" if gpu_r + gpu_t else "0")
+    # engine slots load their model (and, on a GPU, CUDA) before they say hello: up to 5 minutes, not 1
+    cluster.start(wait_actors=n, timeout=300.0)
+    try:
         return asyncio.run(run_job_async(cfg, cluster.url, progress=progress))
+    finally:
+        cluster.stop()
