@@ -21,7 +21,8 @@ Tool declarations (``BrokerConfig.tools``) give each tool its demand and elastic
 ``{"pytest": {"cpu": 1, "max_cpu": 8, "parallel_fraction": 0.7, "duration_s": 2.0}}``. Undeclared tools
 take one core, are not elastic, and are estimated at ``duration_s = 1``. Estimates only steer the
 policy's completion-time model; actual durations come from the actors. A service tool's declaration may
-carry ``services = {name = {gpus, checkpoint_gb, reserve_gb}}``.
+carry ``services = {name = {gpus, checkpoint_gb, reserve_gb}}`` and ``gpu_mem_gb``/``workspace_gb`` (the GPU
+memory model: several services' replicas co-resident on a cell, see ``service_pools.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
+from libra.policies.actions.gpu_cells import GpuCellError
 from libra.policies.actions.registry import (
     ActionSpec,
     Amdahl,
@@ -62,6 +64,8 @@ class ToolDecl:
     parallel_fraction: float = 0.7
     duration_s: float = 1.0
     services: dict[str, Any] = field(default_factory=dict)
+    gpu_mem_gb: float | None = None
+    workspace_gb: float = 0.0
 
 
 class ActionPlacement:
@@ -76,13 +80,20 @@ class ActionPlacement:
                 self.tools[name] = ToolDecl(**decl)
             except TypeError as exc:
                 raise ValueError(f"tool {name!r}: {exc} (fields: cpu, max_cpu, parallel_fraction, duration_s, "
-                                 "services)") from None
+                                 "services, gpu_mem_gb, workspace_gb)") from None
         specs = {}
+        memory = {(d.gpu_mem_gb, d.workspace_gb) for d in self.tools.values() if d.services or d.gpu_mem_gb}
+        if len(memory) > 1:
+            raise ValueError(f"service tools declare different gpu_mem_gb/workspace_gb: {sorted(memory, key=str)}")
         for name, d in self.tools.items():
             specs.update(service_specs(d.services))
         self.service_tools = SERVICE_TOOLS | {n for n, d in self.tools.items() if d.services}
         self.cores = CorePools()
-        self.services = ServicePools(specs)
+        gpu_mem_gb, workspace_gb = memory.pop() if memory else (None, 0.0)
+        try:
+            self.services = ServicePools(specs, gpu_mem_gb, workspace_gb)
+        except GpuCellError as exc:
+            raise ValueError(f"GPU services: {exc}") from None
         self._specs: dict[str, ActionSpec] = {}
         self.granted: dict[str, tuple[int, float, float]] = {}  # work id -> (cores, started, expected end)
         self._home: OrderedDict[str, str] = OrderedDict()  # trajectory -> actor id of its sandbox

@@ -16,7 +16,9 @@ restore, cells evicted first); the actor's service engine (``libra/engines/servi
 
 Service specs come from the ``services`` table of a service tool's declaration in ``BrokerConfig.tools``
 (``{"reward_model": {"services": {"rm": {"gpus": 1, "checkpoint_gb": 14}}}}``); a service nobody declared is
-placed as one GPU and ``DEFAULT_CHECKPOINT_GB``. LRU order uses a logical clock (one tick per decision and per
+placed as one GPU and ``DEFAULT_CHECKPOINT_GB``. The declaration's ``gpu_mem_gb`` (with ``workspace_gb``)
+turns on the GPU memory model: replicas of several services stay resident on one cell while their memory
+fits, a cell still executes one call at a time, and eviction happens only when memory is short. LRU order uses a logical clock (one tick per decision and per
 release), so the state stays pure. Mutation rule: only :meth:`place`, :meth:`release` and :meth:`forget`.
 """
 
@@ -50,15 +52,20 @@ def service_specs(table: Mapping[str, Any]) -> dict[str, ServiceSpec]:
     return out
 
 
-def _cell(a: Allocation) -> Cell:
-    return Cell(node=a.node, gpus=list(a.gpus))
+def _cell(a: Allocation, service: str | None = None) -> Cell:
+    return Cell(node=a.node, gpus=list(a.gpus), service=service)
 
 
 class ServicePools:
     """One evict-on-execution placement per GPU actor (see the module docstring)."""
 
-    def __init__(self, specs: Mapping[str, ServiceSpec]) -> None:
+    def __init__(self, specs: Mapping[str, ServiceSpec], gpu_mem_gb: float | None = None,
+                 workspace_gb: float = 0.0) -> None:
         self.specs = dict(specs)
+        self.gpu_mem_gb = gpu_mem_gb
+        self.workspace_gb = workspace_gb
+        ServicePlacement(MultiLevelCellAllocator(1), self.specs.values(), gpu_mem_gb=gpu_mem_gb,
+                         workspace_gb=workspace_gb)  # checks the specs fit now: a bad config fails at start
         self._by_actor: dict[bytes, tuple[ActorSession, ServicePlacement]] = {}
         self._held: dict[str, tuple[bytes, ServicePlacement, int, bool]] = {}  # work -> (peer, pl, replica, restored)
         self._clock = itertools.count(1)
@@ -69,7 +76,8 @@ class ServicePools:
         if known is not None and known[0] is sess:
             return known[1]
         nodes = [8] * (gpus // 8) + ([gpus % 8] if gpus % 8 else [])
-        pl = ServicePlacement(MultiLevelCellAllocator(nodes), self.specs.values())
+        pl = ServicePlacement(MultiLevelCellAllocator(nodes), self.specs.values(), gpu_mem_gb=self.gpu_mem_gb,
+                              workspace_gb=self.workspace_gb)
         self._by_actor[sess.peer] = (sess, pl)
         return pl
 
@@ -108,11 +116,11 @@ class ServicePools:
             if p is None:
                 continue
             after = pl.replicas()
-            gone = [_cell(a) for rid, (_, a, _) in before.items() if rid not in after]
+            gone = [_cell(a, svc) for rid, (svc, a, _) in before.items() if rid not in after]
             restored = p.instance not in before
             self._held[work_id] = (sess.peer, pl, p.instance, restored)
             return sess, ServiceRoute(service=service, replica=p.instance, cell=_cell(p.alloc), restore=restored,
-                                      evict=gone)
+                                      evict=gone, shared=pl.shared)
         return None
 
     def release(self, work_id: str, failed: bool = False) -> bool:

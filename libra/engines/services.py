@@ -29,10 +29,12 @@ Errors: :class:`UnknownService` (``code == "unknown_service"``) names the known 
 Placed by the broker. When the broker's action placement decides (``action_scheduler`` set and this actor
 reports ``gpus`` in its hello labels), each call's ``Assign.route`` carries a
 :class:`~libra.protocol.payloads_actions.ServiceRoute` and :meth:`ServiceManager.score_at` obeys it instead of
-the local placement: the idle replicas on the cells it lists are evicted, the replica on its cell is used as
-it is (a hit) or restored from host memory, and the answer names the cell. Replicas are kept per cell, so a
-broker whose view was lost (a restart) converges by its next routes; a call never evicts a replica another
-call is executing on (it waits up to ``wait_s``, then fails with ``busy``).
+the local placement: the idle replicas it lists are evicted (with exclusive cells, any other replica on the
+target cell too; under the broker's GPU memory model, ``shared``, replicas of several services stay on one
+cell), the service's replica on its cell is used as it is (a hit) or restored from host memory, and the
+answer names the cell. Replicas are kept per (cell, service), so a broker whose view was lost (a restart)
+converges by its next routes; a call never evicts a replica on a cell another call is executing on (it
+waits up to ``wait_s``, then fails with ``busy``).
 
 Actor tool: :func:`service_tools` returns ``{"reward_model": handler}`` (args ``{"service": name, "text":
 str}`` → ``{"service", "score", "tokens", "restored", "evicted", "device"}``, plus ``"cell"`` and
@@ -153,7 +155,7 @@ class ServiceManager:
         self._placement = ServicePlacement(MultiLevelCellAllocator(self._nodes), [], h2d_gbps=h2d_gbps,
                                            max_replicas=max_replicas)
         self._replicas: dict[int, _Replica] = {}
-        self._routed: dict[tuple[int, tuple[int, ...]], _Replica] = {}  # broker-placed replicas by cell
+        self._routed: dict[tuple[tuple[int, tuple[int, ...]], str], _Replica] = {}  # broker-placed: (cell, service)
         self._routed_busy: set[tuple[int, tuple[int, ...]]] = set()
         self._cond = threading.Condition()
         self._clock = itertools.count(1)  # logical LRU clock: strictly increasing, no ties
@@ -286,18 +288,23 @@ class ServiceManager:
             if self._replicas and not self._routed:  # placed locally before the broker took over: free them
                 self.evict_all()
             evicted: list[str] = []
-            for k, r in list(self._routed.items()):
-                if any(_overlap(k, c) for c in cells) and not (k == key and r.service == route.service):
-                    del self._routed[k]
+            victims = [(self._cell_key(c), c.service) for c in route.evict]
+            if not route.shared:  # exclusive cells: whatever else sits on the target cell goes too
+                victims.append((key, None))
+            for (k, service), r in list(self._routed.items()):
+                if (k, service) == (key, route.service):
+                    continue
+                if any(_overlap(k, v) and v_service in (None, service) for v, v_service in victims):
+                    del self._routed[(k, service)]
                     if r.resident:
                         self._evict_tensors(r)
                         evicted.append(r.service)
                         self.events.append(("evict", r.service))
-            rep = self._routed.get(key)
+            rep = self._routed.get((key, route.service))
             if rep is None:
                 model = copy.deepcopy(svc.skeleton)
-                rep = self._routed[key] = _Replica(route.service, model, _tensor_slots(model),
-                                                   self._device(Allocation(key[0], key[1])))
+                rep = self._routed[(key, route.service)] = _Replica(route.service, model, _tensor_slots(model),
+                                                                    self._device(Allocation(key[0], key[1])))
             restored = not rep.resident
             if restored:
                 self.events.append(("restore", route.service))

@@ -48,19 +48,24 @@ class ActorResources(Payload, frozen=True, kw_only=True):
 
 
 class Cell(Payload, frozen=True, kw_only=True):
-    """One aligned GPU cell of a GPU actor: ``gpus`` consecutive GPU indices on ``node`` (1, 2, 4 or 8)."""
+    """One aligned GPU cell of a GPU actor: ``gpus`` consecutive GPU indices on ``node`` (1, 2, 4 or 8); in an
+    eviction list, ``service`` names the replica evicted there (None: every replica on it)."""
 
     WHAT = "GPU cell"
+    OMIT_DEFAULT = ("service",)
 
     node: Count
     gpus: list[Count]
+    service: str | None = None
 
 
 class ServiceRoute(Payload, frozen=True, kw_only=True):
     """Where a GPU-service call runs on its actor: the replica ``replica`` of ``service`` on ``cell``.
     ``restore``: the broker placed a new replica there (the actor copies the weights from host memory
-    first); ``evict``: cells whose idle replicas the broker evicted to make room (least recently used), to
-    be freed before the restore."""
+    first); ``evict``: the idle replicas (cell and service) the broker evicted to make room (least recently
+    used), to be freed before the restore. ``shared``: the GPU memory model is on (replicas of several
+    services stay resident on one cell while their memory fits; only the listed ones go); otherwise a cell
+    holds one replica and any other replica on it goes too."""
 
     WHAT = "service route"
 
@@ -69,6 +74,7 @@ class ServiceRoute(Payload, frozen=True, kw_only=True):
     cell: Cell
     restore: bool
     evict: list[Cell] = msgspec.field(default_factory=list)
+    shared: bool = False
 
 
 class ActionRoute(Payload, frozen=True, kw_only=True):

@@ -71,7 +71,8 @@ def test_a_busy_replica_gets_a_second_one_and_a_new_service_evicts_the_lru_idle_
     assert svc(a2).restore is True and svc(a2).cell.gpus != svc(a1).cell.gpus
     assert call(s, "r3", "rm_b") == []  # both cells execute: rm_b waits in its queue
     (b,) = finish(s, a1, 2.0)  # a1's cell frees: rm_b evicts that idle replica (restore on demand)
-    assert svc(b).service == "rm_b" and svc(b).restore and svc(b).evict == [svc(a1).cell]
+    assert svc(b).service == "rm_b" and svc(b).restore and not svc(b).shared
+    assert [(e.node, e.gpus, e.service) for e in svc(b).evict] == [(0, svc(a1).cell.gpus, "rm_a")]
     finish(s, a2, 3.0)
     finish(s, b, 4.0)  # now idle: rm_a on gpu (a2's, used at 3.0) and rm_b (used at 4.0)
     (big,) = call(s, "r4", "rm_big", 5.0)  # needs both GPUs: both idle replicas go
@@ -119,3 +120,28 @@ def test_malformed_service_args_go_to_a_gpu_actor_unrouted_for_its_typed_refusal
     assert "service" not in a.route
     finish(s, a, 2.0, ok=False)
     assert not any(s.actions.services.resident().values())
+
+
+def test_gpu_memory_model_keeps_several_services_resident_on_one_cell() -> None:
+    services = {"rm_a": {"gpus": 1, "checkpoint_gb": 5.0}, "rm_b": {"gpus": 1, "checkpoint_gb": 5.0},
+                "rm_c": {"gpus": 1, "checkpoint_gb": 8.0}}
+    decl = {"services": services, "gpu_mem_gb": 16.0, "workspace_gb": 2.0}  # 14 GB of replicas per GPU
+    s = BrokerState(BrokerConfig(action_scheduler="tangram", tools={"reward_model": decl}))
+    s.handle(PeerMessage(C, m.ClientHello("c", 1)), 0)
+    s.handle(PeerMessage(b"g0", m.ActorHello("g0", "h", "gpu0", 1, {"action": ["reward_model"]}, ["action"], 4,
+                                             {"gpus": 1})), 0)
+    s.handle(PeerMessage(b"g0", m.Bid(["action"], 4)), 0)
+    (a,) = call(s, "r1", "rm_a")
+    assert call(s, "r2", "rm_b") == []  # the one GPU executes rm_a: rm_b waits (compute stays exclusive)
+    (b,) = finish(s, a, 2.0)
+    assert svc(b).shared and svc(b).restore and svc(b).evict == []  # 5 + 5 GB fit: rm_a stays resident
+    finish(s, b, 3.0)
+    (c,) = call(s, "r3", "rm_c", 4.0)  # 8 GB: only the least recently used (rm_a) must go
+    assert [(e.service, e.gpus) for e in svc(c).evict] == [("rm_a", [0])]
+    assert s.actions.services.resident() == {"g0": {"rm_b": 1, "rm_c": 1}}
+
+
+def test_a_service_that_fits_no_gpu_is_refused_at_start() -> None:
+    decl = {"services": {"huge": {"gpus": 1, "checkpoint_gb": 100.0}}, "gpu_mem_gb": 80.0}
+    with pytest.raises(ValueError, match="huge"):
+        BrokerState(BrokerConfig(action_scheduler="tangram", tools={"reward_model": decl}))

@@ -64,3 +64,17 @@ def test_reward_model_tool_follows_the_route_in_its_context(mgr: ServiceManager)
     with pytest.raises(ToolError) as ei:
         fn({"service": "a", "text": TEXT}, bad)
     assert ei.value.code == "bad_request" and "service route" in ei.value.message
+
+
+def test_shared_cells_keep_co_resident_replicas_and_evict_only_the_listed_one(mgr: ServiceManager) -> None:
+    def shared(service: str, evict: list[Cell]) -> ServiceRoute:
+        return ServiceRoute(service=service, replica=0, cell=Cell(node=0, gpus=[0]), restore=True, evict=evict,
+                            shared=True)
+
+    mgr.score_at(shared("a", []), TEXT)
+    out = mgr.score_at(shared("b", []), TEXT)
+    assert out["evicted"] == [] and mgr.resident() == {"a": 1, "b": 1}  # both on GPU 0
+    hit = mgr.score_at(shared("a", []), TEXT)
+    assert hit["restored"] is False
+    back = mgr.score_at(shared("a", [Cell(node=0, gpus=[0], service="b")]), TEXT)
+    assert back["evicted"] == ["b"] and mgr.resident() == {"a": 1}
