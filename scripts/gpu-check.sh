@@ -19,33 +19,35 @@ PY="${PYTHON:-python3}"
 SCRATCH="$(mktemp -d /tmp/libra-gpu-check.XXXXXX)"
 : >"$OUT/summary.txt"
 
-step() {  # step NAME SECONDS LOG COMMAND...
+step() {  # step NAME SECONDS LOG COMMAND...   (a shell function runs its own commands under `limit`)
   local name=$1 secs=$2 log=$3; shift 3
-  local t0=$SECONDS
+  local t0=$SECONDS rc
   echo "== $name: $*" >>"$log"
-  timeout --kill-after=10 "$secs" "$@" >>"$log" 2>&1
-  local rc=$?
+  STEP_SECS=$secs
+  if declare -F "$1" >/dev/null; then "$@" >>"$log" 2>&1; else limit "$@" >>"$log" 2>&1; fi
+  rc=$?
   echo "$name rc=$rc seconds=$((SECONDS - t0)) limit=$secs" | tee -a "$OUT/summary.txt"
   return 0
 }
+limit() { timeout --kill-after=10 "$STEP_SECS" "$@"; }  # the current step's time limit (rc 124: ran out)
 
 install() {
   if compgen -G ".gpu-wheels/*.whl" >/dev/null; then
-    "$PY" -m pip install --no-index --no-deps --target "$SCRATCH/site" .gpu-wheels/*.whl
+    limit "$PY" -m pip install --no-index --no-deps --target "$SCRATCH/site" .gpu-wheels/*.whl
   else
     echo "no .gpu-wheels/*.whl: run scripts/gpu-wheels.sh first where there is network (installing nothing)"
   fi
   for deb in .gpu-wheels/*.deb; do [ -e "$deb" ] && dpkg -x "$deb" "$SCRATCH/deb"; done
   echo "PYTHONPATH=$SCRATCH/site:$PWD"
 }
-step install 45 "$OUT/00-install.log" install
+step install 30 "$OUT/00-install.log" install
 export PYTHONPATH="$SCRATCH/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$SCRATCH/deb/usr/bin:$PATH"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 versions() {
-  nvidia-smi
-  "$PY" - <<'PYV'
+  limit nvidia-smi
+  limit "$PY" - <<'PYV'
 import sys, torch, transformers
 print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
       "available", torch.cuda.is_available(), "devices", torch.cuda.device_count(),
@@ -60,9 +62,9 @@ for m in ("zmq", "structlog", "pydantic", "msgspec", "pynvml"):
 PYV
   command -v bwrap && bwrap --version
 }
-step versions 15 "$OUT/01-versions.log" versions
+step versions 10 "$OUT/01-versions.log" versions
 
-step pytest-gpu 75 "$OUT/02-pytest-gpu.log" "$PY" -m pytest -q -p no:cacheprovider tests/gpu
+step pytest-gpu 60 "$OUT/02-pytest-gpu.log" "$PY" -m pytest -q -p no:cacheprovider tests/gpu
 
 job() {
   local toml=examples/arith_tiny.toml
@@ -73,7 +75,7 @@ job() {
   fi
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv -l 1 >"$OUT/03-gpu-apps.csv" 2>&1 &
   local sampler=$!
-  "$PY" -m libra run "$toml" --run-dir "$SCRATCH/run_tiny"
+  limit "$PY" -m libra run "$toml" --run-dir "$SCRATCH/run_tiny"  # SIGTERM at the limit: the job unwinds
   local rc=$?
   kill "$sampler" 2>/dev/null
   echo "GPU processes seen while the job ran (pid,used_memory):"
@@ -81,11 +83,11 @@ job() {
   tail -3 "$SCRATCH/run_tiny/metrics.jsonl" 2>/dev/null
   return $rc
 }
-step job 120 "$OUT/03-job.log" job
+step job 110 "$OUT/03-job.log" job
 
-step bench-engines 75 "$OUT/04-bench-engines.log" "$PY" -m libra.bench engines --device cuda --shape qwen2-0.5b \
+step bench-engines 100 "$OUT/04-bench-engines.log" "$PY" -m libra.bench engines --device cuda --shape qwen2-0.5b \
   --batches 1 8 32 --prompt-len 64 --new-tokens 64 --train-sequences 16 --micro-batch-tokens 4096 --repeats 3
-step bench-rollout 90 "$OUT/05-bench-rollout.log" "$PY" -m libra.bench rollout --device cuda --shape qwen2-0.5b \
+step bench-rollout 110 "$OUT/05-bench-rollout.log" "$PY" -m libra.bench rollout --device cuda --shape qwen2-0.5b \
   --requests 128 --new-tokens 64 --batch 32 --threads 4
 
 rm -rf "$SCRATCH"
