@@ -204,6 +204,9 @@ class GRPOTrainer:
         else:
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
+            from libra.engines.rendezvous import pin_interfaces
+
+            pin_interfaces(cfg.master_addr)  # several hosts: connect over the interface that reaches rank 0
             dist.init_process_group(
                 backend=backend,
                 init_method=f"tcp://{cfg.master_addr}:{cfg.master_port}",

@@ -46,3 +46,15 @@ def test_state_checksum_covers_bf16_and_differs_on_change() -> None:
     assert state_checksum(a) == state_checksum(b)
     b["w"][0] = 2
     assert state_checksum(a) != state_checksum(b)
+
+
+def test_rendezvous_interface_for_loopback_and_unroutable(monkeypatch) -> None:
+    from libra.engines.rendezvous import interface_for, pin_interfaces
+
+    assert interface_for("127.0.0.1") == "lo"
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    assert pin_interfaces("127.0.0.1") is None  # loopback groups keep torch's defaults
+    assert pin_interfaces("no-such-host.invalid") is None
+    import os
+
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
