@@ -28,8 +28,10 @@ instances (continuous batching: prefill, then decode with growing KV; responses 
 is OOM when its share of the responses does not fit the instance's KV cache at once. "Never OOM" counts
 the points where some fixed TP fits (where none does, no choice avoids it).
 
-``python -m libra.bench ablation [--steps 20] [--gpus 48] [--prompts N] [--seed 0] [--base-router least_loaded]
-[--jobs 1] [--quick] [--json]``. ``--quick``: 16 GPUs, 3 steps, 2 groups per step, 6 EARL points (for tests).
+``python -m libra.bench ablation [--steps 20] [--gpus 48] [--prompts N] [--seed 0] [--seeds 1]
+[--base-router least_loaded] [--jobs 1] [--quick] [--json]``; ``--seeds 3`` prints each seed's tables and then
+a summary over the seeds (:mod:`libra.bench.ablation_seeds`: per rung mean and min-max tokens/s, the deployed
+plans, rollout vs training seconds per step, C-MLFQ routing accuracy and migrated tokens). ``--quick``: 16 GPUs, 3 steps, 2 groups per step, 6 EARL points (for tests).
 Targets (issue #4): each rung at least as fast as the one below, full Libra >= 1.8x static uniform and
 >= 3x colocated; the EARL selector at least as good as the best fixed TP at every point, never OOM. The
 benchmark reports what it measures and whether each target holds; it does not assert them.
@@ -46,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from libra.bench.ablation_seeds import LADDER, LADDER_COST, format_seeds, summarize_seeds
 from libra.bench.output import emit
 from libra.sim.sim_config import default_prompts
 
@@ -66,9 +69,6 @@ RUNGS: tuple[tuple[str, str, str, str | None], ...] = (
 #: Every rung's router gets Libra's per-instance room rule (docs/papers.md §1.4.3: active + queued < 3), as in
 #: ``python -m libra.bench routing`` and ``python -m libra.sim``.
 ROUTER_PARAMS: dict[str, Any] = {"cap_metric": "load", "max_queue_length": 3}
-LADDER = ("static_uniform", "homogeneous", "heterogeneous", "cmlfq", "ehp")
-#: The same ladder with the distribution- and cost-based C-MLFQ (``cmlfq_cost``) on its top two rungs.
-LADDER_COST = ("static_uniform", "homogeneous", "heterogeneous", "cmlfq_cost", "ehp_cost")
 
 
 def run_rung(job: tuple[str, str, str, int, int, int, int, dict[str, Any], str]) -> dict[str, Any]:
@@ -264,7 +264,9 @@ def run(steps: int = 20, gpus: int = 48, prompts: int | None = None, seed: int =
                      "gpu_idle_fraction": r["gpu_idle_fraction"],
                      "vs_static_uniform": r["tokens_per_s"] / su if su else math.nan,
                      "vs_colocated": r["tokens_per_s"] / co if co else math.nan,
-                     "routing_accuracy": r["routing_accuracy"], "planner": r.get("planner"),
+                     "routing_accuracy": r["routing_accuracy"], "migrated_token_ratio": r["migrated_token_ratio"],
+                     "rollout_time_s": r["rollout_time_s"], "train_time_s": r["train_time_s"],
+                     "planner": r.get("planner"),
                      "model_check": r["model_check"], "wall_s": r["wall_s"]})
     targets: dict[str, bool] = {}
     for suffix, ladder_keys in (("", LADDER), ("_cmlfq_cost", LADDER_COST)):
@@ -290,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, default=None, help="GPUs, whole 8-GPU nodes (default 48; --quick 16)")
     p.add_argument("--prompts", type=int, default=None, help="GRPO groups of 16 per step (default gpus/16, 3 at 48 GPUs: ~346K tokens per step, docs/papers.md §1.7; --quick 2)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, default=1,
+                   help="run seeds SEED .. SEED+N-1 and print their summary (mean, min-max per rung; default 1)")
     p.add_argument("--base-router", default="least_loaded", help="router of the rungs below C-MLFQ (default %(default)s)")
     p.add_argument("--jobs", type=int, default=1, help="parallel simulations (default %(default)s)")
     p.add_argument("--earl-points", type=int, default=None, help="context-growth points (default 12; --quick 6)")
@@ -349,11 +353,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if steps < 1 or gpus < 16 or gpus % 8:
         print("--steps must be >= 1 and --gpus a multiple of 8, at least 16")
         return 2
+    if args.seeds < 1:
+        print("--seeds must be >= 1")
+        return 2
     t0 = time.perf_counter()
-    out = run(steps, gpus, prompts, args.seed, args.base_router, args.jobs, points, batching=args.batching,
-              objective=args.objective)
-    out["wall_s"] = round(time.perf_counter() - t0, 1)
-    emit(out, args.json, _fmt)
+    runs = [run(steps, gpus, prompts, args.seed + i, args.base_router, args.jobs, points, batching=args.batching,
+                objective=args.objective) for i in range(args.seeds)]
+    if len(runs) == 1:
+        out = runs[0]
+        out["wall_s"] = round(time.perf_counter() - t0, 1)
+        emit(out, args.json, _fmt)
+        return 0
+    summary = summarize_seeds(runs)
+    summary["wall_s"] = round(time.perf_counter() - t0, 1)
+    emit(summary, args.json, lambda o: "\n\n".join([_fmt(r) for r in runs] + [format_seeds(o)]))
     return 0
 
 
