@@ -24,6 +24,7 @@ BENCHMARKS = {
     "router_state": ("libra.bench.router_state", "broker loop stall of a C-MLFQ tree save: frozen snapshot vs built on the loop"),
     "chaos": ("libra.bench.chaos", "broker SIGKILL mid-run: calls lost, executed twice, attempts > 1; recovery at 1,000 pending calls vs a broker that never crashed"),
     "calibration": ("libra.bench.calibration", "cost models and simulator vs the paper: Fig. 3 per GPU, Fig. 2a 1K vs 32K, static uniform / colocated (streaming vs barrier)"),
+    "prefix_cache": ("libra.bench.prefix_cache", "per-turn latency with the KV cache kept on the instance vs re-prefill; broker bytes per turn, deltas vs whole contexts"),
     "payloads": ("libra.bench.payloads", "typed work payloads (msgspec) vs hand-built dicts: codec + validation per payload"),
 }
 

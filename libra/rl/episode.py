@@ -19,7 +19,9 @@ and digests (:class:`~libra.protocol.payloads_rollout.TurnContext`), never the w
 rollout instance keeps the context between turns; the previous instance's reply names where it holds it
 (``context_at``, sent back as ``holder``), and with a ``context_server`` (the episode runner's data-plane
 server) the session also publishes its whole context as ``ctx/TRAJECTORY`` (the turn's ``source``), so an
-instance that does not hold it (evicted, or the trajectory migrated) fetches it peer to peer. Without a
+instance that does not hold it (evicted, or the trajectory migrated) fetches it peer to peer; a first turn
+whose prompt is longer than ``inline_tokens`` names it all as the prefix, so even the prompt stays off the
+broker. Without a
 ``context_server``, an instance that can get the context nowhere fails the turn with ``context_missing`` and
 the session sends that one turn in the whole form (``prompt_ids``); ``delta=False`` always does. Tokenisation happens here, in the
 driver; the rollout actors see token ids only.
@@ -92,6 +94,7 @@ class EpisodeSession:
     load_s: list[float] = field(default_factory=list)  # weights fetch+load seconds the rollout paid before each turn
     context_server: Any = None  # a DataPlaneServer the whole context is published on (re-prefill source)
     delta: bool = True  # send turns as deltas (TurnContext); False: the whole context every turn
+    inline_tokens: int = 1024  # a first turn's prompt longer than this goes over the data plane too
     context_via: list[str | None] = field(default_factory=list)  # how the instance had each turn's context
     turn_bytes: list[int] = field(default_factory=list)  # each turn's args, msgpack bytes (what the broker carries)
 
@@ -151,6 +154,8 @@ class EpisodeSession:
             header, chunks = ids_object(self.input_ids)
             ref = self.context_server.publish(f"ctx/{self.trajectory}", header, chunks)
             source = DataRef(endpoint=ref.endpoint, name=ref.name, server_key=ref.server_key)
+            if known == 0 and len(self.input_ids) > self.inline_tokens:  # a long prompt: the instance fetches it
+                known, known_digest = len(self.input_ids), self._digest.hexdigest()
         return TurnContext(new_ids=self.input_ids[known:], prefix_len=known, prefix_digest=known_digest,
                            total_len=len(self.input_ids), digest=self._digest.hexdigest(), source=source,
                            holder=self._holder)

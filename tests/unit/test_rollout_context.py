@@ -110,6 +110,19 @@ def test_a_migrated_trajectory_continues_exactly_as_without_migration(roles, tok
     assert moved.context_via == ["new", "cache", "kv" if mode == "kv" else "ids", "cache"]
 
 
+def test_a_long_prompt_goes_over_the_data_plane_from_the_first_turn(roles, tokenizer) -> None:
+    with DataPlaneServer() as server:
+        def shrink(t, s):
+            s.inline_tokens = 8  # the prompt counts as long
+
+        still, _ = run_episode(roles, tokenizer, [(0, None)], turns=2)
+        s, broker = run_episode(roles, tokenizer, [(0, None)], server=server, turns=2, before_turn=shrink)
+    first = broker.args[0]["context"]
+    assert first["new_ids"] == [] and first["prefix_len"] == first["total_len"] > 8
+    assert s.context_via == ["ids", "cache"]
+    assert s.input_ids == still.input_ids and s.logprobs == pytest.approx(still.logprobs, abs=1e-4)
+
+
 def test_re_prefill_takes_the_ids_from_the_previous_instance_without_a_session_server(roles, tokenizer) -> None:
     moved, _ = run_episode(roles, tokenizer, [(0, None), (1, "reprefill")], turns=3)
     assert moved.context_via == ["new", "ids", "cache"]
