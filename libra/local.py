@@ -76,12 +76,28 @@ class LocalCluster:
             self.broker = subprocess.Popen(
                 [sys.executable, "-m", "libra.broker", "--bind", self.url, "--log-level", self.log_level,
                  *self.broker_args], env=self._env())
+            self._await_ipc()
             self.start_actors()
             self.wait_for_actors(self.cpu_slots if wait_actors is None else wait_actors, timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _await_ipc(self, timeout: float = 10.0) -> None:
+        """Give the broker up to ``timeout`` s to bind its ipc path, so the actors connect there rather than
+        over loopback TCP (a peer picks its transport when it connects; see libra.endpoints). Not an error
+        when it never comes (ipc switched off, or the path could not be bound): TCP works the same."""
+        from libra.endpoints import resolve
+
+        env = self._env()
+        if "--no-ipc" in self.broker_args or env.get("LIBRA_IPC", "1").lower() in ("0", "off", "false", "no"):
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.broker is not None and self.broker.poll() is None:
+            if resolve(self.url) != self.url:
+                return
+            time.sleep(0.02)
 
     def start_actors(self) -> None:
         self.actors = subprocess.Popen(

@@ -27,6 +27,7 @@ import zmq
 
 from libra import sdnotify
 from libra.engines.device import engine_labels_from_env, slot_gpu_index
+from libra.endpoints import resolve
 from libra.logging import bind_context, configure, get_logger
 from libra.protocol import ProtocolError, decode_many, encode_many
 from libra.protocol import messages as m
@@ -64,6 +65,7 @@ class ActorRuntime:
         self.drain_s = drain_s
         self.ctx = zmq.Context()
         self.sock: zmq.Socket | None = None
+        self.endpoint = broker_url  # what the socket is connected to (an ipc path on the broker's host)
         self.poller = zmq.Poller()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -118,7 +120,8 @@ class ActorRuntime:
         s.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)
         s.setsockopt(zmq.SNDHWM, 100_000)
         s.setsockopt(zmq.RCVHWM, 100_000)
-        s.connect(self.broker_url)
+        self.endpoint = resolve(self.broker_url)  # looked up at each connect: a broker may have moved
+        s.connect(self.endpoint)
         self.sock = s
         self.poller.register(s, zmq.POLLIN)
 

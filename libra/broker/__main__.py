@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "and at shutdown, atomically")
     p.add_argument("--router-state-interval-s", type=float, default=60.0,
                    help="seconds between router-state saves (default: %(default)s)")
+    p.add_argument("--no-ipc", action="store_true",
+                   help="bind no Unix socket beside the TCP endpoint (by default, peers on this host given a "
+                        "loopback endpoint use one; LIBRA_IPC=0 does the same)")
+    p.add_argument("--io-threads", type=int, default=1,
+                   help="libzmq I/O threads (default %(default)s: one is enough up to tens of thousands of "
+                        "messages/s; add one per ~2 busy cores beyond)")
     p.add_argument("--insecure", action="store_true",
                    help="allow plaintext on a non-loopback endpoint (otherwise refused without --curve-secret)")
     return p
@@ -82,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = BrokerServer(args.bind, config, curve=curve, journal=args.journal,
                               router_state=args.router_state, router_state_interval_s=args.router_state_interval_s,
+                              ipc=not args.no_ipc, io_threads=args.io_threads,
                               on_ready=lambda ep: sdnotify.ready(f"listening on {ep}"))
     except ValueError as exc:  # a setting the core rejects: router, buckets, planner table
         print(f"libra.broker: bad configuration: {exc}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """The broker's I/O shell: one ROUTER socket, decode → ``BrokerState.handle`` → execute the commands.
 
-Nothing here decides anything. The loop drains up to ``max_recv_per_poll`` frames without blocking
+The socket is bound at ``bind`` and, for a TCP endpoint, also at a per-port Unix path (see
+``libra.endpoints``) that peers on this host use instead of loopback TCP. Nothing here decides anything. The loop drains up to ``max_recv_per_poll`` frames without blocking
 (so a burst cannot starve the timers), feeds each to the core, executes the returned commands, and
 ticks the core every ``tick_s``. The commands: ``Send`` (queued per peer, sent at the end of the pass),
 ``JournalWrite`` (appended to the SQLite journal, committed before the pass's replies go out), ``Log`` (a
@@ -12,6 +13,8 @@ with its traceback and counted, and the broker keeps serving. SIGTERM/SIGINT onl
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
 import time
@@ -20,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import zmq
 
+from libra.endpoints import broker_ipc_endpoint, forget_ipc
 from libra.logging import get_logger
 from libra.protocol import ProtocolError, decode_many, encode, encode_many
 from libra.security import Authenticator, CurveServer, apply_server
@@ -54,14 +58,15 @@ class BrokerServer:
     def __init__(self, bind: str, config: BrokerConfig | None = None, *, ctx: zmq.Context | None = None,
                  max_recv_per_poll: int = 2000, on_ready: Callable[[str], None] | None = None,
                  curve: CurveServer | None = None, journal: str | None = None,
-                 router_state: str | None = None, router_state_interval_s: float = 60.0) -> None:
+                 router_state: str | None = None, router_state_interval_s: float = 60.0,
+                 ipc: bool = True, io_threads: int = 1) -> None:
         self.router_state = RouterStateFile(router_state, router_state_interval_s) if router_state else None
         config = config or BrokerConfig()
         self.config = self.router_state.apply(config) if self.router_state is not None else config
         # the core emits journal records only when there is a journal, and leaves a planner round's search
         # to this shell (StartPlannerSearch) only when there is a planner
         self.state = BrokerState(self.config, journaling=bool(journal), planner_offload=bool(self.config.planner))
-        self._ctx = ctx or zmq.Context()
+        self._ctx = ctx or zmq.Context(io_threads=max(1, io_threads))
         self._own_ctx = ctx is None
         self._curve = curve is not None
         self._auth = (Authenticator(self._ctx, curve.allow_dir, on_refused=_log_refused_handshake)
@@ -78,6 +83,18 @@ class BrokerServer:
         self.sock.setsockopt(zmq.SNDHWM, 100_000)
         self.sock.bind(bind)
         self.endpoint = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        # the same socket at a Unix path too: peers on this host given a loopback TCP endpoint use it
+        # (libra.endpoints.resolve); CURVE, when on, applies to it as to TCP
+        self.ipc_endpoint: str | None = None
+        ipc_ep = broker_ipc_endpoint(self.endpoint) if ipc else None
+        if ipc_ep is not None:
+            try:
+                self.sock.bind(ipc_ep)
+                self.ipc_endpoint = ipc_ep
+            except zmq.ZMQError as exc:
+                log.warning("ipc_bind_failed", endpoint=ipc_ep, error=str(exc))
+        elif not ipc:
+            forget_ipc(self.endpoint)  # a stale path from an earlier broker on this port would mislead peers
         self._stop = threading.Event()
         self._max_recv = max_recv_per_poll
         self._tick_s = min(0.25, self.config.heartbeat_s / 2)
@@ -201,7 +218,7 @@ class BrokerServer:
 
     def serve_forever(self) -> None:
         """Serve until :meth:`stop`. Closes the socket on exit."""
-        log.info("broker_started", endpoint=self.endpoint, heartbeat_s=self.config.heartbeat_s,
+        log.info("broker_started", endpoint=self.endpoint, ipc=self.ipc_endpoint, heartbeat_s=self.config.heartbeat_s,
                  liveness=self.config.liveness, max_frame_bytes=self.config.max_frame_bytes,
                  curve="on: only keys in the allow directory get in" if self._curve else "off: plaintext")
         if self._on_ready:
@@ -251,6 +268,9 @@ class BrokerServer:
             if self._planner_pool is not None:
                 self._planner_pool.shutdown(wait=False, cancel_futures=True)
             self.sock.close(0)
+            if self.ipc_endpoint is not None:  # no peer should find a path nobody serves
+                with contextlib.suppress(OSError):
+                    os.unlink(self.ipc_endpoint[len("ipc://"):])
             if self.router_state is not None:
                 self.router_state.close(self.state.rollout.router)
             if self.metrics is not None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import zmq
 
+from libra.endpoints import resolve
 from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode_many, encode, encode_batch
 from libra.protocol import messages as m
 from libra.zmqio import recv_frames, send_frames
@@ -65,7 +66,8 @@ class Client:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._curve = configure_socket(self._sock, max_frame_bytes, curve)
-        self._sock.connect(broker_url)
+        self.endpoint = resolve(broker_url)  # the broker's ipc path when it is on this host (libra.endpoints)
+        self._sock.connect(self.endpoint)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)

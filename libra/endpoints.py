@@ -1,0 +1,117 @@
+"""Which transport a peer uses to reach the broker: ``ipc://`` on the broker's host, TCP across hosts.
+
+A broker bound at ``tcp://HOST:PORT`` also binds the same ROUTER socket at a Unix socket path derived from
+the port (:func:`ipc_path_for_port`, in a per-user directory created with mode 0700). An actor or client
+given a loopback TCP endpoint (``tcp://127.x.x.x:PORT``, ``tcp://localhost:PORT``, ``tcp://[::1]:PORT``)
+connects to that path instead when a broker is listening on it (:func:`resolve`): a Unix-socket hop
+skips the loopback TCP stack. Any other endpoint, an explicit ``ipc://`` one included, is used as given.
+``LIBRA_IPC=0`` turns the switch off on either side (the broker then binds no path; peers keep TCP).
+
+Security is unchanged: the ipc endpoint is a second address of the same socket, so a broker started with
+CURVE keys authenticates and encrypts ipc peers exactly as TCP ones (the mechanism is per socket, not per
+transport), and the directory's 0700 mode keeps other local users from connecting at all.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import tempfile
+from pathlib import Path
+
+_LOOPBACK_NAMES = ("localhost", "::1")
+
+
+def ipc_enabled() -> bool:
+    """False when ``LIBRA_IPC`` is ``0``/``off``/``false``/``no``."""
+    return os.environ.get("LIBRA_IPC", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def ipc_dir() -> Path:
+    """The per-user directory of broker ipc sockets: ``$LIBRA_IPC_DIR`` or ``<tmp>/libra-ipc-<uid>``."""
+    d = os.environ.get("LIBRA_IPC_DIR")
+    return Path(d) if d else Path(tempfile.gettempdir()) / f"libra-ipc-{os.getuid()}"
+
+
+def ipc_path_for_port(port: int) -> Path:
+    """The Unix socket path a broker whose TCP port is ``port`` binds."""
+    return ipc_dir() / f"broker-{port}.sock"
+
+
+def tcp_port(endpoint: str) -> int | None:
+    """The port of a ``tcp://host:port`` endpoint, else None (wildcard ``*`` ports included)."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    tail = endpoint[len("tcp://"):].rsplit(":", 1)
+    if len(tail) != 2 or not tail[1].isdigit():
+        return None
+    return int(tail[1])
+
+
+def is_loopback_tcp(endpoint: str) -> bool:
+    if not endpoint.startswith("tcp://"):
+        return False
+    host = endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    return host in _LOOPBACK_NAMES or host.startswith("127.")
+
+
+def broker_ipc_endpoint(bound_tcp: str) -> str | None:
+    """The ipc endpoint a broker bound at ``bound_tcp`` (its resolved ``LAST_ENDPOINT``) should also bind,
+    or None (switched off, or not a TCP endpoint). Creates the 0700 directory and removes a stale path."""
+    port = tcp_port(bound_tcp)
+    if port is None or not ipc_enabled():
+        return None
+    host = bound_tcp[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    if not (is_loopback_tcp(bound_tcp) or host in ("*", "0.0.0.0", "::")):
+        return None  # bound to one external address: loopback peers cannot reach it by TCP either
+    path = ipc_path_for_port(port)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.parent.stat()
+    if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path.parent, 0o700)  # raises if the directory is someone else's: then no ipc
+    if len(str(path).encode()) > 100:  # sun_path is 108 bytes with its NUL; leave room
+        return None
+    return f"ipc://{path}"
+
+
+def forget_ipc(bound_tcp: str) -> None:
+    """Remove a stale ipc path for ``bound_tcp``'s port (a broker started without ipc calls it, so no peer
+    is sent to a path nobody serves; libzmq removes the path itself when a broker closes cleanly)."""
+    port = tcp_port(bound_tcp)
+    if port is None or _listening(ipc_path_for_port(port)):
+        return  # nothing there, or a live broker's (never take another broker's path away)
+    try:
+        ipc_path_for_port(port).unlink()
+    except (FileNotFoundError, PermissionError):
+        pass
+
+
+def _listening(path: Path) -> bool:
+    """A Unix socket at ``path`` accepts connections (not a stale file left by a killed broker)."""
+    try:
+        if not stat.S_ISSOCK(path.stat().st_mode):
+            return False
+    except OSError:
+        return False
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(0.5)
+        s.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def resolve(endpoint: str) -> str:
+    """The endpoint to connect to for ``endpoint``: the broker's ipc path when ``endpoint`` is loopback TCP
+    and a broker listens there, else ``endpoint`` itself."""
+    if not is_loopback_tcp(endpoint) or not ipc_enabled():
+        return endpoint
+    port = tcp_port(endpoint)
+    if port is None:
+        return endpoint
+    path = ipc_path_for_port(port)
+    return f"ipc://{path}" if _listening(path) else endpoint
