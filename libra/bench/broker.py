@@ -1,11 +1,17 @@
-"""``python -m libra.bench broker``: Libra's call path against raw pyzmq, in one run.
+"""``python -m libra.bench broker``: Libra's call path against raw pyzmq (and Ray, when installed), in one run.
 
-1. Floor: a raw pyzmq DEALER ↔ ROUTER echo between two processes over loopback TCP (msgpack on both
-   ends), one message in flight: round-trip p50/p99; then 100 in flight: messages/s.
+1. Floor: a raw pyzmq DEALER ↔ ROUTER echo between two processes (msgpack on both ends), over loopback
+   TCP and over ipc: round-trip p50/p99 with one message in flight, messages/s with 100 in flight.
 2. Libra: ``Client.call_tool("echo")`` through a real broker process and a real actor process
-   (``python -m libra.broker`` + ``python -m libra.actors``): p50/p99 with one call in flight, and
-   calls/s with 100 in flight (sync client, sliding window).
-Prints the ratios to the floor. Targets (issue #2): p50 within 3× of the floor, ≥ 15,000 calls/s.
+   (``python -m libra.broker`` + ``python -m libra.actors``), once with every peer on loopback TCP
+   (``LIBRA_IPC=0``) and once with the default (peers on the broker's host switch to its ipc path):
+   p50/p99 with one call in flight, calls/s with 100 in flight twice: the sync client's sliding window of
+   futures, and 100 asyncio tasks sharing one ``AsyncClient`` (how agent loops call tools).
+3. Ray, when ``ray`` is importable (never a dependency): a Ray actor's ``echo`` method, the same two measures.
+
+Prints every path's ratio to the TCP floor. Targets (issue #20): Libra over TCP p50 ≤ 3× the floor,
+≥ 20,000 calls/s with 100 in flight, p50 ≥ 5× lower than the Ray call. ``--scale`` adds the throughput
+sweep over actors × client processes (``libra.bench.broker_scale``).
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import sys
+import tempfile
 import time
 from collections import deque
 
@@ -21,7 +29,10 @@ import msgpack
 import zmq
 
 from libra.client import Client
+from libra.client.aio import AsyncClient
 from libra.local import LocalCluster, free_port
+
+MSG = {"request_id": "c:1", "tool": "echo", "args": {"i": 1}}
 
 
 def _echo_server(url: str, ready: mp.Event, stop: mp.Event) -> None:
@@ -42,13 +53,21 @@ def _echo_server(url: str, ready: mp.Event, stop: mp.Event) -> None:
     ctx.term()
 
 
-def _pct(xs: list[float], q: float) -> float:
+def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def floor(n: int, window: int) -> dict:
-    url = f"tcp://127.0.0.1:{free_port()}"
+def summary(lat: list[float], per_s: float, **extra: object) -> dict:
+    return {"p50_us": pct(lat, 0.5) * 1e6, "p99_us": pct(lat, 0.99) * 1e6, "per_s": per_s, **extra}
+
+
+def floor(n: int, window: int, transport: str = "tcp") -> dict:
+    """Raw pyzmq round trips between two processes: the least any brokered call could cost."""
+    if transport == "ipc":
+        url = f"ipc://{tempfile.mkdtemp(prefix='libra-floor-')}/echo.sock"
+    else:
+        url = f"tcp://127.0.0.1:{free_port()}"
     ready, stop = mp.Event(), mp.Event()
     proc = mp.get_context("fork").Process(target=_echo_server, args=(url, ready, stop), daemon=True)
     proc.start()
@@ -57,24 +76,21 @@ def floor(n: int, window: int) -> dict:
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     s.connect(url)
-    msg = {"request_id": "c:1", "tool": "echo", "args": {"i": 1}}
     for _ in range(200):
-        s.send(msgpack.packb(msg))
+        s.send(msgpack.packb(MSG))
         msgpack.unpackb(s.recv())
     lat = []
     for _ in range(n):
         t0 = time.perf_counter()
-        s.send(msgpack.packb(msg))
+        s.send(msgpack.packb(MSG))
         msgpack.unpackb(s.recv())
         lat.append(time.perf_counter() - t0)
     total = n * 3
     t0 = time.perf_counter()
-    inflight = 0
-    done = 0
-    sent = 0
+    inflight = done = sent = 0
     while done < total:
         while inflight < window and sent < total:
-            s.send(msgpack.packb(msg))
+            s.send(msgpack.packb(MSG))
             sent += 1
             inflight += 1
         msgpack.unpackb(s.recv())
@@ -85,47 +101,173 @@ def floor(n: int, window: int) -> dict:
     proc.join(5)
     s.close(0)
     ctx.term()
-    return {"p50_us": _pct(lat, 0.5) * 1e6, "p99_us": _pct(lat, 0.99) * 1e6, "msgs_per_s": tput}
+    return summary(lat, tput, transport=transport)
 
 
-def libra_path(n: int, window: int, slots: int) -> dict:
-    with LocalCluster(cpu_slots=slots, actor_args=["--no-sandbox", "--capacity", "64"]) as cluster:
-        with Client(cluster.url) as c:
-            for i in range(300):
-                c.call_tool("echo", i)
-            lat = []
-            for i in range(n):
-                t0 = time.perf_counter()
-                c.call_tool("echo", {"i": i})
-                lat.append(time.perf_counter() - t0)
-            total = n * 3
-            window_q: deque = deque()
-            t0 = time.perf_counter()
-            bad = 0
-            for i in range(total):
-                if len(window_q) >= window:
-                    j, fut = window_q.popleft()
-                    (r,) = c.gather([fut])
-                    bad += getattr(r, "output", None) != j
-                window_q.append((i, c.submit_tool("echo", i)))
-            for j, fut in window_q:
-                (r,) = c.gather([fut])
-                bad += getattr(r, "output", None) != j
-            tput = total / (time.perf_counter() - t0)
+def drive(c: Client, n: int, window: int) -> tuple[list[float], float]:
+    """``n`` sequential echo calls (latencies), then ``3 n`` calls with ``window`` in flight (calls/s).
+    Every result is checked: a wrong or missing one raises."""
+    for i in range(300):
+        c.call_tool("echo", i)
+    lat = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        r = c.call_tool("echo", {"i": i})
+        lat.append(time.perf_counter() - t0)
+        if r.output != {"i": i}:
+            raise RuntimeError(f"echo {i} returned {r.output!r}")
+    total = n * 3
+    window_q: deque = deque()
+    bad = 0
+    t0 = time.perf_counter()
+    for i in range(total):
+        if len(window_q) >= window:
+            j, fut = window_q.popleft()
+            (r,) = c.gather([fut])
+            bad += getattr(r, "output", None) != j
+        window_q.append((i, c.submit_tool("echo", i)))
+    for j, fut in window_q:
+        (r,) = c.gather([fut])
+        bad += getattr(r, "output", None) != j
+    tput = total / (time.perf_counter() - t0)
     if bad:
         raise RuntimeError(f"{bad} pipelined calls returned a wrong result")
-    return {"p50_us": _pct(lat, 0.5) * 1e6, "p99_us": _pct(lat, 0.99) * 1e6, "calls_per_s": tput,
-            "actor_slots": slots}
+    return lat, tput
 
 
-def run(n: int = 3000, window: int = 100, slots: int = 1) -> dict:
-    f = floor(n, window)
-    lp = libra_path(n, window, slots)
-    return {
-        "floor": f, "libra": lp,
-        "p50_ratio": lp["p50_us"] / f["p50_us"], "p99_ratio": lp["p99_us"] / f["p99_us"],
-        "throughput_ratio": lp["calls_per_s"] / f["msgs_per_s"],
+async def _async_tput(url: str, total: int, window: int) -> float:
+    """``total`` echo calls from ``window`` asyncio tasks sharing one AsyncClient; every result checked."""
+    import asyncio
+
+    async with AsyncClient(url) as c:
+        for i in range(200):
+            await c.call_tool("echo", i)
+        counter = iter(range(total))
+        bad = 0
+
+        async def worker() -> None:
+            nonlocal bad
+            for i in counter:
+                r = await c.call_tool("echo", i)
+                bad += r.output != i
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(window)))
+        tput = total / (time.perf_counter() - t0)
+    if bad:
+        raise RuntimeError(f"{bad} asyncio calls returned a wrong result")
+    return tput
+
+
+def libra_path(n: int, window: int, transport: str, slots: int = 1) -> dict:
+    """Libra's echo call through a real broker and actor, every peer on ``transport`` (tcp or ipc)."""
+    env = {"LIBRA_IPC": "0"} if transport == "tcp" else {}
+    saved = os.environ.get("LIBRA_IPC")
+    if transport == "tcp":
+        os.environ["LIBRA_IPC"] = "0"  # this process's client too
+    try:
+        with LocalCluster(cpu_slots=slots, actor_args=["--no-sandbox", "--capacity", "64"], env=env) as cluster:
+            with Client(cluster.url) as c:
+                used = c.endpoint.split("://", 1)[0]
+                if used != transport:
+                    raise RuntimeError(f"asked for {transport}, the client connected over {used} ({c.endpoint})")
+                lat, tput = drive(c, n, window)
+            import asyncio
+
+            atput = asyncio.run(_async_tput(cluster.url, n * 3, window))
+    finally:
+        if saved is None:
+            os.environ.pop("LIBRA_IPC", None)
+        else:
+            os.environ["LIBRA_IPC"] = saved
+    return summary(lat, tput, transport=transport, actor_slots=slots, async_per_s=atput)
+
+
+def ray_path(n: int, window: int) -> dict | None:
+    """A Ray actor's echo method: ``ray.get(actor.echo.remote(x))``; None when ray is not installed."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        @ray.remote
+        class Echo:
+            def echo(self, x):
+                return x
+
+        a = Echo.remote()
+        for i in range(300):
+            ray.get(a.echo.remote(i))
+        lat = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            if ray.get(a.echo.remote({"i": i})) != {"i": i}:
+                raise RuntimeError("ray echo returned a wrong result")
+            lat.append(time.perf_counter() - t0)
+        total = n * 3
+        refs: deque = deque()
+        t0 = time.perf_counter()
+        for i in range(total):
+            if len(refs) >= window:
+                ray.get(refs.popleft())
+            refs.append(a.echo.remote(i))
+        ray.get(list(refs))
+        tput = total / (time.perf_counter() - t0)
+        return summary(lat, tput, version=ray.__version__)
+    finally:
+        ray.shutdown()
+
+
+def run(n: int = 3000, window: int = 100, slots: int = 1, with_ray: bool = True) -> dict:
+    rows = {
+        "floor_tcp": floor(n, window, "tcp"),
+        "floor_ipc": floor(n, window, "ipc"),
+        "libra_tcp": libra_path(n, window, "tcp", slots),
+        "libra_ipc": libra_path(n, window, "ipc", slots),
     }
+    r = ray_path(n, window) if with_ray else None
+    if r is not None:
+        rows["ray"] = r
+    f = rows["floor_tcp"]
+    out: dict = {"rows": rows, "load_1m": os.getloadavg()[0]}
+    out["p50_ratio_tcp"] = rows["libra_tcp"]["p50_us"] / f["p50_us"]
+    out["p50_ratio_ipc"] = rows["libra_ipc"]["p50_us"] / f["p50_us"]
+    if r is not None:
+        out["ray_over_libra_p50"] = r["p50_us"] / min(rows["libra_tcp"]["p50_us"], rows["libra_ipc"]["p50_us"])
+    return out
+
+
+LABELS = {
+    "floor_tcp": "raw pyzmq DEALER<->ROUTER, tcp (floor)",
+    "floor_ipc": "raw pyzmq DEALER<->ROUTER, ipc",
+    "libra_tcp": "Libra call_tool(echo), broker+actor, tcp",
+    "libra_ipc": "Libra call_tool(echo), broker+actor, ipc",
+    "ray": "Ray actor echo.remote()",
+}
+
+
+def print_table(r: dict, window: int) -> None:
+    rows = r["rows"]
+    f = rows["floor_tcp"]
+    print(f"load (1 min) at the end: {r['load_1m']:.2f}")
+    print(f"{'':<44} {'1 in flight':>17} {f'per s, {window} in flight':>25}")
+    print(f"{'path':<44} {'p50 µs':>8} {'p99 µs':>8} {'window':>8} {'asyncio':>8} {'/floor':>7} "
+          f"{'p50/floor':>10}")
+    for key, row in rows.items():
+        best = max(row["per_s"], row.get("async_per_s", 0.0))
+        asy = f"{row['async_per_s']:>8.0f}" if "async_per_s" in row else f"{'-':>8}"
+        print(f"{LABELS[key]:<44} {row['p50_us']:>8.0f} {row['p99_us']:>8.0f} {row['per_s']:>8.0f} {asy} "
+              f"{best / f['per_s']:>6.2f}x {row['p50_us'] / f['p50_us']:>9.2f}x")
+    best = {k: max(rows[k]["per_s"], rows[k]["async_per_s"]) for k in ("libra_tcp", "libra_ipc")}
+    line = (f"targets: Libra tcp p50 <= 3x floor (got {r['p50_ratio_tcp']:.2f}x; ipc {r['p50_ratio_ipc']:.2f}x), "
+            f">= 20000 calls/s with {window} in flight (best tcp {best['libra_tcp']:.0f}, "
+            f"ipc {best['libra_ipc']:.0f})")
+    if "ray_over_libra_p50" in r:
+        line += f", p50 >= 5x lower than Ray (got {r['ray_over_libra_p50']:.2f}x)"
+    else:
+        line += "; ray not installed: no Ray row"
+    print(line)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,19 +275,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=3000, help="round trips per latency measurement")
     p.add_argument("--window", type=int, default=100, help="calls in flight for the throughput run")
     p.add_argument("--slots", type=int, default=1, help="actor slots behind the broker")
+    p.add_argument("--no-ray", action="store_true", help="skip the Ray row even when ray is installed")
+    p.add_argument("--scale", action="store_true",
+                   help="also sweep throughput over 2/8/32 actors x 1/2/4/8 client processes")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    r = run(a.n, a.window, a.slots)
+    r = run(a.n, a.window, a.slots, with_ray=not a.no_ray)
+    if a.scale:
+        from .broker_scale import sweep
+
+        r["scale"] = sweep()
     if a.json:
         print(json.dumps(r))
         return 0
-    f, lp = r["floor"], r["libra"]
-    print(f"{'path':<44} {'p50 µs':>9} {'p99 µs':>9} {'per s (100 in flight)':>22}")
-    print(f"{'raw pyzmq DEALER<->ROUTER (floor)':<44} {f['p50_us']:>9.0f} {f['p99_us']:>9.0f} {f['msgs_per_s']:>22.0f}")
-    print(f"{'Client.call_tool(echo) via broker+actor':<44} {lp['p50_us']:>9.0f} {lp['p99_us']:>9.0f} "
-          f"{lp['calls_per_s']:>22.0f}")
-    print(f"ratio to floor: p50 {r['p50_ratio']:.2f}x  p99 {r['p99_ratio']:.2f}x  "
-          f"throughput {r['throughput_ratio']:.2f}x  (targets: p50 <= 3x, >= 15000 calls/s)")
+    print_table(r, a.window)
+    if a.scale:
+        from .broker_scale import print_sweep
+
+        print_sweep(r["scale"])
     return 0
 
 
