@@ -25,7 +25,13 @@ Three parts, each against its baseline in the same run:
    own rows; the first is also checked against the paper's ACT breakdown (tangram on its 10 GPUs at batch
    2,048 and 3,072).
 
-``python -m libra.bench.actions_sched [--quick] [--skip-latency] [--skip-coding] [--mopd-loads L,...] [--json]``.
+Parts 2 and 3 run the **policy-level model** (``SimConfig.model = "policy"``: the policy over a modelled pool,
+not the broker's placement; every table says so). ``--broker BATCH`` adds part 4, **through the broker**:
+the AI-coding runs of ``tangram`` and ``fixed_dop(4)`` at that batch with every action submitted to the real
+broker core (``libra.sim.actions_broker``) next to the same runs in the policy-level model, with the ratios.
+
+``python -m libra.bench.actions_sched [--quick] [--skip-latency] [--skip-coding] [--mopd-loads L,...]
+[--broker BATCH] [--json]``.
 """
 
 from __future__ import annotations
@@ -151,6 +157,23 @@ def coding(batches: list[int], seed: int, steps: int) -> list[dict[str, Any]]:
     return out
 
 
+def broker_vs_policy(batch: int, seed: int, steps: int) -> list[dict[str, Any]]:
+    """Part 4: AI coding at ``batch`` through the broker and in the policy-level model, same config, same run."""
+    out = []
+    base = SimConfig(workload="coding", batch=batch, seed=seed, steps=steps)
+    for label, cfg in (("tangram", base), ("fixed_dop(4)", replace(base, scheduler="fixed_dop", dop=4))):
+        b, p = run_sim(replace(cfg, model="broker")), run_sim(replace(cfg, model="policy"))
+        out.append({"batch": batch, "policy": label, "broker_act_s": b["act_mean_s"], "policy_act_s": p["act_mean_s"],
+                    "broker_queue_s": b["act_breakdown_s"]["queue"], "policy_queue_s": p["act_breakdown_s"]["queue"],
+                    "broker_step_s": b["step_time_s"]["mean"], "policy_step_s": p["step_time_s"]["mean"],
+                    "act_ratio_broker_over_policy": b["act_mean_s"] / p["act_mean_s"],
+                    "broker_numa_split_fraction": b["numa_split_fraction"],
+                    "policy_numa_split_fraction": p["numa_split_fraction"],
+                    "broker_wall_s": b["sim_wall_s"], "policy_wall_s": p["sim_wall_s"],
+                    "modelled_only": b["modelled_only"]})
+    return out
+
+
 MOPD_CANDIDATES = sorted({*range(4, 37, 4), 10})
 """Pool sizes tried for MOPD: every multiple of a TP-4 replica, plus 10 (a node of 8 and a partial node of 2,
 as the simulator lays out pools; the 2 GPUs cannot host a TP-4 cell, so 10 behaves like 8)."""
@@ -251,6 +274,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         batches = [256, 1280] if args.quick else [256, 1280, 1536]
         if not args.skip_coding:
             out["coding"] = coding(batches, args.seed, args.steps)
+        if args.broker:
+            out["broker"] = broker_vs_policy(args.broker, args.seed, args.steps)
         loads = [x for x in args.mopd_loads.split(",") if x]
         out["mopd_calibration"] = mopd_calibration(args.seed, loads[0])
         out["mopd"] = [row for load in loads
@@ -275,19 +300,31 @@ def _print(res: dict[str, Any]) -> None:
                   f" {cell(r, 'fixed_dop'):>19} {r['ratio']:>6.2f} {r['speedup_vs_reference']:>7.2f} {r['grants']:>6}"
                   f" {r['contended']}")
     if "coding" in res:
-        print("\nAI coding (15 x 256 = 3,840 cores for every policy); ratio = policy ACT / tangram ACT")
+        print("\nAI coding (15 x 256 = 3,840 cores for every policy); ratio = policy ACT / tangram ACT;"
+              " model policy (the policy over a modelled pool, not the broker's placement: see --broker)")
         print(f"{'batch':>5} {'policy':<24} {'ACT':>7} {'p99':>7} {'queue':>7} {'exec':>6} {'step':>7} {'cores':>6} {'ratio':>6} {'step x':>6}")
         for r in res["coding"]:
             print(f"{r['batch']:>5} {r['policy']:<24} {r['act_mean_s']:>7.3f} {r['act_p99_s']:>7.2f} {r['queue_s']:>7.3f}"
                   f" {r['exec_s']:>6.3f} {r['step_time_s']:>7.1f} {r['cores_used']:>6.0f} {r['act_ratio_vs_tangram']:>6.2f}"
                   f" {r['step_ratio_vs_tangram']:>6.2f}")
+    if "broker" in res:
+        print("\nAI coding through the broker (every action a Submit to BrokerState, placed by the broker) vs the"
+              " policy-level model, same config")
+        for r in res["broker"]:
+            print(f"{r['batch']:>5} {r['policy']:<14} ACT broker {r['broker_act_s']:.3f} s / policy {r['policy_act_s']:.3f}"
+                  f" s = {r['act_ratio_broker_over_policy']:.3f}x; queue {r['broker_queue_s']:.3f} / {r['policy_queue_s']:.3f}"
+                  f" s; step {r['broker_step_s']:.1f} / {r['policy_step_s']:.1f} s; NUMA-split "
+                  f"{r['broker_numa_split_fraction']:.3f} / {r['policy_numa_split_fraction']:.3f};"
+                  f" wall {r['broker_wall_s']:.1f} / {r['policy_wall_s']:.1f} s")
+        for line in res["broker"][0]["modelled_only"] if res["broker"] else []:
+            print(f"modelled-only: {line}")
     if "mopd" in res:
         rows = res["mopd"]
         mem = rows[0]["gpu_mem_gb"] if rows else None
         model = ("exclusive cells (one replica per TP-4 cell)" if mem is None else
                  f"GPU memory model: {mem:g} GB per GPU, {rows[0]['gpu_workspace_gb']:g} GB kept for activations,"
                  f" {rows[0]['reserve_gb']:g} GB per GPU reserved by every resident teacher")
-        print(f"\nMOPD batch 2048: static deployments vs smallest tangram pool within the ACT ratio; {model}")
+        print(f"\nMOPD batch 2048 (model policy): static deployments vs smallest tangram pool within the ACT ratio; {model}")
         for c in res.get("mopd_calibration", []):
             bd, pb = c["breakdown_s"], c["paper_breakdown_s"]
             print(f"  calibration ({c['load']} load), tangram on the paper's {c['gpus']} GPUs at batch {c['batch']}:"
@@ -340,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mopd-loads", default="breakdown,burst",
                    help="MOPD: comma-separated load calibrations to run, the first also checked against the paper's"
                         f" ACT breakdown (known: {', '.join(MOPD_LOADS)}; default %(default)s)")
+    p.add_argument("--broker", type=int, default=0, metavar="BATCH",
+                   help="also run AI coding at BATCH through the broker core next to the policy-level model")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     bad = [x for x in args.mopd_loads.split(",") if x and x not in MOPD_LOADS]

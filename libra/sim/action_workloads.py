@@ -45,6 +45,7 @@ from typing import Any
 from libra.policies.actions.gpu_services import ServiceSpec
 
 __all__ = [
+    "MODELS",
     "MOPD_LOADS",
     "SCHEDULERS",
     "ActionPlan",
@@ -272,6 +273,13 @@ def make_workload(name: str, batch: int, seed: int = 0, **params: Any) -> Worklo
 SCHEDULERS = ("tangram", "per_trajectory", "fixed_dop")
 
 
+#: How an action simulation runs (``SimConfig.model``): ``broker``, every action through the real broker core
+#: and its placement (:mod:`libra.sim.actions_broker`); ``policy``, the scheduling policy alone over a modelled
+#: resource pool (:mod:`libra.sim.actions_engine`: NUMA, quotas, GPU memory co-residency, static deployments),
+#: which credits mechanisms the broker lacks (each run's ``modelled_only`` lines say which).
+MODELS = ("broker", "policy")
+
+
 class SimError(ValueError):
     """Raised for an invalid simulator configuration (the message names the field)."""
 
@@ -286,7 +294,8 @@ class SimConfig:
     teacher's chunked log-prob forward over a 16-sample group; one call runs per cell at a time, so one
     workspace per GPU suffices). Resident replicas then share 80 − 8 = 72 GB per GPU: seven 10 GB teacher
     shards. Services may add a per-replica reserve (``ServiceSpec.reserve_gb``; MOPD's ``reserve_gb``).
-    ``gpu_wait_for_resident``: a call waits for a busy resident replica of its service that is estimated to
+    ``model``: ``"policy"`` (the default of the library call: the policy over a modelled pool) or ``"broker"``
+    (through the broker core; :data:`MODELS`). ``gpu_wait_for_resident``: a call waits for a busy resident replica of its service that is estimated to
     free up sooner than a restore would take (``ServicePlacement(wait_for_resident=True)``; the estimate is
     the service's mean action time learned online); ``False`` restores at once (the earlier behaviour).
     """
@@ -311,9 +320,12 @@ class SimConfig:
     gpu_wait_for_resident: bool = True
     scheduler_params: dict[str, Any] = field(default_factory=dict)
     workload_params: dict[str, Any] = field(default_factory=dict)
+    model: str = "policy"
 
     def validate(self) -> None:
         """Raise :class:`SimError` for a bad field."""
+        if self.model not in MODELS:
+            raise SimError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
         if self.scheduler not in SCHEDULERS:
             raise SimError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}")
         if self.static_replicas is not None and (not isinstance(self.static_replicas, int) or self.static_replicas < 1):

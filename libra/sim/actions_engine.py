@@ -85,7 +85,7 @@ class _Run:
     gpus: int
 
 
-def _percentile(xs: Sequence[float], q: float) -> float:
+def percentile(xs: Sequence[float], q: float) -> float:
     if not xs:
         return 0.0
     s = sorted(xs)
@@ -387,8 +387,8 @@ class ActionSim:
             "steps": cfg.steps,
             "actions": len(acts),
             "act_mean_s": sum(acts) / n,
-            "act_p50_s": _percentile(acts, 0.50),
-            "act_p99_s": _percentile(acts, 0.99),
+            "act_p50_s": percentile(acts, 0.50),
+            "act_p99_s": percentile(acts, 0.99),
             "act_breakdown_s": {
                 "queue": sum(a[0] for a in self.acts) / n,
                 "exec": sum(a[1] for a in self.acts) / n,
@@ -401,8 +401,8 @@ class ActionSim:
             "gpus_busy_mean": self.area_gpus / horizon,
             "step_time_s": {
                 "mean": total_time / len(step_times),
-                "p50": _percentile(step_times, 0.5),
-                "p99": _percentile(step_times, 0.99),
+                "p50": percentile(step_times, 0.5),
+                "p99": percentile(step_times, 0.99),
             },
             "trajectories_per_s": n_traj / total_time if total_time > 0 else 0.0,
             "numa_split_fraction": self.numa_splits / n,

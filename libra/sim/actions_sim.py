@@ -1,11 +1,18 @@
 """Discrete-event simulator of action-level resource scheduling (ARL-Tangram, docs/papers.md §5.2).
 
-Entry points: :func:`run_sim` runs one simulation (:class:`~libra.sim.actions_engine.ActionSim`, whose
-module describes the resource model and the metrics) and returns its metrics; :func:`min_gpu_pool`
+Two models (``SimConfig.model``, ``--model``): ``broker`` (the command line's default) sends every action
+through the real broker core, whose own placement decides where and with how many cores it runs
+(:class:`~libra.sim.actions_broker.BrokerActionSim`); ``policy`` runs the scheduling policy alone over a
+modelled pool (:class:`~libra.sim.actions_engine.ActionSim`, whose module describes the resource model and the
+metrics), which also models mechanisms the broker lacks (API quotas, GPU memory co-residency, static
+per-service deployments): its output is labelled ``model: policy`` with a ``modelled-only`` line, and a
+broker run lists what it does not model the way the policy model does.
+
+Entry points: :func:`run_sim` runs one simulation and returns its metrics; :func:`min_gpu_pool`
 searches the smallest pooled GPU count within a ratio of the static baseline's mean ACT. The run's
 configuration, :class:`~libra.sim.action_workloads.SimConfig`, sits with the workloads.
 
-CLI: ``python -m libra.sim.actions_sim --workload coding|mopd|deepsearch --batch N
+CLI: ``python -m libra.sim.actions_sim --workload coding|mopd|deepsearch --batch N [--model broker|policy]
 --scheduler tangram|per_trajectory|fixed_dop --seed S [--gpu-mem-gb GB (0: exclusive cells)] [--json]``.
 """
 
@@ -18,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from libra.sim.action_workloads import SCHEDULERS, SimConfig, SimError, make_workload
+from libra.sim.action_workloads import MODELS, SCHEDULERS, SimConfig, SimError, make_workload
+from libra.sim.actions_broker import BrokerActionSim
 from libra.sim.actions_engine import ActionSim
 
 __all__ = ["SimConfig", "SimError", "main", "min_gpu_pool", "run_sim"]
@@ -26,7 +34,17 @@ __all__ = ["SimConfig", "SimError", "main", "min_gpu_pool", "run_sim"]
 
 def run_sim(cfg: SimConfig) -> dict[str, Any]:
     """Run one simulation and return its metrics (see the module docstring). Raises :class:`SimError`."""
-    return ActionSim(cfg).run()
+    if cfg.model == "broker":
+        return BrokerActionSim(cfg).run()
+    cfg.validate()
+    out = {"model": "policy", **ActionSim(cfg).run()}
+    out["modelled_only"] = [POLICY_MODEL]
+    return out
+
+
+#: The line a policy-level run carries: its figures are the policy's, not the broker's placement.
+POLICY_MODEL = ("model policy: the scheduling policy over a modelled pool (per-node cores with NUMA domains, API "
+                "quotas, GPU memory co-residency, static deployments); not the broker's placement (--model broker)")
 
 
 def min_gpu_pool(
@@ -34,12 +52,13 @@ def min_gpu_pool(
 ) -> dict[str, Any]:
     """Smallest pooled GPU count whose ``tangram`` mean ACT is ≤ ``ratio`` × the static baseline's.
 
-    Runs ``cfg`` with ``per_trajectory`` (static deployments) once, then ``tangram`` on each candidate pool
+    Runs ``cfg`` with ``per_trajectory`` (static deployments: a baseline, always the policy-level model, as the
+    broker has no static deployments) once, then ``tangram`` (in ``cfg.model``) on each candidate pool
     in increasing order (default: multiples of the largest service size up to the baseline's GPUs; pools in
     between cannot host one more replica). Returns the baseline, the chosen run (``None`` if none
     qualifies) and every tried pool.
     """
-    base = run_sim(replace(cfg, scheduler="per_trajectory"))
+    base = run_sim(replace(cfg, scheduler="per_trajectory", model="policy"))  # the static baseline, as modelled
     limit = base["gpus_used"]
     if candidates is None:
         services = make_workload(cfg.workload, 1, cfg.seed, **cfg.workload_params).services
@@ -62,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", choices=("coding", "mopd", "deepsearch"), default="coding")
     p.add_argument("--batch", type=int, default=1280, help="concurrent trajectories per step")
     p.add_argument("--scheduler", choices=SCHEDULERS, default="tangram")
+    p.add_argument("--model", choices=MODELS, default="broker",
+                   help="broker (default): every action through the broker core and its placement; policy: the "
+                        "policy alone over a modelled pool (models mechanisms the broker lacks: labelled so)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=1, help="synchronous RL steps to simulate")
     p.add_argument("--dop", type=int, default=4, help="fixed_dop: units per elastic action")
@@ -102,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         workload=args.workload, batch=args.batch, scheduler=args.scheduler, seed=args.seed, steps=args.steps,
         dop=args.dop, sandbox_cores=args.sandbox_cores, gpu_pool=args.gpu_pool, cpu_nodes=args.cpu_nodes,
         cores_per_node=args.cores_per_node, static_replicas=args.static_replicas, scheduler_params=sp,
-        gpu_mem_gb=args.gpu_mem_gb or None, gpu_workspace_gb=args.gpu_workspace_gb,
+        gpu_mem_gb=args.gpu_mem_gb or None, gpu_workspace_gb=args.gpu_workspace_gb, model=args.model,
     )
     try:
         res = min_gpu_pool(cfg, ratio=args.ratio) if args.min_gpu_pool else run_sim(cfg)
@@ -123,11 +145,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"smallest pool: {t['gpus_used']} GPUs = {t['gpus_used'] / b['gpus_used']:.1%} of the baseline")
         return 0
     for k, v in res.items():
+        if k == "modelled_only":
+            continue
         if isinstance(v, dict):
             v = ", ".join(f"{a}={b:.4g}" if isinstance(b, float) else f"{a}={b}" for a, b in v.items())
         elif isinstance(v, float):
             v = f"{v:.4g}"
         print(f"{k:<22} {v}")
+    for line in res.get("modelled_only", []):
+        print(f"modelled-only: {line}")
     return 0
 
 
