@@ -106,3 +106,29 @@ def test_a_burst_on_one_hosts_shared_cores_never_grants_a_core_twice() -> None:
         ids = [c for x in running.values() for c in x.route["core_ids"]]
         assert len(ids) == len(set(ids))
     assert done == 10 and all(x.cores_used == 0 for x in s.actors.values())
+
+
+def test_a_trajectorys_next_action_returns_to_the_actor_holding_its_sandbox() -> None:
+    s = BrokerState(BrokerConfig(action_scheduler="tangram"))  # undeclared tool: one core, not elastic
+    s.handle(PeerMessage(C, m.ClientHello("c", 1)), 0)
+    for name, n in (("big", 8), ("small", 2)):
+        s.handle(PeerMessage(name.encode(), m.ActorHello(name, name, "cpu0", 1, {"action": ["python"]}, ["action"],
+                                                         8, {"cores": n, "cpus": list(range(n))})), 0)
+        s.handle(PeerMessage(name.encode(), m.Bid(["action"], 8)), 0)
+
+    def run(rid: str, traj: str, now: float) -> m.Assign:
+        (a,) = assigns(s.handle(PeerMessage(C, m.Submit(rid, "action", "python", {"code": "1"}, traj)), now))
+        return a
+
+    y1, y2 = run("y1", "y1", 1.0), run("y2", "y2", 1.0)  # best fit: both on the small actor, now full
+    assert {s.works[y1.work_id].actor, s.works[y2.work_id].actor} == {b"small"}
+    x1 = run("x1", "x", 1.0)
+    assert s.works[x1.work_id].actor == b"big"
+    for a in (y1, y2, x1):
+        s.handle(PeerMessage(s.works[a.work_id].actor, m.WorkResult(a.work_id, a.lease, True, {})), 2.0)
+    x2 = run("x2", "x", 3.0)  # best fit alone would pick the small actor; x's workspace is on the big one
+    assert s.works[x2.work_id].actor == b"big"
+    s.handle(PeerMessage(s.works[x2.work_id].actor, m.WorkResult(x2.work_id, x2.lease, True, {})), 4.0)
+    s.handle(PeerMessage(C, m.EndTrajectory("x")), 5.0)  # x ended: no home any more, best fit again
+    x3 = run("x3", "x", 6.0)
+    assert s.works[x3.work_id].actor == b"small"
