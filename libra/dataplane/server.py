@@ -55,10 +55,14 @@ class DataPlaneServer:
 
     ``provider(name) -> (header, chunks) | None`` makes objects on demand: it is asked on every ``head``
     request (on the server thread) and what it returns is published under ``name`` (topic ``provided``, the
-    newest 64 kept) before the request is served; None leaves the request to the published objects. A
-    provider that raises answers ``not_found`` with its message. A rollout instance serves trajectory
-    contexts (token ids, KV caches) this way, serialised only when another instance asks.
+    newest ``PROVIDED_KEEP`` kept: made objects can be large, e.g. a KV cache, and a transfer still running
+    when its object is pushed out fails with ``ObjectNotFound``) before the request is served; None leaves the
+    request to the published objects. A provider that raises answers ``not_found`` with its message. A rollout
+    instance serves trajectory contexts (token ids, KV caches) this way, serialised only when another instance
+    asks.
     """
+
+    PROVIDED_KEEP = 8  # objects made by the provider that stay published
 
     def __init__(self, host: str | None = None, *, keys: DataPlaneKeys | None = None, insecure: bool | None = None,
                  allow_dir: str | os.PathLike[str] | None = None, ctx: zmq.Context | None = None,
@@ -221,7 +225,7 @@ class DataPlaneServer:
                 self._error(ident, req, "not_found", f"object {msg['name']!r}: {type(exc).__name__}: {exc}")
                 return
             if made is not None:
-                self.publish(msg["name"], made[0], made[1], topic="provided", keep=64)
+                self.publish(msg["name"], made[0], made[1], topic="provided", keep=self.PROVIDED_KEEP)
         with self._lock:
             obj = self._objects.get(msg.get("name"))
         if obj is None:
