@@ -40,7 +40,7 @@ install() {
   for deb in .gpu-wheels/*.deb; do [ -e "$deb" ] && dpkg -x "$deb" "$SCRATCH/deb"; done
   echo "PYTHONPATH=$SCRATCH/site:$PWD"
 }
-step install 30 "$OUT/00-install.log" install
+step install 20 "$OUT/00-install.log" install
 export PYTHONPATH="$SCRATCH/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$SCRATCH/deb/usr/bin:$PATH"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -62,7 +62,7 @@ for m in ("zmq", "structlog", "pydantic", "msgspec", "pynvml"):
 PYV
   command -v bwrap && bwrap --version
 }
-step versions 10 "$OUT/01-versions.log" versions
+step versions 20 "$OUT/01-versions.log" versions
 
 step pytest-gpu 60 "$OUT/02-pytest-gpu.log" "$PY" -m pytest -q -p no:cacheprovider tests/gpu
 
@@ -75,8 +75,16 @@ job() {
   fi
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv -l 1 >"$OUT/03-gpu-apps.csv" 2>&1 &
   local sampler=$!
-  limit "$PY" -m libra run "$toml" --run-dir "$SCRATCH/run_tiny"  # SIGTERM at the limit: the job unwinds
+  # its own process group, so that nothing of it (broker, supervisor, slots) outlives the step: SIGTERM at the
+  # limit (the job unwinds, stopping its cluster), SIGKILL to the whole group 10 s later
+  setsid "$PY" -m libra run "$toml" --run-dir "$SCRATCH/run_tiny" &
+  local job=$!
+  (sleep $((STEP_SECS - 12)); kill -TERM -- "-$job"; sleep 10; kill -KILL -- "-$job") 2>/dev/null &
+  local watchdog=$!
+  wait "$job"
   local rc=$?
+  kill "$watchdog" 2>/dev/null
+  kill -KILL -- "-$job" 2>/dev/null  # whatever of the job's group is left
   kill "$sampler" 2>/dev/null
   echo "GPU processes seen while the job ran (pid,used_memory):"
   grep -v '^pid' "$OUT/03-gpu-apps.csv" | sort -u | head -40

@@ -207,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(level="warning")  # engine logs go to stderr; stdout stays one JSON object
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"libra.bench engines: --device {args.device} but CUDA is not available here", file=sys.stderr)
+        return 2
     res = run(args)
     if args.json:
         print(json.dumps(res))

@@ -270,6 +270,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['requests']} requests x {r['new_tokens']} tokens x {r['rounds']} rounds, batch {r['batch']}, "
                   f"vLLM {r['vllm_version']}, load1 {r['load1_before']:.2f} -> {r['load1_after']:.2f}")
         return 0
+    if a.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            print(f"libra.bench rollout: --device {a.device} but CUDA is not available here", file=sys.stderr)
+            return 2
     r = run(a.requests, a.new_tokens, a.batch, a.threads, a.model_dir, a.device, a.shape, a.dtype)
     if a.json:
         print(json.dumps(r))
