@@ -18,6 +18,7 @@ BENCHMARKS = {
     "metrics": ("libra.bench.metrics", "broker Prometheus hook cost vs no metrics"),
     "rollout": ("libra.bench.rollout", "HF rollout engine behind Libra vs called directly (tokens/s)"),
     "engines": ("libra.bench.engines", "HF rollout engine and GRPO trainer vs plain transformers/torch"),
+    "trainer": ("libra.bench.trainer", "GRPO trainer ranks: tokens/s and peak memory, FSDP2 vs DDP (--device, --shape)"),
     "routing": ("libra.bench.routing", "rollout routers compared on the same traces"),
     "ablation": ("libra.bench.ablation", "Libra ablation ladder (planner, hetero TP, C-MLFQ, EHP) and the EARL selector, simulated"),
     "dataplane": ("libra.bench.dataplane", "weights over the data plane vs the file path; dispatch imbalance vs round robin"),
