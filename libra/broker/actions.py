@@ -147,7 +147,8 @@ class ActionPlacement:
             if not serving:
                 continue  # no GPU actor offers it: CPU actors run it like any tool (their engine decides)
             routed.add(key)
-            for wid in list(q):
+            blocked: set[str] = set()  # services that found no cell this round: their later calls wait too
+            for wid in islice(q, WINDOW):  # FCFS, the oldest WINDOW calls
                 w = works[wid]
                 service = w.args.get("service") if isinstance(w.args, dict) else None
                 free = [(s, g) for s, g in serving if slots[s.peer] > 0]
@@ -157,11 +158,15 @@ class ActionPlacement:
                     slots[free[0][0].peer] -= 1
                     out.append((wid, free[0][0], ActionRoute().to_wire()))
                     continue
+                if service in blocked:
+                    continue
                 placed = self.services.place(wid, service, free)
-                if placed is not None:
-                    sess, route = placed
-                    slots[sess.peer] -= 1
-                    out.append((wid, sess, ActionRoute(service=route).to_wire()))
+                if placed is None:
+                    blocked.add(service)
+                    continue
+                sess, route = placed
+                slots[sess.peer] -= 1
+                out.append((wid, sess, ActionRoute(service=route).to_wire()))
         cpu = [s for s in eligible if slots[s.peer] > 0 and self.cores.free_ids(s)]
         mine = [q for key, q in queues.items() if key[0] == "action" and q and key not in routed
                 and any(s.serves(*key) for s in cpu)]
