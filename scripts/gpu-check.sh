@@ -94,7 +94,7 @@ job() {
 step job 110 "$OUT/03-job.log" job
 
 step bench-engines 100 "$OUT/04-bench-engines.log" "$PY" -m libra.bench engines --device cuda --shape qwen2-0.5b \
-  --batches 1 8 32 --prompt-len 64 --new-tokens 64 --train-sequences 16 --micro-batch-tokens 4096 --repeats 3
+  --batches 1 8 32 --prompt-len 64 --new-tokens 64 --train-sequences 16 --micro-batch-tokens 4096 --repeats 2
 step bench-rollout 110 "$OUT/05-bench-rollout.log" "$PY" -m libra.bench rollout --device cuda --shape qwen2-0.5b \
   --requests 128 --new-tokens 64 --batch 32 --threads 4
 
