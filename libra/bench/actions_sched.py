@@ -238,6 +238,9 @@ def mopd(batch: int, seed: int, ratio: float, zipf: list[float], *, gpu_mem_gb: 
         exclusive = None
         if t is not None and gpu_mem_gb is not None:
             exclusive = _brief(run_sim(replace(cfg, gpu_pool=t["gpus_used"], gpu_mem_gb=None)))
+        # the same search with every call placed by the broker's service pools (no co-residency there)
+        via = min_gpu_pool(replace(cfg, model="broker", cpu_nodes=1), ratio=ratio, candidates=MOPD_CANDIDATES)
+        vb = via["tangram"]
         rows.append({
             "load": load, "think_mean_s": MOPD_LOADS[load], "zipf_s": s, "gpu_mem_gb": gpu_mem_gb, "gpu_workspace_gb": gpu_workspace_gb if gpu_mem_gb else None,
             "reserve_gb": reserve_gb if gpu_mem_gb else None,
@@ -259,6 +262,11 @@ def mopd(batch: int, seed: int, ratio: float, zipf: list[float], *, gpu_mem_gb: 
             "same_pool_act_s": full["act_mean_s"], "same_pool_breakdown_s": full["act_breakdown_s"],
             "same_pool_act_gain": b["act_mean_s"] / full["act_mean_s"],
             "tried": res["tried"],
+            "broker": None if vb is None else {"gpus": vb["gpus_used"], "act_mean_s": vb["act_mean_s"],
+                                               "breakdown_s": vb["act_breakdown_s"],
+                                               "gpu_fraction": vb["gpus_used"] / b["gpus_used"],
+                                               "restores": vb.get("gpu_restores"), "hits": vb.get("gpu_hits")},
+            "broker_tried": via["tried"],
         })
     return rows
 
@@ -356,6 +364,14 @@ def _print(res: dict[str, Any]) -> None:
                   + f"; tangram on all {r['baseline_gpus']} GPUs: ACT {r['same_pool_act_s']:.3f} s"
                   f" ({r['same_pool_act_gain']:.1f}x lower than the baseline)")
             print("    tried: " + ", ".join(f"{x['gpus']}:{x['ratio']:.2f}x" for x in r["tried"]))
+            vb = r.get("broker")
+            print("    through the broker (its service pools: exclusive cells, no co-residency): "
+                  + ("no pool within the ratio" if vb is None else
+                     f"smallest pool {vb['gpus']} GPUs ({vb['gpu_fraction']:.0%} of the baseline), ACT "
+                     f"{vb['act_mean_s']:.3f} s, restores {vb['restores']}, hits {vb['hits']}")
+                  + "; tried: " + ", ".join(f"{x['gpus']}:{x['ratio']:.2f}x" for x in r["broker_tried"]))
+            print("    modelled-only: GPU memory co-residency of idle teachers (the rows above but this one); the "
+                  "broker's service pools give each replica its cell exclusively (#19)")
 
 
 def main(argv: list[str] | None = None) -> int:
