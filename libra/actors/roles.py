@@ -82,7 +82,7 @@ class HybridRole:
         return t.train(args, ctx)
 
     def reconfigure(self, kinds: list[str], config: dict[str, Any]) -> int:
-        from libra.engines.device import TPUnsupported, max_tp_for
+        from libra.engines.device import TPUnsupported, max_tp_for, with_settings
 
         from .rollout_role import rollout_engine_name
 
@@ -92,9 +92,14 @@ class HybridRole:
             raise TPUnsupported(f"slot {self.slot}: the {rollout_engine_name()} rollout engine cannot lead a TP-{tp} "
                                 "group (the HF engine serves TP 1 only)")
         group = (str(config.get("group", "")), tp, rank) if rollout_group else ("", 1, 0)
+        placement = with_settings(self.placement, self.slot, config)  # the broker's [broker.engines], if any
         with self._lock:
             self.switches += 1
-            regroup = group != self.group
+            regroup = group != self.group or placement != self.placement
+            if placement != self.placement and self.trainer is not None:
+                self.trainer.close()  # rebuilt in the new dtype / memory budget on its next step
+                self.trainer = None
+            self.placement = placement
             if self.rollout is not None and ("generate" not in kinds or regroup):
                 self.rollout.close()  # drained by the actor core before this call
                 self.rollout = None

@@ -36,3 +36,6 @@ class BrokerConfig:
     action_scheduler_params: dict[str, Any] = field(default_factory=dict)
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool -> {cpu, max_cpu, parallel_fraction, duration_s}
     planner: dict[str, Any] = field(default_factory=dict)  # [broker.planner]: periodic GRP (planner_loop.py); {} = off
+    # [broker.engines]: {dtype, gpu_memory_fraction} for the engines of GPU actors the broker directs (sent in
+    # every role directive; an actor's own --dtype / --gpu-memory-fraction hold until then). {} = the actors' own
+    engines: dict[str, Any] = field(default_factory=dict)

@@ -19,6 +19,23 @@ from .sessions import SessionRegistry
 __all__ = ["Planning"]
 
 
+_ENGINE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
+
+
+def check_engine_settings(engines: dict[str, Any]) -> dict[str, Any]:
+    """The ``[broker.engines]`` table, checked: ``dtype`` (auto, bf16, fp16, fp32) and ``gpu_memory_fraction``
+    (0 to 1; 0: automatic). Raises ``ValueError`` naming the bad key or value."""
+    unknown = sorted(set(engines) - {"dtype", "gpu_memory_fraction"})
+    if unknown:
+        raise ValueError(f"[broker.engines]: unknown key(s) {', '.join(unknown)} (known: dtype, gpu_memory_fraction)")
+    if "dtype" in engines and engines["dtype"] not in _ENGINE_DTYPES:
+        raise ValueError(f"[broker.engines] dtype must be one of {', '.join(_ENGINE_DTYPES)}, got {engines['dtype']!r}")
+    frac = engines.get("gpu_memory_fraction", 0.0)
+    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 <= frac <= 1.0:
+        raise ValueError(f"[broker.engines] gpu_memory_fraction must be within [0, 1], got {frac!r}")
+    return dict(engines)
+
+
 class Planning:
     """Applies plans to the connected GPU actors and runs the broker planner's rounds.
 
@@ -27,7 +44,8 @@ class Planning:
     """
 
     def __init__(self, loop: PlannerLoop | None, sessions: SessionRegistry, rollout: RolloutRouting,
-                 offload: bool = False) -> None:
+                 offload: bool = False, engines: dict[str, Any] | None = None) -> None:
+        self.engines = check_engine_settings(engines or {})  # [broker.engines]: rides along in each directive
         self.loop = loop
         self.offload = offload
         self.applier: PlanApplier | None = None  # the plan being applied (or the last one)
@@ -103,7 +121,8 @@ class Planning:
         return out
 
     def _direct(self, moves: list[tuple[str, Role]], now: float) -> list[Command]:
-        return [self._sessions.direct(aid, role.kinds, now, "finish", role.config()) for aid, role in moves]
+        return [self._sessions.direct(aid, role.kinds, now, "finish", {**role.config(), **self.engines})
+                for aid, role in moves]
 
     # ------------------------------------------------------------------ the planner's rounds
     def observe(self, prompt_tokens: int, generated: int, turns: int, tool_seconds: float) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 __all__ = ["DTYPE_ENV", "ENGINES_PER_GPU_ENV", "MEMORY_FRACTION_ENV", "NODE_GPUS_ENV", "DeviceConfigError", "Placement",
            "TPUnsupported", "apply_memory_budget", "choose_placement", "engine_labels", "engine_labels_from_env",
            "free_cuda_cache",
-           "group_devices", "is_cuda_oom", "trainer_backend", "max_tp_for", "parse_dtype", "placement_from_env", "slot_gpu_index"]
+           "group_devices", "is_cuda_oom", "trainer_backend", "with_settings", "max_tp_for", "parse_dtype", "placement_from_env", "slot_gpu_index"]
 
 DTYPE_ENV = "LIBRA_DTYPE"
 MEMORY_FRACTION_ENV = "LIBRA_GPU_MEMORY_FRACTION"
@@ -139,6 +139,21 @@ def placement_from_env(slot: str, environ: Mapping[str, str] | None = None,
     n = _cuda_devices() if cuda_devices is None and slot.startswith("gpu") else (cuda_devices or 0)
     return choose_placement(slot, cuda_devices=n, dtype=env.get(DTYPE_ENV, "auto") or "auto",
                             memory_fraction=frac, engines_per_gpu=per)
+
+
+def with_settings(p: Placement, slot: str, config: Mapping[str, Any],
+                  environ: Mapping[str, str] | None = None) -> Placement:
+    """``p`` with a directive's engine settings (``dtype``, ``gpu_memory_fraction``, from the broker's
+    ``[broker.engines]``) applied on the same device; ``p`` itself when the directive carries none."""
+    if "dtype" not in config and "gpu_memory_fraction" not in config:
+        return p
+    env = os.environ if environ is None else environ
+    try:
+        per = int(env.get(ENGINES_PER_GPU_ENV, "1") or 1)
+    except ValueError:
+        per = 1
+    return choose_placement(slot, cuda_devices=1 if p.on_gpu else 0, dtype=str(config.get("dtype", "auto")),
+                            memory_fraction=float(config.get("gpu_memory_fraction", 0.0)), engines_per_gpu=per)
 
 
 def apply_memory_budget(p: Placement) -> None:

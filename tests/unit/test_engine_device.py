@@ -109,3 +109,13 @@ def test_trainer_ranks_sharing_a_gpu_use_gloo_not_nccl() -> None:
     assert trainer_backend(gpu, {"LIBRA_ENGINES_PER_GPU": "4"}) == "gloo"  # NCCL refuses two ranks on one device
     assert trainer_backend(gpu, {"LIBRA_ENGINES_PER_GPU": "1"}) is None  # the trainer's own rule: NCCL on CUDA
     assert trainer_backend(choose_placement("cpu0", cuda_devices=0), {"LIBRA_ENGINES_PER_GPU": "4"}) is None
+
+
+def test_a_directive_can_set_the_engines_dtype_and_budget() -> None:
+    from libra.engines.device import with_settings
+
+    p = choose_placement("gpu1", cuda_devices=1)
+    assert with_settings(p, "gpu1", {"role": "rollout", "tp": 1}) is p  # no engine settings: unchanged
+    q = with_settings(p, "gpu1", {"dtype": "fp16", "gpu_memory_fraction": 0.4}, {"LIBRA_ENGINES_PER_GPU": "2"})
+    assert (q.device, q.dtype, q.memory_fraction) == ("cuda:0", "float16", 0.4)
+    assert with_settings(choose_placement("cpu0", cuda_devices=0), "cpu0", {"dtype": "bf16"}).device == "cpu"

@@ -74,3 +74,20 @@ def test_a_plan_with_a_tp_group_the_engines_cannot_serve_is_refused_at_plan_time
     rollout = [c.msg.config for c in out if isinstance(getattr(c, "msg", None), m.Directive)
                and c.msg.config.get("role") == "rollout"]
     assert sorted((r["tp"], r["rank"]) for r in rollout) == [(2, 0), (2, 1)]  # one group, a leader and a member
+
+
+def test_the_brokers_engine_settings_ride_along_in_each_directive() -> None:
+    s = BrokerState(BrokerConfig(heartbeat_s=1e9, engines={"dtype": "fp16", "gpu_memory_fraction": 0.5}))
+    for k in range(4):
+        aid = f"n0/gpu{k}"
+        s.handle(PeerMessage(aid.encode(), m.ActorHello(aid, "n0", f"gpu{k}", 1, CAPS, ["generate"], 4,
+                                                       {"slot_kind": "gpu", "engine": "hf", "max_tp": 1})), 0.0)
+    plan = Plan(4, 2, TrainConfig(1, 1, 2, 1), (RolloutInstance(1, 0, 1e9, 5, 1.0), RolloutInstance(1, 1e9, float("inf"), 5, 1.0)),
+                1.0, 1.0)
+    out = s.apply_plan(plan, 1.0)
+    cfgs = [c.msg.config for c in out if isinstance(getattr(c, "msg", None), m.Directive)]
+    assert cfgs and all(c["dtype"] == "fp16" and c["gpu_memory_fraction"] == 0.5 for c in cfgs)
+    for bad, msg in (({"dtype": "int8"}, "dtype"), ({"gpu_memory_fraction": 3}, "gpu_memory_fraction"),
+                     ({"dtpye": "bf16"}, "unknown key")):
+        with pytest.raises(ValueError, match=msg):
+            BrokerState(BrokerConfig(engines=bad))

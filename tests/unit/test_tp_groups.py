@@ -61,6 +61,7 @@ class FakeRollout:
 
     def __init__(self, model_dir: str, run_dir: str | None, slot: str, **kw: Any) -> None:
         self.slot, self.tp, self.devices, self.closed = slot, kw["tp"], kw["devices"], False
+        self.placement = kw["placement"]
         FakeRollout.built.append(self)
 
     def generate(self, args: Any, ctx: WorkContext) -> dict[str, Any]:
@@ -111,6 +112,20 @@ def test_regrouping_closes_the_drained_engine_and_builds_the_new_one(fake_rollou
     assert (leader.rollout.tp, leader.rollout.devices) == (4, (0, 1, 2, 3))
     leader.reconfigure(["train", "sync"], {"role": "train", "tp": 1, "group": "g3.replica0", "rank": 0})
     assert leader.rollout is None and leader.group == ("", 1, 0)
+
+
+def test_the_brokers_engine_settings_in_a_directive_rebuild_the_engine(fake_rollout: type[FakeRollout]) -> None:
+    role = hybrid("gpu0")
+    role.generate({}, ctx())
+    first = role.rollout
+    assert first.placement.dtype == "bfloat16"
+    one = {"role": "rollout", "tp": 1, "group": "g1.rollout0", "rank": 0}
+    role.reconfigure(["generate", "sync"], one)
+    assert role.rollout is first  # same placement: the engine stays
+    role.reconfigure(["generate", "sync"], {**one, "dtype": "fp16", "gpu_memory_fraction": 0.5})
+    assert first.closed and role.placement.dtype == "float16" and role.placement.memory_fraction == 0.5
+    role.generate({}, ctx())
+    assert role.rollout.placement.dtype == "float16"
 
 
 def test_the_hf_engine_refuses_tp_above_one(fake_rollout: type[FakeRollout], monkeypatch: pytest.MonkeyPatch) -> None:
