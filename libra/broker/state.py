@@ -407,15 +407,7 @@ class BrokerState:
     def _pump_jobs(self, now: float, out: list[Command]) -> None:
         """Let the job board deliver replies and submit or cancel its jobs' work."""
 
-        ehp = self._jobs.ehp
-
-        def directives() -> None:  # the pool's borrows and releases, before the step's work is handed out
-            for aid, kinds, cfg in ehp.take_moves() if ehp is not None else ():
-                if self._sessions.actor_by_id(aid) is not None:
-                    out.append(self._sessions.direct(aid, kinds, now, "finish", cfg))
-
         def submit(owner: str, jw: JobWork, why: str) -> None:
-            directives()  # a released hybrid actor must not take a train work of the step that leaves it out
             w = self._table.admit(owner, jw.tag, b"", jw.kind, jw.name, jw.args, jw.trajectory, jw.timeout_s, now,
                                   why)
             self.stats["submitted"] += 1
@@ -425,10 +417,13 @@ class BrokerState:
             self._dispatch.cancel_owned(owner, now, out, why)
 
         published = self._jobs.published
+        ehp = self._jobs.ehp
         if ehp is not None:
             ehp.observe_sessions(self._sessions.actors.values(), self._table.queued("generate"))
         self._jobs.pump(now, submit, cancel)
-        directives()
+        for aid, kinds, cfg in ehp.take_moves() if ehp is not None else ():  # the pool's borrows and releases
+            if self._sessions.actor_by_id(aid) is not None:
+                out.append(self._sessions.direct(aid, kinds, now, "finish", cfg))
         for _ in range(self._jobs.published - published):  # a weights version: the router's drift clock
             self.rollout.advance()
             self._last_router_step = now
