@@ -116,8 +116,8 @@ class ContextService:
                 log.info("context_kv_fetch_failed", trajectory=traj, holder=holder.endpoint, error=str(exc))
             else:
                 self._check_prefix(traj, entry.ids, c)
-                self._hold(traj, entry)
-                return entry.ids, entry.digest.copy(), "kv"
+                self._hold(traj, entry)  # a holder without KV (dropped, or an engine without a cache) sent ids
+                return entry.ids, entry.digest.copy(), "kv" if entry.kv is not None else "ids"
         errors = []
         for ref, suffix in ((c.source, ""), (holder, "/ids")):
             if ref is None:

@@ -182,3 +182,71 @@ def test_the_reply_names_where_the_context_is_held(roles) -> None:
     assert out.context_at is not None and out.context_at.name == "ctx/named"
     assert out.context_at.endpoint == roles[0].contexts.server.endpoint
     assert out.context_via == "new" and out.prefill_tokens == 3
+
+
+class PlainEngine:
+    """An engine without a context cache of its own (as vLLM, whose prefix cache is internal): it records the
+    whole prompts it is given."""
+
+    weights_version = 0
+
+    def __init__(self) -> None:
+        self.prompts: list[list[int]] = []
+
+    def generate(self, reqs):
+        from libra.engines.rollout_base import GenResult
+
+        self.prompts += [list(r.prompt_ids) for r in reqs]
+        return [GenResult(token_ids=[9, 8], logprobs=[-1.0, -1.0], finish_reason="length", weights_version=0,
+                          num_prompt_tokens=len(r.prompt_ids)) for r in reqs]
+
+
+def test_engines_without_a_cache_get_whole_prompts_and_their_ids_can_move() -> None:
+    from libra.actors.rollout_context import ContextService, Turn
+    from libra.engines.rollout_base import GenRequest
+
+    a, b = ContextService(PlainEngine()), ContextService(PlainEngine())
+    try:
+        def turn(svc, ctx, mode=None):
+            prompt, via = svc.resolve("t", GenerateArgs(context=ctx, max_new_tokens=2), {"mode": mode})
+            t = Turn(GenRequest(prompt_ids=prompt, max_new_tokens=2), "t", via)
+            (r,) = svc.generate([t])
+            return via, svc.reply_fields(t, r)["context_at"]
+
+        first = TurnContext(new_ids=[5, 6], prefix_len=0, prefix_digest=EMPTY_DIGEST, total_len=2,
+                            digest=context_digest([5, 6]))
+        via, at = turn(a, first)
+        held = [5, 6, 9, 8]
+        second = TurnContext(new_ids=[7], prefix_len=4, prefix_digest=context_digest(held), total_len=5,
+                             digest=context_digest([*held, 7]), holder=at)
+        assert via == "new" and turn(a, second)[0] == "cache"
+        assert a.engine.prompts == [[5, 6], [*held, 7]]  # the engine always sees the whole prompt
+        # moved to b with mode kv: a holds no KV to give, so b takes the ids instead
+        held2 = [*held, 7, 9, 8]
+        third = TurnContext(new_ids=[4], prefix_len=7, prefix_digest=context_digest(held2), total_len=8,
+                            digest=context_digest([*held2, 4]), holder=at)
+        assert turn(b, third, "kv")[0] == "ids" and b.stats["kv_fetch_failed"] == 0
+        assert b.engine.prompts == [[*held2, 4]]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_failed_kv_transfer_falls_back_to_the_session_ids() -> None:
+    from libra.actors.rollout_context import ContextService
+
+    ids = [3, 4, 5]
+    gone = DataPlaneServer()
+    dead = {"endpoint": gone.endpoint, "name": "ctx/t"}
+    gone.close()  # the previous instance died
+    svc = ContextService(PlainEngine(), fetch_timeout_s=0.5)
+    try:
+        with DataPlaneServer() as session_side:
+            ref = session_side.publish("ctx/t", *ids_object([*ids, 6]))
+            ctx = TurnContext.from_wire({"new_ids": [6], "prefix_len": 3, "prefix_digest": context_digest(ids),
+                                         "total_len": 4, "digest": context_digest([*ids, 6]), "holder": dead,
+                                         "source": {"endpoint": ref.endpoint, "name": ref.name}})
+            prompt, via = svc.resolve("t", GenerateArgs(context=ctx), {"mode": "kv"})
+        assert (prompt, via) == ([*ids, 6], "ids") and svc.stats["kv_fetch_failed"] == 1
+    finally:
+        svc.close()
