@@ -21,7 +21,7 @@ import zmq.asyncio
 from libra.endpoints import resolve
 from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode_many, encode, encode_batch
 from libra.protocol import messages as m
-from libra.zmqio import NOBLOCK, recv_frames, send_frames
+from libra.zmqio import recv_frames
 
 from libra.security import CurveClient
 
@@ -38,6 +38,12 @@ from .common import (
     unreachable,
 )
 from .errors import BrokerUnreachable, ProtocolRejected, ToolTimeout
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    """A send future nobody awaits: fetch its outcome (a send on a closing socket fails quietly)."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 class AsyncClient:
@@ -175,16 +181,10 @@ class AsyncClient:
         out, self._outbox = self._outbox, []
         if not out or self._sock.closed:
             return
-        groups = list(batches([(f, sum(map(len, f))) for f in out]))
-        for i, batch in enumerate(groups):
-            try:
-                send_frames(self._nb, encode_batch(batch), NOBLOCK)
-            except zmq.Again:  # the pipe is full (a million queued frames): try again shortly, in order
-                self._outbox[:0] = [f for group in groups[i:] for f in group]
-                self._flush_handle = asyncio.get_running_loop().call_later(0.001, self._flush_out)
-                return
-            except zmq.ZMQError:
-                return  # closed under us: close() is under way
+        for batch in batches([(f, sum(map(len, f))) for f in out]):
+            # through the asyncio socket (sent at once unless the pipe is full, then in order when it drains),
+            # so that pyzmq re-checks the socket's edge-triggered events after the send
+            self._sock.send_multipart(encode_batch(batch)).add_done_callback(_retrieve)
 
     async def _keepalive(self, now: float) -> None:
         """One heartbeat per connection per ``_ping_s`` while the broker is silent, however many calls wait:
