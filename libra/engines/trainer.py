@@ -316,8 +316,8 @@ class GRPOTrainer:
         self.model.train()
         try:
             for i in range(passes):
-                if self.parallel == "fsdp":  # reduce-scatter once, after the last pass
-                    self.model.set_requires_gradient_sync(i == passes - 1)
+                # fsdp reduce-scatters after every pass into the sharded gradients: skipping the sync until
+                # the last pass would keep every layer's unsharded gradient, the memory FSDP is used to save
                 if i >= len(micro):
                     self._empty_pass()
                     continue

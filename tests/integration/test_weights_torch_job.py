@@ -43,3 +43,21 @@ def test_rollout_actors_load_every_version_over_torch_distributed(tmp_path: Path
         assert r["checksums"][0] == r["checksums"][1]
         for versions in r["turn_versions"]:
             assert all(0 <= r["weights_version"] - 1 - v <= lag for v in versions)
+
+
+def test_the_job_trains_with_fsdp_ranks_and_writes_a_sharded_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    """``[grpo] parallel = "fsdp"``: two FSDP2 trainer ranks (gloo) under the real broker and actors; rank 0
+    publishes the gathered weights, both ranks report the same weights, the final checkpoint is sharded."""
+    monkeypatch.delenv("LIBRA_WEIGHTS_TRANSPORT", raising=False)
+    cfg = load_job(EXAMPLE).with_run_dir(str(tmp_path / "run"))
+    cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, parallel="fsdp"),
+                              actors=dataclasses.replace(cfg.actors, allow_unisolated=False))
+    summary = run_job(cfg, progress=False)
+    assert summary["final_version"] == 3 and summary["dropped_groups"] == 0
+    assert all(v == 3 for v in summary["rollout_versions"].values()), summary["rollout_versions"]
+    for r in read_metrics(tmp_path / "run"):
+        assert r["checksums"][0] == r["checksums"][1]
+    ckpt = tmp_path / "run" / "checkpoints" / "step3"
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    assert state["format"] == "sharded" and state["world_size"] == 2 and state["weights_version"] == 3
+    assert (ckpt / ".metadata").is_file() and (ckpt / "config.json").is_file()
