@@ -341,6 +341,10 @@ class BrokerState:
         sess = self._actor_or_disconnect(peer, out)
         if sess is None:
             return
+        if msg.rebid:  # a capacity update (KV use): more credit may fill it at once, less only stops new work
+            if self._sessions.rebid(sess, msg.capacity):
+                self._dispatch.fill(sess, now, out)
+            return
         if self._sessions.bid(sess, msg.kinds, msg.capacity):  # it finished switching: the plan's next wave
             out.extend(self._planning.switched(sess.actor_id, now))
         bucket = self.rollout.bucket_of_actor(sess.directive_config)
@@ -407,7 +411,15 @@ class BrokerState:
     def _pump_jobs(self, now: float, out: list[Command]) -> None:
         """Let the job board deliver replies and submit or cancel its jobs' work."""
 
+        ehp = self._jobs.ehp
+
+        def directives() -> None:  # the pool's borrows and releases, before the step's work is handed out
+            for aid, kinds, cfg in ehp.take_moves() if ehp is not None else ():
+                if self._sessions.actor_by_id(aid) is not None:
+                    out.append(self._sessions.direct(aid, kinds, now, "finish", cfg))
+
         def submit(owner: str, jw: JobWork, why: str) -> None:
+            directives()  # a released hybrid actor must not take a train work of the step that leaves it out
             w = self._table.admit(owner, jw.tag, b"", jw.kind, jw.name, jw.args, jw.trajectory, jw.timeout_s, now,
                                   why)
             self.stats["submitted"] += 1
@@ -417,13 +429,10 @@ class BrokerState:
             self._dispatch.cancel_owned(owner, now, out, why)
 
         published = self._jobs.published
-        ehp = self._jobs.ehp
         if ehp is not None:
             ehp.observe_sessions(self._sessions.actors.values(), self._table.queued("generate"))
         self._jobs.pump(now, submit, cancel)
-        for aid, kinds, cfg in ehp.take_moves() if ehp is not None else ():  # the pool's borrows and releases
-            if self._sessions.actor_by_id(aid) is not None:
-                out.append(self._sessions.direct(aid, kinds, now, "finish", cfg))
+        directives()
         for _ in range(self._jobs.published - published):  # a weights version: the router's drift clock
             self.rollout.advance()
             self._last_router_step = now
