@@ -36,6 +36,9 @@ Contracts:
 - Fallback (documented, not used by ``python -m libra run``): a weights ref with a ``path`` instead of an
   ``endpoint`` is read from a :func:`write_weights_file` file, for weights on shared storage (e.g. a
   checkpoint) when no data-plane route to a trainer exists.
+- KV use: after each batch the engine's KV reading (used fraction of its KV budget, sequences holding it;
+  ``libra.engines.kv_use``) goes to ``on_kv_use`` (the runtime posts it to the actor core, which re-bids when
+  the sequences that fit move by more than ``$LIBRA_KV_REBID_THRESHOLD`` of the batch size, default 0.1).
 - Contexts stay on the instance: a turn in the delta form (``GenerateArgs.context``) is resolved by
   :class:`~libra.actors.rollout_context.ContextService` (its own cache; on a miss, KV or ids fetched over the
   data plane as ``Assign.route["mode"]`` says; a digest mismatch fails the turn with ``context_mismatch``), and
@@ -64,8 +67,8 @@ from libra.protocol.payloads_rollout import GenerateArgs, GenerateResult
 
 from .tools import ToolError, WorkContext
 
-__all__ = ["ROLLOUT_ENGINE_ENV", "RolloutRole", "make_rollout_engine", "read_weights_file", "set_torch_threads",
-           "write_weights_file"]
+__all__ = ["KV_REBID_ENV", "ROLLOUT_ENGINE_ENV", "RolloutRole", "attach_kv_reports", "make_rollout_engine",
+           "read_weights_file", "set_torch_threads", "write_weights_file"]
 
 log = get_logger("libra.roles")
 
@@ -141,6 +144,31 @@ def make_rollout_engine(model_dir: str, max_batch: int, placement: Any = None, *
     raise ValueError(f"{ROLLOUT_ENGINE_ENV}={name!r}: unknown rollout engine (known: hf, vllm)")
 
 
+KV_REBID_ENV = "LIBRA_KV_REBID_THRESHOLD"
+
+
+def attach_kv_reports(handlers: Any, post: Any, state: Any, environ: Any = None) -> int:
+    """Send the KV readings of every :class:`RolloutRole` behind ``handlers`` (a ``{(kind, name): fn}`` map) to
+    the actor core as ``KvUse`` events through ``post`` (the runtime's event queue), with the re-bid threshold
+    ``$LIBRA_KV_REBID_THRESHOLD`` (a fraction of the batch size, default 0.1) set on ``state``. Returns how many
+    roles were wired. Raises ``ValueError`` for a threshold that is not a number within [0, 1]."""
+    from .state import KvUse
+
+    env = os.environ if environ is None else environ
+    raw = env.get(KV_REBID_ENV, "").strip()
+    try:
+        threshold = float(raw) if raw else 0.1
+    except ValueError:
+        raise ValueError(f"{KV_REBID_ENV}={raw!r}: not a number") from None
+    if not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"{KV_REBID_ENV}={raw!r}: must be within [0, 1]")
+    state.kv_rebid_threshold = threshold
+    roles = {id(r): r for fn in handlers.values() if isinstance(r := getattr(fn, "__self__", None), RolloutRole)}
+    for role in roles.values():
+        role.on_kv_use = lambda used, seqs: post(KvUse(used, seqs))
+    return len(roles)
+
+
 def rollout_engine_name() -> str:
     """The rollout engine this slot runs (``$LIBRA_ROLLOUT_ENGINE``, ``hf`` by default)."""
     return os.environ.get(ROLLOUT_ENGINE_ENV, "hf").strip().lower() or "hf"
@@ -182,6 +210,8 @@ class RolloutRole:
         self._source: WeightsRef | None = None  # the newest trainer ref seen: where idle polls ask
         self._backoff: dict[tuple[str, int], tuple[float, float]] = {}  # (source, version) -> (retry_at, delay)
         self.idle_poll_s = 0.25
+        # called with the engine's KV reading (used fraction, sequences) after each batch: the actor's re-bid
+        self.on_kv_use: Any = None
         self._stopped = threading.Event()
         self._write_status()
         threading.Thread(target=self._loop, name="libra-rollout-batcher", daemon=True).start()
@@ -247,8 +277,19 @@ class RolloutRole:
                 for *_, fut in batch:
                     fut.set_exception(err)
                 continue
+            self._report_kv()  # before the replies: the credit is re-bid before the next turns can come
             for (*_, fut), reply in zip(batch, replies):
                 fut.set_result(reply)
+
+    def _report_kv(self) -> None:
+        """Hand the engine's KV reading (``libra.engines.kv_use``) to :attr:`on_kv_use`, if set."""
+        from libra.engines.kv_use import engine_kv_use
+
+        if self.on_kv_use is None:
+            return
+        reading = engine_kv_use(self.engine)
+        if reading is not None:
+            self.on_kv_use(*reading)
 
     def _engine_failure(self, exc: BaseException) -> ToolError:
         """The typed failure of a batch the engine raised ``exc`` on. A CUDA out-of-memory error is ``oom``:

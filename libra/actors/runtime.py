@@ -341,6 +341,14 @@ def main(argv: list[str] | None = None) -> int:
     ident = ActorIdentity(actor_id, host, args.slot, os.getpid(), caps, labels)
     rt = ActorRuntime(args.broker, ident, kinds, capacity, handlers, heartbeat_s=args.heartbeat_s,
                       reconfigure=hybrid.reconfigure if args.role == "hybrid" else None)
+    if args.role == "rollout":  # the engine's KV reading after each batch: re-bid when the credit moves
+        from .rollout_role import attach_kv_reports
+
+        try:
+            attach_kv_reports(handlers, rt._post, rt.state)
+        except ValueError as exc:
+            print(f"libra.actors.runtime: {exc}", file=sys.stderr)
+            return 2
     if args.slot.startswith("gpu"):  # NVML memory and utilisation of this slot's GPU, sent to the broker
         from .gpu_stats import GpuSampler
         from .state import GpuSampled

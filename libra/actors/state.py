@@ -102,6 +102,27 @@ class GpuSampled:
 
 
 @dataclass(frozen=True, slots=True)
+class KvUse:
+    """The rollout engine's KV reading after a batch (``libra.engines.kv_use``): ``used`` fraction (0..1) of its
+    KV budget, held by ``seqs`` sequences. Raises ``ValueError`` for a reading outside those ranges."""
+
+    used: float
+    seqs: int
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.used <= 1.0 or self.seqs < 0:
+            raise ValueError(f"KvUse needs 0 <= used <= 1 and seqs >= 0, got used={self.used!r}, seqs={self.seqs!r}")
+
+
+def kv_credit(used: float, seqs: int, base: int) -> int:
+    """Sequences of the current mean size that fit the whole KV budget (``seqs / used``), within ``[1, base]``;
+    ``base`` when nothing is held (no size to go by)."""
+    if seqs <= 0 or used <= 0.0:
+        return base
+    return max(1, min(base, int(seqs / used)))
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """Leave: hand back what has not started and say goodbye."""
 
@@ -167,10 +188,17 @@ class ActorState:
     """The actor core. Mutated only through :meth:`handle`."""
 
     def __init__(self, ident: ActorIdentity, kinds: list[str], capacity: int, *, heartbeat_s: float = 1.0,
-                 liveness: int = 3, initial_backoff_s: float = 0.1, max_backoff_s: float = 5.0) -> None:
+                 liveness: int = 3, initial_backoff_s: float = 0.1, max_backoff_s: float = 5.0,
+                 kv_rebid_threshold: float = 0.1) -> None:
+        if not 0.0 <= kv_rebid_threshold <= 1.0:
+            raise ValueError(f"kv_rebid_threshold must be within [0, 1], got {kv_rebid_threshold!r}")
         self.ident = ident
         self.kinds = [k for k in kinds if k in ident.capabilities]
-        self.capacity = capacity
+        self.capacity = capacity  # what the last bid offered (the KV credit lowers it below base_capacity)
+        self.base_capacity = capacity  # the role's slot count: the most it ever bids
+        # a KvUse credit that moves by more than this fraction of base_capacity from the last bid is re-bid
+        self.kv_rebid_threshold = kv_rebid_threshold
+        self.rebids = 0
         self.heartbeat_s = heartbeat_s
         self.liveness = liveness
         self.initial_backoff_s = initial_backoff_s
@@ -245,6 +273,8 @@ class ActorState:
             self._on_reconfigured(event, now, out)
         elif t is Start:
             self._connect(now, out)
+        elif t is KvUse:
+            self._on_kv_use(event, now, out)
         elif t is GpuSampled:
             self.gpu = dict(event.gpu)
             if self.phase is not ActorPhase.CONNECTING:
@@ -338,13 +368,28 @@ class ActorState:
             # a member of a rollout TP group holds no engine: its leader serves the group, it bids for nothing
             self.kinds = [] if self.group[2] > 0 else [k for k in d.kinds if k in self.ident.capabilities]
             if ev.capacity is not None and ev.capacity > 0:
-                self.capacity = ev.capacity
+                self.base_capacity = ev.capacity
+            self.capacity = self.base_capacity  # a new role or engine: its KV credit starts afresh
         else:
             out.append(Note("reconfigure_failed", {"directive": d.directive_id, "error": ev.error}))
         self.directive = None
         self._go(ActorPhase.READY)
         self._send(m.DirectiveDone(d.directive_id, list(self.kinds)), now, out)
         self._send(m.Bid(list(self.kinds), self.capacity), now, out)
+
+    def _on_kv_use(self, ev: KvUse, now: float, out: list[Any]) -> None:
+        """Re-bid when the KV credit moved by more than the threshold from the last bid (only while ready, with
+        kinds to bid for: a drain or a switch ends in its own bid, with the base capacity)."""
+        if self.phase is not ActorPhase.READY or not self.kinds or self.directive is not None:
+            return
+        credit = kv_credit(ev.used, ev.seqs, self.base_capacity)
+        if abs(credit - self.capacity) <= self.kv_rebid_threshold * self.base_capacity or credit == self.capacity:
+            return
+        out.append(Note("kv_rebid", {"capacity": credit, "was": self.capacity, "kv_used": round(ev.used, 4),
+                                     "seqs": ev.seqs}))
+        self.capacity = credit
+        self.rebids += 1
+        self._send(m.Bid(list(self.kinds), credit, True), now, out)
 
     def _on_done(self, ev: WorkDone, now: float, out: list[Any]) -> None:
         if self.running.get(ev.work_id) != ev.lease:

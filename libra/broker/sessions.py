@@ -186,6 +186,15 @@ class SessionRegistry:
         sess.directive = None
         return switched
 
+    @staticmethod
+    def rebid(sess: ActorSession, capacity: int) -> bool:
+        """A ready actor's new capacity (``Bid.rebid``: its KV credit moved); ignored while a directive drains
+        (the bid that ends the drain brings its own). Returns whether the credit changed."""
+        if sess.directive is not None or capacity == sess.capacity:
+            return False
+        sess.capacity = max(0, capacity)
+        return True
+
     def direct(self, actor_id: str, kinds: list[str] | tuple[str, ...], now: float, mode: str = "finish",
                config: dict[str, Any] | None = None) -> Send:
         """Tell actor ``actor_id`` to accept ``kinds`` from now on: it gets no new work until it has drained

@@ -341,6 +341,10 @@ class BrokerState:
         sess = self._actor_or_disconnect(peer, out)
         if sess is None:
             return
+        if msg.rebid:  # a capacity update (KV use): more credit may fill it at once, less only stops new work
+            if self._sessions.rebid(sess, msg.capacity):
+                self._dispatch.fill(sess, now, out)
+            return
         if self._sessions.bid(sess, msg.kinds, msg.capacity):  # it finished switching: the plan's next wave
             out.extend(self._planning.switched(sess.actor_id, now))
         bucket = self.rollout.bucket_of_actor(sess.directive_config)

@@ -83,6 +83,15 @@ class KVCache:
     def free_bytes(self) -> int:
         return max(0, self.budget_bytes - self._used)
 
+    def use(self) -> tuple[float, int]:
+        """``(used fraction of the budget, contexts held)``: what the actor's KV re-bid reads after a batch
+        (``libra.engines.kv_use``). A zero budget reads as fully used when it holds anything."""
+        with self._lock:
+            n, used = len(self._entries), self._used
+        if self.budget_bytes <= 0:
+            return (1.0 if n else 0.0), n
+        return min(1.0, used / self.budget_bytes), n
+
     def __len__(self) -> int:
         return len(self._entries)
 

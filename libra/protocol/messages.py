@@ -67,6 +67,8 @@ class Bid:
     KIND: ClassVar[int] = 0x04
     kinds: list[str]
     capacity: int
+    rebid: bool = False
+    """A capacity update while ready (the KV credit moved): never ends a directive's drain."""
 
 
 @dataclass(frozen=True, slots=True)
