@@ -56,6 +56,8 @@ def test_curve_allow_list(tmp_path) -> None:
             while not c.status().actors and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert c.call_tool("echo", {"secret": 1}).output == {"secret": 1}  # the actor got in too
+            with Client(url, curve=good, connect_timeout=10) as c2:  # the broker is up: its ipc path is found
+                assert c2.endpoint.startswith("ipc://") and c2.call_tool("echo", 2).output == 2  # CURVE over ipc
             bad = CurveClient.from_files(keys / "stranger.key_secret", broker_kp.public_file)
             with pytest.raises(BrokerUnreachable, match="--curve-allow directory"):  # says what to check
                 Client(url, curve=bad, connect_timeout=2)
@@ -69,7 +71,7 @@ def test_curve_allow_list(tmp_path) -> None:
         started = next(x for x in lines if x["event"] == "broker_started")
         assert started["curve"].startswith("on")  # the start-up line says CURVE is on
         refused = [x for x in lines if x["event"] == "handshake_refused"]
-        assert refused and refused[0]["peer"] == "127.0.0.1" and refused[0]["mechanism"] == "CURVE"
+        assert refused and refused[0]["peer"].startswith(("127.0.0.1", "localhost:")) and refused[0]["mechanism"] == "CURVE"
         assert refused[0]["client_key"] == (keys / "stranger.key").read_text().split('public-key = "')[1].split('"')[0]
     finally:
         broker_log.close()
