@@ -77,7 +77,8 @@ def test_the_broker_planner_applies_a_plan_under_load(tmp_path) -> None:
             p.terminate()
         for p in procs:
             p.wait(30)
-    assert planner["decisions"][0]["reason"] in ("insufficient_history", "initial_plan")
+    # a round may come before the actors are up (1.5 s interval; a loaded machine starts them slower)
+    assert planner["decisions"][0]["reason"] in ("too_few_gpu_actors", "insufficient_history", "initial_plan")
     assert any(d["reason"] == "initial_plan" for d in planner["decisions"])
     assert 1 <= plan["n_train"] < 4 and sum(plan["rollout_tps"]) + plan["n_train"] <= 4
     assert not load.errors, load.errors[:5]
