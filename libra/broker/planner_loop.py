@@ -18,6 +18,8 @@ Settings (:class:`PlannerSettings`, every key optional but ``allocation``):
 - ``interval_s`` (default 300): seconds between planning rounds;
 - ``group_size`` (default 16): GRPO group size; ``batch``: trajectories per training step (default: the
   trajectories finished in the last round, rounded down to whole groups, at least one group);
+- ``parallelism`` (default ``fixed``): ``earl`` makes the rollout TP follow the average context of the generate
+  turns (:mod:`libra.broker.earl`, settings in the ``earl`` table), applied as plans through directives;
 - ``params``: ``make_allocator`` knobs: ``PlannerConfig`` fields (e.g. ``granularity = 8``,
   ``min_train_gpus = 8``, ``rollout_tps``) and the allocator's own (``rollout_tp``); ``replanner``:
   :class:`Replanner` keyword arguments (``plan_interval`` counts rounds; default 1: every round may
@@ -80,6 +82,8 @@ class PlannerSettings:
     batch: int | None = None
     params: dict[str, Any] = field(default_factory=dict)
     replanner: dict[str, Any] = field(default_factory=dict)
+    parallelism: str = "fixed"  # "earl": the rollout TP follows the average context (libra.broker.earl)
+    earl: dict[str, Any] = field(default_factory=dict)  # EarlSettings keys
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PlannerSettings:
@@ -99,6 +103,12 @@ class PlannerSettings:
             raise ValueError(f"broker planner: interval_s must be > 0, got {s.interval_s!r}")
         if s.group_size < 1:
             raise ValueError(f"broker planner: group_size must be >= 1, got {s.group_size!r}")
+        if s.parallelism not in ("fixed", "earl"):
+            raise ValueError(f"broker planner: unknown parallelism {s.parallelism!r} (known: fixed, earl)")
+        if s.earl:
+            from .earl import EarlSettings
+
+            EarlSettings.from_dict(s.earl)  # a bad [broker.planner.earl] stops the broker at start
         if s.batch is not None and (s.batch < s.group_size or s.batch % s.group_size):
             raise ValueError(f"broker planner: batch must be a positive multiple of group_size={s.group_size}, "
                              f"got {s.batch!r}")

@@ -6,10 +6,13 @@ the round's decision in ``planner_loop``."""
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
+from libra.policies.cost import RolloutCostModel, load_hardware, load_model
 from libra.policies.planner.engine_caps import cluster_max_tp
 
+from .earl import EarlLoop, EarlSettings, earl_plan
 from .events import Command, Log, StartPlannerSearch
 from .planner_loop import PlanJob, PlannerLoop
 from .pools import GpuSlot, PlanApplier, PlanError, Role, bucket_specs, layout_roles
@@ -36,6 +39,14 @@ def check_engine_settings(engines: dict[str, Any]) -> dict[str, Any]:
     return dict(engines)
 
 
+def _make_earl(loop: PlannerLoop | None) -> EarlLoop | None:
+    """EARL's selector when ``[broker.planner]`` says ``parallelism = "earl"`` (the planner's cost model)."""
+    if loop is None or loop.settings.parallelism != "earl":
+        return None
+    s = loop.settings
+    return EarlLoop(EarlSettings.from_dict(s.earl), RolloutCostModel(load_hardware(s.hardware), load_model(s.model)))
+
+
 class Planning:
     """Applies plans to the connected GPU actors and runs the broker planner's rounds.
 
@@ -52,6 +63,9 @@ class Planning:
         self._generation = 0
         self._sessions = sessions
         self._rollout = rollout
+        self.earl = _make_earl(loop)  # [broker.planner] parallelism = "earl": the rollout TP follows the context
+        if self.earl is not None:
+            rollout.turn_contexts = deque(maxlen=4096)
 
     @property
     def applying(self) -> bool:
@@ -168,6 +182,40 @@ class Planning:
         except PlanError as exc:
             loop.rejected(plan, str(exc))
         return out
+
+    # ------------------------------------------------------------------ EARL's rollout TP
+    def earl_round(self, now: float) -> list[Command]:
+        """When EARL's decision is due (no plan being applied, no planner search in flight): feed it the turns
+        routed since, and apply a switch of the rollout TP as a plan (:func:`~libra.broker.earl.earl_plan`) on
+        the GPU actors in rollout roles, keeping the deployed plan's training layout. Without a deployed plan it
+        plans only when no GPU actor trains (it would otherwise idle the trainers)."""
+        e = self.earl
+        if e is None:
+            return []
+        seen = self._rollout.turn_contexts
+        while seen:
+            e.observe(seen.popleft())
+        if self.applying or (self.loop is not None and self.loop.searching) or not e.due(now):
+            return []
+        roles = [(s, s.directive_config.get("role")) for s in self._sessions.actors.values()
+                 if s.labels.get("slot_kind") == "gpu" and s.slot[3:].isdigit()]
+        rollout = [s for s, r in roles if r == "rollout" or (r is None and "generate" in s.accepting)]
+        base = self.loop.plan if self.loop is not None else None
+        if not rollout or (base is None and any(r == "train" or (r is None and "train" in s.accepting)
+                                                 for s, r in roles)):
+            return []
+        tps = [int(s.directive_config.get("tp", 1) or 1) for s in rollout]
+        current = max(set(tps), key=tps.count)
+        since = e.recorded
+        tp = e.decide(now, n_gpus=len(rollout), load=len(self._rollout.trajs), max_tp=self.max_rollout_tp(),
+                      current_tp=current)
+        out: list[Command] = []
+        if tp is not None:
+            try:
+                out = self.apply(earl_plan(base, len(rollout), tp), now)
+            except (PlanError, ValueError) as exc:
+                e.rejected(str(exc))
+        return [Log("earl_decision", d, "info", "libra.broker.earl") for d in e.new_decisions(since)] + out
 
     def _decision_logs(self, since: int) -> list[Command]:
         assert self.loop is not None

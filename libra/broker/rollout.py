@@ -20,6 +20,7 @@ What the broker tells the router:
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -66,6 +67,7 @@ class RolloutRouting:
         self.trajs: dict[str, TrajRoute] = {}
         self.stats = {"turns": 0, "migrations": 0, "migrated_tokens": 0, "tokens": 0}
         self.steps = 0  # policy steps the router has been told of (advance)
+        self.turn_contexts: deque[int] | None = None  # each routed turn's context length, when EARL reads them
 
     def set_buckets(self, buckets: list[BucketSpec]) -> None:
         """Replace the bucket layout (the planner's re-plan); live trajectories are re-mapped by the router."""
@@ -122,6 +124,8 @@ class RolloutRouting:
         if d.instance_id is not None:
             tr.instance = d.instance_id
         tr.bucket = d.bucket
+        if self.turn_contexts is not None:
+            self.turn_contexts.append(max(tr.context, _stated_len(args)))
         tr.turns += 1
         self.stats["turns"] += 1
         if len(tr.decisions) < 64:
@@ -194,6 +198,17 @@ def tool_output_fields(output: Any, ok: bool, error_code: str = "") -> tuple[int
     chars = len(str(output)) if output is not None else 0
     status = None if ok else ("timeout" if error_code == "timeout" else "failure")
     return payload_tokens, chars, status
+
+
+def _stated_len(args: Any) -> int:
+    """A generate turn's own context length: ``len(prompt_ids)`` or ``context.total_len`` (0 when neither)."""
+    if not isinstance(args, dict):
+        return 0
+    ids = args.get("prompt_ids")
+    if isinstance(ids, list):
+        return len(ids)
+    ctx = args.get("context")
+    return _nonneg(ctx.get("total_len")) if isinstance(ctx, dict) else 0
 
 
 def _nonneg(x: Any) -> int:

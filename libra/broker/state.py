@@ -462,9 +462,10 @@ class BrokerState:
 
     def _plan_round(self, now: float) -> list[Command]:
         """When a round of the broker's planner is due (and no plan is still being applied), start it with
-        the pressure the core sees now."""
-        if not self._planning.due(now):
-            return []
+        the pressure the core sees now; EARL's rollout TP (``parallelism = "earl"``) is decided first."""
+        earl = self._planning.earl_round(now)
+        if earl or not self._planning.due(now):
+            return earl
         gen = [s for s in self._sessions.actors.values() if "generate" in s.accepting]
         cap = max(1, sum(s.capacity for s in gen))
         queued = self._table.queued("generate")

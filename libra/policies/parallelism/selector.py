@@ -258,6 +258,21 @@ class ParallelismSelector:
             return self.oom_check(tp, context, load)
         return tp in row.oom
 
+    @property
+    def range(self) -> tuple[int, int] | None:
+        """``(load_key, range_index)`` of the last :meth:`select` (None before the first)."""
+        return self._range
+
+    def range_of(self, context: float, load: float) -> tuple[int, int]:
+        """``(load_key, range_index)`` that ``(context, load)`` falls in (no state change)."""
+        key, idx, _ = self.table.row(context, load)
+        return key, idx
+
+    def ooms(self, tp: int, context: float, load: int) -> bool:
+        """Whether TP ``tp`` runs out of memory at ``(context, load)`` (the OOM guard's own test)."""
+        _, _, row = self.table.row(context, load)
+        return self._ooms(tp, context, load, row)
+
     def select(self, avg_context: float, load: int) -> Selection:
         """The rollout TP for the next rollout stage given this step's average context and load.
 
