@@ -113,6 +113,9 @@ def render_watch_rich(actors: list[dict], queues: dict[str, int], stats: dict, *
         q.add_row(k, str(v))
     parts: list[Any] = [Text(head, style="bold"), Text(rates, style="red" if error else "")]
     parts += [t if actors else Text("(no actors connected)"), q if queues else Text("(no queued work)")]
+    gpu = gpu_lines(actors)
+    if gpu:
+        parts.append(Text("\n".join(gpu)))
     parts.append(Text(_counters(stats), style="dim"))
     if isinstance(stats.get("planner"), dict):
         parts.append(Text(planner_line(stats["planner"])))
