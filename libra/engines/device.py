@@ -193,8 +193,11 @@ def max_tp_for(engine: str, gpus_on_node: int) -> int:
 def engine_labels(slot: str, role: str, engine: str, gpus_on_node: int) -> dict[str, Any]:
     """What an actor tells the broker in its hello labels about its engines: ``engine`` (the rollout engine)
     and ``max_tp`` (the largest rollout TP group it can lead; the planner plans no larger one). A CPU slot
-    or a role without a rollout engine reports ``max_tp`` 1."""
-    if slot_gpu_index(slot) is None or role not in ("rollout", "hybrid"):
+    reports ``max_tp`` 1; a role without a rollout engine (``train``, ``action``, ``episode``) reports none, so
+    it does not cap the rollout groups of the actors that do roll out."""
+    if role not in ("rollout", "hybrid"):
+        return {"engine": engine}
+    if slot_gpu_index(slot) is None:
         return {"engine": engine, "max_tp": 1}
     return {"engine": engine, "max_tp": max_tp_for(engine, gpus_on_node)}
 

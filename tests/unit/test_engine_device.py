@@ -73,6 +73,7 @@ def test_engine_kind_and_max_tp_reach_the_hello_labels() -> None:
         max_tp_for("trt", 8)
     assert engine_labels("gpu0", "hybrid", "vllm", 4) == {"engine": "vllm", "max_tp": 4}
     assert engine_labels("cpu0", "rollout", "vllm", 4)["max_tp"] == 1
+    assert engine_labels("gpu1", "train", "hf", 4) == {"engine": "hf"}  # a trainer caps no rollout group
     assert engine_labels_from_env("gpu0", "rollout", {"LIBRA_NODE_GPUS": "8"}) == {"engine": "hf", "max_tp": 1}
     assert engine_labels_from_env("gpu0", "hybrid", {"LIBRA_ROLLOUT_ENGINE": "vllm", "LIBRA_NODE_GPUS": "8"}) == {
         "engine": "vllm", "max_tp": 8}
