@@ -98,7 +98,7 @@ def fig2a(cm: Any, tm: Any, sequences: int = 512, n_gpus: int = 8) -> dict[str, 
     return out
 
 
-def sim_ratio(gpus: int, steps: int, prompts: int, seed: int) -> dict[str, Any]:
+def sim_ratio(gpus: int, steps: int, prompts: int, seed: int, hardware: str = "a800") -> dict[str, Any]:
     """Static uniform and colocated tokens/s with streaming and with barrier batching, and their ratios."""
     from libra.sim.engine import SimConfig, Simulator
     from libra.sim.workload_profiles import get_profile
@@ -110,7 +110,7 @@ def sim_ratio(gpus: int, steps: int, prompts: int, seed: int) -> dict[str, Any]:
     for batching in ("streaming", "barrier"):
         row: dict[str, Any] = {}
         for alloc in ("static_uniform", "colocated"):
-            cfg = SimConfig(router="least_loaded", allocation=alloc, gpus=gpus, seed=seed, batching=batching,
+            cfg = SimConfig(router="least_loaded", allocation=alloc, gpus=gpus, seed=seed, batching=batching, hardware=hardware,
                             bucket_thresholds=prof.bucket_thresholds, size_thresholds=prof.size_thresholds,
                             router_params={"cap_metric": "load", "max_queue_length": 3})
             res = Simulator(trajs, cfg).run()
@@ -124,23 +124,24 @@ def sim_ratio(gpus: int, steps: int, prompts: int, seed: int) -> dict[str, Any]:
 
 
 def run(gpus: int = 48, steps: int = 20, prompts: int | None = None, seed: int = 0,
-        sequences: int = 512, oracle: bool = True) -> dict[str, Any]:
+        sequences: int = 512, oracle: bool = True, hardware: str = "a800") -> dict[str, Any]:
     from libra.bench.calibration_sim import oracle_sanity, stage_ratio
 
-    cm, tm = _models()
+    cm, tm = _models(hardware)
     prompts = prompts if prompts is not None else default_prompts(gpus)
-    out = {"fig3": fig3(cm), "fig2a": fig2a(cm, tm, sequences), "sim": sim_ratio(gpus, steps, prompts, seed),
-           "stages": stage_ratio(gpus, steps, prompts, seed), "paper": dict(PAPER_RATIOS)}
+    out = {"fig3": fig3(cm), "fig2a": fig2a(cm, tm, sequences), "sim": sim_ratio(gpus, steps, prompts, seed, hardware),
+           "stages": stage_ratio(gpus, steps, prompts, seed, hardware), "paper": dict(PAPER_RATIOS),
+           "hardware": hardware}
     if oracle:
-        out["oracle"] = oracle_sanity(gpus, steps, prompts, seed)
+        out["oracle"] = oracle_sanity(gpus, steps, prompts, seed, hardware=hardware)
     return out
 
 
 def _fmt(out: dict[str, Any]) -> str:
     f3, f2, sim, paper = out["fig3"], out["fig2a"], out["sim"], out["paper"]
-    lines = ["Fig. 3, tokens/s per GPU (8 A800, Qwen3-14B, 512 requests; batch = tokens / makespan over 8 GPUs; "
+    lines = [f"Fig. 3, tokens/s per GPU (8 x {out.get('hardware', 'a800')}, Qwen3-14B, 512 requests; batch = tokens / makespan over 8 GPUs; "
              "decode = steady decode at the mid context)",
-             f"{'lengths':<9} {'TP':>3} {'batch/GPU':>10} {'decode/GPU':>11} {'paper/GPU':>10}"]
+             f"{'lengths':<9} {'TP':>3} {'batch/GPU':>10} {'decode/GPU':>11} {'paper A800':>10}"]
     for name, rows in f3["rows"].items():
         for tp, r in rows.items():
             p = f3["paper_per_gpu"][name].get(tp)
@@ -194,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sequences", type=int, default=512, help="Fig. 2a: sequences at each length (default 512)")
     p.add_argument("--quick", action="store_true", help="a tiny simulation (16 GPUs, 3 steps) for smoke tests")
+    p.add_argument("--hardware", default="a800",
+                   help="hardware profile name or TOML path (default a800, the paper's GPU; also h100, h200)")
     p.add_argument("--no-oracle", action="store_true", help="skip the oracle-router sanity runs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
@@ -208,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("--steps and --sequences must be >= 1 and --gpus a multiple of 8, at least 16")
         return 2
     t0 = time.perf_counter()
-    out = run(gpus, steps, prompts, args.seed, args.sequences, oracle=not args.no_oracle)
+    out = run(gpus, steps, prompts, args.seed, args.sequences, oracle=not args.no_oracle, hardware=args.hardware)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     emit(out, args.json, _fmt)
     return 0

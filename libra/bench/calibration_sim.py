@@ -21,17 +21,17 @@ __all__ = ["ROUTER_PARAMS", "oracle_sanity", "stage_ratio"]
 ROUTER_PARAMS: dict[str, Any] = {"cap_metric": "load", "max_queue_length": 3}
 
 
-def _config(workload: str, allocation: str, router: str, gpus: int, seed: int) -> Any:
+def _config(workload: str, allocation: str, router: str, gpus: int, seed: int, hardware: str = "a800") -> Any:
     from libra.sim.engine import SimConfig
     from libra.sim.workload_profiles import get_profile
 
     prof = get_profile(workload)
-    return SimConfig(router=router, allocation=allocation, gpus=gpus, seed=seed,
+    return SimConfig(router=router, allocation=allocation, gpus=gpus, seed=seed, hardware=hardware,
                      bucket_thresholds=prof.bucket_thresholds, size_thresholds=prof.size_thresholds,
                      router_params=dict(ROUTER_PARAMS))
 
 
-def stage_ratio(gpus: int, steps: int, prompts: int, seed: int) -> dict[str, Any]:
+def stage_ratio(gpus: int, steps: int, prompts: int, seed: int, hardware: str = "a800") -> dict[str, Any]:
     """Rollout / training time at the first and last steps on the static uniform split (see the module doc)."""
     from libra.policies.planner.allocators import PlannerConfig, make_allocator
     from libra.sim.engine import Simulator
@@ -39,7 +39,7 @@ def stage_ratio(gpus: int, steps: int, prompts: int, seed: int) -> dict[str, Any
     from libra.traces import workload_of
 
     trajs = generate("r2e", steps, prompts, 16, seed)
-    sim = Simulator(trajs, _config("r2e", "static_uniform", "least_loaded", gpus, seed))
+    sim = Simulator(trajs, _config("r2e", "static_uniform", "least_loaded", gpus, seed, hardware))
     res = sim.run()
     by_step = sim.by_step
     pc = PlannerConfig(n_gpus=gpus, global_batch=len(by_step[0]), group_size=16, overlap_steps=sim.lag)
@@ -65,7 +65,7 @@ def stage_ratio(gpus: int, steps: int, prompts: int, seed: int) -> dict[str, Any
 
 
 def oracle_sanity(gpus: int, steps: int, prompts: int, seed: int,
-                  workloads: tuple[str, ...] = ("r2e", "search_r1", "dapo_math")) -> dict[str, Any]:
+                  workloads: tuple[str, ...] = ("r2e", "search_r1", "dapo_math"), hardware: str = "a800") -> dict[str, Any]:
     """Tokens/s of every simulation router on each workload (``hetero`` layout); ``ok`` per workload is
     whether the oracle is at least as fast as every other router, ``worst`` the fastest non-oracle router's
     margin over it (> 1: that router beat the oracle)."""
@@ -76,7 +76,7 @@ def oracle_sanity(gpus: int, steps: int, prompts: int, seed: int,
                            "workloads": {}}
     for wl in workloads:
         trajs = generate(wl, steps, prompts, 16, seed)
-        tps = {r: Simulator(trajs, _config(wl, "hetero", r, gpus, seed)).run().tokens_per_s for r in SIM_ROUTERS}
+        tps = {r: Simulator(trajs, _config(wl, "hetero", r, gpus, seed, hardware)).run().tokens_per_s for r in SIM_ROUTERS}
         oracle = tps["oracle"]
         best = max((r for r in tps if r != "oracle"), key=tps.__getitem__)
         out["workloads"][wl] = {"tokens_per_s": tps, "best_other": best,

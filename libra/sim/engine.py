@@ -390,10 +390,16 @@ class Simulator:
             self._send(peer, m.Bid(kinds, cap))
 
     def train_time(self, lengths: Sequence[int]) -> float:
-        """Seconds of one GRPO step on ``lengths`` with the training GPUs (best layout, chosen once)."""
+        """Seconds of one GRPO step on ``lengths`` with the training GPUs (the best layout, chosen on the first
+        batch and chosen again when a later batch no longer fits it, as the lengths drift)."""
         if self.alloc is not None:
             return self.alloc.train_time(lengths)  # the deployed plan's complete training replicas
         n = self.layout.train_gpus
+        if self._train_cfg is not None:
+            t = float(self.train_model.step_time(self._train_cfg, _pad(lengths, self._train_cfg.dp)))
+            if math.isfinite(t):
+                return t
+            self._train_cfg = None  # this batch's longest sequence no longer fits the layout: choose again
         if self._train_cfg is None:
             best, best_t = None, math.inf
             for tp in (8, 4, 2, 1):
@@ -421,6 +427,8 @@ class Simulator:
                 raise RuntimeError(f"simulator stalled at t={self.now:.1f}s: {len(self._live)} live trajectories, "
                                    f"{self.trained}/{len(self.by_step)} steps trained")
             t, _, kind, payload = heapq.heappop(self._heap)
+            if not math.isfinite(t):
+                raise RuntimeError(f"simulator: a {kind} event at t={t} (an infinite cost) after {self.now:.1f}s")
             self.now = t
             if kind == "inst":
                 self._on_instance_event(*payload)
