@@ -49,7 +49,7 @@ def _rank(rank: int, world: int, port: int, mode: str, model_dir: str, device: s
 
     torch.set_num_threads(threads)
     dev = torch.device(f"cuda:{rank}" if device == "cuda" else "cpu")
-    dist = DistConfig("127.0.0.1", port, rank, world, timeout_s=600) if world > 1 else None
+    dist = DistConfig("127.0.0.1", port, rank, world, timeout_s=600)  # fsdp needs a group, even of one rank
     trainer = GRPOTrainer(model_dir, lr=1e-6, micro_batch_tokens=sequences * seq_len, device=dev,
                           dtype=getattr(torch, dtype), dist_config=dist, parallel=mode, random_init=True)
     vocab = int(trainer.model.config.vocab_size)

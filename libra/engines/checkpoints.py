@@ -154,8 +154,18 @@ def load_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
     log.info("checkpoint_loaded", path=str(src), step=trainer.step, version=trainer.weights_version)
 
 
-def _load_sharded(trainer: Any, src: Path, with_optimizer: bool) -> None:
+def _dcp_load(state: dict[str, Any], src: Path, single: bool) -> None:
+    import warnings
+
     import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        if single:  # DCP warns about a single-process load even when asked for one
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(state, checkpoint_id=str(src), no_dist=single)
+
+
+def _load_sharded(trainer: Any, src: Path, with_optimizer: bool) -> None:
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_state_dict,
@@ -163,16 +173,17 @@ def _load_sharded(trainer: Any, src: Path, with_optimizer: bool) -> None:
         set_state_dict,
     )
 
+    single = not dist.is_initialized()  # a replicated trainer alone reads the whole sharded checkpoint
     try:
         if with_optimizer:
             model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
             state = {"model": model_sd, "optim": optim_sd}
-            dcp.load(state, checkpoint_id=str(src))
+            _dcp_load(state, src, single)
             set_state_dict(trainer.model, trainer.optimizer, model_state_dict=state["model"],
                            optim_state_dict=state["optim"])
         else:
             state = {"model": get_model_state_dict(trainer.model)}
-            dcp.load(state, checkpoint_id=str(src))
+            _dcp_load(state, src, single)
             set_model_state_dict(trainer.model, state["model"])
     except (RuntimeError, KeyError) as exc:
         raise ValueError(f"checkpoint {str(src)!r} does not fit the model: {type(exc).__name__}: {exc}") from None

@@ -172,7 +172,9 @@ class GRPOTrainer:
         if parallel not in fsdp.PARALLEL_MODES:
             raise ValueError(f"unknown parallel mode {parallel!r} (known: {', '.join(fsdp.PARALLEL_MODES)})")
         self.random_init = random_init
-        self._init_distributed(dist_config)
+        if parallel == "fsdp" and dist_config is None:
+            raise ValueError("parallel='fsdp' needs a dist_config (a process group, even one of one rank)")
+        self._init_distributed(dist_config, parallel)
         self._init_model(parallel)
         self._init_reference(ref_model_dir)
         self._init_optimizer()
@@ -190,9 +192,9 @@ class GRPOTrainer:
             raise ValueError(f"unknown GRPOTrainer option(s): {unknown} (known: {sorted(known)})")
         return dataclasses.replace(base, **overrides)
 
-    def _init_distributed(self, cfg: DistConfig | None) -> None:
+    def _init_distributed(self, cfg: DistConfig | None, parallel: str) -> None:
         self.rank, self.world_size, self._owns_group = 0, 1, False
-        if cfg is None or cfg.world_size == 1:
+        if cfg is None or (cfg.world_size == 1 and parallel != "fsdp"):  # fsdp needs a group, even of one
             return
         backend = cfg.backend or ("nccl" if self.device.type == "cuda" else "gloo")
         if dist.is_initialized():

@@ -127,3 +127,29 @@ def test_two_fsdp_gloo_ranks_match_one_process_and_resume_from_a_sharded_checkpo
     state = json.loads((tmp_path / "ckpt" / "step1" / "trainer_state.json").read_text())
     assert state["format"] == "sharded" and state["step"] == 1 and state["optimizer"] is True
     assert (tmp_path / "ckpt" / "step1" / ".metadata").is_file()
+
+
+def test_fsdp_on_one_rank_needs_a_group_and_then_matches_ddp(model_dir, tmp_path) -> None:
+    """One GPU (or one CPU rank) can still run fsdp, in a group of one; it then takes the same step as ddp."""
+    with pytest.raises(ValueError, match="needs a dist_config"):
+        GRPOTrainer(model_dir, parallel="fsdp")
+    batch = toy_batch(model_dir)
+    one = GRPOTrainer(model_dir, lr=2e-3, micro_batch_tokens=32, parallel="fsdp",
+                      dist_config=DistConfig("127.0.0.1", _free_port(), 0, 1))
+    try:
+        assert one.parallel == "fsdp" and one.world_size == 1
+        m = one.train_step(batch)
+        got = one.state_dict_for_sync()
+        one.save_checkpoint(tmp_path / "step1", optimizer=False)
+        assert (tmp_path / "step1" / ".metadata").is_file()
+    finally:
+        one.close()
+    ref = GRPOTrainer(model_dir, lr=2e-3, micro_batch_tokens=32)
+    assert ref.train_step(batch)["loss"] == pytest.approx(m["loss"], abs=1e-6)
+    for k, v in ref.state_dict_for_sync().items():
+        torch.testing.assert_close(got[k], v, atol=1e-6, rtol=0)
+    plain = GRPOTrainer(model_dir)  # a sharded checkpoint resumes into a replicated trainer too
+    plain.load_checkpoint(tmp_path / "step1")
+    assert plain.weights_version == 1
+    for k, v in plain.state_dict_for_sync().items():
+        assert torch.equal(v, got[k]), k
