@@ -265,6 +265,7 @@ class PlannerLoop:
         return self._replanner
 
     max_rollout_tp: int | None = None  # the largest rollout TP group the GPU actors' engines can serve
+    earl: Any = None  # EARL's selector state (libra.broker.earl.EarlLoop) when parallelism = "earl": in the summary
 
     def cap_rollout_tp(self, max_tp: int | None) -> None:
         """Plan no rollout TP group larger than ``max_tp`` (the smallest ``max_tp`` the connected GPU actors
@@ -293,7 +294,7 @@ class PlannerLoop:
                 "model": self.settings.model, "interval_s": self.settings.interval_s, "rounds": self.rounds,
                 "plans_applied": self.applied, "history": len(self.history),
                 "plan": _plan_summary(self.plan) if self.plan is not None else None,
-                "decisions": list(self.decisions)}
+                "decisions": list(self.decisions), **({"earl": self.earl.summary()} if self.earl is not None else {})}
 
     # -- internals -------------------------------------------------------------------------------
     def _make(self, n_gpus: int, batch: int) -> Replanner:

@@ -66,6 +66,7 @@ class Planning:
         self.earl = _make_earl(loop)  # [broker.planner] parallelism = "earl": the rollout TP follows the context
         if self.earl is not None:
             rollout.turn_contexts = deque(maxlen=4096)
+            loop.earl = self.earl  # type: ignore[union-attr]  # shown in the planner's status summary
 
     @property
     def applying(self) -> bool:

@@ -92,6 +92,9 @@ def test_growing_context_moves_rollout_actors_into_a_tp2_group(tmp_path: Path) -
 
             roles = _wait("a TP-2 group", grouped, 30)
             assert sorted(r["rank"] for r in roles) == [0, 1]
+            earl = c.status().stats["planner"]["earl"]  # what `libra status --json` shows
+            assert earl["switches"] == 1 and earl["average_context"] > 20_000
+            assert [d for d in earl["decisions"] if d["reason"] == "switch"][-1]["tp"] == 2
             def switched():
                 s = c.status()
                 return s if sorted(len(a["kinds"]) for a in s.actors) == [0, 1] else None

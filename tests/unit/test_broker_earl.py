@@ -160,4 +160,6 @@ def test_the_broker_switches_the_rollout_tp_group_through_directives() -> None:
     assert set(directives) == {b"a0", b"a1"}
     cfgs = sorted((d.config["tp"], d.config["rank"], d.config["group"]) for d in directives.values())
     assert [c[:2] for c in cfgs] == [(2, 0), (2, 1)] and cfgs[0][2] == cfgs[1][2]  # one TP-2 group
+    earl = s.planner.summary()["earl"]  # type: ignore[union-attr]
+    assert earl["switches"] == 1 and earl["decisions"][-1]["tp"] == 2
     s.validate()
