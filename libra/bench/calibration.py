@@ -184,6 +184,10 @@ def _fmt(out: dict[str, Any]) -> str:
             others = ", ".join(f"{r} {v:.0f}" for r, v in w["tokens_per_s"].items() if r != "oracle")
             lines.append(f"  {wl:<10} oracle {w['tokens_per_s']['oracle']:.0f} tok/s; best other {w['best_other']} "
                          f"x{w['best_other_over_oracle']:.3f} of it; {others}")
+            acc, mig = w["routing_accuracy"], w["migrated_token_ratio"]
+            lines.append(f"  {'':<10} routing accuracy / migrated tokens: " + ", ".join(
+                f"{r} {acc[r]:.2f}/{mig[r]:.3f}" for r in ("cmlfq", "cmlfq_cost", "oracle", "la_mlfq", "predictor")
+                if r in acc) + " (C-MLFQ targets: >= 0.91 / <= 0.08)")
     return "\n".join(lines)
 
 

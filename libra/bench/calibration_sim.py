@@ -7,7 +7,9 @@ before any ablation is looked at, and never tuned to make a policy win.
   planner's throughput terms, §1.3.3: rollout DP over the layout's TP-2 instances, training on the other half),
   and the simulator's share of the step interval the trainer spent waiting for data.
 - :func:`oracle_sanity`: every simulation router on every workload on the fixed mixed-TP layout (``hetero``):
-  the oracle router (true remaining lengths) should be at least as fast as every non-oracle router.
+  the oracle router (true remaining lengths) should be at least as fast as every non-oracle router. The same
+  runs give each router's routing accuracy and migrated-token ratio on a layout with three buckets (TP-1/2/4),
+  where the C-MLFQ targets (>= 91%, <= 8%, docs/papers.md §1.4.5) mean something.
 """
 
 from __future__ import annotations
@@ -76,11 +78,14 @@ def oracle_sanity(gpus: int, steps: int, prompts: int, seed: int,
                            "workloads": {}}
     for wl in workloads:
         trajs = generate(wl, steps, prompts, 16, seed)
-        tps = {r: Simulator(trajs, _config(wl, "hetero", r, gpus, seed, hardware)).run().tokens_per_s for r in SIM_ROUTERS}
+        res = {r: Simulator(trajs, _config(wl, "hetero", r, gpus, seed, hardware)).run() for r in SIM_ROUTERS}
+        tps = {r: x.tokens_per_s for r, x in res.items()}
         oracle = tps["oracle"]
         best = max((r for r in tps if r != "oracle"), key=tps.__getitem__)
         out["workloads"][wl] = {"tokens_per_s": tps, "best_other": best,
                                 "best_other_over_oracle": tps[best] / oracle if oracle else math.nan,
-                                "ok": all(oracle >= v for v in tps.values())}
+                                "ok": all(oracle >= v for v in tps.values()),
+                                "routing_accuracy": {r: x.routing_accuracy for r, x in res.items()},
+                                "migrated_token_ratio": {r: x.migrated_token_ratio for r, x in res.items()}}
     out["ok"] = all(w["ok"] for w in out["workloads"].values())
     return out

@@ -45,6 +45,8 @@ def test_calibration_quick_json_has_every_figure(capsys: pytest.CaptureFixture[s
         tps = w["tokens_per_s"]
         assert "oracle" in tps and all(v > 0 for v in tps.values())
         assert w["ok"] == all(tps["oracle"] >= v for v in tps.values())
+        assert set(w["routing_accuracy"]) == set(tps) and all(0 <= a <= 1 for a in w["routing_accuracy"].values())
+        assert all(m >= 0 for m in w["migrated_token_ratio"].values())
     assert oracle["ok"] == all(w["ok"] for w in oracle["workloads"].values())
 
 
