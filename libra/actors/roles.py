@@ -53,6 +53,7 @@ class HybridRole:
         self.switches = 0
         self.group: tuple[str, int, int] = ("", 1, 0)  # (name, tp, rank) of the rollout group; "" ungrouped
         self.engines_built = 0
+        self.on_kv_use: Any = None  # handed to each rollout engine's role: the actor's re-bid by KV use
 
     def _new_rollout(self) -> RolloutRole:
         from libra.engines.device import group_devices
@@ -60,8 +61,10 @@ class HybridRole:
         _, tp, rank = self.group
         devices = group_devices(self.slot, rank, tp) if tp > 1 else ()
         self.engines_built += 1
-        return RolloutRole(self.model_dir, self.run_dir, self.slot, max_batch=self.max_batch,
-                           torch_threads=self.torch_threads, placement=self.placement, tp=tp, devices=devices)
+        r = RolloutRole(self.model_dir, self.run_dir, self.slot, max_batch=self.max_batch,
+                        torch_threads=self.torch_threads, placement=self.placement, tp=tp, devices=devices)
+        r.on_kv_use = self.on_kv_use
+        return r
 
     def generate(self, args: Any, ctx: WorkContext) -> dict[str, Any]:
         with self._lock:

@@ -148,8 +148,8 @@ KV_REBID_ENV = "LIBRA_KV_REBID_THRESHOLD"
 
 
 def attach_kv_reports(handlers: Any, post: Any, state: Any, environ: Any = None) -> int:
-    """Send the KV readings of every :class:`RolloutRole` behind ``handlers`` (a ``{(kind, name): fn}`` map) to
-    the actor core as ``KvUse`` events through ``post`` (the runtime's event queue), with the re-bid threshold
+    """Send the KV readings of every :class:`RolloutRole` (or hybrid role) behind ``handlers`` (a ``{(kind, name):
+    fn}`` map) to the actor core as ``KvUse`` events through ``post`` (the runtime's event queue), with the threshold
     ``$LIBRA_KV_REBID_THRESHOLD`` (a fraction of the batch size, default 0.1) set on ``state``. Returns how many
     roles were wired. Raises ``ValueError`` for a threshold that is not a number within [0, 1]."""
     from .state import KvUse
@@ -163,7 +163,8 @@ def attach_kv_reports(handlers: Any, post: Any, state: Any, environ: Any = None)
     if not 0.0 <= threshold <= 1.0:
         raise ValueError(f"{KV_REBID_ENV}={raw!r}: must be within [0, 1]")
     state.kv_rebid_threshold = threshold
-    roles = {id(r): r for fn in handlers.values() if isinstance(r := getattr(fn, "__self__", None), RolloutRole)}
+    # a RolloutRole, or a HybridRole (which hands the hook to each rollout engine it builds)
+    roles = {id(r): r for fn in handlers.values() if hasattr(r := getattr(fn, "__self__", None), "on_kv_use")}
     for role in roles.values():
         role.on_kv_use = lambda used, seqs: post(KvUse(used, seqs))
     return len(roles)

@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     ident = ActorIdentity(actor_id, host, args.slot, os.getpid(), caps, labels)
     rt = ActorRuntime(args.broker, ident, kinds, capacity, handlers, heartbeat_s=args.heartbeat_s,
                       reconfigure=hybrid.reconfigure if args.role == "hybrid" else None)
-    if args.role == "rollout":  # the engine's KV reading after each batch: re-bid when the credit moves
+    if args.role in ("rollout", "hybrid"):  # the engine's KV reading after each batch: re-bid when the credit moves
         from .rollout_role import attach_kv_reports
 
         try:

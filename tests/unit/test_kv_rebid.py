@@ -79,6 +79,14 @@ def test_attach_kv_reports_reads_the_threshold_and_wires_rollout_roles() -> None
     assert a.kv_rebid_threshold == 0.25
     role.on_kv_use(0.5, 3)
     assert posted == [KvUse(0.5, 3)]
+    from libra.actors.roles import HybridRole
+
+    hybrid = HybridRole.__new__(HybridRole)  # the default GPU role: it hands the hook to each engine it builds
+    hybrid.on_kv_use = None
+    assert attach_kv_reports({("generate", "*"): hybrid.generate, ("train", "grpo"): hybrid.train}, posted.append,
+                             a, {}) == 1
+    hybrid.on_kv_use(1.0, 2)
+    assert posted[-1] == KvUse(1.0, 2) and a.kv_rebid_threshold == 0.1
     with pytest.raises(ValueError, match="within"):
         attach_kv_reports({}, posted.append, a, {"LIBRA_KV_REBID_THRESHOLD": "3"})
     with pytest.raises(ValueError, match="not a number"):
