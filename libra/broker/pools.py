@@ -130,8 +130,13 @@ def layout_roles(plan: Plan, slots: list[GpuSlot], current: dict[str, Role] | No
         if kind == "train" and protected:
             cands = [b for b in cands if not protected & {s.actor_id for s in b}] or cands
 
-        def keep(block: list[GpuSlot]) -> int:
-            return sum(1 for s in block if (c := current.get(s.actor_id)) is not None and c.kind == kind and c.tp == tp)
+        def keep(block: list[GpuSlot]) -> tuple[int, int]:
+            """Slots that keep their role and TP; then, when the training replicas keep their shape (nothing
+            is protected), slots already in rollout for a rollout block, so that a change of rollout TP alone
+            (EARL's switch) stays on the rollout GPUs instead of displacing the training replicas."""
+            cur = [current.get(s.actor_id) for s in block]
+            same = sum(1 for c in cur if c is not None and c.kind == kind and c.tp == tp)
+            return same, (0 if protected else sum(1 for c in cur if c is not None and c.kind == kind == "rollout"))
 
         block = max(cands, key=keep)  # max() keeps the first of equals: lowest node/offset
         olds = {(c.kind, c.tp, c.group, c.size) if (c := current.get(s.actor_id)) else None for s in block}

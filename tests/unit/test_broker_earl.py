@@ -163,3 +163,51 @@ def test_the_broker_switches_the_rollout_tp_group_through_directives() -> None:
     earl = s.planner.summary()["earl"]  # type: ignore[union-attr]
     assert earl["switches"] == 1 and earl["decisions"][-1]["tp"] == 2
     s.validate()
+
+
+def test_with_a_deployed_plan_earl_regroups_only_the_rollout_gpus() -> None:
+    from libra.policies.cost.training import TrainConfig
+    from libra.policies.planner.types import Plan, RolloutInstance
+
+    planner = {"allocation": "grp", "hardware": HW, "model": MODEL, "interval_s": 1e6, "parallelism": "earl",
+               "earl": {"interval_s": 1.0, "min_turns": 4, "window": 8, "loads": [8], "configs": [1, 2]}}
+    s = BrokerState(BrokerConfig(heartbeat_s=100.0, liveness=3, router="least_loaded", planner=planner))
+    now = 0.0
+    s.handle(PeerMessage(b"c", m.ClientHello("client", 1)), now)
+    peers = [f"a{k}".encode() for k in range(4)]
+    for k, p in enumerate(peers):
+        hello = m.ActorHello(f"h/gpu{k}", "h", f"gpu{k}", 1, {"generate": ["*"], "train": ["*"]}, ["generate"], 4,
+                             {"slot_kind": "gpu", "engine": "stand-in", "max_tp": 2})
+        s.handle(PeerMessage(p, hello), now)
+        s.handle(PeerMessage(p, m.Bid(["generate"], 4)), now)
+    inst = RolloutInstance(1, 0.0, float("inf"), 0.0, 0.0)
+    base = Plan(4, 2, TrainConfig(1, 1, 2, 1), (inst, inst), 1.0, 1.0)
+    s.planner.plan = base  # type: ignore[union-attr]  # as if the planner's round had deployed it
+
+    def settle(out: list) -> None:  # every directed actor drains and bids in its new role, wave by wave
+        while True:
+            ds = [(c.peer, c.msg) for c in out if isinstance(c, Send) and isinstance(c.msg, m.Directive)]
+            if not ds:
+                return
+            out = []
+            for p, d in ds:
+                out += s.handle(PeerMessage(p, m.DirectiveDone(d.directive_id, d.kinds)), now)
+                out += s.handle(PeerMessage(p, m.Bid([] if d.config.get("rank", 0) else d.kinds, 4)), now)
+
+    settle(s.apply_plan(base, now))
+    trainers = {a.actor_id for a in s.actors.values() if a.directive_config.get("role") == "train"}
+    assert len(trainers) == 2
+    s.handle(Tick(), now)
+    for i in range(6):
+        s.handle(PeerMessage(b"c", m.Submit(f"r{i}", "generate", "", {"prompt_ids": [7] * 30_000}, f"t{i}", 60.0)),
+                 now)
+    now += 1.5
+    out = s.handle(Tick(), now)
+    directed = {c.msg.config["role"]: c for c in out if isinstance(c, Send) and isinstance(c.msg, m.Directive)}
+    assert set(directed) == {"rollout"}  # the trainers are left alone
+    settle(out)
+    roles = {a.actor_id: a.directive_config for a in s.actors.values()}
+    assert {aid for aid, r in roles.items() if r["role"] == "train"} == trainers
+    rollout = [r for r in roles.values() if r["role"] == "rollout"]
+    assert sorted((r["tp"], r["rank"]) for r in rollout) == [(2, 0), (2, 1)]
+    s.validate()
