@@ -100,10 +100,13 @@ def elastic_step(role: Any, ta: TrainArgs, ctx: WorkContext) -> dict[str, Any]:
     if rank == 0 and e.snapshot:
         role.server.publish_state_dict(e.snapshot, snapshot(trainer.model, trainer.optimizer),
                                        version=trainer.weights_version, topic="ehp/state", keep=1)
+    t0 = time.perf_counter()
     restored = _load_state(role, trainer, ta) if ctx.actor_id in e.joining else None
+    t1 = time.perf_counter()
     spec = GroupSpec(e.generation, rank, len(e.members), "127.0.0.1", ta.master_port)
     if role.elastic.ensure(spec):
         log.info("elastic_group_formed", generation=e.generation, rank=rank, world_size=len(e.members))
+    timing = {"state_fetch_s": t1 - t0, "group_form_s": time.perf_counter() - t1}
     trainer.rank, trainer.world_size = rank, len(e.members)
     zero = ctx.actor_id in e.zero
     fetched: dict[str, Any] = {}
@@ -114,7 +117,7 @@ def elastic_step(role: Any, ta: TrainArgs, ctx: WorkContext) -> dict[str, Any]:
             shard, micro, fetched = role._fetch_parts(ta.parts[rank], ta.micro_batches[rank:][:1])
         except (DataPlaneError, ValueError, TypeError, KeyError) as exc:
             raise ToolError("shard_fetch_failed", f"rank {rank}: {type(exc).__name__}: {exc}") from None
-    metrics = trainer.train_step(shard, micro_batches=micro)
+    metrics = {**trainer.train_step(shard, micro_batches=micro), **timing}
     version = trainer.weights_version
     weights, publish_s, checkpoint = None, 0.0, None
     if rank == 0:

@@ -15,9 +15,12 @@ At every training-step boundary the job host asks :meth:`ElasticPool.plan_step` 
 2. **Reconcile**: borrowing a replica starts its join (a new generation of its ``HybridReplica``) and
    moves the actor to ``train`` with a directive; releasing one cancels its join or membership (so a
    release can cancel an in-flight join) and moves it back to ``generate``.
-3. **Advance** joins: a replica that fetched the core's state and contributed zeros for ``zero_steps``
-   steps activates at this boundary and trains with real data from this step on. A replica whose state
-   source (the job's weights ref: rank 0's data plane) is not known yet stays ``requested``.
+3. **Advance** joins: a requested replica whose actor has switched to ``train`` (it drained its rollout
+   turns and bid again while the core trained the previous step: the role switch is off the core's path)
+   begins fetching: it is a zero-gradient member of this step and loads rank 0's state first. A replica
+   that fetched the state and contributed zeros for ``zero_steps`` steps activates at this boundary and
+   trains with real data from this step on. A replica whose state source (the job's weights ref: rank 0's
+   data plane) is not known yet, or whose actor has not switched yet, stays ``requested``.
 4. **Members**: the core ranks (the ``world_size`` non-hybrid train actors, fixed at the first step) then
    the replicas fetching, zero-syncing or active. The group **generation** goes up whenever the member
    list changes; every work of the step carries the group, and ranks re-form their gloo group
@@ -95,6 +98,7 @@ class ActorView:
     actor_id: str
     hybrid: bool  # started with --role hybrid
     kinds: tuple[str, ...]  # the kinds it accepts now
+    switching: bool = False  # a directive is still draining (its kinds are about to change)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +146,8 @@ class ElasticPool:
         sessions = list(sessions)
         gen = [x for x in sessions if "generate" in x.accepting]
         cap = max(1, sum(x.capacity for x in gen))
-        views = [ActorView(x.actor_id, x.labels.get("engine_role") == "hybrid", tuple(x.accepting)) for x in sessions]
+        views = [ActorView(x.actor_id, x.labels.get("engine_role") == "hybrid", tuple(x.accepting),
+                           x.directive is not None) for x in sessions]
         self.observe(views, min(1.0, queued_generate / cap), min(1.0, sum(len(x.held) for x in gen) / cap))
 
     def ready(self, world_size: int) -> bool:
@@ -169,7 +174,7 @@ class ElasticPool:
         for aid in self._order:
             rep = self.replicas[aid]
             gen = rep.generation
-            if rep.state is JoinState.REQUESTED and source_known:
+            if rep.state is JoinState.REQUESTED and source_known and self._switched(aid):
                 rep.begin_fetch(gen)
             if rep.state is JoinState.FETCHING_STATE:
                 joining.append(aid)
@@ -183,6 +188,12 @@ class ElasticPool:
             self.generation += 1
             self._members = members
         return StepGroup(step, self.generation, members, tuple(zero), tuple(joining), snapshot)
+
+    def _switched(self, aid: str) -> bool:
+        view = next((a for a in self.actors if a.actor_id == aid), None)
+        pending = any(m[0] == aid for m in self._moves)
+        return (view is not None and not view.switching and not pending and "train" in view.kinds
+                and "generate" not in view.kinds)
 
     def _desired(self, step: int, rollout_s: float | None, train_s: float | None) -> tuple[int, str]:
         held = len(self._order)

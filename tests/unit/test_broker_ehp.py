@@ -25,6 +25,12 @@ HYBRID = [ActorView("h/x0", True, ("generate",)), ActorView("h/x1", True, ("gene
           ActorView("h/r0", False, ("generate",))]
 
 
+def switched(p: ElasticPool, *aids: str) -> None:
+    """The actors ``aids`` drained and bid again as trainers (what the broker's sessions then say)."""
+    p.observe([ActorView(a.actor_id, a.hybrid, ("train",) if a.actor_id in aids else a.kinds)
+               for a in CORE + HYBRID], 0.0, 0.0)
+
+
 def pool(**ehp: object) -> ElasticPool:
     p = ElasticPool(EhpSettings.from_planner({"ehp": ehp}))
     p.observe(CORE + HYBRID, 0.0, 0.0)
@@ -32,12 +38,14 @@ def pool(**ehp: object) -> ElasticPool:
 
 
 def test_a_forced_borrow_joins_through_the_state_machine_and_a_release_leaves() -> None:
-    p = pool(force=[[2, 1], [4, 0]])
-    g1 = p.plan_step(1, 2, False, None, None)
+    p = pool(force=[[1, 1], [4, 0]])
+    g1 = p.plan_step(1, 2, False, None, None)  # borrowed: the actor switches roles while the core trains
     assert (g1.members, g1.generation, g1.zero) == (("h/t0", "h/t1"), 1, ())
-    assert p.take_moves() == []
-    g2 = p.plan_step(2, 2, True, 5.0, 5.0)
     assert p.take_moves() == [("h/x0", ["train"], {"role": "train", "group": "ehp"})]
+    assert p.replicas["h/x0"].state is JoinState.REQUESTED
+    switched(p, "h/x0")
+    g2 = p.plan_step(2, 2, True, 5.0, 5.0)
+    assert p.take_moves() == []
     assert g2.members == ("h/t0", "h/t1", "h/x0") and g2.generation == 2
     assert g2.zero == g2.joining == ("h/x0",) and g2.snapshot and g2.trainers == ("h/t0", "h/t1")
     assert p.replicas["h/x0"].state is JoinState.FETCHING_STATE
@@ -55,8 +63,14 @@ def test_a_forced_borrow_joins_through_the_state_machine_and_a_release_leaves() 
 
 def test_a_join_waits_for_the_state_source_and_a_stale_reply_changes_nothing() -> None:
     p = pool(force=[[1, 1]])
-    g1 = p.plan_step(1, 2, False, None, None)  # no weights published yet: nothing to fetch from
+    p.plan_step(1, 2, False, None, None)
+    assert p.take_moves()  # the directive goes out (a move not yet sent is a switch not yet made)
+    switched(p, "h/x0")
+    g1 = p.plan_step(1, 2, False, None, None)  # switched, but no weights published yet: nothing to fetch from
     assert p.replicas["h/x0"].state is JoinState.REQUESTED and g1.members == ("h/t0", "h/t1")
+    p.observe(CORE + HYBRID, 0.0, 0.0)  # not (or no longer) switched: it waits too
+    assert p.plan_step(2, 2, True, 1.0, 1.0).members == ("h/t0", "h/t1")
+    switched(p, "h/x0")
     g2 = p.plan_step(2, 2, True, 1.0, 1.0)
     assert g2.joining == ("h/x0",)
     p.step_done(g2, {"h/x0": {}})  # no restored version: the fetch did not happen, the join stays put
@@ -77,15 +91,21 @@ def test_the_hysteresis_borrows_on_a_training_bottleneck_and_protects_rollout() 
 
 
 def test_a_failed_step_or_a_lost_actor_sends_the_joiner_back() -> None:
-    p = pool(force=[[2, 1]])
+    p = pool(force=[[1, 1]])
     p.plan_step(1, 2, True, None, None)
-    g2 = p.plan_step(2, 2, True, 1.0, 1.0)
     p.take_moves()
+    switched(p, "h/x0")
+    g2 = p.plan_step(2, 2, True, 1.0, 1.0)
+    assert g2.joining == ("h/x0",)
     p.step_failed(g2)
     assert p.replicas["h/x0"].state is JoinState.HYBRID_ROLLOUT
     assert p.take_moves() == [("h/x0", ["generate"], {"role": "rollout", "bucket": "default"})]
+    p.observe([ActorView("h/x0", True, ("train",), switching=True)] + CORE, 0.0, 0.0)  # its directive drains
     g3 = p.plan_step(3, 2, True, 1.0, 1.0)  # the force still says 1: a new join, a new generation
-    assert p.replicas["h/x0"].generation == 2 and g3.joining == ("h/x0",)
+    assert p.replicas["h/x0"].generation == 2 and g3.joining == ()  # it switches back first
+    assert p.take_moves() == [("h/x0", ["train"], {"role": "train", "group": "ehp"})]
+    switched(p, "h/x0")
+    assert p.plan_step(4, 2, True, 1.0, 1.0).joining == ("h/x0",)
     p.actor_left("h/x0")
     assert p.replicas["h/x0"].state is JoinState.HYBRID_ROLLOUT
 
@@ -111,7 +131,7 @@ def _train_args(works: list) -> list[TrainArgs]:
 
 def test_the_job_host_gives_a_joining_member_no_trajectories_and_every_one_to_exactly_one_rank() -> None:
     h = JobHost("j", JobSpec.from_mapping(SPEC), ROWS, 0.0)
-    h.elastic = pool(force=[[2, 1], [4, 0]])
+    h.elastic = pool(force=[[1, 1], [4, 0]])
     weights = {"version": 1, "endpoint": "tcp://127.0.0.1:7", "name": "weights", "server_key": None, "bytes": 1}
     n = 0
     for step in (1, 2, 3, 4):
@@ -138,6 +158,8 @@ def test_the_job_host_gives_a_joining_member_no_trajectories_and_every_one_to_ex
                    "weights": {**weights, "version": step} if rank == 0 else None, "member": g.members[rank],
                    "restored_version": step - 1 if g.members[rank] in g.joining else None}
             h.on_reply(w.tag, True, out, "", float(step) + 0.9, attempts=1)
+        h.elastic.take_moves()  # the broker sends them as directives
+        switched(h.elastic, "h/x0")
         rec = h.records[-1]
         assert rec["members"] == g.members and rec["train_attempts"] == [1] * len(g.members)
     assert [len(r["members"]) for r in h.records] == [2, 3, 3, 2]
