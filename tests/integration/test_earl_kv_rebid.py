@@ -4,9 +4,12 @@ its KV cache fills with growing contexts, the broker's credit following."""
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -66,16 +69,15 @@ def test_growing_context_moves_rollout_actors_into_a_tp2_group(tmp_path: Path) -
     try:
         with Client(url, connect_timeout=30) as c:
             _wait("two actors", lambda: len(c.status().actors) == 2)
-            n = 0
+            ids = itertools.count()
 
             def turns(context: int, count: int) -> list[dict]:
-                nonlocal n
                 outs = []
                 for _ in range(count):
-                    n += 1
+                    tid = f"t{next(ids)}"
                     r = c.request("generate", "", {"prompt_ids": [5] * context, "max_new_tokens": 1},
-                                  trajectory=f"t{n}", timeout=30)
-                    c.end_trajectory(f"t{n}", total_output_tokens=1)
+                                  trajectory=tid, timeout=30)
+                    c.end_trajectory(tid, total_output_tokens=1)
                     outs.append(r.output)
                 return outs
 
@@ -83,18 +85,35 @@ def test_growing_context_moves_rollout_actors_into_a_tp2_group(tmp_path: Path) -
             time.sleep(2.5)  # EARL decided at least once on the short contexts: nothing moves
             assert all(a["role"] == {} for a in c.status().actors)
             assert all(o["group"] == {} for o in short)
-            turns(30_000, 6)
 
             def grouped():
                 roles = [a["role"] for a in c.status().actors]
                 ok = all(r.get("tp") == 2 for r in roles) and len({r.get("group") for r in roles}) == 1
                 return roles if ok else None
 
+            stop = threading.Event()
+
+            def load() -> int:  # long-context turns keep coming while the actors switch: none may fail
+                done = 0
+                while not stop.is_set():
+                    turns(30_000, 1)
+                    done += 1
+                return done
+
+            with ThreadPoolExecutor(3) as pool:
+                workers = [pool.submit(load) for _ in range(3)]
+                try:
+                    _wait("a TP-2 group", grouped, 30)
+                    time.sleep(1.0)
+                finally:
+                    stop.set()
+                assert sum(w.result() for w in workers) >= 6
             roles = _wait("a TP-2 group", grouped, 30)
             assert sorted(r["rank"] for r in roles) == [0, 1]
             earl = c.status().stats["planner"]["earl"]  # what `libra status --json` shows
             assert earl["switches"] == 1 and earl["average_context"] > 20_000
             assert [d for d in earl["decisions"] if d["reason"] == "switch"][-1]["tp"] == 2
+
             def switched():
                 s = c.status()
                 return s if sorted(len(a["kinds"]) for a in s.actors) == [0, 1] else None
