@@ -167,7 +167,7 @@ class ActionPlacement:
                 sess, route = placed
                 slots[sess.peer] -= 1
                 out.append((wid, sess, ActionRoute(service=route).to_wire()))
-        cpu = [s for s in eligible if slots[s.peer] > 0 and self.cores.free_ids(s)]
+        cpu = [s for s in eligible if slots[s.peer] > 0 and self.cores.free_count(s) > 0]
         mine = [q for key, q in queues.items() if key[0] == "action" and q and key not in routed
                 and any(s.serves(*key) for s in cpu)]
         if not mine:

@@ -29,23 +29,62 @@ from libra.protocol.payloads_base import PayloadError
 
 from .sessions import ActorSession
 
-__all__ = ["CorePools", "resources_of"]
+__all__ = ["CorePools", "parse_resources", "resources_of"]
+
+
+def parse_resources(sess: ActorSession) -> tuple[ActorResources, str | None]:
+    """The resources ``sess`` reported in its hello labels, and why they did not parse (``None`` when they
+    did): labels that do not parse count as none reported (its ``cores`` then stay the session's), and the
+    reason is kept for the broker's shell to log (:meth:`CorePools.take_unparsed`)."""
+    keys = ("cores", "cpus", "numa", "gpus", "gpu_emulated")
+    try:
+        return ActorResources.from_wire({k: sess.labels[k] for k in keys if k in sess.labels}), None
+    except PayloadError as exc:
+        return ActorResources(), str(exc)
 
 
 def resources_of(sess: ActorSession) -> ActorResources:
-    """The resources ``sess`` reported in its hello labels; labels that do not parse count as none reported
-    (its ``cores`` then stay the session's)."""
-    keys = ("cores", "cpus", "numa", "gpus", "gpu_emulated")
-    try:
-        return ActorResources.from_wire({k: sess.labels[k] for k in keys if k in sess.labels})
-    except PayloadError:
-        return ActorResources()
+    """The resources ``sess`` reported in its hello labels (none when they do not parse)."""
+    return parse_resources(sess)[0]
+
+
+def _mask(ids: Iterable[int]) -> int:
+    m = 0
+    for c in ids:
+        m |= 1 << c
+    return m
+
+
+def _lowest(mask: int, n: int) -> list[int]:
+    """The ``n`` lowest ids set in ``mask`` (ascending)."""
+    out: list[int] = []
+    while mask and len(out) < n:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
 
 
 @dataclass(slots=True)
 class _Pool:
+    """One pool's cores as bitsets (bit ``c`` is CPU id ``c``), kept up to date on every grant and release:
+    ``used_mask`` (the held ids) and ``nodes`` (NUMA node -> its ids), so that what an actor has free, per
+    node or in all, is a few word-wide ANDs and popcounts instead of a scan of every id."""
+
     numa: dict[int, int] = field(default_factory=dict)  # cpu id -> NUMA node
     used: dict[int, str] = field(default_factory=dict)  # cpu id -> work id holding it
+    used_mask: int = 0
+    nodes: dict[int, int] = field(default_factory=dict)  # NUMA node -> mask of its ids (ascending node order)
+    held: int = 0  # grants holding cores of this pool
+
+    def add(self, numa: dict[int, int]) -> None:
+        changed = any(self.numa.get(c) != nd for c, nd in numa.items())
+        self.numa.update(numa)
+        if changed:
+            nodes: dict[int, int] = {}
+            for c, nd in self.numa.items():
+                nodes[nd] = nodes.get(nd, 0) | (1 << c)
+            self.nodes = dict(sorted(nodes.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,22 +93,28 @@ class _ActorCores:
     cpus: tuple[int, ...]
     real: bool  # ids the actor reported (sent in the route) rather than anonymous ones
     gpus: int = 0  # GPUs its model services use (the resources it reported)
+    mask: int = 0  # its cpus as a bitset
 
 
 class CorePools:
-    """Per-host core pools of the action actors (see the module docstring)."""
+    """Per-host core pools of the action actors (see the module docstring). Every query costs O(NUMA nodes)
+    word-wide bit operations (the pools keep their free ids as bitsets updated on take and give back); only
+    the chosen grant's ids are enumerated."""
 
     def __init__(self) -> None:
         self._pools: dict[str, _Pool] = {}
         self._actors: dict[bytes, tuple[ActorSession, _ActorCores]] = {}
         self._held: dict[str, tuple[str, tuple[int, ...]]] = {}  # work id -> (pool, cpu ids)
+        self.unparsed: list[tuple[str, str]] = []  # (actor id, why) of hello labels that did not parse, unread
 
     def actor(self, sess: ActorSession) -> _ActorCores:
         """The cores of ``sess`` (registered on first sight, again when the session object is new)."""
         known = self._actors.get(sess.peer)
         if known is not None and known[0] is sess:
             return known[1]
-        res = resources_of(sess)
+        res, why = parse_resources(sess)
+        if why is not None:
+            self.unparsed.append((sess.actor_id, why))
         if res.cpus is not None:
             key, cpus, real = f"host:{sess.host}", tuple(sorted(res.cpus)), True
             numa = dict(zip(res.cpus, res.numa or [0] * len(res.cpus)))
@@ -77,46 +122,73 @@ class CorePools:
             key, cpus, real = f"actor:{sess.peer.hex()}", tuple(range(sess.cores)), False
             numa = dict.fromkeys(cpus, 0)
         pool = self._pools.setdefault(key, _Pool())
-        pool.numa.update(numa)
-        ac = _ActorCores(key, cpus, real, res.gpus)
+        pool.add(numa)
+        ac = _ActorCores(key, cpus, real, res.gpus, _mask(cpus))
         self._actors[sess.peer] = (sess, ac)
         return ac
+
+    def take_unparsed(self) -> list[tuple[str, str]]:
+        """The actors whose hello labels did not parse since the last call (``(actor id, why)``); each is
+        reported once per session, for the shell to log."""
+        out, self.unparsed = self.unparsed, []
+        return out
 
     def forget(self, live: Iterable[bytes]) -> None:
         """Drop the records of actors no longer connected, and pools nobody uses or holds."""
         alive = set(live)
         for peer in [p for p in self._actors if p not in alive]:
             del self._actors[peer]
-        used = {ac.pool for _, ac in self._actors.values()} | {k for k, _ in self._held.values()}
-        for key in [k for k in self._pools if k not in used]:
+        used = {ac.pool for _, ac in self._actors.values()}
+        for key in [k for k, p in self._pools.items() if k not in used and p.held == 0]:
             del self._pools[key]
 
-    def free_ids(self, sess: ActorSession) -> list[int]:
+    def _free_mask(self, sess: ActorSession) -> tuple[_Pool, int]:
         ac = self.actor(sess)
-        used = self._pools[ac.pool].used
-        return [c for c in ac.cpus if c not in used]
+        pool = self._pools[ac.pool]
+        return pool, ac.mask & ~pool.used_mask
+
+    def free_count(self, sess: ActorSession) -> int:
+        """How many of ``sess``'s cores are free."""
+        return self._free_mask(sess)[1].bit_count()
+
+    def free_ids(self, sess: ActorSession) -> list[int]:
+        """``sess``'s free cores, ascending."""
+        free = self._free_mask(sess)[1]
+        return _lowest(free, free.bit_count())
 
     def total_free(self, actors: Sequence[ActorSession]) -> int:
         """Distinct free cores the ``actors`` can reach (shared cores of one host count once)."""
-        free: set[tuple[str, int]] = set()
+        reach: dict[str, int] = {}
         for s in actors:
             ac = self.actor(s)
-            free.update((ac.pool, c) for c in self.free_ids(s))
-        return len(free)
+            reach[ac.pool] = reach.get(ac.pool, 0) | ac.mask
+        return sum((m & ~self._pools[k].used_mask).bit_count() for k, m in reach.items())
+
+    def _nodes(self, sess: ActorSession) -> list[tuple[int, int, int]]:
+        """``(free count, node, free mask)`` of each NUMA node where ``sess`` has a free core."""
+        pool, free = self._free_mask(sess)
+        out = []
+        for nd, nm in pool.nodes.items():
+            f = free & nm
+            if f:
+                out.append((f.bit_count(), nd, f))
+        return out
+
+    def _spans(self, sess: ActorSession, n: int) -> bool:
+        """Whether ``n`` free cores of ``sess`` must span NUMA nodes (no node has ``n`` free)."""
+        pool, free = self._free_mask(sess)
+        return not any((free & nm).bit_count() >= n for nm in pool.nodes.values())
 
     def _within(self, sess: ActorSession, n: int) -> tuple[tuple[int, ...], bool]:
         """``n`` free cores of ``sess``: best-fit NUMA node, else most-free nodes first; and whether they span
         more than one node."""
-        numa = self._pools[self.actor(sess).pool].numa
-        by_node: dict[int, list[int]] = {}
-        for c in self.free_ids(sess):
-            by_node.setdefault(numa.get(c, 0), []).append(c)
-        fitting = [(len(ids), node) for node, ids in by_node.items() if len(ids) >= n]
+        nodes = self._nodes(sess)
+        fitting = [(k, nd, f) for k, nd, f in nodes if k >= n]
         if fitting:
-            return tuple(by_node[min(fitting)[1]][:n]), False
+            return tuple(_lowest(min(fitting)[2], n)), False
         chosen: list[int] = []
-        for node in sorted(by_node, key=lambda nd: (-len(by_node[nd]), nd)):
-            chosen += by_node[node][: n - len(chosen)]
+        for _k, _nd, f in sorted(nodes, key=lambda x: (-x[0], x[1])):
+            chosen += _lowest(f, n - len(chosen))
             if len(chosen) >= n:
                 break
         return tuple(sorted(chosen)), True
@@ -125,21 +197,20 @@ class CorePools:
                  home: str | None = None) -> tuple[ActorSession, tuple[int, ...]] | None:
         """Where a grant of ``n`` cores goes (module docstring): ``(actor, cpu ids)``, fewer ids than ``n``
         when it had to shrink (never below ``least``), or ``None``."""
-        best: tuple[tuple[bool, bool, int, str], ActorSession, tuple[int, ...]] | None = None
+        best: tuple[tuple[bool, bool, int, str], ActorSession] | None = None
         widest: tuple[tuple[int, bool, str], ActorSession] | None = None
         for s in candidates:
-            free = len(self.free_ids(s))
+            free = self.free_count(s)
             if free >= n:
-                ids, split = self._within(s, n)
-                key = (s.actor_id != home, split, free - n, s.actor_id)
+                key = (s.actor_id != home, self._spans(s, n), free - n, s.actor_id)
                 if best is None or key < best[0]:
-                    best = (key, s, ids)
+                    best = (key, s)
             elif free >= least:
                 wkey = (-free, s.actor_id != home, s.actor_id)
                 if widest is None or wkey < widest[0]:
                     widest = (wkey, s)
         if best is not None:
-            return best[1], best[2]
+            return best[1], self._within(best[1], n)[0]
         if widest is None:
             return None
         s = widest[1]
@@ -147,13 +218,18 @@ class CorePools:
 
     def take(self, work_id: str, sess: ActorSession, ids: Sequence[int]) -> bool:
         """Mark ``ids`` of ``sess``'s pool as held by ``work_id``; False (nothing taken) if one is not free
-        (e.g. an adopted action whose cores were granted again meanwhile)."""
+        (e.g. an adopted action whose cores were granted again meanwhile) or not one of ``sess``'s."""
         ac = self.actor(sess)
         pool = self._pools[ac.pool]
-        if work_id in self._held or any(c in pool.used or c not in ac.cpus for c in ids):
+        if work_id in self._held or not all(isinstance(c, int) and c >= 0 for c in ids):
+            return False
+        want = _mask(ids)
+        if want & ~ac.mask or want & pool.used_mask:
             return False
         for c in ids:
             pool.used[c] = work_id
+        pool.used_mask |= want
+        pool.held += 1
         self._held[work_id] = (ac.pool, tuple(ids))
         return True
 
@@ -167,9 +243,11 @@ class CorePools:
             return 0
         pool = self._pools.get(held[0])
         if pool is not None:
+            pool.held -= 1
             for c in held[1]:
                 if pool.used.get(c) == work_id:
                     del pool.used[c]
+                    pool.used_mask &= ~(1 << c)
         return len(held[1])
 
     def real_ids(self, sess: ActorSession) -> bool:
