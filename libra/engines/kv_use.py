@@ -10,9 +10,11 @@ Sources:
 - HF engine: its per-trajectory :class:`~libra.engines.kv_cache.KVCache` (bytes held by the trajectories'
   contexts against ``kv_cache_bytes``; :meth:`KVCache.use`).
 - vLLM: the scheduler's gauges from ``LLM.get_metrics()``: ``vllm:kv_cache_usage_perc`` (V1; V0 named it
-  ``vllm:gpu_cache_usage_perc``) and ``vllm:num_requests_running``. Read between ``generate`` calls, so it
-  sees what the scheduler still holds then (an offline ``LLM`` has usually finished its requests: the
-  reading is then ``(0, 0)``, which leaves the credit at the slot's batch size).
+  ``vllm:gpu_cache_usage_perc``) and ``vllm:num_requests_running``. An offline ``LLM`` keeps no stats unless
+  built with ``disable_log_stats = False`` (``LIBRA_VLLM_ARGS='{"disable_log_stats": false}'``); without them
+  there is no reading and the actor keeps its bid. Read between ``generate`` calls, so it sees what the
+  scheduler still holds then (an offline ``LLM`` has usually finished its requests: the reading is then
+  ``(0, 0)``, which leaves the credit at the slot's batch size). Not yet checked against a real vLLM on a GPU.
 - Any other engine with a ``kv_use()`` method (test stand-ins) is asked directly.
 
 Returns None when an engine says nothing (the actor then keeps its bid). Never raises for a missing or odd
