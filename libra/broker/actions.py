@@ -96,6 +96,7 @@ class ActionPlacement:
             raise ValueError(f"GPU services: {exc}") from None
         self._specs: dict[str, ActionSpec] = {}
         self.granted: dict[str, tuple[int, float, float]] = {}  # work id -> (cores, started, expected end)
+        self._running: dict[str, RunningView] = {}  # work id -> what the policy sees of it (kept with granted)
         self._home: OrderedDict[str, str] = OrderedDict()  # trajectory -> actor id of its sandbox
 
     def spec(self, work_id: str, trajectory: str | None, tool: str, submitted_at: float) -> ActionSpec:
@@ -110,9 +111,7 @@ class ActionPlacement:
         return s
 
     def decide(self, queue: list[ActionSpec], free_cores: int, now: float) -> list[tuple[str, int]]:
-        running = [RunningView(w, self._specs[w].trajectory if w in self._specs else w, {"cpu": c}, end)
-                   for w, (c, _, end) in self.granted.items()]
-        grants = self.scheduler.schedule(queue, {"cpu": free_cores}, running, now)
+        grants = self.scheduler.schedule(queue, {"cpu": free_cores}, list(self._running.values()), now)
         return [(g.action_id, int(g.units.get("cpu", 1))) for g in grants]
 
     def grants(self, queues: Iterable[Iterable[Work]], free_cores: int, now: float) -> list[tuple[str, int]]:
@@ -211,6 +210,8 @@ class ActionPlacement:
         s = self._specs.get(work_id)
         est = s.duration(cores) if s is not None and s.elastic is not None else (s.base_duration if s else 1.0)
         self.granted[work_id] = (cores, now, now + est)
+        self._running[work_id] = RunningView(work_id, s.trajectory if s is not None else work_id, {"cpu": cores},
+                                             now + est)
 
     def ended(self, work_id: str) -> int:
         """Forget a finished/lost action; returns the cores it held (0 if none)."""
@@ -223,6 +224,7 @@ class ActionPlacement:
         self.cores.give_back(work_id)
         self.services.release(work_id, failed)
         c = self.granted.pop(work_id, None)
+        self._running.pop(work_id, None)
         return c[0] if c else 0
 
     def remembers(self, work_id: str) -> bool:

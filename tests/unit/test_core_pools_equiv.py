@@ -60,7 +60,7 @@ def test_random_grant_release_sequences_decide_like_the_scanning_pools(seed: int
                 held.append(wid)
         elif op < 0.65 and actors:  # an adopted action reports ids of its own: taken only if all are free
             s = rng.choice(actors)
-            ids = rng.sample(range(0, 80), rng.randrange(0, 4))
+            ids = rng.sample(range(80), rng.randrange(0, 4))
             wid = f"adopt{step}"
             assert new.take(wid, s, ids) is ref.take(wid, s, ids)
             held.append(wid)
