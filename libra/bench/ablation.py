@@ -287,7 +287,7 @@ def run(steps: int = 20, gpus: int = 48, prompts: int | None = None, seed: int =
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m libra.bench ablation", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench ablation", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=None, help="RL steps (default 20; --quick 3)")
     p.add_argument("--gpus", type=int, default=None, help="GPUs, whole 8-GPU nodes (default 48; --quick 16)")
     p.add_argument("--prompts", type=int, default=None, help="GRPO groups of 16 per step (default gpus/16, 3 at 48 GPUs: ~346K tokens per step, docs/papers.md §1.7; --quick 2)")

@@ -177,7 +177,7 @@ def _print(res: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m libra.bench actions", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench actions", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer iterations and repeats")
     p.add_argument("--skip-sandbox", action="store_true", help="skip the real-sandbox part")
     p.add_argument("--skip-sim", action="store_true", help="skip the simulator part")

@@ -376,7 +376,7 @@ def _print(res: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: print tables, or one JSON object with ``--json``."""
-    p = argparse.ArgumentParser(prog="python -m libra.bench actions_sched", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench actions_sched", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer batches, repeats and depths")
     p.add_argument("--skip-latency", action="store_true")
     p.add_argument("--skip-sim", action="store_true")

@@ -271,7 +271,7 @@ def print_table(r: dict, window: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m libra.bench broker", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench broker", description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=3000, help="round trips per latency measurement")
     p.add_argument("--window", type=int, default=100, help="calls in flight for the throughput run")
     p.add_argument("--slots", type=int, default=1, help="actor slots behind the broker")

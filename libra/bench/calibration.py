@@ -192,7 +192,7 @@ def _fmt(out: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m libra.bench calibration", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench calibration", description=__doc__.splitlines()[0])
     p.add_argument("--gpus", type=int, default=None, help="simulated GPUs, whole 8-GPU nodes (default 48; --quick 16)")
     p.add_argument("--steps", type=int, default=None, help="simulated RL steps (default 20; --quick 3)")
     p.add_argument("--prompts", type=int, default=None, help="GRPO groups of 16 per step (default gpus/16, 3 at 48 GPUs: ~346K tokens per step, docs/papers.md §1.7; --quick 2)")

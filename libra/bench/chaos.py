@@ -187,7 +187,7 @@ def _fmt(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m libra.bench chaos", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench chaos", description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=500, help="side-effecting calls (default %(default)s)")
     p.add_argument("--kill-after", type=int, default=150, help="kill the broker once this many ran")
     p.add_argument("--pending", type=int, default=1000, help="waiting calls at the second restart")

@@ -42,7 +42,7 @@ __all__ = ["build_parser", "main", "run"]
 
 def build_parser() -> argparse.ArgumentParser:
     """Command-line options of this benchmark."""
-    p = argparse.ArgumentParser(prog="python -m libra.bench dataplane", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench dataplane", description=__doc__.splitlines()[0])
     p.add_argument("--sizes-mib", default="0.5,16,128", help="state-dict sizes in MiB (default: %(default)s)")
     p.add_argument("--repeat", type=int, default=3, help="best-of repeats per timing (default: %(default)s)")
     p.add_argument("--dir", default=None, help="directory for the file baseline (default: system temp dir)")

@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m libra.bench engines", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench engines", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", help="HF causal-LM directory (default: the tiny offline model)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default: cpu)")

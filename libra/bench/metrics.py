@@ -119,7 +119,7 @@ def _e2e(calls: int, with_metrics: bool) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m libra.bench.metrics", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench.metrics", description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=100_000, help="requests per run (default %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each variant; the best is kept")
     p.add_argument("--e2e-calls", type=int, default=20_000,

@@ -84,7 +84,7 @@ def run(calls: int = 100_000, clients: int = 4, slots: int = 2, queue_bound: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m libra.bench overload", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench overload", description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=100_000)
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--slots", type=int, default=2)

@@ -157,7 +157,7 @@ def _fmt(o: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m libra.bench payloads", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench payloads", description=__doc__.split("\n\n")[0])
     p.add_argument("--prompt", type=int, default=4096, help="prompt token ids in the generate args (default 4096)")
     p.add_argument("--iters", type=int, default=2000, help="iterations per timing (default 2000)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -49,7 +49,7 @@ def long_tail_workload(n: int = 1024, median: float = 6000.0, sigma: float = 1.0
 
 def build_parser() -> argparse.ArgumentParser:
     """Command-line options of this benchmark."""
-    p = argparse.ArgumentParser(prog="python -m libra.bench planner", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench planner", description=__doc__.splitlines()[0])
     p.add_argument("--gpus", default="16,48,128,512", help="comma-separated cluster sizes (default: %(default)s)")
     p.add_argument("--requests", type=int, default=1024, help="requests in the sample (default: %(default)s)")
     p.add_argument("--batch", type=int, default=1024, help="GRPO global batch (default: %(default)s)")

@@ -134,7 +134,7 @@ def _cases(text: str) -> list[tuple[int, int]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m libra.bench planner_accuracy",
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench planner_accuracy",
                                 description="Benchmark: the planner's rollout predictions vs the simulator, "
                                             "residency model vs mean-request model, in one run.")
     p.add_argument("--cases", type=_cases, default=_cases("16:2,16:10,64:3,64:10"),

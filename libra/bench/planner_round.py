@@ -84,7 +84,7 @@ def _fmt(out: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m libra.bench planner_round", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench planner_round", description=__doc__.splitlines()[0])
     p.add_argument("--gpus", default="48,128,512", help="comma-separated cluster sizes (default %(default)s)")
     p.add_argument("--repeat", type=int, default=3, help="rounds per size; the best of each figure is reported")
     p.add_argument("--seed", type=int, default=0)

@@ -177,7 +177,7 @@ def table(res: dict[str, Any], args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m libra.bench prefix_cache", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench prefix_cache", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--contexts", type=int, nargs="+", default=[2048, 8192], help="context tokens at the first turn")
     p.add_argument("--turns", type=int, default=6)

@@ -227,7 +227,7 @@ def run_vllm(requests: int = 128, new_tokens: int = 32, batch: int = 16, rounds:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m libra.bench rollout", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench rollout", description=__doc__.split("\n\n")[0],
                                 epilog="--engine vllm must run under an interpreter with vLLM, e.g. "
                                        "PYTHONPATH=. .venv-vllm/bin/python -m libra.bench rollout --engine vllm")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",

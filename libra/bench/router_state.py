@@ -57,7 +57,7 @@ def run(steps: int, prompts: int, repeat: int) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m libra.bench router_state", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench router_state", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--prompts", type=int, default=64, help="GRPO groups per step (default %(default)s)")
     p.add_argument("--repeat", type=int, default=3, help="rounds; the best of each figure is reported")

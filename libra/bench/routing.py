@@ -66,7 +66,7 @@ def run_one(job: tuple[str, str, int, int, int, int, float, dict[str, Any]]) -> 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m libra.bench routing", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench routing", description=__doc__.splitlines()[0])
     p.add_argument("--workloads", default="r2e,search_r1", help="comma-separated (default: %(default)s)")
     p.add_argument("--routers", default=",".join(ROUTERS), help="comma-separated (default: all)")
     p.add_argument("--steps", type=int, default=20)

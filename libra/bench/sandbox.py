@@ -113,7 +113,7 @@ def _warm(pool: SandboxPool, code: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: print a table, or one JSON object with ``--json``."""
-    parser = argparse.ArgumentParser(prog="python -m libra.bench sandbox", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench sandbox", description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=40, help="runs per mode of the noop workload")
     parser.add_argument("--cpu-iterations", type=int, default=8, help="runs per mode of the cpu workload")
     parser.add_argument("--no-cold", action="store_true", help="skip the one-shot bwrap reference")

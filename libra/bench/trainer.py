@@ -115,7 +115,7 @@ def _fmt(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m libra.bench trainer", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench trainer", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--shape", default="tiny", help="tiny, qwen2-0.5b or qwen2-1.5b (libra.engines.shapes)")

@@ -32,7 +32,7 @@ ACTION_WORKLOADS = ("coding", "mopd", "deepsearch")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m libra.sim", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.sim", description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", choices=sorted(PROFILES) + list(ACTION_WORKLOADS), help="generated workload")
     src.add_argument("--trace", help="replay a JSON Lines trace (docs/trace-format.md format)")

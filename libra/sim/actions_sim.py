@@ -77,7 +77,7 @@ def min_gpu_pool(
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m libra.sim.actions_sim", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.sim.actions_sim", description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", choices=("coding", "mopd", "deepsearch"), default="coding")
     p.add_argument("--batch", type=int, default=1280, help="concurrent trajectories per step")
     p.add_argument("--scheduler", choices=SCHEDULERS, default="tangram")

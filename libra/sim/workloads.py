@@ -310,7 +310,7 @@ def generate(
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = argparse.ArgumentParser(allow_abbrev=False,
         prog="python -m libra.sim.workloads",
         description="Generate a calibrated agentic-RL workload trace (JSON Lines, see docs/trace-format.md).",
     )
