@@ -187,6 +187,12 @@ class ActionPlacement:
             out.append((wid, sess, route.to_wire()))
         return out
 
+    def unparsed_labels(self) -> list[tuple[str, str]]:
+        """``(actor id, why)`` of each action actor seen since the last call whose hello labels (cores, CPU ids,
+        NUMA nodes, GPUs) did not parse: it runs on the fallback (its session's ``cores``, a private pool).
+        The caller logs them; this core does not log."""
+        return self.cores.take_unparsed()
+
     def hold(self, w: Work, sess: ActorSession, now: float) -> None:
         """``w`` was assigned to (or adopted by) ``sess`` with ``w.route``: count its cores as used (a
         GPU-service call holds a replica, counted by the service pools, and no cores)."""

@@ -168,6 +168,11 @@ class Dispatcher:
             queues[w.key].remove(wid)
             w.route = route
             self.assign(w, sess, now, out)
+        for actor_id, why in self.actions.unparsed_labels():  # the actor runs on its fallback: say so
+            self.stats["actor_labels_unparsed"] = self.stats.get("actor_labels_unparsed", 0) + 1
+            out.append(Log("actor_labels_unparsed", {"actor": actor_id, "error": why,
+                                                     "fallback": "its own cores, no CPU ids or NUMA nodes"},
+                           "warning", "libra.broker.actions"))
 
     # ------------------------------------------------------------------ handing work out
     def fill(self, sess: ActorSession, now: float, out: list[Command]) -> None:

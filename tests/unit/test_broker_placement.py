@@ -132,3 +132,22 @@ def test_a_trajectorys_next_action_returns_to_the_actor_holding_its_sandbox() ->
     s.handle(PeerMessage(C, m.EndTrajectory("x")), 5.0)  # x ended: no home any more, best fit again
     x3 = run("x3", "x", 6.0)
     assert s.works[x3.work_id].actor == b"small"
+
+
+def test_an_actor_whose_labels_do_not_parse_runs_on_its_own_cores_and_the_broker_says_so() -> None:
+    from libra.broker.events import Log
+
+    tools = {"python": {"cpu": 1, "max_cpu": 4, "parallel_fraction": 0.95, "duration_s": 4.0}}
+    s = BrokerState(BrokerConfig(action_scheduler="tangram", tools=tools))
+    s.handle(PeerMessage(C, m.ClientHello("c", 1)), 0)
+    s.handle(PeerMessage(b"a0", m.ActorHello("a0", "h", "cpu0", 1, {"action": ["python"]}, ["action"], 8,
+                                             {"cores": 2, "cpus": [3, 3], "numa": [0, 0]})), 0)  # repeated id
+    s.handle(PeerMessage(b"a0", m.Bid(["action"], 8)), 0)
+    out = s.handle(PeerMessage(C, m.Submit("r1", "action", "python", {"code": "1"}, "t1")), 1.0)
+    (a,) = assigns(out)
+    assert a.route["cores"] == 2 and a.route.get("core_ids") is None  # the fallback: 2 anonymous cores
+    (log,) = [c for c in out if isinstance(c, Log) and c.event == "actor_labels_unparsed"]
+    assert log.level == "warning" and log.fields["actor"] == "a0" and "cpus" in log.fields["error"]
+    assert s.stats["actor_labels_unparsed"] == 1
+    out = s.handle(PeerMessage(C, m.Submit("r2", "action", "python", {"code": "1"}, "t2")), 1.5)
+    assert not [c for c in out if isinstance(c, Log) and c.event == "actor_labels_unparsed"]  # said once
