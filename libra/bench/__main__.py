@@ -26,6 +26,7 @@ BENCHMARKS = {
     "chaos": ("libra.bench.chaos", "broker SIGKILL mid-run: calls lost, executed twice, attempts > 1; recovery at 1,000 pending calls vs a broker that never crashed"),
     "calibration": ("libra.bench.calibration", "cost models and simulator vs the paper: Fig. 3 per GPU, Fig. 2a 1K vs 32K, static uniform / colocated (streaming vs barrier)"),
     "prefix_cache": ("libra.bench.prefix_cache", "per-turn latency with the KV cache kept on the instance vs re-prefill; broker bytes per turn, deltas vs whole contexts"),
+    "ehp_join": ("libra.bench.ehp_join", "what a hybrid replica's join (state over the data plane, group re-formed) costs the core ranks vs no join"),
     "placement": ("libra.bench.placement", "broker action placement at 2/15/64 actors x 256 cores: placements/s, bitset core pools vs the scanning ones"),
     "payloads": ("libra.bench.payloads", "typed work payloads (msgspec) vs hand-built dicts: codec + validation per payload"),
 }
