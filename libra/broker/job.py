@@ -18,6 +18,12 @@ The flow, per the design's RL job:
   which trajectory, and submits one ``train`` work per rank naming, for every rank, the refs of its
   trajectories with their advantages and micro-batches. Each rank fetches its trajectories straight from
   the runners that hold them: the broker decides who gets what; the bytes never pass through it.
+- **Elastic steps.** Under ``allocation = "grp_ehp"`` (:mod:`libra.broker.ehp`) each step asks the
+  Elastic Hybrid Pool for its group: core ranks then hybrid replicas, a generation, and who contributes
+  zeros (a joining replica: no trajectories; it loads rank 0's state first). Every work of the step carries
+  the same group (``ElasticArgs``), the dispatch spreads the trajectories over the members that train, and
+  replies are placed by the rank they name. The step record names the members, the generation, the
+  joiners' restored versions and each member's state-fetch and group-formation seconds.
 - **Versions.** Rank 0's reply carries the new weights ref; the broker then attaches it to every
   ``generate`` turn it assigns that names no weights (rollout instances load it between turns).
 - **Progress.** One record per trained step (rewards, throughput, lag, dispatch balance, trainer
