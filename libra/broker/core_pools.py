@@ -174,11 +174,6 @@ class CorePools:
                 out.append((f.bit_count(), nd, f))
         return out
 
-    def _spans(self, sess: ActorSession, n: int) -> bool:
-        """Whether ``n`` free cores of ``sess`` must span NUMA nodes (no node has ``n`` free)."""
-        pool, free = self._free_mask(sess)
-        return not any((free & nm).bit_count() >= n for nm in pool.nodes.values())
-
     def _within(self, sess: ActorSession, n: int) -> tuple[tuple[int, ...], bool]:
         """``n`` free cores of ``sess``: best-fit NUMA node, else most-free nodes first; and whether they span
         more than one node."""
@@ -200,9 +195,13 @@ class CorePools:
         best: tuple[tuple[bool, bool, int, str], ActorSession] | None = None
         widest: tuple[tuple[int, bool, str], ActorSession] | None = None
         for s in candidates:
-            free = self.free_count(s)
+            ac = self.actor(s)
+            pool = self._pools[ac.pool]
+            fm = ac.mask & ~pool.used_mask
+            free = fm.bit_count()
             if free >= n:
-                key = (s.actor_id != home, self._spans(s, n), free - n, s.actor_id)
+                spans = not any((fm & nm).bit_count() >= n for nm in pool.nodes.values())
+                key = (s.actor_id != home, spans, free - n, s.actor_id)
                 if best is None or key < best[0]:
                     best = (key, s)
             elif free >= least:
