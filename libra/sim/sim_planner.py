@@ -54,8 +54,8 @@ Contract of one run:
    and bids again. Without the EHP a change of the set of training replicas also pauses core training
    once by ``regroup_s`` (the process groups are rebuilt and the state re-aligned; [G]). One
    application at a time: a decision while one is in flight is skipped (``reason="busy"``).
-5. **EHP** (``grp_ehp``; **modelled only**: the broker's planner loop does not run it, issue #19, and the
-   report says so): new training replicas join as whole DP replicas through the hybrid join
+5. **EHP** (``grp_ehp``; the broker runs it too, ``broker/ehp.py``, but its join differs from this model:
+   the runtime's core ranks wait for a joiner at its join step, and the report says so): new training replicas join as whole DP replicas through the hybrid join
    protocol (:class:`~libra.broker.hybrid.HybridReplica`: fetch the snapshot in the background, one
    zero-gradient core step, activation at a step boundary) and core training never pauses; after each
    step :func:`~libra.policies.planner.online.ehp_signal` sets the number of hybrid replicas (whole

@@ -139,8 +139,11 @@ def modelled_only(ehp: bool, p: PlannerSimParams) -> list[str]:
     (issue #19), one line each, printed as ``modelled-only: ...`` and kept in the report."""
     out = []
     if ehp:
-        out.append("EHP: modelled only (runtime lacks it, #19): hybrid replicas join training in the simulator; "
-                   "the broker's planner loop accepts no grp_ehp allocation")
+        out.append("EHP: the simulator's join is modelled, not the runtime's: here a hybrid replica fetches its "
+                   "snapshot in the background and core training never pauses; the broker's grp_ehp "
+                   "(broker/ehp.py) joins a replica into one flat DP group and the core ranks wait for the "
+                   "joiner's state fetch and group re-formation at the join step (bench ehp_join: that step "
+                   "takes ~3x a step without a join)")
     if p.reconfig_feedback:
         out.append("reconfiguration-cost feedback: modelled only (the simulator measures each deployment's cost; "
                    "the live broker's planner loop charges the fixed reconfig_cost_s)")

@@ -65,6 +65,6 @@ def test_the_simulator_plans_through_the_broker_loop_and_says_what_is_modelled_o
         [d["step"] for d in alloc.loop.decisions if d["reason"] != "profiled_plan"][-rounds:]
     rep = alloc.report()
     assert rep["loop_rounds"] == rounds and "PlannerLoop" in rep["runtime"]
-    ehp = [line for line in rep["modelled_only"] if line.startswith("EHP: modelled only (runtime lacks it, #19)")]
+    ehp = [line for line in rep["modelled_only"] if line.startswith("EHP: the simulator's join is modelled, not the runtime's")]
     assert len(ehp) == (allocation == "grp_ehp")
     assert any("reconfiguration-cost feedback" in line for line in rep["modelled_only"])
