@@ -177,17 +177,9 @@ def _fmt(out: dict[str, Any]) -> str:
                      f"{r['model_rollout_over_train']:>10.2f} {r['sim_step_s']:>10.1f} {r['sim_train_s']:>11.1f} "
                      f"{r['sim_wait_fraction']:>8.2f}")
     if "oracle" in out:
-        o = out["oracle"]
-        lines += ["", f"Oracle sanity ({o['allocation']} layout, {o['gpus']} GPUs, {o['steps']} steps, {o['prompts']} "
-                  f"groups x 16): oracle >= every other router on every workload: {'yes' if o['ok'] else 'NO'}"]
-        for wl, w in o["workloads"].items():
-            others = ", ".join(f"{r} {v:.0f}" for r, v in w["tokens_per_s"].items() if r != "oracle")
-            lines.append(f"  {wl:<10} oracle {w['tokens_per_s']['oracle']:.0f} tok/s; best other {w['best_other']} "
-                         f"x{w['best_other_over_oracle']:.3f} of it; {others}")
-            acc, mig = w["routing_accuracy"], w["migrated_token_ratio"]
-            lines.append(f"  {'':<10} routing accuracy / migrated tokens: " + ", ".join(
-                f"{r} {acc[r]:.2f}/{mig[r]:.3f}" for r in ("cmlfq", "cmlfq_cost", "oracle", "la_mlfq", "predictor")
-                if r in acc) + " (C-MLFQ targets: >= 0.91 / <= 0.08)")
+        from libra.bench.calibration_sim import format_oracle
+
+        lines += format_oracle(out["oracle"])
     return "\n".join(lines)
 
 

@@ -3,7 +3,8 @@
 What it runs: for each workload (default R2E-like and Search-R1-like, generated with the same seed), the
 discrete-event simulator (:mod:`libra.sim.engine`, the real ``BrokerState`` and real routers) once per
 router -- ``cmlfq``, ``cmlfq_cost`` (distribution- and cost-based C-MLFQ), ``round_robin``, ``least_loaded``, ``length_aware``, ``la_mlfq``, ``predictor``,
-``noisy_predictor`` (the simulation's noisy T=0 length predictor, docs/papers.md §5.1) and ``oracle`` -- on
+``noisy_predictor`` (the simulation's noisy T=0 length predictor, docs/papers.md §5.1) and ``oracle`` (``cmlfq_cost``'s
+placement rule given the true remaining length, :mod:`libra.policies.routing.oracle`) -- on
 the ``hetero`` layout (48 GPUs: 2 rollout nodes of [TP1, TP1, TP2, TP4], 32 training GPUs). It prints
 one table: tokens/s, routing accuracy, migrated-token ratio, mean step time, and each router's tokens/s
 and step time relative to C-MLFQ (the baseline of the comparison is every other router).

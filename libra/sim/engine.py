@@ -27,8 +27,9 @@ switches of every GPU: to training (3.6 s snapshot + 4.4 s restore) and back to 
 measured transition costs of docs/papers.md §1.3.5 (:data:`COLOCATED_SWITCH`).
 After training step ``k`` the router hears ``on_step(k + 1)`` (C-MLFQ's tree rebuild).
 
-``noisy_predictor`` is a simulation-only router (docs/papers.md §5.1): the oracle router given the true
-total length times ``exp(predictor_noise · N(0, 1))`` at T=0, never corrected afterwards.
+``noisy_predictor`` is a simulation-only router (docs/papers.md §5.1): the oracle router's length-bucket placement
+(``placement="bucket"``) given the true total length times ``exp(predictor_noise · N(0, 1))`` at T=0, never
+corrected afterwards. ``oracle`` itself gets the true remaining length at the start and at every tool return.
 
 Metrics (:meth:`Simulator.run` returns a :class:`~libra.sim.sim_metrics.SimResult`): see
 ``sim_metrics.py``. Deterministic: same trace, config and seed → identical result. No sockets, threads,
@@ -157,8 +158,10 @@ class Simulator:
         router = "oracle" if cfg.router == "noisy_predictor" else cfg.router
         params = dict(cfg.router_params)
         params.setdefault("choose_mode", mode_by_cost(self.costs.kv_seconds, self.costs.reprefill_seconds))
-        if router == "cmlfq_cost":
+        if router in ("cmlfq_cost", "oracle"):
             params.setdefault("costs", self.costs)  # the simulator's own cost arithmetic (pure callbacks)
+        if cfg.router == "noisy_predictor":
+            params.setdefault("placement", "bucket")  # a T=0 length prediction's bucket, never corrected
         if router in ("cmlfq", "cmlfq_cost"):
             if cfg.size_thresholds is not None:
                 params.setdefault("thresholds", {"small": cfg.size_thresholds[0], "medium": cfg.size_thresholds[1]})

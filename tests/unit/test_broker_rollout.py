@@ -11,7 +11,8 @@ BUCKETS = [{"name": "short", "tp": 1, "max_tokens": 4000}, {"name": "long", "tp"
 
 
 def setup(router: str = "oracle", capacity: int = 2) -> BrokerState:
-    s = BrokerState(BrokerConfig(router=router, buckets=BUCKETS))
+    params = {"placement": "bucket"} if router == "oracle" else {}  # the oracle by the true length's bucket
+    s = BrokerState(BrokerConfig(router=router, buckets=BUCKETS, router_params=params))
     s.handle(PeerMessage(C, m.ClientHello("c", 1)), 0)
     for peer, bucket in ((b"s1", "short"), (b"s2", "short"), (b"l1", "long")):
         caps = {"generate": ["*"], "action": ["echo"]}

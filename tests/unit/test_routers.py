@@ -233,7 +233,7 @@ def test_lost_instance_is_replaced_in_bucket_with_reprefill() -> None:
 
 
 def test_replanned_away_bucket_is_remapped_by_threshold() -> None:
-    r = OracleRouter()
+    r = OracleRouter(placement="bucket")
     r.start(info("t1", true_remaining=8000), cluster())  # medium (<= 12000), on m0
     replanned = ClusterView((BucketSpec("short", 1, 4000), BucketSpec("long", 8, 40_000)),
                             (InstanceView("s0", "short"), InstanceView("x0", "long")))

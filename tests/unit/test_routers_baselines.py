@@ -4,6 +4,7 @@ trajectories and cluster snapshots (C-MLFQ's own rules: ``test_routers.py``)."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -91,14 +92,14 @@ def test_la_mlfq_prompt_history_with_ttl() -> None:
 
 
 def test_oracle_picks_the_true_bucket() -> None:
-    r = OracleRouter()
+    r = OracleRouter(placement="bucket")
     got = [r.start(info(f"t{x}", true_remaining=x), cluster()).bucket for x in (2000, 10_000, 35_000)]
     assert got == ["short", "medium", "long"]
     d = r.on_tool_return("t35000", ToolReturn("bash", 100, true_remaining=100), cluster())
     assert (d.bucket, d.migrated) == ("long", False)  # places once by default
     with pytest.raises(RoutingError, match="true_remaining"):
         r.start(info("x"), cluster())
-    follower = OracleRouter(follow=True)
+    follower = OracleRouter(placement="bucket", follow=True)
     follower.start(info("f", true_remaining=20_000), cluster())
     d = follower.on_tool_return("f", ToolReturn("bash", 18_000, context_tokens=19_000, true_remaining=2000), cluster())
     assert (d.bucket, d.migrated) == ("short", True)
@@ -193,7 +194,8 @@ def test_decisions_are_consistent_with_the_view(name: str, seed: int) -> None:
             pos += rng.randint(0, length // 4 + 1)
             v = view()
             before = r.bucket_of(tid)  # type: ignore[attr-defined]
-            d = r.on_tool_return(tid, ret(rng.choice(tree_states), pos, context=pos + 500), v)
+            tool_ret = replace(ret(rng.choice(tree_states), pos, context=pos + 500), true_remaining=max(0, length - pos))
+            d = r.on_tool_return(tid, tool_ret, v)
             check(d, v)
             deferred = d.reason == "migrate" and d.bucket == before == d.placed_bucket
             assert d.migrated == (d.bucket != before or deferred)

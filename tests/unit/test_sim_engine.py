@@ -76,13 +76,13 @@ HAND = [
 
 
 def test_accuracy_and_migration_metrics_on_a_hand_built_trace() -> None:
-    # oracle that never corrects: d is routed to medium at its first return while its truth is short
-    stay = Simulator(HAND, _cfg(gpus=16, router="oracle", lag=1)).run()
+    # the length-bucket oracle that never corrects: d is routed to medium at its first return while its truth is short
+    stay = Simulator(HAND, _cfg(gpus=16, router="oracle", lag=1, router_params={"placement": "bucket"})).run()
     assert stay.routing_decisions == 4
     assert stay.routing_accuracy == pytest.approx(3 / 4)
     assert stay.migrated_token_ratio == 0.0 and stay.migrations == 0
     # oracle that follows the true remaining length: d migrates once, carrying its whole context
-    follow = Simulator(HAND, _cfg(gpus=16, router="oracle", lag=1, router_params={"follow": True})).run()
+    follow = Simulator(HAND, _cfg(gpus=16, router="oracle", lag=1, router_params={"placement": "bucket", "follow": True})).run()
     assert follow.routing_accuracy == 1.0
     assert follow.migrations == 1
     total = sum(t.total_tokens for t in HAND)
@@ -94,8 +94,8 @@ def test_routing_accuracy_scores_the_remaining_response_tokens() -> None:
     """Truth = bucket of the response tokens still to come after the first tool return, tool payloads
     included: 1,000 + 6,000 + 100 = 7,100 -> medium, although only 1,100 generated tokens remain."""
     e = _traj("e", [(100, 100), (1000, 6000), (100, None)])
-    res = Simulator([e], _cfg(gpus=16, router="oracle", lag=1)).run()
-    assert res.routing_decisions == 1 and res.routing_accuracy == 1.0  # the oracle starts it in medium
+    res = Simulator([e], _cfg(gpus=16, router="oracle", lag=1, router_params={"placement": "bucket"})).run()
+    assert res.routing_decisions == 1 and res.routing_accuracy == 1.0  # the length-bucket oracle starts it in medium
 
 
 def test_kv_transfer_cost_matches_the_paper_bounds_and_layouts_are_checked() -> None:

@@ -17,8 +17,10 @@ every comparison is one name in :func:`make_router`:
 - ``predictor``: online ridge regression of ``log1p(total response tokens)`` on prompt features (bias,
   ``log1p(prompt_tokens)``, ``step / step_scale``, a one-hot of a stable hash of the prompt id); its
   prediction at T=0 picks the bucket once. It never sees tool returns.
-- ``oracle`` (simulator only): given ``TrajectoryInfo.true_remaining`` (response tokens), starts in the true bucket; with
-  ``follow=True`` it also moves to ``bucket(ToolReturn.true_remaining)`` after each tool return.
+- ``oracle`` (simulator only): :class:`libra.policies.routing.oracle.OracleRouter`, given the true remaining response
+  tokens (``TrajectoryInfo``/``ToolReturn.true_remaining``): ``cmlfq_cost``'s placement rule with the true length
+  (``placement="cost"``, the default), or the bucket of the true length (``placement="bucket"``, optionally
+  ``follow=True``).
 - ``cmlfq``: :class:`libra.policies.routing.cmlfq.CMLFQRouter`.
 - ``cmlfq_cost``: :class:`libra.policies.routing.cmlfq_cost.CostCMLFQRouter` (distribution- and cost-based moves).
 
@@ -38,6 +40,7 @@ import numpy as np
 
 from libra.policies.routing.cmlfq import CMLFQRouter
 from libra.policies.routing.cmlfq_cost import CostCMLFQRouter
+from libra.policies.routing.oracle import OracleRouter
 from libra.policies.routing.prefix_tree import CausalPrefixTree
 from libra.policies.routing.sticky import StickyRouter, Track
 from libra.policies.routing.interface import (
@@ -288,30 +291,6 @@ class PredictorRouter(StickyRouter):
         if isinstance(total_output_tokens, bool) or not isinstance(total_output_tokens, int) or total_output_tokens < 0:
             raise RoutingError(f"total_output_tokens must be a non-negative integer, got {total_output_tokens!r}")
         self.observe(track.info, total_output_tokens)
-
-
-class OracleRouter(StickyRouter):
-    """Knows the true remaining length (simulator only). Raises :class:`RoutingError` without it."""
-
-    name = "oracle"
-
-    def __init__(self, *, follow: bool = False, **params: Any) -> None:
-        super().__init__(**params)
-        self.follow = bool(follow)
-
-    def _initial_bucket(self, traj: TrajectoryInfo, view: ClusterView) -> tuple[int, str]:
-        if traj.true_remaining is None:
-            raise RoutingError(f"oracle router needs TrajectoryInfo.true_remaining (trajectory {traj.traj_id!r})")
-        return bucket_index_for(traj.true_remaining, view.buckets), "oracle"
-
-    def _decide(self, track: Track, ret: ToolReturn, view: ClusterView) -> tuple[int, str]:
-        current = view.bucket_index(track.bucket)
-        if not self.follow:
-            return current, "oracle"
-        if ret.true_remaining is None:
-            raise RoutingError(f"oracle router with follow=True needs ToolReturn.true_remaining "
-                               f"(trajectory {track.info.traj_id!r})")
-        return bucket_index_for(ret.true_remaining, view.buckets), "oracle"
 
 
 _ROUTERS: Final[dict[str, Callable[..., StickyRouter]]] = {
