@@ -16,7 +16,18 @@ anonymous cores (its grants then carry a count only).
 - when no actor fits ``n``, the grant shrinks to the most free cores any candidate has (the degree of
   parallelism is elastic) if that is at least the action's minimum; else it stays queued.
 
-Pure: no I/O, clocks or logging. Mutation rule: only :meth:`take`, :meth:`give_back` and :meth:`forget`.
+Bookkeeping (the broker runs one placement round per submitted or finished action, over every actor): each
+pool keeps its CPU ids as bitsets, the ids of each NUMA node and the ids held, updated by :meth:`take` and
+:meth:`give_back`; an actor's free cores in a node are one AND of those with its own ids and their count one
+popcount. A query costs O(NUMA nodes) word-wide operations, whatever the number of cores, and only the chosen
+grant's ids are enumerated, so a round costs O(grants x actors). The implementation that scanned every id
+(``libra/bench/placement_ref.py``) makes the same decisions; ``python -m libra.bench placement`` compares them.
+
+Labels that do not parse fall back to the session's ``cores`` (a private pool) and are reported once through
+:meth:`CorePools.take_unparsed` for the broker's shell to log.
+
+Pure: no I/O, clocks or logging. Mutation rule: only :meth:`take`, :meth:`give_back`, :meth:`forget` (and
+:meth:`take_unparsed`, which empties its report).
 """
 
 from __future__ import annotations
