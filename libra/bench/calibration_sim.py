@@ -89,8 +89,9 @@ def _why(w: dict[str, Any]) -> str:
     if o["tokens_per_s_before_last"] >= b["tokens_per_s_before_last"]:
         return head + (f"ahead of {best} until the last step ({o['tokens_per_s_before_last']:.0f} vs "
                        f"{b['tokens_per_s_before_last']:.0f} tok/s), behind in the last step's drain (trainer waited "
-                       f"{o['last_step_wait_s']:.0f} s vs {b['last_step_wait_s']:.0f} s): a long trajectory placed "
-                       f"under load, with nothing left to overlap it, sets the makespan")
+                       f"{o['last_step_wait_s']:.0f} s vs {b['last_step_wait_s']:.0f} s): the trajectories still "
+                       f"running then, placed while the cluster was loaded, set the makespan with nothing left to "
+                       f"overlap them")
     return head + (f"behind {best} before the last step too ({o['tokens_per_s_before_last']:.0f} vs "
                    f"{b['tokens_per_s_before_last']:.0f} tok/s; rollout GPUs busy {o['rollout_busy']:.2f} vs "
                    f"{b['rollout_busy']:.2f} of the makespan)")

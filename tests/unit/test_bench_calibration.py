@@ -67,3 +67,18 @@ def test_calibration_runs_on_the_h100_profile(capsys: pytest.CaptureFixture[str]
 def _json_of(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     assert main(argv) == 0
     return capsys.readouterr().out
+
+
+def test_oracle_check_says_where_a_router_beat_the_oracle() -> None:
+    from libra.bench.calibration_sim import _why
+
+    def stats(before: float, wait: float, busy: float) -> dict[str, float]:
+        return {"tokens_per_s_before_last": before, "last_step_wait_s": wait, "rollout_busy": busy}
+
+    drain = {"best_other": "cmlfq_cost", "stats": {"oracle": stats(3500, 231, 0.8), "cmlfq_cost": stats(3400, 145, 0.9)}}
+    assert "ahead of cmlfq_cost until the last step (3500 vs 3400 tok/s)" in _why(drain)
+    assert "waited 231 s vs 145 s" in _why(drain)
+    steady = {"best_other": "length_aware",
+              "stats": {"oracle": stats(3000, 50, 0.81), "length_aware": stats(3200, 60, 0.9)}}
+    assert "behind length_aware before the last step too (3000 vs 3200 tok/s; rollout GPUs busy 0.81 vs 0.90" \
+        in _why(steady)
