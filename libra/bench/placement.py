@@ -12,14 +12,15 @@ nodes (``libra/broker/core_pools.py``). Compared, in the same run and on the sam
 
 Setup per size: ``A`` actors × ``--cores`` CPU ids (default 256) in ``--numa`` NUMA nodes each, one host per
 actor; the cluster is preloaded to ``--load`` of its cores with running 4-core actions (the same ids in both);
-then ``--steps`` times: one random running action ends, one new action is submitted (a random tool among
-``edit`` 1 core, ``pytest`` 1..8 cores, ``build`` 2..16 cores, elastic) and one round places what it can.
-Each implementation runs ``--repeats`` times interleaved with the other; the fastest run of each is
-reported. Reported per size: rounds, actions placed, placements/s of each (placed / seconds inside the rounds), the
-ratio, and whether both placed every action on the same actor with the same core ids (they must).
+then ``--steps`` times: ``--burst`` (default 1) random running actions end, as many new ones are submitted
+(a random tool among ``edit`` 1 core, ``pytest`` 1..8 cores, ``build`` 2..16 cores, elastic) and one round
+places what it can. Each implementation runs ``--repeats`` times interleaved with the other; the fastest run
+of each is reported. Reported per size: rounds, actions placed, placements/s of each (placed / seconds inside
+the rounds), the ratio, and whether both placed every action on the same actor with the same core ids (they
+must).
 
 ``python -m libra.bench placement [--actors 2,15,64] [--cores 256] [--numa 2] [--load 0.85] [--steps 300]
-[--seed 0] [--repeats 3] [--json]``.
+[--seed 0] [--repeats 3] [--burst 1] [--json]``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def _actors(n: int, cores: int, numa: int) -> list[ActorSession]:
 
 
 def run_one(scanning: bool, n_actors: int, cores: int, numa: int, load: float, steps: int,
-            seed: int) -> dict[str, Any]:
+            seed: int, burst: int = 1) -> dict[str, Any]:
     """One implementation over one size; returns its timings and the placements it made."""
     pl = ActionPlacement("tangram", None, TOOLS)
     if scanning:
@@ -79,15 +80,16 @@ def run_one(scanning: bool, n_actors: int, cores: int, numa: int, load: float, s
     rounds = 0
     for step in range(steps):
         now += 0.01
-        if running:
-            wid, s = running.pop(rng.randrange(len(running)))
-            s.held.discard(wid)
-            s.cores_used -= pl.ended(wid)
-        tool = rng.choice(sorted(TOOLS))
-        wid = f"w{step}"
-        works[wid] = Work(wid, wid, b"c", "action", tool, {}, f"t{rng.randrange(4 * n_actors)}", now, now + 1e9,
-                          step + 1)
-        queues[("action", tool)].append(wid)
+        for b in range(burst):
+            if running:
+                wid, s = running.pop(rng.randrange(len(running)))
+                s.held.discard(wid)
+                s.cores_used -= pl.ended(wid)
+            tool = rng.choice(sorted(TOOLS))
+            wid = f"w{step}/{b}"
+            works[wid] = Work(wid, wid, b"c", "action", tool, {}, f"t{rng.randrange(4 * n_actors)}", now,
+                              now + 1e9, step * burst + b + 1)
+            queues[("action", tool)].append(wid)
         t0 = time.perf_counter()
         out = pl.place(actors, queues, works, now)
         for w_id, sess, route in out:
@@ -105,14 +107,14 @@ def run_one(scanning: bool, n_actors: int, cores: int, numa: int, load: float, s
 
 
 def run(sizes: list[int], cores: int, numa: int, load: float, steps: int, seed: int,
-        repeats: int = 3) -> dict[str, Any]:
+        repeats: int = 3, burst: int = 1) -> dict[str, Any]:
     run_one(False, 2, 16, 1, 0.5, 20, seed)  # warm up (imports, first-call caches) before anything is timed
     rows = []
     for n in sizes:
         runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
         for _ in range(repeats):  # interleaved; the best of each (the least disturbed by the shared machine)
             for scanning in (False, True):
-                runs[scanning].append(run_one(scanning, n, cores, numa, load, steps, seed))
+                runs[scanning].append(run_one(scanning, n, cores, numa, load, steps, seed, burst))
         new, ref = (min(runs[k], key=lambda r: r["seconds"]) for k in (False, True))
         pps_new = new["placed"] / new["seconds"] if new["seconds"] else float("inf")
         pps_ref = ref["placed"] / ref["seconds"] if ref["seconds"] else float("inf")
@@ -123,12 +125,13 @@ def run(sizes: list[int], cores: int, numa: int, load: float, steps: int, seed: 
                      "ratio": round(pps_new / pps_ref, 2) if pps_ref else None,
                      "same_placements": new["placements"] == ref["placements"]})
     return {"benchmark": "placement", "cores_per_actor": cores, "numa_nodes": numa, "load": load, "steps": steps,
-            "seed": seed, "repeats": repeats, "rows": rows}
+            "seed": seed, "repeats": repeats, "burst": burst, "rows": rows}
 
 
 def fmt(out: dict[str, Any]) -> str:
     title = (f"broker action placement (tangram, {out['cores_per_actor']} cores x {out['numa_nodes']} NUMA nodes "
-             f"per actor, preloaded to {out['load']:.0%}, {out['steps']} submit/release rounds, best of {out['repeats']})")
+             f"per actor, preloaded to {out['load']:.0%}, {out['steps']} rounds of {out['burst']} released + submitted, "
+             f"best of {out['repeats']})")
     header = (f"{'actors':>6} {'cores':>6} {'placed':>6} {'bitsets/s':>10} {'scanning/s':>11} {'ms/round':>15} "
               f"{'ratio':>7}  same placements")
     lines = [title, header]
@@ -148,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load", type=float, default=0.85, help="fraction of the cores preloaded with running actions")
     p.add_argument("--steps", type=int, default=300, help="submit/release rounds per size")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--burst", type=int, default=1, help="actions ended and submitted before each round")
     p.add_argument("--repeats", type=int, default=3, help="interleaved runs of each; the fastest is reported")
     p.add_argument("--json", action="store_true")
     return p
@@ -160,11 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print(f"--actors: expected comma-separated integers, got {args.actors!r}", file=sys.stderr)
         return 2
-    if not sizes or min(sizes) < 1 or args.cores < 1 or args.numa < 1 or not 0 <= args.load < 1 or args.steps < 1 or args.repeats < 1:
-        print("--actors, --cores, --numa and --steps, --repeats must be positive and --load in [0, 1)", file=sys.stderr)
+    if not sizes or min(sizes) < 1 or args.cores < 1 or args.numa < 1 or not 0 <= args.load < 1 or args.steps < 1 or args.repeats < 1 or args.burst < 1:
+        print("--actors, --cores, --numa and --steps, --repeats, --burst must be positive and --load in [0, 1)", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    out = run(sizes, args.cores, args.numa, args.load, args.steps, args.seed, args.repeats)
+    out = run(sizes, args.cores, args.numa, args.load, args.steps, args.seed, args.repeats, args.burst)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     emit(out, args.json, fmt)
     return 0 if all(r["same_placements"] for r in out["rows"]) else 1

@@ -11,7 +11,9 @@ def test_the_placement_benchmark_places_identically_with_both_pools(capsys) -> N
     (row,) = out["rows"]
     assert row["same_placements"] and row["placed"] > 0 and row["rounds"] == 40
     assert row["bitsets_per_s"] > 0 and row["scanning_per_s"] > 0 and row["ratio"] is not None
-    assert placement.main(["--actors", "2", "--cores", "16", "--steps", "10", "--repeats", "1"]) == 0
+    burst = placement.run([2], cores=32, numa=4, load=0.5, steps=10, seed=2, repeats=1, burst=4)["rows"][0]
+    assert burst["same_placements"] and burst["placed"] > 10  # several actions placed per round
+    assert placement.main(["--actors", "2", "--cores", "16", "--steps", "10", "--repeats", "1", "--burst", "2"]) == 0
     assert "same placements" in capsys.readouterr().out
 
 
