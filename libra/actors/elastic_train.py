@@ -5,8 +5,9 @@ Role: what :class:`~libra.actors.train_role.TrainRole` runs for a ``train`` work
 
 Contracts:
 
-- The member's rank is its actor id's position in ``members``; an actor that is not a member fails the
-  work with ``not_a_member``. Every work of a step carries the same args, so any member may take any.
+- The work of rank ``r`` is pinned to ``members[r]`` by the broker (``Work.pin``), so only that member
+  takes it; the member checks that ``members[rank]`` is its own actor id and fails the work with
+  ``not_a_member`` otherwise (a broker that did not pin it).
 - The trainer is created without a fixed process group; before each step the member joins the group of
   the step's generation (``libra.engines.elastic_dp.ElasticGroup``: rendezvous store on 127.0.0.1:
   ``master_port``, hosted by rank 0) when it changed.
@@ -93,9 +94,9 @@ def elastic_step(role: Any, ta: TrainArgs, ctx: WorkContext) -> dict[str, Any]:
 
     e = ta.elastic
     assert e is not None
-    if ctx.actor_id not in e.members:
-        raise ToolError("not_a_member", f"actor {ctx.actor_id!r} is not in the step's group {e.members}")
-    rank = e.members.index(ctx.actor_id)
+    rank = ta.rank
+    if not (0 <= rank < len(e.members)) or e.members[rank] != ctx.actor_id:
+        raise ToolError("not_a_member", f"actor {ctx.actor_id!r} took rank {rank}'s work of the group {e.members}")
     trainer = _ensure_trainer(role, ta, rank)
     if rank == 0 and e.snapshot:
         role.server.publish_state_dict(e.snapshot, snapshot(trainer.model, trainer.optimizer),

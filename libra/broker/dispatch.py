@@ -2,7 +2,8 @@
 
 It takes requests in (``Submit`` after its checks, a job's work, a restored request), decides where each
 runs (a generate turn asks the rollout router, an action the action policy when one is configured,
-anything else goes to the least-loaded actor that serves it, else waits in its FCFS queue), hands work
+anything else goes to the least-loaded actor that serves it, else waits in its FCFS queue; work pinned
+to an actor, ``Work.pin``, goes to that actor only and fails when it is gone), hands work
 out when an actor has free credit, takes it back (result, hand-back, lost actor, expired lease or
 deadline, cancel) and produces the one Reply of every request. It returns what to send as commands in
 ``out``; it never sends, logs or writes anything itself.
@@ -122,12 +123,19 @@ class Dispatcher:
         self.offer(w, now, out)
 
     def offer(self, w: Work, now: float, out: list[Command]) -> None:
-        """Give new ``w`` to the least-loaded actor that serves it, else queue it."""
-        sess = self.sessions.best_actor(w.key)
+        """Give new ``w`` to the least-loaded actor that serves it (pinned work: its actor only), else queue it."""
+        sess = self._taker(w)
         if sess is not None:
             self.assign(w, sess, now, out)
         else:
             self.table.push(w)
+
+    def _taker(self, w: Work) -> ActorSession | None:
+        """The actor to give ``w`` now: pinned work only to its own actor when it serves ``w`` and has credit."""
+        if not w.pin:
+            return self.sessions.best_actor(w.key)
+        sess = self.sessions.actor_by_id(w.pin)
+        return sess if sess is not None and sess.free > 0 and sess.serves(*w.key) else None
 
     def route_generate(self, w: Work, now: float, out: list[Command]) -> None:
         """Ask the rollout router where this turn runs; stick to that instance or queue for it."""
@@ -192,6 +200,10 @@ class Dispatcher:
                     i = 0
                     if key[0] == "generate":  # sticky turns wait for their own instance
                         i = next((j for j, wid in enumerate(q) if works[wid].target in (None, sess.peer)), -1)
+                        if i < 0:
+                            continue
+                    elif works[q[0]].pin and works[q[0]].pin != sess.actor_id:  # pinned work waits for its actor
+                        i = next((j for j, wid in enumerate(q) if works[wid].pin in ("", sess.actor_id)), -1)
                         if i < 0:
                             continue
                     seq = works[q[i]].seq
@@ -322,7 +334,16 @@ class Dispatcher:
     def requeue(self, w: Work, now: float, out: list[Command], why: str, count_failure: bool,
                 front: bool = False) -> None:
         """Leased ``w`` comes back (its holder already let go): run it again elsewhere, or fail it once it
-        was lost more than ``max_retries`` times."""
+        was lost more than ``max_retries`` times. Pinned work runs again only on its own actor: it fails at
+        once when that actor is gone or no longer serves it."""
+        if w.pin:
+            mine = self.sessions.actor_by_id(w.pin)
+            if mine is None or not mine.serves(*w.key):
+                w.actor = None
+                self.fail(w, now, out, ErrorCode.RETRIES_EXHAUSTED,
+                          f"pinned to actor {w.pin!r}, which {'is gone' if mine is None else 'no longer serves it'}"
+                          f" (last: {why})")
+                return
         if count_failure:
             w.failures += 1
             if w.failures > self.config.max_retries:
@@ -335,7 +356,7 @@ class Dispatcher:
         self.stats["requeued"] += 1
         if w.kind == "generate" and w.trajectory:
             self.rollout.requeue_target_lost(w.trajectory)
-        sess = None if (w.kind == "action" and self.actions is not None) else self.sessions.best_actor(w.key)
+        sess = None if (w.kind == "action" and self.actions is not None) else self._taker(w)
         if sess is not None:
             self.assign(w, sess, now, out)
             return

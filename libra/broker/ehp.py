@@ -243,9 +243,12 @@ class ElasticPool:
             rep.zero_step(rep.generation, group.step)
 
     def step_failed(self, group: StepGroup) -> None:
-        """The step failed: every replica that was joining in it goes back to rollout (its join failed)."""
+        """The step failed: every replica that was joining in it goes back to rollout (its join failed), and
+        the step's generation is spent: the next step forms a new group even with the same members."""
         for aid in group.zero:
             self._fail(aid, "step_failed")
+        if group.generation == self.generation:
+            self._members = ()
 
     def actor_left(self, actor_id: str) -> None:
         """A hybrid actor disconnected: its join or membership ends (atomically for its replica)."""

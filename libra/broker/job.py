@@ -22,7 +22,8 @@ The flow, per the design's RL job:
   Elastic Hybrid Pool for its group: core ranks then hybrid replicas, a generation, and who contributes
   zeros (a joining replica: no trajectories; it loads rank 0's state first). Every work of the step carries
   the same group (``ElasticArgs``), the dispatch spreads the trajectories over the members that train, and
-  replies are placed by the rank they name. The step record names the members, the generation, the
+  the work of rank ``r`` is pinned to ``members[r]`` (``JobWork.pin``): no other actor may take it, and it
+  fails (the step fails, the pool drops the step's generation) when that actor is gone. The step record names the members, the generation, the
   joiners' restored versions and each member's state-fetch and group-formation seconds.
 - **Versions.** Rank 0's reply carries the new weights ref; the broker then attaches it to every
   ``generate`` turn it assigns that names no weights (rollout instances load it between turns).
@@ -107,7 +108,8 @@ class JobSpec:
 
 @dataclass(frozen=True, slots=True)
 class JobWork:
-    """One piece of work the host wants submitted. ``tag`` comes back with its reply."""
+    """One piece of work the host wants submitted. ``tag`` comes back with its reply. ``pin``: the only
+    actor id that may take it (an elastic step's train work is pinned to its member)."""
 
     tag: str
     kind: str
@@ -115,6 +117,7 @@ class JobWork:
     args: dict[str, Any]
     trajectory: str | None
     timeout_s: float
+    pin: str = ""
 
 
 def group_advantages(rewards: list[float], groups: list[int], *, scale_by_std: bool = True,
@@ -280,7 +283,9 @@ class JobHost:
                              master_port=s.master_port, grpo=s.grpo, checkpoint=ckpt or None,
                              checkpoint_optimizer=s.checkpoint_optimizer, keep_checkpoints=s.keep_checkpoints,
                              elastic=elastic)
-            self._outbox.append(JobWork(f"train:{step}:{r}", "train", "grpo", args.to_wire(), None, s.train_timeout_s))
+            pin = group.members[r] if group is not None else ""  # only that member may take its rank's work
+            self._outbox.append(JobWork(f"train:{step}:{r}", "train", "grpo", args.to_wire(), None, s.train_timeout_s,
+                                        pin))
 
     def _on_train(self, tag: str, ok: bool, out: Any, error: str, now: float, attempts: int = 1) -> None:
         tr = self._train
@@ -295,8 +300,7 @@ class JobHost:
             self.error = f"train step {tr['step']} failed on rank {tag.rsplit(':', 1)[1]}: {error or 'bad reply'}"
             self.finished_at = now
             return
-        # an elastic step's works are alike: the rank a reply names is the member's position in the group
-        rank = out.get("rank") if group is not None and isinstance(out.get("rank"), int) else int(tag.rsplit(":", 1)[1])
+        rank = int(tag.rsplit(":", 1)[1])  # an elastic step's work of rank r is pinned to members[r]
         tr["outs"][rank] = out
         tr["attempts"][rank] = attempts
         if len(tr["outs"]) < tr["world"]:

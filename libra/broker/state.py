@@ -421,7 +421,7 @@ class BrokerState:
         def submit(owner: str, jw: JobWork, why: str) -> None:
             directives()  # a released hybrid actor must not take a train work of the step that leaves it out
             w = self._table.admit(owner, jw.tag, b"", jw.kind, jw.name, jw.args, jw.trajectory, jw.timeout_s, now,
-                                  why)
+                                  why, pin=jw.pin)
             self.stats["submitted"] += 1
             self._dispatch.offer(w, now, out)
 

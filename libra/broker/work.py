@@ -61,6 +61,7 @@ class Work:
     client_id: str = ""  # the client's stable id (its socket ``client`` may change on reconnect)
     timeout_s: float = 0.0
     route: dict[str, Any] = field(default_factory=dict)
+    pin: str = ""  # an actor id: only that actor may take this work ("" = any actor that serves it)
     story: list[str] = field(default_factory=list)
 
     @property

@@ -67,9 +67,10 @@ class WorkTable:
                 if w.client_id == client_id and w.state in (WorkState.QUEUED, WorkState.LEASED)]
 
     def admit(self, client_id: str, request_id: str, peer: bytes, kind: str, name: str, args: Any,
-              trajectory: str | None, timeout_s: float, now: float, why: str, work_id: str | None = None) -> Work:
+              trajectory: str | None, timeout_s: float, now: float, why: str, work_id: str | None = None,
+              pin: str = "") -> Work:
         """Create and index a new piece of work (not yet queued or assigned). ``work_id``: keep the id a
-        journal recorded (restore); new ids continue above it."""
+        journal recorded (restore); new ids continue above it. ``pin``: the only actor id that may take it."""
         if work_id is None or work_id in self.works:
             work_id = f"w{self._next_work}"
             self._next_work += 1
@@ -79,7 +80,7 @@ class WorkTable:
                 self._next_work = max(self._next_work, int(mt.group(1)) + 1)
         wid = work_id
         w = Work(wid, request_id, peer, kind, name, args, trajectory, now, now + timeout_s, next(self._seq),
-                 client_id=client_id, timeout_s=timeout_s)
+                 client_id=client_id, timeout_s=timeout_s, pin=pin)
         w.story.append(f"queued:{why}")
         self.works[wid] = w
         self._by_request[(client_id, request_id)] = wid
