@@ -1,17 +1,24 @@
 """``python -m libra.bench ehp_join``: what a hybrid replica's join costs the core trainer ranks.
 
 Two core ranks train a small MLP (``--width``, 4 layers, AdamW) for ``--steps`` data-parallel steps over
-the elastic group of ``libra.engines.elastic_dp`` (gloo). Two runs in one invocation:
+the elastic group of ``libra.engines.elastic_dp`` (gloo). Three runs in one invocation:
 
 - **baseline**: the two core ranks alone, one group generation throughout;
-- **join**: a third process joins at step ``--join-at`` the way the broker's Elastic Hybrid Pool joins a
-  hybrid actor: rank 0 publishes its state (weights and AdamW moments) on its data plane before the step,
-  the joiner fetches it (``fetch_state_dict``), loads it (``elastic_dp.restore``) and the group re-forms
-  at a new generation; the joiner contributes a zero gradient in that step and real gradients after it.
+- **blocking join**: a third process joins at step ``k = --join-at`` the way the broker's Elastic Hybrid
+  Pool joins a hybrid actor today: rank 0 publishes its state (weights and AdamW moments) on its data
+  plane before step ``k``, the joiner fetches it (``fetch_state_dict``), loads it (``elastic_dp.restore``)
+  and the group re-forms at a new generation; the core waits at step ``k`` for all of it;
+- **overlapped join**: rank 0 publishes its state before step ``k-1`` and the joiner fetches and loads it
+  while the core trains step ``k-1``; after that step rank 0 publishes the step's applied gradient
+  (``elastic_dp.grad_delta``). At step ``k`` the joiner joins the group first, contributes its zero
+  gradient to the all-reduce at once, and only then fetches the delta and replays step ``k-1``
+  (``elastic_dp.replay``) before applying step ``k``'s update: the core waits only for the group's
+  re-formation.
 
-Printed: core rank 0's seconds per step in both runs, the join step's time over the baseline's same step
-(the ratio), the joiner's fetch and load seconds and bytes, and whether every member ended with the
-same weights. The core waits at the join step for the joiner's fetch and the group's re-formation.
+In both joins the joiner contributes a zero gradient at step ``k`` and real gradients after it. Printed:
+core rank 0's seconds per step in every run, the ratio of steps ``k-1`` and ``k`` to the baseline's same
+steps, the joiner's fetch and load seconds and bytes, and whether every member ended with the same
+weights (exit status 1 otherwise).
 """
 
 from __future__ import annotations
@@ -45,36 +52,43 @@ def _digest(model: Any) -> str:
     return h.hexdigest()
 
 
-def _member(who: str, members_at: list[list[str]], width: int, port: int, refs: Any, out: Any) -> None:
+def _member(who: str, members_at: list[list[str]], width: int, port: int, refs: Any, out: Any,
+            overlap: bool) -> None:
     import torch
     import torch.distributed as dist
 
     from libra.dataplane import DataPlaneServer, ObjectRef, fetch_state_dict
-    from libra.engines.elastic_dp import ElasticGroup, GroupSpec, restore, snapshot
+    from libra.engines.elastic_dp import ElasticGroup, GroupSpec, grad_delta, replay, restore, snapshot
 
     torch.set_num_threads(1)
     model, opt = _model(width)
     group = ElasticGroup(timeout_s=120)
     server = DataPlaneServer() if who == "core0" else None
     gen, last, times, join = 0, None, [], {}
+    k = next(i for i, m in enumerate(members_at, start=1) if "hybrid" in m) if "hybrid" in members_at[-1] else 0
+
+    def fetch(what: str) -> dict[str, Any]:
+        ref = ObjectRef.from_wire(refs.get(timeout=120))
+        f0 = time.perf_counter()
+        sd, _, stats = fetch_state_dict(ref)
+        f1 = time.perf_counter()
+        (restore(model, opt, sd) if what == "state" else replay(model, opt, sd))
+        return {f"{what}_fetch_s": f1 - f0, f"{what}_load_s": time.perf_counter() - f1, f"{what}_bytes": stats.nbytes}
+
     for step, members in enumerate(members_at, start=1):
         if members != last:  # the broker's generation: counted over every step, member or not
             gen, last = gen + 1, members
+        if who == "hybrid" and overlap and step == k - 1:  # while the core trains step k-1
+            join.update(fetch("state"))
         if who not in members:
             continue
         t0 = time.perf_counter()
-        joining = group.current is None and who == "hybrid"
-        if who == "core0" and "hybrid" in members and step == next(
-                i for i, m in enumerate(members_at, start=1) if "hybrid" in m):
+        joining = who == "hybrid" and step == k
+        if who == "core0" and step == (k - 1 if overlap else k):
             ref = server.publish_state_dict(f"ehp/state/s{step}", snapshot(model, opt), version=step - 1)
             refs.put(ref.to_wire())
-        if joining:
-            ref = ObjectRef.from_wire(refs.get(timeout=120))
-            f0 = time.perf_counter()
-            sd, _, stats = fetch_state_dict(ref)
-            f1 = time.perf_counter()
-            restore(model, opt, sd)
-            join = {"fetch_s": f1 - f0, "load_s": time.perf_counter() - f1, "bytes": stats.nbytes}
+        if joining and not overlap:
+            join.update(fetch("state"))
         group.ensure(GroupSpec(gen, members.index(who), len(members), "127.0.0.1", port))
         opt.zero_grad(set_to_none=False)
         for p in model.parameters():
@@ -86,7 +100,15 @@ def _member(who: str, members_at: list[list[str]], width: int, port: int, refs: 
             model(x).pow(2).mean().backward()
         for p in model.parameters():
             dist.all_reduce(p.grad)
+        if joining and overlap:  # contributed; now catch up with step k-1, then apply step k
+            reduced = [p.grad.clone() for p in model.parameters()]
+            join.update(fetch("delta"))
+            for p, r in zip(model.parameters(), reduced):
+                p.grad = r
         opt.step()
+        if who == "core0" and overlap and step == k - 1:  # the step the joiner missed: its applied gradient
+            ref = server.publish_state_dict(f"ehp/delta/s{step}", grad_delta(model), version=step)
+            refs.put(ref.to_wire())
         times.append((step, time.perf_counter() - t0))
     group.close()
     if server is not None:
@@ -94,14 +116,14 @@ def _member(who: str, members_at: list[list[str]], width: int, port: int, refs: 
     out.put((who, times, join, _digest(model)))
 
 
-def _run(members_at: list[list[str]], width: int) -> dict[str, Any]:
+def _run(members_at: list[list[str]], width: int, overlap: bool = False) -> dict[str, Any]:
     from libra.local import free_port
 
     ctx = mp.get_context("spawn")
     refs, out = ctx.Queue(), ctx.Queue()
     port = free_port()
     names = sorted({w for m in members_at for w in m})
-    procs = [ctx.Process(target=_member, args=(w, members_at, width, port, refs, out)) for w in names]
+    procs = [ctx.Process(target=_member, args=(w, members_at, width, port, refs, out, overlap)) for w in names]
     for p in procs:
         p.start()
     got = {}
@@ -125,28 +147,33 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 2 <= args.join_at < args.steps:
         ap.error("--join-at must be in [2, steps)")
-    core = ["core0", "core1"]
+    core, k = ["core0", "core1"], args.join_at
     base = _run([core] * args.steps, args.width)
-    plan = [core if s < args.join_at else core + ["hybrid"] for s in range(1, args.steps + 1)]
-    join = _run(plan, args.width)
-    k = args.join_at
-    b, j = base["core0"]["times"], join["core0"]["times"]
+    plan = [core if s < k else core + ["hybrid"] for s in range(1, args.steps + 1)]
+    runs = {"blocking": _run(plan, args.width), "overlapped": _run(plan, args.width, overlap=True)}
+    b = base["core0"]["times"]
+    t = {name: r["core0"]["times"] for name, r in runs.items()}
     steady = statistics.median(b[s] for s in b if s > 1)
     print(f"ehp_join: width {args.width}, {4 * args.width * args.width / 1e6:.1f} M parameters, "
-          f"{args.steps} steps, the hybrid joins at step {k}")
-    print("step  baseline_s  join_run_s")
+          f"{args.steps} steps, the hybrid joins at step {k}; core rank 0's seconds per step")
+    print("step  baseline_s  blocking_s  overlapped_s")
     for s in sorted(b):
-        print(f"{s:4d}  {b[s]:10.4f}  {j[s]:10.4f}{'   <- join' if s == k else ''}")
-    jj = join["hybrid"]["join"]
-    print(f"joiner: fetched {jj['bytes'] / 1e6:.1f} MB of weights and AdamW state in {jj['fetch_s']:.4f} s, "
-          f"loaded in {jj['load_s']:.4f} s")
-    print(f"core rank 0 at the join step: {j[k]:.4f} s vs {b[k]:.4f} s in the baseline's step {k} "
-          f"(ratio {j[k] / b[k]:.2f}); baseline median step {steady:.4f} s")
-    same = len({join[w]["digest"] for w in core}) == 1
-    print(f"core ranks identical at the end: {same}; joined run's members identical: "
-          f"{len({v['digest'] for v in join.values()}) == 1}")
-    return 0 if same else 1
-
+        mark = "   <- join" if s == k else "   <- overlapped fetch" if s == k - 1 else ""
+        print(f"{s:4d}  {b[s]:10.4f}  {t['blocking'][s]:10.4f}  {t['overlapped'][s]:12.4f}{mark}")
+    jb, jo = runs["blocking"]["hybrid"]["join"], runs["overlapped"]["hybrid"]["join"]
+    print(f"joiner (blocking): fetched {jb['state_bytes'] / 1e6:.1f} MB of weights and AdamW state in "
+          f"{jb['state_fetch_s']:.4f} s, loaded in {jb['state_load_s']:.4f} s, on the core's path")
+    print(f"joiner (overlapped): fetched {jo['state_bytes'] / 1e6:.1f} MB in {jo['state_fetch_s']:.4f} s and "
+          f"loaded in {jo['state_load_s']:.4f} s during step {k - 1}; at step {k} fetched the "
+          f"{jo['delta_bytes'] / 1e6:.1f} MB gradient delta in {jo['delta_fetch_s']:.4f} s and replayed it in "
+          f"{jo['delta_load_s']:.4f} s after its all-reduce")
+    for name in runs:
+        print(f"{name}: join step {k} {t[name][k]:.4f} s vs baseline {b[k]:.4f} s (ratio {t[name][k] / b[k]:.2f}); "
+              f"step {k - 1} {t[name][k - 1]:.4f} s vs {b[k - 1]:.4f} s (ratio {t[name][k - 1] / b[k - 1]:.2f}); "
+              f"baseline median step {steady:.4f} s")
+    same = {name: len({v["digest"] for v in r.values()}) == 1 for name, r in runs.items()}
+    print(f"every member identical at the end: {same}")
+    return 0 if all(same.values()) else 1
 
 if __name__ == "__main__":
     raise SystemExit(main())

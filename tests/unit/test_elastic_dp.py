@@ -145,3 +145,30 @@ def test_snapshot_round_trip_and_typed_errors() -> None:
         restore(other, other_opt, bad)
     with pytest.raises(ValueError, match="rank"):
         GroupSpec(1, 3, 2, "127.0.0.1", 1234)
+
+
+def test_a_snapshot_from_before_a_step_plus_that_steps_gradient_replayed_equals_the_core_bit_for_bit() -> None:
+    """The overlapped join: the joiner loads the state of version k-2 while the core trains step k-1, then
+    replays step k-1's applied gradient; it ends with the core's weights and AdamW state exactly."""
+    from libra.engines.elastic_dp import grad_delta, replay
+
+    core, core_opt = _model()
+    for seed in (1, 2):
+        _step(core, core_opt, seed)
+    early = snapshot(core, core_opt)  # published before step 3 (version 2)
+    _step(core, core_opt, 3)
+    delta = grad_delta(core)  # after the step: the gradient it applied
+    joiner, joiner_opt = _model()
+    restore(joiner, joiner_opt, early)
+    assert _digest(joiner) != _digest(core)
+    replay(joiner, joiner_opt, delta)
+    assert _digest(joiner) == _digest(core)
+    mine, theirs = snapshot(joiner, joiner_opt), snapshot(core, core_opt)
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    _step(core, core_opt, 4)
+    _step(joiner, joiner_opt, 4)  # and the next step stays identical
+    assert _digest(joiner) == _digest(core)
+    with pytest.raises(SnapshotError, match="missing"):
+        replay(joiner, joiner_opt, {k: v for k, v in delta.items() if not k.endswith("0.weight")})
+    with pytest.raises(SnapshotError, match="shape"):
+        replay(joiner, joiner_opt, {**delta, "grad.0.weight": torch.zeros(2, 2)})
