@@ -4,15 +4,25 @@ pyzmq's ``send_multipart``/``recv_multipart`` do enum flag arithmetic and argume
 which costs about 3× a plain loop with integer flags on small frames (measured: 11.6 µs vs 3.5 µs for
 four frames). These helpers are that plain loop; semantics are the same (all frames or none, since
 ZeroMQ delivers multipart messages atomically).
+
+Draining: a receive that finds nothing raises ``zmq.Again``, and pyzmq builds that exception at a cost of
+about 10 µs (measured 10.9 µs against 3.6 µs for reading ``EVENTS`` on a loaded 2-core machine). A loop that
+drains until ``Again`` pays it once per wake-up, which at one call in flight is once per hop.
+:func:`recv_ready` asks ``EVENTS`` once after the first message instead, and drains a burst until ``Again``
+only when a second message was ready (where the exception is shared by the whole burst).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import zmq
 
 _SNDMORE = int(zmq.SNDMORE)
 _NOBLOCK = int(zmq.NOBLOCK)
 _RCVMORE = int(zmq.RCVMORE)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 def send_frames(sock: zmq.Socket, frames: list[bytes], flags: int = 0) -> None:
@@ -33,6 +43,22 @@ def recv_frames(sock: zmq.Socket, flags: int = _NOBLOCK) -> list[bytes]:
     while get(_RCVMORE):
         frames.append(recv(flags, copy=True))
     return frames
+
+
+def recv_ready(sock: zmq.Socket, limit: int) -> Iterator[list[bytes]]:
+    """Up to ``limit`` messages that are ready now, without blocking (see the module's note on draining)."""
+    try:
+        yield recv_frames(sock)
+    except zmq.Again:
+        return
+    if not sock.get(_EVENTS) & _POLLIN:
+        return
+    for _ in range(limit - 1):
+        try:
+            frames = recv_frames(sock)
+        except zmq.Again:
+            return
+        yield frames
 
 
 NOBLOCK = _NOBLOCK

@@ -32,6 +32,8 @@ from libra.client import Client
 from libra.client.aio import AsyncClient
 from libra.local import LocalCluster, free_port
 
+from .broker_drive import drive, pct
+
 MSG = {"request_id": "c:1", "tool": "echo", "args": {"i": 1}}
 
 
@@ -51,11 +53,6 @@ def _echo_server(url: str, ready: mp.Event, stop: mp.Event) -> None:
                 s.send_multipart([ident, msgpack.packb(msgpack.unpackb(payload))])
     s.close(0)
     ctx.term()
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def summary(lat: list[float], per_s: float, **extra: object) -> dict:
@@ -102,37 +99,6 @@ def floor(n: int, window: int, transport: str = "tcp") -> dict:
     s.close(0)
     ctx.term()
     return summary(lat, tput, transport=transport)
-
-
-def drive(c: Client, n: int, window: int) -> tuple[list[float], float]:
-    """``n`` sequential echo calls (latencies), then ``3 n`` calls with ``window`` in flight (calls/s).
-    Every result is checked: a wrong or missing one raises."""
-    for i in range(300):
-        c.call_tool("echo", i)
-    lat = []
-    for i in range(n):
-        t0 = time.perf_counter()
-        r = c.call_tool("echo", {"i": i})
-        lat.append(time.perf_counter() - t0)
-        if r.output != {"i": i}:
-            raise RuntimeError(f"echo {i} returned {r.output!r}")
-    total = n * 3
-    window_q: deque = deque()
-    bad = 0
-    t0 = time.perf_counter()
-    for i in range(total):
-        if len(window_q) >= window:
-            j, fut = window_q.popleft()
-            (r,) = c.gather([fut])
-            bad += getattr(r, "output", None) != j
-        window_q.append((i, c.submit_tool("echo", i)))
-    for j, fut in window_q:
-        (r,) = c.gather([fut])
-        bad += getattr(r, "output", None) != j
-    tput = total / (time.perf_counter() - t0)
-    if bad:
-        raise RuntimeError(f"{bad} pipelined calls returned a wrong result")
-    return lat, tput
 
 
 async def _async_tput(url: str, total: int, window: int) -> float:
@@ -278,8 +244,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-ray", action="store_true", help="skip the Ray row even when ray is installed")
     p.add_argument("--scale", action="store_true",
                    help="also sweep throughput over 2/8/32 actors x 1/2/4/8 client processes")
+    p.add_argument("--trace-hops", action="store_true",
+                   help="instead: stamp one call's every hop (client, broker, actor) and print per-segment medians, "
+                        "old hot path against the current one, interleaved (libra.bench.broker_hops)")
+    p.add_argument("--rounds", type=int, default=3, help="--trace-hops: interleaved old/new rounds")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
+    if a.trace_hops:
+        from .broker_hops import compare, print_trace
+
+        print(f"load (1 min) at the start: {os.getloadavg()[0]:.2f}")
+        rows = compare(a.n, a.rounds, a.window)
+        print(json.dumps(rows) if a.json else "", end="\n" if a.json else "")
+        if not a.json:
+            print_trace(rows)
+        return 0
     r = run(a.n, a.window, a.slots, with_ray=not a.no_ray)
     if a.scale:
         from .broker_scale import sweep

@@ -27,7 +27,7 @@ from libra.endpoints import broker_ipc_endpoint, forget_ipc
 from libra.logging import get_logger
 from libra.protocol import ProtocolError, decode_many, encode, encode_many
 from libra.security import Authenticator, CurveServer, apply_server
-from libra.zmqio import NOBLOCK, recv_frames, send_frames
+from libra.zmqio import NOBLOCK, recv_ready, send_frames
 
 from .config import BrokerConfig
 from .events import (
@@ -226,15 +226,14 @@ class BrokerServer:
         sock, maxb = self.sock, self.config.max_frame_bytes
         mono = time.monotonic
         next_tick = mono() + self._tick_s
+        poller = zmq.Poller()  # one poller for the loop's life (Socket.poll builds a new one per call)
+        poller.register(sock, zmq.POLLIN)
+        poll = poller.poll
         try:
             while not self._stop.is_set():
                 timeout_ms = max(0, int((next_tick - mono()) * 1000))
-                if sock.poll(timeout_ms, zmq.POLLIN):
-                    for _ in range(self._max_recv):
-                        try:
-                            frames = recv_frames(sock)
-                        except zmq.Again:
-                            break
+                if poll(timeout_ms):
+                    for frames in recv_ready(sock, self._max_recv):
                         now = mono()
                         peer = frames[0]
                         body = frames[1:]

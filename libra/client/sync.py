@@ -24,7 +24,7 @@ import zmq
 from libra.endpoints import resolve
 from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode_many, encode, encode_batch
 from libra.protocol import messages as m
-from libra.zmqio import recv_frames, send_frames
+from libra.zmqio import recv_ready, send_frames
 
 from libra.security import CurveClient
 
@@ -290,12 +290,7 @@ class Client:
             target.wait(min(0.002, max(0.0, deadline - time.monotonic())))
 
     def _drain(self) -> None:
-        sock = self._sock
-        for _ in range(10_000):
-            try:
-                frames = recv_frames(sock)
-            except zmq.Again:
-                return
+        for frames in recv_ready(self._sock, 10_000):
             try:
                 decoded = decode_many(frames, self.max_frame_bytes)
             except ProtocolError:
