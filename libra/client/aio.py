@@ -21,7 +21,7 @@ import zmq.asyncio
 from libra.endpoints import resolve
 from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode_many, encode, encode_batch
 from libra.protocol import messages as m
-from libra.zmqio import recv_frames
+from libra.zmqio import recv_ready
 
 from libra.security import CurveClient
 
@@ -211,13 +211,11 @@ class AsyncClient:
                 await sock.poll(None, zmq.POLLIN)
             except (zmq.ContextTerminated, zmq.ZMQError, asyncio.CancelledError):
                 return
-            for _ in range(10_000):
-                try:
-                    frames = recv_frames(nb)
-                except zmq.Again:
-                    break
-                except (zmq.ContextTerminated, zmq.ZMQError):
-                    return
+            try:  # what is ready now, ending on EVENTS (edge-triggered: drained either way) rather than Again
+                ready = list(recv_ready(nb, 10_000))
+            except (zmq.ContextTerminated, zmq.ZMQError):
+                return
+            for frames in ready:
                 self._last_rx = loop.time()
                 try:
                     decoded = decode_many(frames, self.max_frame_bytes)
