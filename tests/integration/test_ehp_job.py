@@ -48,7 +48,8 @@ def test_a_forced_borrow_joins_a_hybrid_replica_for_two_steps(tmp_path: Path) ->
     model = resolve_model(cfg.model.name)
     actor_args = ["--roles", "train=2,hybrid=2,action=1,episode=1", "--model-dir", str(model), "--run-dir", str(run),
                   "--torch-threads", "1", "--rollout-batch", "4", "--no-restart"]
-    cluster = LocalCluster(cpu_slots=6, actor_args=actor_args, env={"OMP_NUM_THREADS": "1"},
+    # PYTHONFAULTHANDLER: an actor that crashes in native code (exit -11 was seen once) prints every thread's stack
+    cluster = LocalCluster(cpu_slots=6, actor_args=actor_args, env={"OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"},
                            broker_args=["--config", str(tmp_path / "broker.toml")])
     cluster.start(wait_actors=6, timeout=300.0)
     try:
