@@ -55,7 +55,9 @@ class Supervisor:
         self._stop.set()
 
     def _spawn(self, c: _Child) -> None:
-        c.proc = subprocess.Popen(c.argv, env={**os.environ, **c.env} if c.env else None)  # e.g. the slot's GPU
+        # the slot's own settings (e.g. its GPU); a slot that dies of a signal (SIGSEGV in a native library)
+        # writes its Python stacks to stderr first (faulthandler), so the crash says where it happened
+        c.proc = subprocess.Popen(c.argv, env={**os.environ, "PYTHONFAULTHANDLER": "1", **(c.env or {})})
         c.started_at = time.monotonic()
         c.restart_at = None
         log.info("slot_started", slot=c.slot, pid=c.proc.pid, restarts=c.restarts)
