@@ -5,7 +5,7 @@ why) when that actor is gone. Driven by messages, no sockets."""
 from __future__ import annotations
 
 from libra.broker.ehp import ActorView, EhpSettings, ElasticPool
-from libra.broker.events import PeerMessage, Send
+from libra.broker.events import PeerMessage, Send, Tick
 from libra.broker.state import BrokerConfig, BrokerState
 from libra.protocol import messages as m
 
@@ -27,8 +27,8 @@ def summary(i: int) -> dict:
 
 
 class Harness:
-    def __init__(self) -> None:
-        self.s = BrokerState(BrokerConfig(planner={"allocation": "grp_ehp", "interval_s": 3600}))
+    def __init__(self, **cfg: float) -> None:
+        self.s = BrokerState(BrokerConfig(planner={"allocation": "grp_ehp", "interval_s": 3600}, **cfg))
         self.now = 0.0
         self.msg(b"client", m.ClientHello("client-1", 1))
         self.msg(EP, m.ActorHello("ep", "h", "cpu3", 1, {"episode": ["*"]}, ["episode"], 64))
@@ -38,6 +38,17 @@ class Harness:
         self.now += 0.01
         out = self.s.handle(PeerMessage(peer, msg), self.now)
         self.s.validate()
+        return out
+
+    def tick(self, dt: float, alive: tuple[bytes, ...]) -> list[Send]:
+        """``dt`` seconds pass in heartbeat-sized steps; the ``alive`` peers keep heartbeating."""
+        out: list[Send] = []
+        for _ in range(int(dt)):
+            for peer in alive:
+                self.msg(peer, m.Heartbeat())
+            self.now += 1.0
+            out += self.s.handle(Tick(), self.now)
+            self.s.validate()
         return out
 
     def trainer(self, peer: bytes, credit: int) -> list[Send]:
@@ -85,3 +96,17 @@ def test_a_failed_step_spends_its_generation() -> None:
     p.step_failed(g2)
     g3 = p.plan_step(4, 2, True, 1.0, 1.0)
     assert g3.members == g2.members and g3.generation == g2.generation + 1  # the group is formed anew
+
+
+def test_a_pinned_work_whose_lease_expires_goes_back_to_its_own_actor() -> None:
+    hs = Harness(lease_s=5.0)
+    hs.trainer(T0, 1)
+    hs.trainer(T1, 1)
+    start_step(hs)
+    hs.trainer(T9, 4)
+    (w1,) = [w for w in hs.s.works.values() if w.kind == "train" and w.pin == "t1"]
+    first = w1.lease
+    out = hs.tick(8, (EP, T0, T1, T9))  # t1 stays connected but sends no result: its lease expires
+    assert [r.work_id for r in sent(out, m.Revoke, T1)] == [w1.work_id]
+    (again,) = sent(out, m.Assign, T1)  # handed to t1 again, never to the idle non-member t9
+    assert again.work_id == w1.work_id and again.lease > first and sent(out, m.Assign, T9) == []
