@@ -180,6 +180,13 @@ class RolloutRouting:
     def on_step(self, step: int) -> None:
         self.router.on_step(step)
 
+    def summary(self) -> dict[str, Any]:
+        """For status: the router's name, the policy steps it was told of, and what it says of itself
+        (C-MLFQ: its trees' size and rebuild count)."""
+        describe = getattr(self.router, "describe", None)
+        return {"router": self.router_name, "steps": self.steps, **(describe() if callable(describe) else {}),
+                **{k: v for k, v in self.stats.items()}}
+
     def advance(self) -> None:
         """One more policy step happened (a job published weights, or the rebuild interval passed without
         a job): the router counts it and rebuilds its prefix tree when its ``rebuild_interval`` is reached

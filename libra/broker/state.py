@@ -258,7 +258,7 @@ class BrokerState:
     def snapshot(self, request_id: str, now: float) -> m.StatusReply:
         """A status view: one dict per actor, queue depths by ``kind:name``, counters."""
         return views.snapshot(request_id, now, self._sessions, self._table, self.stats, self._jobs,
-                              self._planning.loop)
+                              self._planning.loop, router=self.rollout.summary())
 
     def validate(self) -> None:
         """Check invariants (tests call this after every scenario). Raises AssertionError."""

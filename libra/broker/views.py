@@ -16,7 +16,7 @@ __all__ = ["snapshot", "validate"]
 
 
 def snapshot(request_id: str, now: float, sessions: SessionRegistry, table: WorkTable, stats: dict[str, int],
-             jobs: JobBoard, planner: PlannerLoop | None) -> m.StatusReply:
+             jobs: JobBoard, planner: PlannerLoop | None, router: dict[str, Any] | None = None) -> m.StatusReply:
     """A status view: one dict per actor, queue depths by ``kind:name``, counters."""
     actors = [
         {
@@ -38,6 +38,8 @@ def snapshot(request_id: str, now: float, sessions: SessionRegistry, table: Work
         st["jobs"] = jobs.summaries()
     if planner is not None:
         st["planner"] = planner.summary()
+    if router is not None:
+        st["router"] = router
     return m.StatusReply(request_id, actors, queues, st)
 
 
