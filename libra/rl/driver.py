@@ -320,7 +320,9 @@ def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = T
     actor_args = ["--roles", f"rollout={a.rollout - gpu_r},train={a.trainer - gpu_t},action={a.action},episode=1",
                   "--model-dir", str(model_dir), "--run-dir", str(run), "--torch-threads", str(a.torch_threads),
                   "--rollout-batch", str(a.rollout_batch), "--episode-concurrency", str(a.episode_concurrency),
-                  "--no-restart", "--dtype", a.dtype, "--gpu-memory-fraction", str(a.gpu_memory_fraction)]
+                  "--dtype", a.dtype, "--gpu-memory-fraction", str(a.gpu_memory_fraction)]
+    # a slot that dies (a native crash, the OOM killer) is restarted with back-off, as on a cluster: a job
+    # whose only rollout instance died would otherwise wait for turns nobody serves
     if gpu_r + gpu_t:
         actor_args += ["--gpu-roles", f"rollout={gpu_r},train={gpu_t}"]
     if a.allow_unisolated:

@@ -1,0 +1,55 @@
+"""A rollout slot that dies in the middle of ``libra run`` (SIGKILL, as a native crash or the OOM killer
+would) does not stop the job: its turns go to the other instance (contexts re-fetched from the episode
+runner), the supervisor restarts the slot, and the job ends with every version trained."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from libra.rl.config import load_job
+from libra.rl.driver import run_job
+from libra.rl.metrics import read_metrics
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")]
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "arith_tiny.toml"
+
+
+def test_a_rollout_slot_killed_mid_job_is_restarted_and_the_job_finishes(tmp_path: Path) -> None:
+    cfg = load_job(EXAMPLE).with_run_dir(str(tmp_path / "run"))
+    cfg = dataclasses.replace(cfg, actors=dataclasses.replace(cfg.actors, allow_unisolated=False))
+    run = tmp_path / "run"
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.update(summary=run_job(cfg, progress=False)), daemon=True)
+    t.start()
+    killed = None
+    deadline = time.monotonic() + 240
+    while killed is None and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+        if not (run / "metrics.jsonl").is_file() or not read_metrics(run):
+            continue  # wait until step 1 is done: the kill lands in the middle of the job
+        for f in sorted((run / "actors").glob("*.json")):
+            st = json.loads(f.read_text())
+            if st.get("role") == "rollout":
+                os.kill(int(st["pid"]), signal.SIGKILL)
+                killed = st["slot"], int(st["pid"])
+                break
+    assert killed is not None, "no rollout slot found to kill while the job ran"
+    t.join(timeout=300)
+    assert not t.is_alive(), "the job did not finish after a rollout slot was killed"
+    summary = out["summary"]
+    assert summary["final_version"] == 3 and summary["dropped_groups"] == 0
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
+    slot, pid = killed
+    restarted = json.loads((run / "actors" / f"{slot}.json").read_text())
+    assert restarted["pid"] != pid  # the supervisor started the slot again
