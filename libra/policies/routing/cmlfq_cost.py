@@ -278,6 +278,22 @@ class CostCMLFQRouter(CMLFQRouter):
         q = MigrationQuery(context, home.node is not None and home.node == dst.node, self._tp(home, view), dst_tp)
         return self.costs.kv_seconds(q) if self.choose_mode(q) == "kv" else self.costs.reprefill_seconds(q)
 
+    def _candidates(self, track: Track, view: ClusterView, current: int
+                    ) -> tuple[InstanceView | None, InstanceView | None, list[InstanceView]]:
+        """``(home, usable home, candidates)`` at a tool return: the trajectory's own instance when it is
+        ready, then one instance with room in every other bucket (within the logical bucket the context
+        stays home; the base class does not move it)."""
+        home = view.instance(track.instance) if track.instance is not None else None
+        usable = home if home is not None and home.ready else None
+        cands = [usable] if usable is not None else []
+        for b in range(len(view.buckets)):
+            if b == current and usable is not None:
+                continue
+            inst = self._room_in(view, b)
+            if inst is not None and (usable is None or inst.id != usable.id):
+                cands.append(inst)
+        return home, usable, cands
+
     def _choose(self, track: Track, hist: list[tuple[float, float]], home: InstanceView | None,
                 cands: list[InstanceView], view: ClusterView, extra: Callable[[InstanceView], float]) -> InstanceView:
         """The candidate with the least expected seconds; the first candidate (home) wins ties and gains up to
@@ -320,15 +336,7 @@ class CostCMLFQRouter(CMLFQRouter):
             return current, "no_stats"
         est, window = found
         hist = histogram(window, view.buckets)
-        home = view.instance(track.instance) if track.instance is not None else None
-        usable = home if home is not None and home.ready else None
-        cands = [usable] if usable is not None else []
-        for b in range(len(view.buckets)):
-            if b == current and usable is not None:
-                continue  # within the logical bucket the context stays home (the base class does not move it)
-            inst = self._room_in(view, b)
-            if inst is not None and (usable is None or inst.id != usable.id):
-                cands.append(inst)
+        home, usable, cands = self._candidates(track, view, current)
         if not cands or not hist:
             return bucket_index_for(est.mean, view.buckets), "no_room"
         best = self._choose(track, hist, usable, cands, view,

@@ -137,15 +137,7 @@ class OracleRouter(CostCMLFQRouter):
         truth = bucket_index_for(ret.true_remaining, view.buckets)
         if self.placement == "bucket":
             return truth, "oracle"
-        home = view.instance(track.instance) if track.instance is not None else None
-        usable = home if home is not None and home.ready else None
-        cands = [usable] if usable is not None else []
-        for b in range(len(view.buckets)):
-            if b == current and usable is not None:
-                continue  # within the logical bucket the context stays home (the base class does not move it)
-            inst = self._room_in(view, b)
-            if inst is not None and (usable is None or inst.id != usable.id):
-                cands.append(inst)
+        home, usable, cands = self._candidates(track, view, current)
         if not cands:
             return truth, "oracle_no_room"
         best = self._choose(track, [(1.0, float(ret.true_remaining))], usable, cands, view,
