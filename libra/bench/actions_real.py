@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from libra.local import free_port, stop_process, wait_until
+from libra.rl.config import toml_value
 
 __all__ = ["PYTEST_FILES", "PlacementCluster", "burst", "compare", "toml_broker"]
 
@@ -44,21 +45,9 @@ PYTEST_FILES = {
 }
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, dict):
-        return "{" + ", ".join(f'"{k}" = {_toml_value(x)}' for k, x in v.items()) + "}"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
 def toml_broker(table: dict[str, Any]) -> str:
     """A ``[broker]`` table as TOML text (values: strings, numbers, booleans, nested tables)."""
-    return "[broker]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in table.items())
+    return "[broker]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in table.items())
 
 
 @dataclass

@@ -124,7 +124,7 @@ class JobConfig:
         for table, body in self.to_mapping().items():
             lines.append(f"[{table}]")
             for k, v in body.items():
-                lines.append(f"{k} = {_toml_value(v)}")
+                lines.append(f"{k} = {toml_value(v)}")
             lines.append("")
         return "\n".join(lines)
 
@@ -132,7 +132,8 @@ class JobConfig:
         return dataclasses.replace(self, job=dataclasses.replace(self.job, run_dir=run_dir))
 
 
-def _toml_value(v: Any) -> str:
+def toml_value(v: Any) -> str:
+    """``v`` (bool, number, string, list or table) as a TOML value."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
@@ -140,7 +141,9 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, str):
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f'"{k}" = {toml_value(x)}' for k, x in v.items()) + "}"
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 
