@@ -42,7 +42,7 @@ from libra.broker.state import BrokerState
 from libra.policies.actions.registry import ActionSpec, Amdahl, ElasticSpec
 from libra.protocol import messages as m
 from libra.sim.action_workloads import ActionPlan, SimConfig, SimError, TrajectoryPlan, Workload, make_workload
-from libra.sim.actions_engine import percentile
+from libra.sim.actions_engine import action_report
 
 __all__ = ["BrokerActionSim"]
 
@@ -286,31 +286,14 @@ class BrokerActionSim:
         return out
 
     def _report(self, step_times: list[float], n_traj: int, wall: float) -> dict[str, Any]:
-        cfg = self.cfg
-        acts = [q + e + o for q, e, o, _c in self.acts]
-        n = max(len(acts), 1)
-        horizon = max(self.last_t, 1e-9)
-        cats: dict[str, list[float]] = {}
-        for q, e, o, c in self.acts:
-            cats.setdefault(c, []).append(q + e + o)
-        total = sum(step_times)
-        out: dict[str, Any] = {
-            "model": "broker", "workload": cfg.workload, "scheduler": cfg.scheduler, "batch": cfg.batch,
-            "seed": cfg.seed, "steps": cfg.steps, "actions": len(acts),
-            "act_mean_s": sum(acts) / n, "act_p50_s": percentile(acts, 0.50), "act_p99_s": percentile(acts, 0.99),
-            "act_breakdown_s": {"queue": sum(a[0] for a in self.acts) / n, "exec": sum(a[1] for a in self.acts) / n,
-                                "overhead": sum(a[2] for a in self.acts) / n},
-            "act_by_category_s": {c: sum(v) / len(v) for c, v in sorted(cats.items())},
-            "core_budget": cfg.core_budget, "cores_used": self.area_cores / horizon,
-            "gpus_used": sum(self.actor_gpus.values()), "gpus_busy_mean": self.area_gpus / horizon,
-            "step_time_s": {"mean": total / len(step_times), "p50": percentile(step_times, 0.5),
-                            "p99": percentile(step_times, 0.99)},
-            "trajectories_per_s": n_traj / total if total > 0 else 0.0,
-            "numa_split_fraction": self.numa_splits / n,
+        out: dict[str, Any] = {"model": "broker"}
+        out.update(action_report(self.cfg, self.acts, step_times, n_traj, max(self.last_t, 1e-9), self.area_cores,
+                                 self.area_gpus, sum(self.actor_gpus.values()), self.numa_splits))
+        out.update({
             "broker_stats": {k: v for k, v in self.broker.stats.items() if v},
             "sim_wall_s": wall,
             "modelled_only": self.modelled_only(),
-        }
+        })
         if self.actor_gpus:
             out.update(gpu_restores=self.restores, gpu_hits=self.hits, gpu_restore_s=self.restore_s)
         return out

@@ -372,45 +372,14 @@ class ActionSim:
 
     def _report(self, step_times: list[float], n_traj: int, wall: float) -> dict[str, Any]:
         cfg = self.cfg
-        acts = [q + e + o for q, e, o, _c in self.acts]
-        n = max(len(acts), 1)
-        horizon = max(self.last_t, 1e-9)
-        cats: dict[str, list[float]] = {}
-        for q, e, o, c in self.acts:
-            cats.setdefault(c, []).append(q + e + o)
-        total_time = sum(step_times)
-        out: dict[str, Any] = {
-            "workload": cfg.workload,
-            "scheduler": cfg.scheduler,
-            "batch": cfg.batch,
-            "seed": cfg.seed,
-            "steps": cfg.steps,
-            "actions": len(acts),
-            "act_mean_s": sum(acts) / n,
-            "act_p50_s": percentile(acts, 0.50),
-            "act_p99_s": percentile(acts, 0.99),
-            "act_breakdown_s": {
-                "queue": sum(a[0] for a in self.acts) / n,
-                "exec": sum(a[1] for a in self.acts) / n,
-                "overhead": sum(a[2] for a in self.acts) / n,
-            },
-            "act_by_category_s": {c: sum(v) / len(v) for c, v in sorted(cats.items())},
-            "core_budget": cfg.core_budget,
-            "cores_used": self.area_cores / horizon,
-            "gpus_used": self.gpus_provisioned,
-            "gpus_busy_mean": self.area_gpus / horizon,
-            "step_time_s": {
-                "mean": total_time / len(step_times),
-                "p50": percentile(step_times, 0.5),
-                "p99": percentile(step_times, 0.99),
-            },
-            "trajectories_per_s": n_traj / total_time if total_time > 0 else 0.0,
-            "numa_split_fraction": self.numa_splits / n,
+        out = action_report(cfg, self.acts, step_times, n_traj, max(self.last_t, 1e-9), self.area_cores,
+                            self.area_gpus, self.gpus_provisioned, self.numa_splits)
+        out.update({
             "decisions": self.decisions,
             "placement_retries": self.retries,
             "sim_wall_s": wall,
             "sched_wall_s": self.sched_wall,
-        }
+        })
         if cfg.scheduler == "per_trajectory":
             out["sandbox_cores"] = self.sandbox_cores
         if self.placement is not None:
@@ -423,3 +392,31 @@ class ActionSim:
             out["gpu_mem_gb"] = cfg.gpu_mem_gb
             out["gpu_workspace_gb"] = cfg.gpu_workspace_gb if cfg.gpu_mem_gb is not None else None
         return out
+
+
+def action_report(cfg: Any, acts4: Sequence[tuple[float, float, float, str]], step_times: list[float], n_traj: int,
+                  horizon: float, area_cores: float, area_gpus: float, gpus_used: float,
+                  numa_splits: int) -> dict[str, Any]:
+    """The figures every action simulator reports: ACT (mean, p50, p99, breakdown, by category), cores and
+    GPUs used over ``horizon``, step times and trajectories per second. ``acts4`` holds (queue, exec,
+    overhead, category) per action."""
+    acts = [q + e + o for q, e, o, _c in acts4]
+    n = max(len(acts), 1)
+    cats: dict[str, list[float]] = {}
+    for q, e, o, c in acts4:
+        cats.setdefault(c, []).append(q + e + o)
+    total = sum(step_times)
+    return {
+        "workload": cfg.workload, "scheduler": cfg.scheduler, "batch": cfg.batch, "seed": cfg.seed,
+        "steps": cfg.steps, "actions": len(acts),
+        "act_mean_s": sum(acts) / n, "act_p50_s": percentile(acts, 0.50), "act_p99_s": percentile(acts, 0.99),
+        "act_breakdown_s": {"queue": sum(a[0] for a in acts4) / n, "exec": sum(a[1] for a in acts4) / n,
+                            "overhead": sum(a[2] for a in acts4) / n},
+        "act_by_category_s": {c: sum(v) / len(v) for c, v in sorted(cats.items())},
+        "core_budget": cfg.core_budget, "cores_used": area_cores / horizon,
+        "gpus_used": gpus_used, "gpus_busy_mean": area_gpus / horizon,
+        "step_time_s": {"mean": total / len(step_times), "p50": percentile(step_times, 0.5),
+                        "p99": percentile(step_times, 0.99)},
+        "trajectories_per_s": n_traj / total if total > 0 else 0.0,
+        "numa_split_fraction": numa_splits / n,
+    }
