@@ -18,6 +18,7 @@ Integers are never accepted for strings, nor booleans for integers; an integer i
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any, ClassVar, Self
 
 import msgspec
@@ -58,6 +59,10 @@ def _wire(value: Any) -> Any:
     return value
 
 
+_FIRST_CONVERSION = threading.Lock()
+_CONVERTED: set[type] = set()  # payload types msgspec has converted once (their type information is built)
+
+
 class Payload(msgspec.Struct, frozen=True, kw_only=True):
     """Base of every typed payload (see the module docstring)."""
 
@@ -68,7 +73,16 @@ class Payload(msgspec.Struct, frozen=True, kw_only=True):
     def from_wire(cls, obj: Any) -> Self:
         """Validate ``obj`` (a mapping) into this struct; raises :class:`PayloadError` naming the field."""
         try:
-            return msgspec.convert(obj, cls)
+            if cls in _CONVERTED:
+                return msgspec.convert(obj, cls)
+            # msgspec builds a struct's type information on its first conversion, and two threads doing
+            # that at once for the same struct crash the process (SIGSEGV, seen in rollout actors whose
+            # worker threads decoded their first GenerateArgs together): the first one runs alone
+            with _FIRST_CONVERSION:
+                try:
+                    return msgspec.convert(obj, cls)
+                finally:
+                    _CONVERTED.add(cls)
         except msgspec.ValidationError as exc:
             raise _error(cls.WHAT, exc) from None
 
