@@ -77,6 +77,7 @@ __all__ = [
 log = get_logger(__name__)
 
 _BUCKET_ELEMENTS = 32 * 1024 * 1024  # gradient all-reduce bucket (elements)
+_CLOSE_BARRIER_S = 30.0  # how long close() waits for the other ranks before leaving the group
 
 
 class TrainingDiverged(FloatingPointError):
@@ -269,8 +270,20 @@ class GRPOTrainer:
         )
 
     def close(self) -> None:
-        """Leave the process group if this trainer created it. Idempotent."""
+        """Leave the process group if this trainer created it. Idempotent.
+
+        Ranks first meet at a bounded barrier: rank 0 hosts the group's store, and a rank that tore the group
+        down while a peer still used it aborted that peer's process at exit ("terminate called without an
+        active exception"). A peer that never arrives (it died) costs at most ``_CLOSE_BARRIER_S``."""
         if self._owns_group and dist.is_initialized():
+            if self.world_size > 1:
+                try:
+                    if dist.get_backend() == "gloo":
+                        dist.monitored_barrier(timeout=timedelta(seconds=_CLOSE_BARRIER_S))
+                    else:
+                        dist.barrier()
+                except Exception as e:  # noqa: BLE001 - a dead peer: leave anyway
+                    log.warning("trainer_close_barrier_failed", rank=self.rank, error=repr(e))
             dist.destroy_process_group()
         self._owns_group = False
 

@@ -83,6 +83,7 @@ def _rank(rank: int, world: int, port: int, model_dir: str, batch_json: str, out
     save_file(r.state_dict_for_sync(), f"{out}/resumed-rank{rank}.safetensors")
     Path(out, f"rank{rank}.json").write_text(json.dumps({"m1": m1, "m2": m2, "m2r": m2r, "n": len(shard),
                                                          "resumed_version": r.weights_version}))
+    del r  # its FSDP modules hold the group: let them go before the group does
     t.close()
 
 
