@@ -13,15 +13,22 @@ Contracts:
   ``master_port``, hosted by rank 0) when it changed.
 - Rank 0 serves weights as in the fixed group, and when the group has joining members it first publishes
   its state before the step (weights and AdamW state, ``elastic_dp.snapshot``) on its data plane under
-  ``snapshot``. A joining member fetches that state from ``join_from`` (waiting while rank 0 has not
-  published it yet, up to the fetch timeout: ``join_state_unavailable``), loads it, and takes the step with
-  an empty shard: zero tokens and zero gradients, which leaves the core's step unchanged, and the same
-  update, which leaves it with the core's weights. It reports the version it loaded (``restored_version``).
+  ``snapshot``. A joining member takes the step with an empty shard and **joins first**: it forms the
+  group and contributes its zero gradient to the all-reduce at once (it needs no weights for that), so the
+  core ranks wait only for the group's re-formation, never for the state transfer. It fetches rank 0's
+  state from ``join_from`` on a thread started before it forms the group (waiting while rank 0 has not
+  published it yet, up to the fetch timeout: ``join_state_unavailable``), so the transfer overlaps the
+  core's step, and loads it before its optimizer applies the reduced gradient
+  (``GRPOTrainer.train_step(before_update=...)``): the same update applied to the same state leaves it with the
+  core's weights. It reports the version it loaded (``restored_version``), its fetch seconds
+  (``state_fetch_s``) and how long it waited for the fetch after the all-reduce (``state_wait_s``), both off
+  the core's path unless the joiner is still loading when the next step's all-reduce comes.
 - A member that contributes real gradients fetches its trajectories as in the fixed group.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -59,10 +66,9 @@ def _ensure_trainer(role: Any, ta: TrainArgs, rank: int) -> Any:
     return role.trainer
 
 
-def _load_state(role: Any, trainer: Any, ta: TrainArgs) -> int:
-    """Fetch rank 0's state from ``join_from`` (waiting until it is published) and load it; its version."""
+def _fetch_state(role: Any, ta: TrainArgs) -> tuple[dict[str, Any], int]:
+    """Fetch rank 0's state from ``join_from``, waiting until it is published; the state and its version."""
     from libra.dataplane import ObjectNotFound, ObjectRef, fetch_state_dict
-    from libra.engines.elastic_dp import SnapshotError, restore
 
     e = ta.elastic
     assert e is not None and e.join_from is not None
@@ -71,19 +77,50 @@ def _load_state(role: Any, trainer: Any, ta: TrainArgs) -> int:
     while True:
         try:
             sd, hdr, _ = fetch_state_dict(ref, keys=role.keys, idle_timeout_s=role.fetch_timeout_s)
-            break
+            return sd, int(hdr.version)
         except ObjectNotFound:
             if time.monotonic() > deadline:
                 raise ToolError("join_state_unavailable", f"{ref.endpoint} did not publish {ref.name!r} within "
                                                           f"{role.fetch_timeout_s}s") from None
             time.sleep(0.05)
-    try:
-        restore(trainer.model, trainer.optimizer, sd)
-    except SnapshotError as exc:
-        raise ToolError("join_state_mismatch", str(exc)) from None
-    trainer.weights_version = int(hdr.version)
-    trainer.step = int(hdr.version)
-    return trainer.weights_version
+
+
+class _StateFetch:
+    """A joiner's state fetch on a thread of its own: started before the member forms the group, so the
+    transfer overlaps the core's step; :meth:`load` waits for it and loads it (in ``before_update``)."""
+
+    def __init__(self, role: Any, ta: TrainArgs) -> None:
+        self.started = time.perf_counter()
+        self.fetched_s = 0.0
+        self._got: tuple[dict[str, Any], int] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(role, ta), name="ehp-state-fetch", daemon=True)
+        self._thread.start()
+
+    def _run(self, role: Any, ta: TrainArgs) -> None:
+        try:
+            self._got = _fetch_state(role, ta)
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the step's thread by load()
+            self._error = exc
+        self.fetched_s = time.perf_counter() - self.started
+
+    def load(self, trainer: Any) -> tuple[int, float]:
+        """Wait for the fetch and load it into ``trainer``; the loaded version and the seconds waited."""
+        from libra.engines.elastic_dp import SnapshotError, restore
+
+        w0 = time.perf_counter()
+        self._thread.join()
+        waited = time.perf_counter() - w0
+        if self._error is not None:
+            raise self._error
+        assert self._got is not None
+        sd, version = self._got
+        try:
+            restore(trainer.model, trainer.optimizer, sd)
+        except SnapshotError as exc:
+            raise ToolError("join_state_mismatch", str(exc)) from None
+        trainer.weights_version = trainer.step = version
+        return version, waited
 
 
 def elastic_step(role: Any, ta: TrainArgs, ctx: WorkContext) -> dict[str, Any]:
@@ -101,13 +138,20 @@ def elastic_step(role: Any, ta: TrainArgs, ctx: WorkContext) -> dict[str, Any]:
     if rank == 0 and e.snapshot:
         role.server.publish_state_dict(e.snapshot, snapshot(trainer.model, trainer.optimizer),
                                        version=trainer.weights_version, topic="ehp/state", keep=1)
+    joining = ctx.actor_id in e.joining
+    fetch = _StateFetch(role, ta) if joining else None  # overlaps the group's formation and the core's step
     t0 = time.perf_counter()
-    restored = _load_state(role, trainer, ta) if ctx.actor_id in e.joining else None
-    t1 = time.perf_counter()
     spec = GroupSpec(e.generation, rank, len(e.members), "127.0.0.1", ta.master_port)
     if role.elastic.ensure(spec):
         log.info("elastic_group_formed", generation=e.generation, rank=rank, world_size=len(e.members))
-    timing = {"state_fetch_s": t1 - t0, "group_form_s": time.perf_counter() - t1}
+    timing = {"group_form_s": time.perf_counter() - t0, "state_fetch_s": 0.0}
+    joined: list[int] = []
+
+    def load_after_all_reduce() -> None:  # a joiner: its zero gradient is in; now catch up with the core
+        version, waited = fetch.load(trainer)
+        joined.append(version)
+        timing.update(state_fetch_s=fetch.fetched_s, state_wait_s=waited)
+
     trainer.rank, trainer.world_size = rank, len(e.members)
     zero = ctx.actor_id in e.zero
     fetched: dict[str, Any] = {}
@@ -118,7 +162,10 @@ def elastic_step(role: Any, ta: TrainArgs, ctx: WorkContext) -> dict[str, Any]:
             shard, micro, fetched = role._fetch_parts(ta.parts[rank], ta.micro_batches[rank:][:1])
         except (DataPlaneError, ValueError, TypeError, KeyError) as exc:
             raise ToolError("shard_fetch_failed", f"rank {rank}: {type(exc).__name__}: {exc}") from None
-    metrics = {**trainer.train_step(shard, micro_batches=micro), **timing}
+    step_metrics = trainer.train_step(shard, micro_batches=micro,
+                                      before_update=load_after_all_reduce if joining else None)
+    metrics = {**step_metrics, **timing}
+    restored = joined[0] if joined else None
     version = trainer.weights_version
     weights, publish_s, checkpoint = None, 0.0, None
     if rank == 0:

@@ -17,7 +17,9 @@ At every training-step boundary the job host asks :meth:`ElasticPool.plan_step` 
    release can cancel an in-flight join) and moves it back to ``generate``.
 3. **Advance** joins: a requested replica whose actor has switched to ``train`` (it drained its rollout
    turns and bid again while the core trained the previous step: the role switch is off the core's path)
-   begins fetching: it is a zero-gradient member of this step and loads rank 0's state first. A replica
+   begins fetching: it is a zero-gradient member of this step; it joins the group and contributes its zeros
+   at once, then loads rank 0's state before applying the step's update, so the core ranks wait only for
+   the group's re-formation (``libra.actors.elastic_train``). A replica
    that fetched the state and contributed zeros for ``zero_steps`` steps activates at this boundary and
    trains with real data from this step on. A replica whose state source (the job's weights ref: rank 0's
    data plane) is not known yet, or whose actor has not switched yet, stays ``requested``.
@@ -109,7 +111,7 @@ class StepGroup:
     generation: int
     members: tuple[str, ...]  # rank order: core first
     zero: tuple[str, ...]  # contribute zero gradients (no trajectories)
-    joining: tuple[str, ...]  # load the core's state first
+    joining: tuple[str, ...]  # load the core's state (after their zero all-reduce, before the update)
     snapshot: str | None  # the name rank 0 publishes its state under (when someone joins)
 
     @property

@@ -21,10 +21,9 @@ Contracts:
   gradients to the sums, which leaves the step mathematically identical to "not joined", and it applies
   the same reduced gradient with the same optimizer state, so after the step it holds the core's weights
   (tested against a run without the joiner).
-- A join need not stall the core (``bench ehp_join``): the joiner may load a snapshot taken *before* the
-  core's step ``k-1`` while the core trains it, then catch up with that one step by :func:`replay`: the
-  step's reduced, clipped gradient (:func:`grad_delta`, published by rank 0 after the step) applied with
-  the same optimizer gives the core's weights and AdamW state of version ``k-1`` bit for bit.
+- A join does not stall the core (``bench ehp_join``): the joiner forms the group and contributes its
+  zero gradient first, and loads the snapshot only after the all-reduce, before its optimizer applies the
+  reduced gradient (``GRPOTrainer.train_step(before_update=...)``).
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["ElasticGroup", "GroupSpec", "SnapshotError", "grad_delta", "replay", "restore", "snapshot"]
+__all__ = ["ElasticGroup", "GroupSpec", "SnapshotError", "restore", "snapshot"]
 
 _PREFIX = "libra-dp"
 
@@ -140,26 +139,3 @@ def restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: Map
     for i, entries in per.items():
         p = params[i]
         optimizer.state[p] = {key: (t.to(p.device) if t.dim() else t.clone()) for key, t in entries.items()}
-
-
-def grad_delta(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """CPU copies of the gradients the last optimizer step applied (``grad.NAME``; zeros where none):
-    what a member that missed that step needs to :func:`replay` it."""
-    return {f"grad.{k}": (p.grad if p.grad is not None else torch.zeros_like(p)).detach().to("cpu", copy=True)
-            for k, p in model.named_parameters()}
-
-
-def replay(model: torch.nn.Module, optimizer: torch.optim.Optimizer, delta: Mapping[str, torch.Tensor]) -> None:
-    """Apply one missed step: set every parameter's gradient from a :func:`grad_delta` and step
-    ``optimizer`` (the gradient is already reduced and clipped: nothing else is applied)."""
-    params = dict(model.named_parameters())
-    names = {k[len("grad."):] for k in delta if k.startswith("grad.")}
-    if names != set(params):
-        missing, extra = sorted(set(params) - names)[:5], sorted(names - set(params))[:5]
-        raise SnapshotError(f"gradient delta does not fit the model: missing {missing}, unexpected {extra}")
-    for k, p in params.items():
-        g = delta[f"grad.{k}"]
-        if tuple(g.shape) != tuple(p.shape):
-            raise SnapshotError(f"gradient delta {k!r} has shape {tuple(g.shape)}, the model {tuple(p.shape)}")
-        p.grad = g.to(device=p.device, dtype=p.dtype).clone()
-    optimizer.step()

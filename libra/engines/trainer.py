@@ -38,7 +38,7 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -289,13 +289,17 @@ class GRPOTrainer:
 
     # -- training -------------------------------------------------------------------------------
 
-    def train_step(self, batch: TrainBatch, micro_batches: Sequence[Sequence[int]] | None = None) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch, micro_batches: Sequence[Sequence[int]] | None = None,
+                   before_update: Callable[[], None] | None = None) -> dict[str, float]:
         """One optimisation step on this rank's shard ``batch`` (may be empty on some ranks).
 
         ``micro_batches`` (indices into ``batch``, each exactly once; e.g. a dispatch plan's
         length-aware packing) replaces the default :func:`partition_by_tokens` split; the gradient is the
         same either way (the global token normaliser makes micro-batching exact). Raises ``ValueError`` if
-        it is not a partition of the batch. Every rank of the group must call it the same number of times. Returns global metrics
+        it is not a partition of the batch. ``before_update`` runs after the gradients are reduced and
+        clipped and just before the optimizer applies them (an elastic member that joined with a zero
+        gradient loads the group's state there: ``libra.actors.elastic_train``). Every rank of the group
+        must call it the same number of times. Returns global metrics
         (identical on all ranks): ``loss`` (the objective before the update), ``grad_norm`` (before
         clipping), ``clip_frac`` (fraction of tokens where the clip was active), ``ratio_mean``,
         ``kl_mean``, ``num_tokens``, ``num_sequences``, ``micro_batches`` (this rank's), ``step``,
@@ -350,6 +354,8 @@ class GRPOTrainer:
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=False)
             raise TrainingDiverged(f"step {self.step + 1}: gradient norm is {grad_norm}; weights left unchanged")
+        if before_update is not None:
+            before_update()
         self.optimizer.step()
         self.step += 1
         self.weights_version += 1

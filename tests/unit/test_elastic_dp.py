@@ -147,28 +147,27 @@ def test_snapshot_round_trip_and_typed_errors() -> None:
         GroupSpec(1, 3, 2, "127.0.0.1", 1234)
 
 
-def test_a_snapshot_from_before_a_step_plus_that_steps_gradient_replayed_equals_the_core_bit_for_bit() -> None:
-    """The overlapped join: the joiner loads the state of version k-2 while the core trains step k-1, then
-    replays step k-1's applied gradient; it ends with the core's weights and AdamW state exactly."""
-    from libra.engines.elastic_dp import grad_delta, replay
+def test_a_joiner_that_loads_the_state_after_its_zero_all_reduce_ends_with_the_cores_weights(tmp_path) -> None:
+    """The runtime's join order (actors/elastic_train.py): the joiner contributes zeros first and loads the
+    core's state in ``train_step(before_update=...)``, after the gradients are reduced and before the
+    optimizer applies them; the same update on the same state gives the core's weights bit for bit."""
+    from libra.engines.tiny_model import ensure_tiny_model
+    from libra.engines.trainer import GRPOTrainer, TrainBatch
 
-    core, core_opt = _model()
-    for seed in (1, 2):
-        _step(core, core_opt, seed)
-    early = snapshot(core, core_opt)  # published before step 3 (version 2)
-    _step(core, core_opt, 3)
-    delta = grad_delta(core)  # after the step: the gradient it applied
-    joiner, joiner_opt = _model()
-    restore(joiner, joiner_opt, early)
-    assert _digest(joiner) != _digest(core)
-    replay(joiner, joiner_opt, delta)
-    assert _digest(joiner) == _digest(core)
-    mine, theirs = snapshot(joiner, joiner_opt), snapshot(core, core_opt)
+    d = ensure_tiny_model(tmp_path / "model")
+    core, joiner = GRPOTrainer(d, lr=2e-3), GRPOTrainer(d, lr=2e-3)
+    core.train_step(TrainBatch([[5, 6, 7, 8, 9]], [[0, 1, 1, 1, 1]], [[0.0, -2.0, -2.0, -2.0, -2.0]], [1.0]))
+    state = snapshot(core.model, core.optimizer)  # what rank 0 publishes before the join step
+    empty = TrainBatch([], [], [], [])
+    grads_at_load: list[float] = []
+
+    def load() -> None:
+        grads_at_load.append(sum(float(p.grad.abs().sum()) for p in joiner._params))
+        restore(joiner.model, joiner.optimizer, state)
+
+    core.train_step(empty)  # AdamW's momentum and weight decay still move the weights
+    joiner.train_step(empty, before_update=load)
+    assert grads_at_load == [0.0]  # it ran once, after the (zero) gradients were in
+    mine, theirs = snapshot(joiner.model, joiner.optimizer), snapshot(core.model, core.optimizer)
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
-    _step(core, core_opt, 4)
-    _step(joiner, joiner_opt, 4)  # and the next step stays identical
-    assert _digest(joiner) == _digest(core)
-    with pytest.raises(SnapshotError, match="missing"):
-        replay(joiner, joiner_opt, {k: v for k, v in delta.items() if not k.endswith("0.weight")})
-    with pytest.raises(SnapshotError, match="shape"):
-        replay(joiner, joiner_opt, {**delta, "grad.0.weight": torch.zeros(2, 2)})
+    assert not torch.equal(theirs["model.lm_head.weight"], state["model.lm_head.weight"])  # the update applied
