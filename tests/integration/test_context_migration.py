@@ -76,3 +76,60 @@ def test_a_trajectory_continues_exactly_on_another_instance_after_its_own_goes(t
     assert still.context_via == ["new", "cache", "cache", "cache"]
     assert moved.input_ids == still.input_ids
     assert moved.logprobs == pytest.approx(still.logprobs, abs=1e-4)
+
+
+KV_CONFIG = """
+[broker]
+router = "la_mlfq"
+router_params = { choose_mode = "kv" }
+buckets = [{ name = "short", tp = 1, max_tokens = 10 }, { name = "long", tp = 1, max_tokens = 100000 }]
+"""
+
+
+async def run_turns_with_tool(c: AsyncClient, s: EpisodeSession, n: int) -> None:
+    """Turns with a tool call through the broker in between: the router decides again at each tool return."""
+    for _ in range(n):
+        await s.generate()
+        await c.call_tool("echo", {"stdout": "x" * 80}, trajectory=s.trajectory)  # ~20 response tokens
+        s.add_user(f"tool output {len(s.versions)}: 42")
+
+
+def test_a_trajectory_demoted_to_another_bucket_takes_its_kv_cache_along(tmp_path) -> None:
+    """Migration while the source lives (``Assign.route["mode"] == "kv"``): LA-MLFQ demotes the trajectory
+    from bucket ``short`` (actor A) to ``long`` (actor B) at its first tool return; B fetches A's KV cache over
+    A's data plane instead of re-prefilling, and the trajectory continues as one that stayed on A throughout."""
+    from transformers import AutoTokenizer
+
+    from libra.client import Client
+
+    model = ensure_tiny_model(tmp_path / "tiny")
+    tok = AutoTokenizer.from_pretrained(model)
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text(KV_CONFIG)
+    cluster = LocalCluster(cpu_slots=3, broker_args=["--config", str(cfg)],
+                           actor_args=["--roles", "rollout=2,action=1", "--model-dir", str(model),
+                                       "--rollout-batch", "4", "--torch-threads", "1"])
+    with cluster, DataPlaneServer() as server:
+        cluster.wait_for_actors(3, timeout=120)
+
+        async def scenario() -> tuple[EpisodeSession, EpisodeSession]:
+            async with AsyncClient(cluster.url) as c:
+                still = session(c, tok, server, "still")  # both rollout actors in "short": nowhere to demote to
+                await run_turns_with_tool(c, still, 4)
+                await still.finish()
+                with Client(cluster.url) as sync:
+                    rollout = sorted(a["id"] for a in sync.status().actors if "generate" in a["kinds"])
+                    b = rollout[1]
+                    sync.direct(b, ["generate"], config={"role": "rollout", "bucket": "long"})
+                    while not any(a["id"] == b and a["role"].get("bucket") == "long" for a in sync.status().actors):
+                        await asyncio.sleep(0.1)
+                moved = session(c, tok, server, "moved")
+                await run_turns_with_tool(c, moved, 4)
+                await moved.finish()
+                return still, moved
+
+        still, moved = asyncio.run(scenario())
+    assert still.context_via == ["new", "cache", "cache", "cache"]
+    assert moved.context_via == ["new", "kv", "cache", "cache"]
+    assert moved.input_ids == still.input_ids
+    assert moved.logprobs == pytest.approx(still.logprobs, abs=1e-4)

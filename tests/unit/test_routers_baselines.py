@@ -257,3 +257,22 @@ def test_response_position_fallbacks() -> None:
     assert response_position(ToolReturn("t", 10, context_tokens=900), 100) == 800
     assert response_position(ToolReturn("t", 10, payload_tokens=40), 100, payload_so_far=5) == 55
     assert response_position(ToolReturn("t", 10, context_tokens=50), 100) == 10  # never below generated
+
+
+def test_the_migration_mode_rule_comes_from_config() -> None:
+    from libra.policies.routing.baselines import make_router, migrate_mode_rule
+    from libra.policies.routing.interface import MigrationQuery
+
+    def q(n: int, same: bool = True) -> MigrationQuery:
+        return MigrationQuery(n, same, 1, 1)
+
+    assert make_router("la_mlfq", choose_mode="kv").choose_mode(q(1)) == "kv"
+    assert make_router("cmlfq", choose_mode="reprefill").choose_mode(q(100_000)) == "reprefill"
+    heuristic = migrate_mode_rule("heuristic")
+    assert [heuristic(q(4096)), heuristic(q(4097)), heuristic(q(2049, same=False))] == ["reprefill", "kv", "kv"]
+    table = migrate_mode_rule({"same_node_max_tokens": 100})
+    assert [table(q(100)), table(q(101)), table(q(2048, same=False)), table(q(2049, same=False))] == \
+        ["reprefill", "kv", "reprefill", "kv"]
+    for bad in ("always", {"same_node_max": 5}, {"cross_node_max_tokens": -1}, 3):
+        with pytest.raises(ValueError, match="choose_mode"):
+            make_router("la_mlfq", choose_mode=bad)

@@ -47,6 +47,8 @@ from libra.policies.routing.interface import (
     ClusterView,
     ClusterViewError,
     InstanceView,
+    MigrateMode,
+    MigrationQuery,
     NoInstanceAvailable,
     RouteDecision,
     Router,
@@ -56,12 +58,14 @@ from libra.policies.routing.interface import (
     bucket_index_for,
     check_int,
     has_room,
+    heuristic_migrate_mode,
     least_loaded,
 )
 from libra.policies.routing.tool_state import DEFAULT_THRESHOLDS, R2E_THRESHOLDS, SizeThresholds
 
 __all__ = [
     "DEFAULT_LENGTH_CATEGORIES",
+    "migrate_mode_rule",
     "LAMLFQRouter",
     "LeastLoadedRouter",
     "LengthAwareRouter",
@@ -350,4 +354,27 @@ def make_router(name: str, **params: Any) -> Router:
     tree = params.get("tree")
     if isinstance(tree, (str, os.PathLike)):
         params["tree"] = CausalPrefixTree.load(tree)
+    if "choose_mode" in params and not callable(params["choose_mode"]):
+        params["choose_mode"] = migrate_mode_rule(params["choose_mode"])
     return _ROUTERS[name](**params)
+
+
+def migrate_mode_rule(spec: Any) -> Callable[[MigrationQuery], MigrateMode]:
+    """A router's ``choose_mode`` from config: ``"heuristic"`` (Libra's rule: re-prefill up to 4096 tokens on
+    the same node, 2048 across nodes, else KV transfer), ``"kv"`` or ``"reprefill"`` (always), or a table
+    ``{same_node_max_tokens = N, cross_node_max_tokens = M}`` (the heuristic's two limits, for an interconnect
+    where KV transfer pays off sooner or later). Raises ``ValueError`` for anything else."""
+    if spec == "heuristic":
+        return heuristic_migrate_mode
+    if spec in ("kv", "reprefill"):
+        mode: MigrateMode = spec
+        return lambda q: mode
+    if isinstance(spec, Mapping):
+        extra = set(spec) - {"same_node_max_tokens", "cross_node_max_tokens"}
+        limits = {k: spec.get(k, d) for k, d in (("same_node_max_tokens", 4096), ("cross_node_max_tokens", 2048))}
+        if extra or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in limits.values()):
+            raise ValueError(f"choose_mode: a table takes non-negative integers same_node_max_tokens and "
+                             f"cross_node_max_tokens, got {dict(spec)!r}")
+        same, cross = limits["same_node_max_tokens"], limits["cross_node_max_tokens"]
+        return lambda q: "reprefill" if q.seq_len <= (same if q.same_node else cross) else "kv"
+    raise ValueError(f"choose_mode: expected 'heuristic', 'kv', 'reprefill' or a table of limits, got {spec!r}")
