@@ -61,6 +61,7 @@ class AsyncClient:
         self._nb = zmq.Socket.shadow(self._sock.underlying)  # the same socket, for non-blocking sync calls
         self._outbox: list[list[bytes]] = []  # encoded requests waiting for the end of this loop pass
         self._flush_handle: asyncio.Handle | None = None
+        self._keepalive_handle: asyncio.TimerHandle | None = None
         self._pending: dict[str, tuple[asyncio.Future, list[bytes]]] = {}  # id -> (future, its encoded request)
         self._welcomed: asyncio.Event | None = None
         self._reader: asyncio.Task | None = None
@@ -85,7 +86,9 @@ class AsyncClient:
     def _ensure_reader(self) -> None:
         if self._reader is None:
             self._welcomed = asyncio.Event()
-            self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+            loop = asyncio.get_running_loop()
+            self._reader = loop.create_task(self._read_loop())
+            self._keepalive_handle = loop.call_later(self._ping_s, self._keepalive_tick)
 
     async def call_tool(self, tool: str, args: Any = None, trajectory: str | None = None,
                         timeout: float = 60.0, *, request_id: str | None = None) -> ToolResult:
@@ -103,24 +106,30 @@ class AsyncClient:
         fut: asyncio.Future = loop.create_future()
         self._pending[rid] = (fut, frames)
         self._enqueue(frames)
-        deadline = loop.time() + timeout + REPLY_GRACE_S
+        # one timer per call, no wait_for/shield (two futures and a timer per wake-up); the client-wide
+        # keepalive tick (_keepalive_tick) pings a silent broker while calls wait
+        timer = loop.call_at(loop.time() + timeout + REPLY_GRACE_S, self._expire, rid, fut, timeout)
         try:
-            while True:
-                try:
-                    value = await asyncio.wait_for(asyncio.shield(fut), min(self._ping_s, max(0.0, deadline - loop.time())))
-                    break
-                except asyncio.TimeoutError:
-                    if loop.time() >= deadline:
-                        raise
-                    await self._keepalive(loop.time())
-        except asyncio.TimeoutError:
+            value = await fut
+        except asyncio.CancelledError:
             self._pending.pop(rid, None)
-            if self._welcomed is None or not self._welcomed.is_set():
-                raise BrokerUnreachable(unreachable(self.broker_url, self._curve)) from None
-            raise ToolTimeout(f"request {rid} got no reply within {timeout}s") from None
+            raise
+        finally:
+            timer.cancel()
         if isinstance(value, Exception):
             raise value
         return value
+
+    def _expire(self, rid: str, fut: asyncio.Future, timeout: float) -> None:
+        """A call's deadline passed without a reply: it fails with ToolTimeout (BrokerUnreachable if the
+        broker never welcomed this client)."""
+        self._pending.pop(rid, None)
+        if fut.done():
+            return
+        if self._welcomed is None or not self._welcomed.is_set():
+            fut.set_exception(BrokerUnreachable(unreachable(self.broker_url, self._curve)))
+        else:
+            fut.set_exception(ToolTimeout(f"request {rid} got no reply within {timeout}s"))
 
     async def end_trajectory(self, trajectory: str, total_output_tokens: int = 0, ok: bool = True) -> None:
         """Tell the broker ``trajectory`` is finished (the rollout router learns from its length) or
@@ -186,12 +195,17 @@ class AsyncClient:
             # so that pyzmq re-checks the socket's edge-triggered events after the send
             self._sock.send_multipart(encode_batch(batch)).add_done_callback(_retrieve)
 
-    async def _keepalive(self, now: float) -> None:
-        """One heartbeat per connection per ``_ping_s`` while the broker is silent, however many calls wait:
-        a restarted broker answers it with ``Disconnect``, and we then say hello and resend."""
-        if now - self._last_rx > self._ping_s and now - self._last_ping > self._ping_s:
+    def _keepalive_tick(self) -> None:
+        """Every ``_ping_s``: one heartbeat while calls wait and the broker has been silent that long, however
+        many calls wait: a restarted broker answers it with ``Disconnect``, and we then say hello and resend."""
+        if self._sock.closed:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._pending and now - self._last_rx > self._ping_s and now - self._last_ping > self._ping_s:
             self._last_ping = now
-            await self._sock.send_multipart(encode(m.Heartbeat()))
+            self._sock.send_multipart(encode(m.Heartbeat())).add_done_callback(_retrieve)
+        self._keepalive_handle = loop.call_later(self._ping_s, self._keepalive_tick)
 
     async def _resend_pending(self) -> None:
         """Resend every unanswered request once (same request ids: the broker never runs one twice),
@@ -256,6 +270,9 @@ class AsyncClient:
                 await sock.send_multipart(encode(m.ClientHello(self.client_id, os.getpid())))
 
     async def close(self) -> None:
+        if self._keepalive_handle is not None:
+            self._keepalive_handle.cancel()
+            self._keepalive_handle = None
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None

@@ -19,6 +19,7 @@ from libra.client import BadRequest, Client, LibraError, PayloadTooLarge
 from libra.client.aio import AsyncClient
 from libra.client.common import batches
 from libra.local import free_port
+from libra.protocol import messages as m
 
 BIG = b"x" * (70 * 1024 * 1024)  # over the default 64 MiB frame limit
 NOWHERE = "tcp://127.0.0.1:9"  # nothing listens: a request that were sent would wait out its timeout
@@ -117,3 +118,46 @@ def test_the_broker_answers_an_oversize_frame_of_a_known_peer() -> None:
         ctx.term()
         broker.send_signal(signal.SIGTERM)
         broker.wait(15)
+
+
+def test_async_client_deadline_cancellation_and_keepalive_without_a_broker() -> None:
+    """Every call has one timer: with no broker, a call fails with BrokerUnreachable at its deadline (not
+    welcomed), ToolTimeout once welcomed; a cancelled call leaves nothing pending; while calls wait, one
+    heartbeat per ping interval goes out, however many calls wait."""
+    from libra.client import BrokerUnreachable, ToolTimeout
+
+    async def go() -> None:
+        c = AsyncClient(NOWHERE)
+        c._ping_s = 0.05
+        c._ensure_reader()
+        sent: list[bytes] = []
+        real_send = c._sock.send_multipart
+
+        def spy(frames, *a, **kw):
+            sent.append(bytes(frames[1]))
+            return real_send(frames, *a, **kw)
+
+        c._sock.send_multipart = spy  # type: ignore[method-assign]
+        try:
+            with pytest.raises(BrokerUnreachable):
+                await c.call_tool("echo", 1, timeout=0.05)
+            assert not c._pending
+            c._welcomed.set()  # as if the broker had welcomed us and then gone silent
+            before = sent.count(bytes([m.Heartbeat.KIND]))
+            assert before >= 1  # the first call waited out its deadline (plus the reply grace) with beats
+            waiting = [asyncio.ensure_future(c.call_tool("echo", i, timeout=0.4)) for i in range(20)]
+            await asyncio.sleep(0.25)
+            beats = sent.count(bytes([m.Heartbeat.KIND])) - before
+            assert 1 <= beats <= 6  # one per interval with 20 calls waiting, not one per call
+            waiting[0].cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting[0]
+            assert len(c._pending) == 19
+            for w in waiting[1:]:
+                with pytest.raises(ToolTimeout, match="no reply within 0.4s"):
+                    await w
+            assert not c._pending
+        finally:
+            await c.close()
+
+    asyncio.run(go())
