@@ -11,9 +11,9 @@ Contracts:
 - The trainer is created without a fixed process group; before each step the member joins the group of
   the step's generation (``libra.engines.elastic_dp.ElasticGroup``: rendezvous store on 127.0.0.1:
   ``master_port``, hosted by rank 0) when it changed.
-- Rank 0 serves weights as in the fixed group, and when the group has joining members it first publishes
-  its state before the step (weights and AdamW state, ``elastic_dp.snapshot``) on its data plane under
-  ``snapshot``. A joining member takes the step with an empty shard and **joins first**: it forms the
+- Rank 0 serves weights as in the fixed group, and when the group has joining members it first copies
+  its state before the step (weights and AdamW state, ``elastic_dp.snapshot``) and publishes the copy on its
+  data plane under ``snapshot`` from a thread, while it goes on with the step. A joining member takes the step with an empty shard and **joins first**: it forms the
   group and contributes its zero gradient to the all-reduce at once (it needs no weights for that), so the
   core ranks wait only for the group's re-formation, never for the state transfer. It fetches rank 0's
   state from ``join_from`` on a thread started before it forms the group (waiting while rank 0 has not
@@ -123,6 +123,19 @@ class _StateFetch:
         return version, waited
 
 
+def _publish_on_a_thread(server: Any, name: str, state: dict[str, Any], version: int) -> None:
+    """Pack and publish rank 0's state snapshot for the joiners on a thread of its own: rank 0 goes on with
+    its step at once; a joiner's fetch waits (``ObjectNotFound`` retries) until it is served."""
+
+    def publish() -> None:
+        try:
+            server.publish_state_dict(name, state, version=version, topic="ehp/state", keep=1)
+        except Exception as exc:  # noqa: BLE001 - the joiner then fails with join_state_unavailable
+            log.error("ehp_state_publish_failed", name=name, error=repr(exc))
+
+    threading.Thread(target=publish, name="ehp-state-publish", daemon=True).start()
+
+
 def elastic_step(role: Any, ta: TrainArgs, ctx: WorkContext) -> dict[str, Any]:
     """One elastic ``train`` work for ``role`` (a ``TrainRole``; the caller holds its lock)."""
     from libra.dataplane import DataPlaneError
@@ -135,9 +148,9 @@ def elastic_step(role: Any, ta: TrainArgs, ctx: WorkContext) -> dict[str, Any]:
     if not (0 <= rank < len(e.members)) or e.members[rank] != ctx.actor_id:
         raise ToolError("not_a_member", f"actor {ctx.actor_id!r} took rank {rank}'s work of the group {e.members}")
     trainer = _ensure_trainer(role, ta, rank)
-    if rank == 0 and e.snapshot:
-        role.server.publish_state_dict(e.snapshot, snapshot(trainer.model, trainer.optimizer),
-                                       version=trainer.weights_version, topic="ehp/state", keep=1)
+    if rank == 0 and e.snapshot:  # copied now (the step changes it); packed and published off the step's path
+        _publish_on_a_thread(role.server, e.snapshot, snapshot(trainer.model, trainer.optimizer),
+                             trainer.weights_version)
     joining = ctx.actor_id in e.joining
     fetch = _StateFetch(role, ta) if joining else None  # overlaps the group's formation and the core's step
     t0 = time.perf_counter()
