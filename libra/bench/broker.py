@@ -55,6 +55,32 @@ def _echo_server(url: str, ready: mp.Event, stop: mp.Event) -> None:
     ctx.term()
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and its descendants so far (Linux ``/proc``; 0 elsewhere)."""
+    total, todo, tck = 0.0, [pid], os.sysconf("SC_CLK_TCK")
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tck
+            for t in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def cpu_per_call(pids: dict[str, int], calls: int, before: dict[str, float] | None = None) -> dict[str, float]:
+    """CPU seconds so far of each named process (and this one, ``client``); with ``before``, the µs per call
+    since then."""
+    now = {name: cpu_s(pid) for name, pid in pids.items()} | {"client": time.process_time()}
+    if before is None:
+        return now
+    return {name: (now[name] - before[name]) / calls * 1e6 for name in now}
+
+
 def summary(lat: list[float], per_s: float, **extra: object) -> dict:
     return {"p50_us": pct(lat, 0.5) * 1e6, "p99_us": pct(lat, 0.99) * 1e6, "per_s": per_s, **extra}
 
@@ -83,6 +109,7 @@ def floor(n: int, window: int, transport: str = "tcp") -> dict:
         msgpack.unpackb(s.recv())
         lat.append(time.perf_counter() - t0)
     total = n * 3
+    cpu0 = cpu_per_call({"server": proc.pid}, total)
     t0 = time.perf_counter()
     inflight = done = sent = 0
     while done < total:
@@ -94,14 +121,15 @@ def floor(n: int, window: int, transport: str = "tcp") -> dict:
         done += 1
         inflight -= 1
     tput = total / (time.perf_counter() - t0)
+    cpu = cpu_per_call({"server": proc.pid}, total, cpu0)
     stop.set()
     proc.join(5)
     s.close(0)
     ctx.term()
-    return summary(lat, tput, transport=transport)
+    return summary(lat, tput, transport=transport, cpu_us=cpu)
 
 
-async def _async_tput(url: str, total: int, window: int) -> float:
+async def _async_tput(url: str, total: int, window: int, pids: dict[str, int]) -> tuple[float, dict[str, float]]:
     """``total`` echo calls from ``window`` asyncio tasks sharing one AsyncClient; every result checked."""
     import asyncio
 
@@ -117,12 +145,14 @@ async def _async_tput(url: str, total: int, window: int) -> float:
                 r = await c.call_tool("echo", i)
                 bad += r.output != i
 
+        cpu0 = cpu_per_call(pids, total)
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(window)))
         tput = total / (time.perf_counter() - t0)
+        cpu = cpu_per_call(pids, total, cpu0)
     if bad:
         raise RuntimeError(f"{bad} asyncio calls returned a wrong result")
-    return tput
+    return tput, cpu
 
 
 def libra_path(n: int, window: int, transport: str, slots: int = 1) -> dict:
@@ -140,13 +170,15 @@ def libra_path(n: int, window: int, transport: str, slots: int = 1) -> dict:
                 lat, tput = drive(c, n, window)
             import asyncio
 
-            atput = asyncio.run(_async_tput(cluster.url, n * 3, window))
+            assert cluster.broker is not None and cluster.actors is not None
+            atput, cpu = asyncio.run(_async_tput(cluster.url, n * 3, window,
+                                                 {"broker": cluster.broker.pid, "actors": cluster.actors.pid}))
     finally:
         if saved is None:
             os.environ.pop("LIBRA_IPC", None)
         else:
             os.environ["LIBRA_IPC"] = saved
-    return summary(lat, tput, transport=transport, actor_slots=slots, async_per_s=atput)
+    return summary(lat, tput, transport=transport, actor_slots=slots, async_per_s=atput, cpu_us=cpu)
 
 
 def ray_path(n: int, window: int) -> dict | None:
@@ -225,6 +257,14 @@ def print_table(r: dict, window: int) -> None:
         asy = f"{row['async_per_s']:>8.0f}" if "async_per_s" in row else f"{'-':>8}"
         print(f"{LABELS[key]:<44} {row['p50_us']:>8.0f} {row['p99_us']:>8.0f} {row['per_s']:>8.0f} {asy} "
               f"{best / f['per_s']:>6.2f}x {row['p50_us'] / f['p50_us']:>9.2f}x")
+    cores = os.cpu_count() or 1
+    for key, row in rows.items():
+        if "cpu_us" in row:
+            c = row["cpu_us"]
+            tot = sum(c.values())
+            print(f"CPU per call, {window} in flight ({'asyncio' if key.startswith('libra') else 'window'}), "
+                  f"{key}: " + ", ".join(f"{k} {v:.0f} µs" for k, v in c.items())
+                  + f"; total {tot:.0f} µs: at most {cores * 1e6 / tot:.0f} calls/s on this machine's {cores} cores")
     best = {k: max(rows[k]["per_s"], rows[k]["async_per_s"]) for k in ("libra_tcp", "libra_ipc")}
     line = (f"targets: Libra tcp p50 <= 3x floor (got {r['p50_ratio_tcp']:.2f}x; ipc {r['p50_ratio_ipc']:.2f}x), "
             f">= 20000 calls/s with {window} in flight (best tcp {best['libra_tcp']:.0f}, "
