@@ -99,6 +99,12 @@ class ActionPlacement:
         self._running: dict[str, RunningView] = {}  # work id -> what the policy sees of it (kept with granted)
         self._home: OrderedDict[str, str] = OrderedDict()  # trajectory -> actor id of its sandbox
 
+    def summary(self) -> dict[str, Any]:
+        """For status: the policy, the running grants, every action actor's cores (free and busy) and the
+        GPU services' resident replicas per actor."""
+        return {"scheduler": self.name, "running": len(self.granted), "cores": self.cores.summary(),
+                "services": self.services.resident()}
+
     def spec(self, work_id: str, trajectory: str | None, tool: str, submitted_at: float) -> ActionSpec:
         s = self._specs.get(work_id)
         if s is None:

@@ -33,6 +33,7 @@ Pure: no I/O, clocks or logging. Mutation rule: only :meth:`take`, :meth:`give_b
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 from dataclasses import dataclass, field
 
 from libra.protocol.payloads_actions import ActorResources
@@ -263,3 +264,14 @@ class CorePools:
     def real_ids(self, sess: ActorSession) -> bool:
         """Whether ``sess`` reported its CPU ids (grants on it name them in the route)."""
         return self.actor(sess).real
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """Per action actor seen so far: its host pool, cores, free cores and the actions holding some."""
+        out: dict[str, dict[str, Any]] = {}
+        for sess, ac in self._actors.values():
+            pool = self._pools[ac.pool]
+            busy = ac.mask & pool.used_mask
+            out[sess.actor_id] = {"pool": ac.pool, "cores": ac.mask.bit_count(),
+                                  "free": (ac.mask & ~pool.used_mask).bit_count(),
+                                  "held_by": len({pool.used[c] for c in _lowest(busy, busy.bit_count())})}
+        return out

@@ -258,7 +258,8 @@ class BrokerState:
     def snapshot(self, request_id: str, now: float) -> m.StatusReply:
         """A status view: one dict per actor, queue depths by ``kind:name``, counters."""
         return views.snapshot(request_id, now, self._sessions, self._table, self.stats, self._jobs,
-                              self._planning.loop, router=self.rollout.summary())
+                              self._planning.loop, router=self.rollout.summary(),
+                              actions=self.actions.summary() if self.actions is not None else None)
 
     def validate(self) -> None:
         """Check invariants (tests call this after every scenario). Raises AssertionError."""

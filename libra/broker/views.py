@@ -16,7 +16,8 @@ __all__ = ["snapshot", "validate"]
 
 
 def snapshot(request_id: str, now: float, sessions: SessionRegistry, table: WorkTable, stats: dict[str, int],
-             jobs: JobBoard, planner: PlannerLoop | None, router: dict[str, Any] | None = None) -> m.StatusReply:
+             jobs: JobBoard, planner: PlannerLoop | None, router: dict[str, Any] | None = None,
+             actions: dict[str, Any] | None = None) -> m.StatusReply:
     """A status view: one dict per actor, queue depths by ``kind:name``, counters."""
     actors = [
         {
@@ -40,6 +41,8 @@ def snapshot(request_id: str, now: float, sessions: SessionRegistry, table: Work
         st["planner"] = planner.summary()
     if router is not None:
         st["router"] = router
+    if actions is not None:  # action placement (tangram and friends): cores per actor, resident services
+        st["actions"] = actions
     return m.StatusReply(request_id, actors, queues, st)
 
 

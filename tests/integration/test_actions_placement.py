@@ -105,3 +105,15 @@ def test_reward_calls_share_replicas_restored_on_demand_and_evicted_lru(cluster:
             t.join(180)
     assert len(outs) == 4 and sum(o["restored"] for o in outs) <= 1  # at most one more replica for the rush
     assert {tuple(o["cell"]["gpus"]) for o in outs} <= {(0,), (1,)}
+
+
+def test_status_shows_each_actors_cores_and_the_resident_service_replicas(cluster: PlacementCluster) -> None:
+    with Client(cluster.url) as c:
+        probe(c, "status")
+        score(c, "tiny_reward", "status")
+        st = c.status().stats["actions"]
+    assert st["scheduler"] == "tangram" and st["running"] == 0
+    cpu0 = next(v for k, v in st["cores"].items() if k.endswith("cpu0"))
+    assert cpu0["cores"] == CORES and cpu0["free"] == CORES and cpu0["held_by"] == 0  # all back after the run
+    gpu0 = next(v for k, v in st["services"].items() if k.endswith("gpu0"))
+    assert gpu0.get("tiny_reward", 0) >= 1  # the replica the call used stays resident
