@@ -61,7 +61,7 @@ from libra.policies.cost import (
     load_model,
 )
 from libra.policies.planner.allocators import ALLOCATORS, PlannerConfig, make_allocator
-from libra.policies.planner.engine_caps import cap_rollout_tps
+from libra.policies.planner.engine_caps import cap_rollout_tps, pin_rollout_tp
 from libra.policies.planner.online import PressureSnapshot, ReplanDecision, Replanner
 from libra.policies.planner.types import Plan, PlannerError, Workload
 
@@ -265,7 +265,15 @@ class PlannerLoop:
         return self._replanner
 
     max_rollout_tp: int | None = None  # the largest rollout TP group the GPU actors' engines can serve
+    pinned_rollout_tp: int | None = None  # parallelism = "earl": EARL owns the rollout TP, the planner keeps it
     earl: Any = None  # EARL's selector state (libra.broker.earl.EarlLoop) when parallelism = "earl": in the summary
+
+    def pin_rollout_tp(self, tp: int | None) -> None:
+        """Plan every rollout instance at TP ``tp`` (EARL's current choice: the planner then divides GPUs, and
+        never undoes a TP switch EARL made); None: the planner chooses. A change rebuilds the re-planner."""
+        if tp != self.pinned_rollout_tp:
+            self.pinned_rollout_tp = tp
+            self._key = None
 
     def cap_rollout_tp(self, max_tp: int | None) -> None:
         """Plan no rollout TP group larger than ``max_tp`` (the smallest ``max_tp`` the connected GPU actors
@@ -301,7 +309,8 @@ class PlannerLoop:
         s = self.settings
         cfg = PlannerConfig(n_gpus=n_gpus, global_batch=batch, group_size=s.group_size)
         allocator = make_allocator(s.allocation, rollout_model=self._rollout_model, train_model=self._train_model,
-                                   config=cfg, **cap_rollout_tps(s.params, self.max_rollout_tp))
+                                   config=cfg, **pin_rollout_tp(cap_rollout_tps(s.params, self.max_rollout_tp),
+                                                                self.pinned_rollout_tp))
         return Replanner(allocator, **{"plan_interval": 1, **s.replanner})
 
     def _build(self, n_gpus: int, batch: int) -> None:

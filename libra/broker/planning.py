@@ -157,6 +157,8 @@ class Planning:
         assert loop is not None
         since = loop.recorded
         loop.cap_rollout_tp(self.max_rollout_tp())  # no TP group larger than the engines can serve
+        if self.earl is not None:  # EARL owns the rollout TP: the planner's round must not undo its switch
+            loop.pin_rollout_tp(self.rollout_tp_now())
         job = loop.start(len(self.gpu_slots()), now, queue_pressure=queue_pressure, active_pressure=active_pressure,
                          rejected_total=rejected_total, rollout_time=rollout_time, train_time=train_time)
         out = self._decision_logs(since)
@@ -198,15 +200,12 @@ class Planning:
             e.observe(seen.popleft())
         if self.applying or (self.loop is not None and self.loop.searching) or not e.due(now):
             return []
-        roles = [(s, s.directive_config.get("role")) for s in self._sessions.actors.values()
-                 if s.labels.get("slot_kind") == "gpu" and s.slot[3:].isdigit()]
-        rollout = [s for s, r in roles if r == "rollout" or (r is None and "generate" in s.accepting)]
+        roles, rollout = self._gpu_roles()
         base = self.loop.plan if self.loop is not None else None
         if not rollout or (base is None and any(r == "train" or (r is None and "train" in s.accepting)
                                                  for s, r in roles)):
             return []
-        tps = [int(s.directive_config.get("tp", 1) or 1) for s in rollout]
-        current = max(set(tps), key=tps.count)
+        current = self.rollout_tp_now()
         since = e.recorded
         tp = e.decide(now, n_gpus=len(rollout), load=len(self._rollout.trajs), max_tp=self.max_rollout_tp(),
                       current_tp=current)
@@ -217,6 +216,17 @@ class Planning:
             except (PlanError, ValueError) as exc:
                 e.rejected(str(exc))
         return [Log("earl_decision", d, "info", "libra.broker.earl") for d in e.new_decisions(since)] + out
+
+    def _gpu_roles(self) -> tuple[list[tuple[Any, Any]], list[Any]]:
+        """The GPU actors with their directed roles, and those of them serving rollout."""
+        roles = [(s, s.directive_config.get("role")) for s in self._sessions.actors.values()
+                 if s.labels.get("slot_kind") == "gpu" and s.slot[3:].isdigit()]
+        return roles, [s for s, r in roles if r == "rollout" or (r is None and "generate" in s.accepting)]
+
+    def rollout_tp_now(self) -> int:
+        """The TP most rollout GPU actors run now (1 when none serves rollout)."""
+        tps = [int(s.directive_config.get("tp", 1) or 1) for s in self._gpu_roles()[1]]
+        return max(set(tps), key=tps.count) if tps else 1
 
     def _decision_logs(self, since: int) -> list[Command]:
         assert self.loop is not None

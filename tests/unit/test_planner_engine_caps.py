@@ -91,3 +91,38 @@ def test_the_brokers_engine_settings_ride_along_in_each_directive() -> None:
                      ({"dtpye": "bf16"}, "unknown key")):
         with pytest.raises(ValueError, match=msg):
             BrokerState(BrokerConfig(engines=bad))
+
+
+def test_with_earl_the_planners_round_keeps_the_rollout_tp_earl_runs() -> None:
+    """``parallelism = "earl"``: EARL owns the rollout TP, so a GRP round plans GPU counts at the TP the
+    rollout actors run now and never undoes an EARL switch."""
+    from libra.policies.planner.engine_caps import pin_rollout_tp
+
+    assert pin_rollout_tp({"rollout_tps": (1, 2, 4), "rollout_tp": 4}, 2) == {"rollout_tps": (2,), "rollout_tp": 2}
+    assert pin_rollout_tp({"granularity": 8}, None) == {"granularity": 8}
+    with pytest.raises(PlannerError, match="pinned rollout TP"):
+        pin_rollout_tp({}, 0)
+    free = planned_rollout_tps("vllm", 8)
+    assert max(free) > 1  # on its own the planner picks larger groups for these long tails
+
+    def earl_broker(tp: int) -> BrokerState:
+        s = BrokerState(BrokerConfig(heartbeat_s=1e9, planner={"allocation": "grp", "interval_s": 60.0,
+                                                               "parallelism": "earl",
+                                                               "earl": {"interval_s": 1e9}}))
+        for k in range(16):
+            aid = f"n{k // 8}/gpu{k % 8}"
+            labels = {"slot_kind": "gpu", "engine": "vllm", "max_tp": 8}
+            s.handle(PeerMessage(aid.encode(), m.ActorHello(aid, f"n{k // 8}", f"gpu{k % 8}", 1, CAPS, ["generate"],
+                                                           4, labels)), 0.0)
+        for a in s.actors.values():  # as if EARL had switched every rollout GPU to TP `tp` earlier
+            a.directive_config.update({"role": "rollout", "tp": tp, "rank": 0})
+        s.handle(PeerMessage(CLIENT, m.ClientHello("c", 1)), 0.0)
+        s.handle(Tick(), 1.0)
+        finish(s, 64, 10.0)
+        s.handle(Tick(), 62.0)
+        return s
+
+    for tp in (1, 2):
+        s = earl_broker(tp)
+        assert s.planner is not None and s.planner.plan is not None and s.planner.pinned_rollout_tp == tp
+        assert set(s.planner.plan.rollout_tps) == {tp}

@@ -13,7 +13,7 @@ from typing import Any
 
 from .types import PlannerConfig, PlannerError
 
-__all__ = ["cap_rollout_tps", "cluster_max_tp"]
+__all__ = ["cap_rollout_tps", "cluster_max_tp", "pin_rollout_tp"]
 
 _DEFAULT_TPS: tuple[int, ...] = PlannerConfig.__dataclass_fields__["rollout_tps"].default  # type: ignore[assignment]
 
@@ -40,4 +40,18 @@ def cap_rollout_tps(params: Mapping[str, Any], max_tp: int | None) -> dict[str, 
     out["rollout_tps"] = tps
     if "rollout_tp" in out and int(out["rollout_tp"]) > max_tp:
         out["rollout_tp"] = max_tp
+    return out
+
+
+def pin_rollout_tp(params: Mapping[str, Any], tp: int | None) -> dict[str, Any]:
+    """``params`` with the rollout TP fixed at ``tp`` (``rollout_tps = (tp,)``, and ``rollout_tp`` where the
+    allocator takes one); unchanged when ``tp`` is None. Raises :class:`PlannerError` for ``tp < 1``."""
+    out = dict(params)
+    if tp is None:
+        return out
+    if tp < 1:
+        raise PlannerError(f"a pinned rollout TP must be >= 1, got {tp}")
+    out["rollout_tps"] = (tp,)
+    if "rollout_tp" in out:
+        out["rollout_tp"] = tp
     return out
