@@ -65,12 +65,12 @@ class Start:
     """The runtime is up: connect and say hello."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per message on the hot path (see protocol.messages)
 class Received:
     msg: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per message on the hot path (see protocol.messages)
 class WorkDone:
     work_id: str
     lease: int
@@ -128,7 +128,7 @@ class Stop:
 
 
 # ---------------------------------------------------------------- commands
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per message on the hot path (see protocol.messages)
 class SendMsg:
     msg: Any
 
@@ -138,7 +138,7 @@ class Connect:
     """Close any current socket and open a fresh one (new identity) to the broker."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per message on the hot path (see protocol.messages)
 class StartWork:
     assign: m.Assign
 

@@ -18,7 +18,7 @@ from libra.protocol.errors import ProtocolError
 # ---------------------------------------------------------------------------------------------- events
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per message on the hot path (see protocol.messages)
 class PeerMessage:
     """A decoded message from the peer with routing identity ``peer``."""
 
@@ -91,7 +91,7 @@ Event = PeerMessage | BadFrame | Tick | PlannerDone | Direct | ApplyPlan | Resto
 # -------------------------------------------------------------------------------------------- commands
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per message on the hot path (see protocol.messages)
 class Send:
     """Send ``msg`` (plus raw ``buffers``) to ``peer``."""
 

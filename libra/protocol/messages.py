@@ -1,4 +1,9 @@
-"""Every message that crosses a Libra socket, as a typed frozen dataclass. Nothing else goes here.
+"""Every message that crosses a Libra socket, as a typed dataclass. Nothing else goes here.
+
+Messages are values: nothing changes one after it is built. They are not ``frozen`` because a frozen
+dataclass's generated ``__init__`` sets each field through ``object.__setattr__``: 4.3 µs for an 11-field
+``Reply`` against 0.7 µs, and one tool call builds eight messages on its way (Submit, Assign, WorkResult,
+Reply, each encoded once and decoded once).
 
 Each class has a one-byte ``KIND``. On the wire a message is
 ``[b"LIBRA1", KIND byte, msgpack payload, *raw buffers]`` (ROUTER identity frames in front), where the
@@ -18,7 +23,7 @@ from typing import Any, ClassVar
 WORK_KINDS = ("action", "generate", "train", "episode", "sync")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ActorHello:
     """A→B: first frame of an actor session. ``capabilities`` maps work kind → names it can serve
     (tool names for ``action``; ``"*"`` = any name). ``kinds`` are the kinds it accepts right now.
@@ -39,7 +44,7 @@ class ActorHello:
     held: list[Any] = field(default_factory=list)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ClientHello:
     """C→B: first frame of a client session."""
 
@@ -48,7 +53,7 @@ class ClientHello:
     pid: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Heartbeat:
     """*: liveness. Any frame counts as a heartbeat; this one is sent when nothing else was. An actor on a GPU
     slot also sends one with each NVML sample of its GPU in ``gpu`` (``index``, ``memory_used_bytes``,
@@ -58,7 +63,7 @@ class Heartbeat:
     gpu: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Bid:
     """A→B: "I accept these kinds, with this many slots in total". The broker subtracts the work it
     has assigned and not yet seen finish, so a bid never races with assignments in flight; results
@@ -71,7 +76,7 @@ class Bid:
     """A capacity update while ready (the KV credit moved): never ends a directive's drain."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Submit:
     """C→B: ask for one piece of work. ``request_id`` is the client's idempotency key: a resubmission
     with the same id never runs twice (the broker answers from its record)."""
@@ -85,7 +90,7 @@ class Submit:
     timeout_s: float = 60.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WorkResult:
     """A→B: the outcome of an assignment. Dropped by the broker unless ``lease`` is current."""
 
@@ -99,7 +104,7 @@ class WorkResult:
     duration_s: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Handback:
     """A→B: return an assignment unstarted (drain for a directive, shutting down)."""
 
@@ -109,7 +114,7 @@ class Handback:
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DirectiveDone:
     """A→B: the actor has drained and reconfigured for directive ``directive_id``."""
 
@@ -118,7 +123,7 @@ class DirectiveDone:
     kinds: list[str]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StatusRequest:
     """C→B: ask for a cluster snapshot."""
 
@@ -126,7 +131,7 @@ class StatusRequest:
     request_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CancelRequest:
     """C→B: the client no longer wants ``request_id``; it is failed with ``cancelled`` if unfinished."""
 
@@ -134,7 +139,7 @@ class CancelRequest:
     request_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Goodbye:
     """A→B / C→B: the peer is leaving on purpose; its leased work is re-queued at once."""
 
@@ -142,7 +147,7 @@ class Goodbye:
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DirectRequest:
     """C→B (operator): send ``actor_id`` a Directive to accept ``kinds`` from now on. Answered with a
     Reply whose output is the directive id (or an error if the actor is unknown)."""
@@ -155,7 +160,7 @@ class DirectRequest:
     config: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EndTrajectory:
     """C→B: trajectory ``trajectory`` is finished (``ok``) or abandoned; the rollout router learns from
     its ``total_output_tokens``. No reply."""
@@ -166,7 +171,7 @@ class EndTrajectory:
     ok: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class JobSubmit:
     """C→B: run an RL job inside the broker (``libra.broker.job``). ``spec`` is the job's validated
     settings (see :class:`libra.broker.job.JobSpec`), ``rows`` its dataset rows (one mapping per prompt;
@@ -181,7 +186,7 @@ class JobSubmit:
     rows: list[Any]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class JobPoll:
     """C→B: progress of job ``job``: a Reply whose output is ``{"state", "error", "steps_done",
     "version", "records": [step records with index >= cursor], "next_cursor", "summary"}``.
@@ -194,7 +199,7 @@ class JobPoll:
     cancel: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Welcome:
     """B→*: the hello was accepted. Carries the liveness contract both sides use."""
 
@@ -206,7 +211,7 @@ class Welcome:
     max_frame_bytes: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Assign:
     """B→A: run this. ``lease`` fences the result; ``attempt`` counts assignments of this work;
     ``budget_s`` is the time left before the request's deadline."""
@@ -223,7 +228,7 @@ class Assign:
     route: dict[str, Any] = field(default_factory=dict)  # generate: bucket, reason, migrated, mode
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Reply:
     """B→C: the single answer to ``request_id`` (exactly once per accepted request)."""
 
@@ -241,7 +246,7 @@ class Reply:
     tool_code: str = ""  # with error_code "tool_failed": the tool's own code (timeout, memory, ...)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Error:
     """B→*: a frame from this peer was rejected (``code`` is a ProtocolCode or ErrorCode value)."""
 
@@ -251,7 +256,7 @@ class Error:
     request_id: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Directive:
     """B→A: from now on accept ``kinds`` (replacing the current set). ``mode`` is ``finish`` (run what
     you hold to the end) or ``handback`` (return unstarted work). ``config`` carries role details for
@@ -264,7 +269,7 @@ class Directive:
     config: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Revoke:
     """B→A: stop working on this assignment; its result will be dropped anyway."""
 
@@ -274,7 +279,7 @@ class Revoke:
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StatusReply:
     """B→C: cluster snapshot: one dict per actor, queue depths by ``kind:name``, counters."""
 
@@ -285,7 +290,7 @@ class StatusReply:
     stats: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Disconnect:
     """B→*: the broker dropped this session (expired, protocol violation). The peer must open a new
     socket and say hello again (7/MDP). ``code``: ``""``, or ``"actor_id_in_use"`` when the broker refused an
@@ -297,7 +302,7 @@ class Disconnect:
     code: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Batch:
     """*: several messages to the same peer in one frame set, in order. ``messages`` holds
     ``[kind, [fields...]]`` pairs, each validated exactly like a standalone message; a batch never
