@@ -10,6 +10,7 @@ msgpack extension types: ``ext`` data is rejected.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import types
 import typing
 from dataclasses import dataclass
@@ -123,6 +124,17 @@ class _Spec:
     required: int
     checks: tuple[tuple[str, Any], ...]
     fast: Any = None
+    fields: Any = None  # message -> tuple of its field values in order (operator.attrgetter: one C call)
+
+
+def _field_getter(names: tuple[str, ...]) -> Any:
+    """``message -> tuple of its fields`` (msgpack packs a tuple as the same array as a list)."""
+    if len(names) > 1:
+        return operator.attrgetter(*names)
+    if names:
+        one = operator.attrgetter(names[0])
+        return lambda msg: (one(msg),)
+    return lambda msg: ()
 
 
 def _build_specs() -> dict[int, _Spec]:
@@ -138,7 +150,7 @@ def _build_specs() -> dict[int, _Spec]:
         if kind in specs or not 0 <= kind <= 255:
             raise TypeError(f"duplicate or invalid KIND {kind:#x} on {cls.__name__}")
         specs[kind] = _Spec(cls, names, required, tuple(_checker(hints[n]) for n in names),
-                            _fast_builder(cls, hints, names, required))
+                            _fast_builder(cls, hints, names, required), _field_getter(names))
     return specs
 
 
@@ -163,7 +175,7 @@ def encode(msg: Any, *buffers: bytes) -> list[bytes]:
     spec = _BY_CLASS.get(type(msg))
     if spec is None:
         raise TypeError(f"not a wire message: {type(msg).__name__}")
-    payload = msgpack.packb([getattr(msg, n) for n in spec.names], use_bin_type=True)
+    payload = msgpack.packb(spec.fields(msg), use_bin_type=True)
     return [VERSION, _KIND_BYTES[spec.cls.KIND], payload, *buffers]  # type: ignore[attr-defined]
 
 
@@ -180,7 +192,7 @@ def encode_many(msgs: Sequence[Any]) -> list[bytes]:
         spec = _BY_CLASS.get(type(msg))
         if spec is None:
             raise TypeError(f"not a wire message: {type(msg).__name__}")
-        items.append([spec.cls.KIND, [getattr(msg, n) for n in spec.names]])  # type: ignore[attr-defined]
+        items.append((spec.cls.KIND, spec.fields(msg)))  # type: ignore[attr-defined]
     return [VERSION, _BATCH_KIND, msgpack.packb(items, use_bin_type=True)]
 
 
