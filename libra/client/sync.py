@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 import zmq
@@ -220,13 +220,19 @@ class Client:
         return p.value
 
     def _resolve_future(self, p: _Pending) -> None:
+        """Resolve ``p``'s future from its value. Two threads may race here (the leader dispatching the reply
+        and a ``gather`` that saw the event): the loser's ``InvalidStateError`` is ignored, since both set the
+        same value. It used to escape from the leader's drain and drop the rest of the replies it had read."""
         fut = p.future
         if fut is None or fut.done():
             return
-        if isinstance(p.value, Exception):
-            fut.set_exception(p.value)
-        else:
-            fut.set_result(p.value)
+        try:
+            if isinstance(p.value, Exception):
+                fut.set_exception(p.value)
+            else:
+                fut.set_result(p.value)
+        except InvalidStateError:
+            pass
 
     def _send(self, msg: Any) -> None:
         self._send_frames(encode(msg))

@@ -161,3 +161,24 @@ def test_async_client_deadline_cancellation_and_keepalive_without_a_broker() -> 
             await c.close()
 
     asyncio.run(go())
+
+
+def test_a_future_two_threads_resolve_at_once_is_resolved_once_without_an_error() -> None:
+    """The leader dispatching a reply and a ``gather`` that saw the reply's event both resolve the future; the
+    loser's InvalidStateError used to escape from the leader's drain, dropping the replies it had read."""
+    from concurrent.futures import Future
+
+    from libra.client.common import ToolResult
+    from libra.client.sync import _Pending
+
+    class LateFuture(Future):  # what the loser sees: not done at its check, done by the time it sets
+        def done(self) -> bool:
+            return False
+
+    with Client(NOWHERE, connect_timeout=None) as c:
+        p = _Pending(None)
+        p.value = ToolResult({"i": 1}, "w1", 1, "a", 0.0)
+        p.future = LateFuture()
+        Future.set_result(p.future, p.value)  # the winner
+        c._resolve_future(p)  # the loser: no InvalidStateError
+        assert p.future.result() is p.value
