@@ -144,6 +144,7 @@ class TorchWeightPublisher:
         self._closed = threading.Event()
         self.served = 0
         self.served_by: dict[str, int] = {}
+        self._serving: set[threading.Thread] = set()  # one per fetch in flight
         self._thread = threading.Thread(target=self._serve, name="torch-weights", daemon=True)
         self._thread.start()
         atexit.register(self.close)  # stop polling the store before the interpreter tears c10d down
@@ -178,10 +179,15 @@ class TorchWeightPublisher:
         self.store.set("latest", msgpack.packb(ref, use_bin_type=True))
         return ref
 
-    def close(self) -> None:
-        """Stop serving (fetches in flight finish or fail on their own timeouts)."""
+    def close(self, drain_s: float = 10.0) -> None:
+        """Stop taking fetches, and wait up to ``drain_s`` for those in flight: a serving thread still inside
+        its pair group's broadcast when the interpreter exits aborted the process ("terminate called without
+        an active exception"). A fetch still running after that fails on its own timeout."""
         self._closed.set()
         self._thread.join(timeout=5)
+        deadline = time.monotonic() + drain_s
+        for t in list(self._serving):
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     # -- serving ----------------------------------------------------------------------------------------
     def _serve(self) -> None:
@@ -198,13 +204,21 @@ class TorchWeightPublisher:
             for t, since in list(pending.items()):
                 if self.store.check([f"req/{t}"]):
                     del pending[t]
-                    threading.Thread(target=self._serve_one, args=(t,), name=f"torch-weights-{t}",
-                                     daemon=True).start()
+                    worker = threading.Thread(target=self._serve_one, args=(t,), name=f"torch-weights-{t}",
+                                              daemon=True)
+                    self._serving.add(worker)
+                    worker.start()
                 elif time.monotonic() - since > self.timeout_s:
                     del pending[t]  # the fetcher died between its ticket and its request
             self._closed.wait(0.005)
 
     def _serve_one(self, ticket: int) -> None:
+        try:
+            self._serve_ticket(ticket)
+        finally:
+            self._serving.discard(threading.current_thread())
+
+    def _serve_ticket(self, ticket: int) -> None:
         try:
             version_s, _, backend = self.store.get(f"req/{ticket}").decode().partition(":")
             backend = backend or self.backend or "gloo"

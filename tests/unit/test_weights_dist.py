@@ -107,3 +107,32 @@ def test_nccl_broadcast_gpu_to_gpu() -> None:
             assert torch.equal(torch.tensor(values, dtype=torch.float64), t.double().cpu()), name
     finally:
         pub.close()
+
+
+def test_close_waits_for_a_fetch_in_flight() -> None:
+    """A serving thread still broadcasting when the interpreter exits aborted the process; close() (also run
+    at exit) now waits, bounded, for the fetches in flight, and they complete."""
+    import threading
+    import time
+
+    pub = TorchWeightPublisher(timeout_s=30)
+    ref = pub.publish(3, {"w": torch.arange(1000, dtype=torch.float32)})
+    real = pub._serve_ticket
+
+    def slow(ticket: int) -> None:
+        time.sleep(0.5)  # a broadcast that takes a while
+        real(ticket)
+
+    pub._serve_ticket = slow  # type: ignore[method-assign]
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(TorchWeightFetcher(timeout_s=30).fetch(ref)))
+    t.start()
+    deadline = time.monotonic() + 20
+    while not pub._serving:
+        assert time.monotonic() < deadline, "the fetch never reached the publisher"
+        time.sleep(0.01)
+    pub.close()
+    assert not pub._serving  # close returned only after the serve finished
+    t.join(30)
+    sd, version, _ = got[0]
+    assert version == 3 and torch.equal(sd["w"], torch.arange(1000, dtype=torch.float32))
