@@ -134,7 +134,7 @@ def test_async_client_deadline_cancellation_and_keepalive_without_a_broker() -> 
         real_send = c._sock.send_multipart
 
         def spy(frames, *a, **kw):
-            sent.append(bytes(frames[1]))
+            sent.append(bytes(frames[0][6:7]))
             return real_send(frames, *a, **kw)
 
         c._sock.send_multipart = spy  # type: ignore[method-assign]

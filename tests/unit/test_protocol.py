@@ -8,7 +8,7 @@ import typing
 import msgpack
 import pytest
 
-from libra.protocol import ProtocolCode, ProtocolError, decode, decode_many, encode, encode_many
+from libra.protocol import ProtocolCode, ProtocolError, decode, decode_many, encode, encode_batch, encode_many
 from libra.protocol import messages as m
 
 
@@ -53,7 +53,26 @@ def _err(frames: list[bytes], **kw: int) -> ProtocolError:
 
 def test_wrong_version() -> None:
     f = encode(m.Heartbeat())
-    assert _err([b"LIBRA0", *f[1:]]).code is ProtocolCode.BAD_VERSION
+    assert len(f) == 1 and f[0][:6] == b"LIBRA1"  # one frame: VERSION + kind + payload
+    assert _err([b"LIBRA0" + f[0][6:]]).code is ProtocolCode.BAD_VERSION
+    assert _err([b"LIBRA0", f[0][6:7], f[0][7:]]).code is ProtocolCode.BAD_VERSION  # the three-frame form
+
+
+def test_both_framings_decode_and_large_payloads_keep_three_frames() -> None:
+    from libra.protocol.codec import COMPACT_MAX
+
+    small = m.Submit("r", "action", "echo", {"a": 1})
+    one = encode(small, b"raw")
+    assert len(one) == 2 and one[1] == b"raw"
+    three = [b"LIBRA1", one[0][6:7], one[0][7:], b"raw"]
+    for frames in (one, three):
+        d = decode(frames)
+        assert d.msg == small and d.buffers == (b"raw",)
+    big = m.Submit("r", "action", "echo", "x" * (COMPACT_MAX + 1))
+    f = encode(big)
+    assert len(f) == 3 and f[0] == b"LIBRA1" and decode(f).msg == big
+    batch = encode_batch([encode(small), encode(big), three[:3]])  # compact and three-frame inputs mixed
+    assert [d.msg for d in decode_many(batch)] == [small, big, small]
 
 
 def test_unknown_kind_and_bad_kind_frame() -> None:
@@ -108,7 +127,7 @@ def test_ext_types_and_non_messages_rejected() -> None:
 def test_batch_round_trip_preserves_order_and_single_is_plain() -> None:
     msgs = [m.Heartbeat(), m.Submit("r1", "action", "echo", [1, 2]), m.Bid(["action"], 3)]
     frames = encode_many(msgs)
-    assert frames[1] == bytes([m.Batch.KIND])
+    assert len(frames) == 1 and frames[0][6:7] == bytes([m.Batch.KIND])
     assert [d.msg for d in decode_many(frames)] == msgs
     assert encode_many(msgs[:1]) == encode(msgs[0])
     assert [d.msg for d in decode_many(encode(msgs[1]))] == [msgs[1]]
