@@ -5,8 +5,9 @@ dataclass's generated ``__init__`` sets each field through ``object.__setattr__`
 ``Reply`` against 0.7 µs, and one tool call builds eight messages on its way (Submit, Assign, WorkResult,
 Reply, each encoded once and decoded once).
 
-Each class has a one-byte ``KIND``. On the wire a message is
-``[b"LIBRA1", KIND byte, msgpack payload, *raw buffers]`` (ROUTER identity frames in front), where the
+Each class has a one-byte ``KIND``. On the wire a message is one frame ``b"LIBRA1" + KIND byte + msgpack
+payload`` followed by its raw buffers (three frames, ``[b"LIBRA1", KIND byte, payload, *buffers]``, when the
+payload is over 64 KiB; both decode), ROUTER identity frames in front, where the
 payload is a msgpack **array** of the fields in declaration order. Fields are therefore append-only:
 a new field goes last and must have a default so older peers' frames still decode.
 
