@@ -233,13 +233,10 @@ def encode_batch(encoded: Sequence[list[bytes]]) -> list[bytes]:
         return list(encoded[0])
     parts = [_array_header(len(encoded))]
     for frames in encoded:
-        compact = _split(frames)
-        if compact is not None and len(frames) == 1:
-            parts += (b"\x92", compact[0], compact[1])  # [kind, fields]: a kind below 0x80 packs as its own byte
-        elif len(frames) == 3 and bytes(frames[0]) == VERSION:
-            parts += (b"\x92", frames[1], frames[2])
-        else:
+        kind, payload, buffers = _parts(frames)
+        if buffers:
             raise ValueError("a message with raw buffers cannot be batched")
+        parts += (b"\x92", kind, payload)  # [kind, fields]: a kind below 0x80 packs as its own byte
     return _frames(_BATCH_KIND, b"".join(parts))
 
 
@@ -272,21 +269,45 @@ def _build(spec: _Spec, values: Any) -> Any:
     return spec.cls(*values)
 
 
-def decode_many(frames: Sequence[bytes], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> list[Decoded]:
-    """Like :func:`decode`, but also unpacks a Batch into its messages (in order)."""
+def _bad_version(head: bytes) -> ProtocolError:
+    return ProtocolError(ProtocolCode.BAD_VERSION,
+                         f"protocol header {head[:16]!r} is not {VERSION!r} (wrong peer or version)")
+
+
+def _parts(frames: Sequence[bytes]) -> tuple[Any, Any, Sequence[bytes]]:
+    """``(kind frame, payload, buffers)`` of either framing (see :func:`decode`); ProtocolError otherwise."""
     compact = _split(frames)
     if compact is not None:
-        batch = len(frames) == 1 and compact[0] == _BATCH_KIND
-        body = compact[1]
-    else:
-        batch = len(frames) == 3 and frames[1] == _BATCH_KIND and bytes(frames[0]) == VERSION
-        body = frames[2] if batch else b""
-    if batch:
-        size = sum(len(f) for f in frames)
-        if size > max_frame_bytes:
-            raise ProtocolError(
-                ProtocolCode.OVERSIZE, f"message of {size} bytes exceeds the limit of {max_frame_bytes} bytes"
-            )
+        return compact
+    if len(frames) < 3:
+        head = bytes(frames[0][:_HEAD]) if frames else b""
+        if head[:5] == VERSION[:5] and head != VERSION and len(frames[0]) > _HEAD + 1:
+            raise _bad_version(head)  # one frame from a peer of another version
+        raise ProtocolError(
+            ProtocolCode.TOO_FEW_FRAMES,
+            f"expected [version, kind, payload, *buffers] or [version+kind+payload, *buffers], "
+            f"got {len(frames)} frame(s)",
+        )
+    if bytes(frames[0]) != VERSION:
+        raise _bad_version(bytes(frames[0]))
+    return frames[1], frames[2], frames[3:]
+
+
+def _check_size(frames: Sequence[bytes], max_frame_bytes: int) -> None:
+    total = 0
+    for f in frames:
+        total += len(f)
+    if total > max_frame_bytes:
+        raise ProtocolError(
+            ProtocolCode.OVERSIZE, f"message of {total} bytes exceeds the limit of {max_frame_bytes} bytes"
+        )
+
+
+def decode_many(frames: Sequence[bytes], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> list[Decoded]:
+    """Like :func:`decode`, but also unpacks a Batch into its messages (in order)."""
+    kind_frame, body, buffers = _parts(frames)
+    _check_size(frames, max_frame_bytes)
+    if kind_frame == _BATCH_KIND and not buffers:
         try:
             items = msgpack.unpackb(body, raw=False, strict_map_key=True, ext_hook=_no_ext, use_list=True)
         except ProtocolError:
@@ -304,41 +325,19 @@ def decode_many(frames: Sequence[bytes], max_frame_bytes: int = DEFAULT_MAX_FRAM
                 raise ProtocolError(ProtocolCode.UNKNOWN_KIND, f"unknown message kind {item[0]!r} in a Batch")
             out.append(Decoded(_build(spec, item[1])))
         return out
-    return [decode(frames, max_frame_bytes)]
+    return [_decode_parts(kind_frame, body, buffers)]
 
 
 def decode(frames: Sequence[bytes], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Decoded:
     """Validate and decode. Raises ProtocolError (never anything else) for bad input. Takes both framings:
     ``[VERSION + kind + payload, *buffers]`` (what :func:`encode` sends up to :data:`COMPACT_MAX`) and
     ``[VERSION, kind, payload, *buffers]``."""
-    total = 0
-    for f in frames:
-        total += len(f)
-    compact = _split(frames)
-    if compact is not None:
-        kind_frame, payload, buffers = compact
-    else:
-        if len(frames) < 3:
-            head = bytes(frames[0][:_HEAD]) if frames else b""
-            if head[:5] == VERSION[:5] and head != VERSION and len(frames[0]) > _HEAD + 1:
-                raise ProtocolError(ProtocolCode.BAD_VERSION,
-                                    f"protocol header {head!r} is not {VERSION!r} (wrong peer or version)")
-            raise ProtocolError(
-                ProtocolCode.TOO_FEW_FRAMES,
-                f"expected [version, kind, payload, *buffers] or [version+kind+payload, *buffers], "
-                f"got {len(frames)} frame(s)",
-            )
-        version = bytes(frames[0])
-        if version != VERSION:
-            shown = version[:16]
-            raise ProtocolError(
-                ProtocolCode.BAD_VERSION, f"protocol header {shown!r} is not {VERSION!r} (wrong peer or version)"
-            )
-        kind_frame, payload, buffers = frames[1], frames[2], frames[3:]
-    if total > max_frame_bytes:
-        raise ProtocolError(
-            ProtocolCode.OVERSIZE, f"message of {total} bytes exceeds the limit of {max_frame_bytes} bytes"
-        )
+    kind_frame, payload, buffers = _parts(frames)
+    _check_size(frames, max_frame_bytes)
+    return _decode_parts(kind_frame, payload, buffers)
+
+
+def _decode_parts(kind_frame: Any, payload: Any, buffers: Sequence[bytes]) -> Decoded:
     if len(kind_frame) != 1:
         raise ProtocolError(ProtocolCode.UNKNOWN_KIND, f"kind frame must be 1 byte, got {len(kind_frame)}")
     kind = kind_frame[0]
