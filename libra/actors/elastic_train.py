@@ -12,9 +12,9 @@ Contracts:
   the step's generation (``libra.engines.elastic_dp.ElasticGroup``: rendezvous store on 127.0.0.1:
   ``master_port``, hosted by rank 0) when it changed.
 - Rank 0 serves weights as in the fixed group, and when the group has joining members it first copies
-  its state before the step (weights and AdamW state, ``elastic_dp.snapshot``) and publishes the copy on its
-  data plane under ``snapshot`` from a thread, while it goes on with the step. A joining member takes the step with an empty shard and **joins first**: it forms the
-  group and contributes its zero gradient to the all-reduce at once (it needs no weights for that), so the
+  its state before the step (weights and AdamW state, ``elastic_dp.snapshot``) and publishes the copy on
+  its data plane under ``snapshot`` from a thread, while it goes on with the step.
+- A joining member takes the step with an empty shard and **joins first**: it forms the group and contributes its zero gradient to the all-reduce at once (it needs no weights for that), so the
   core ranks wait only for the group's re-formation, never for the state transfer. It fetches rank 0's
   state from ``join_from`` on a thread started before it forms the group (waiting while rank 0 has not
   published it yet, up to the fetch timeout: ``join_state_unavailable``), so the transfer overlaps the
@@ -91,7 +91,9 @@ class _StateFetch:
 
     def __init__(self, role: Any, ta: TrainArgs) -> None:
         self.started = time.perf_counter()
-        self.fetched_s = 0.0
+        self.fetched_s = 0.0  # the fetch's own seconds
+        self.waited_s = 0.0  # how long load() waited for it (after the all-reduce)
+        self.version: int | None = None  # the version load() loaded
         self._got: tuple[dict[str, Any], int] | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(role, ta), name="ehp-state-fetch", daemon=True)
@@ -104,13 +106,13 @@ class _StateFetch:
             self._error = exc
         self.fetched_s = time.perf_counter() - self.started
 
-    def load(self, trainer: Any) -> tuple[int, float]:
-        """Wait for the fetch and load it into ``trainer``; the loaded version and the seconds waited."""
+    def load(self, trainer: Any) -> None:
+        """Wait for the fetch and load it into ``trainer`` (sets :attr:`version` and :attr:`waited_s`)."""
         from libra.engines.elastic_dp import SnapshotError, restore
 
         w0 = time.perf_counter()
         self._thread.join()
-        waited = time.perf_counter() - w0
+        self.waited_s = time.perf_counter() - w0
         if self._error is not None:
             raise self._error
         assert self._got is not None
@@ -119,8 +121,7 @@ class _StateFetch:
             restore(trainer.model, trainer.optimizer, sd)
         except SnapshotError as exc:
             raise ToolError("join_state_mismatch", str(exc)) from None
-        trainer.weights_version = trainer.step = version
-        return version, waited
+        trainer.weights_version = trainer.step = self.version = version
 
 
 def _publish_on_a_thread(server: Any, name: str, state: dict[str, Any], version: int) -> None:
@@ -151,20 +152,12 @@ def elastic_step(role: Any, ta: TrainArgs, ctx: WorkContext) -> dict[str, Any]:
     if rank == 0 and e.snapshot:  # copied now (the step changes it); packed and published off the step's path
         _publish_on_a_thread(role.server, e.snapshot, snapshot(trainer.model, trainer.optimizer),
                              trainer.weights_version)
-    joining = ctx.actor_id in e.joining
-    fetch = _StateFetch(role, ta) if joining else None  # overlaps the group's formation and the core's step
+    fetch = _StateFetch(role, ta) if ctx.actor_id in e.joining else None  # overlaps group formation and step
     t0 = time.perf_counter()
     spec = GroupSpec(e.generation, rank, len(e.members), "127.0.0.1", ta.master_port)
     if role.elastic.ensure(spec):
         log.info("elastic_group_formed", generation=e.generation, rank=rank, world_size=len(e.members))
     timing = {"group_form_s": time.perf_counter() - t0, "state_fetch_s": 0.0}
-    joined: list[int] = []
-
-    def load_after_all_reduce() -> None:  # a joiner: its zero gradient is in; now catch up with the core
-        version, waited = fetch.load(trainer)
-        joined.append(version)
-        timing.update(state_fetch_s=fetch.fetched_s, state_wait_s=waited)
-
     trainer.rank, trainer.world_size = rank, len(e.members)
     zero = ctx.actor_id in e.zero
     fetched: dict[str, Any] = {}
@@ -175,10 +168,13 @@ def elastic_step(role: Any, ta: TrainArgs, ctx: WorkContext) -> dict[str, Any]:
             shard, micro, fetched = role._fetch_parts(ta.parts[rank], ta.micro_batches[rank:][:1])
         except (DataPlaneError, ValueError, TypeError, KeyError) as exc:
             raise ToolError("shard_fetch_failed", f"rank {rank}: {type(exc).__name__}: {exc}") from None
+    # a joiner's zero gradient is in once the update is due: it then catches up with the core's state
     step_metrics = trainer.train_step(shard, micro_batches=micro,
-                                      before_update=load_after_all_reduce if joining else None)
+                                      before_update=(lambda: fetch.load(trainer)) if fetch is not None else None)
+    if fetch is not None:
+        timing.update(state_fetch_s=fetch.fetched_s, state_wait_s=fetch.waited_s)
     metrics = {**step_metrics, **timing}
-    restored = joined[0] if joined else None
+    restored = fetch.version if fetch is not None else None
     version = trainer.weights_version
     weights, publish_s, checkpoint = None, 0.0, None
     if rank == 0:
