@@ -269,9 +269,8 @@ class CorePools:
         """Per action actor seen so far: its host pool, cores, free cores and the actions holding some."""
         out: dict[str, dict[str, Any]] = {}
         for sess, ac in self._actors.values():
-            pool = self._pools[ac.pool]
-            busy = ac.mask & pool.used_mask
-            out[sess.actor_id] = {"pool": ac.pool, "cores": ac.mask.bit_count(),
-                                  "free": (ac.mask & ~pool.used_mask).bit_count(),
+            pool, free = self._free_mask(sess)
+            busy = ac.mask & ~free
+            out[sess.actor_id] = {"pool": ac.pool, "cores": ac.mask.bit_count(), "free": free.bit_count(),
                                   "held_by": len({pool.used[c] for c in _lowest(busy, busy.bit_count())})}
         return out

@@ -205,7 +205,7 @@ class Planning:
         if not rollout or (base is None and any(r == "train" or (r is None and "train" in s.accepting)
                                                  for s, r in roles)):
             return []
-        current = self.rollout_tp_now()
+        current = _common_tp(rollout)
         since = e.recorded
         tp = e.decide(now, n_gpus=len(rollout), load=len(self._rollout.trajs), max_tp=self.max_rollout_tp(),
                       current_tp=current)
@@ -225,10 +225,15 @@ class Planning:
 
     def rollout_tp_now(self) -> int:
         """The TP most rollout GPU actors run now (1 when none serves rollout)."""
-        tps = [int(s.directive_config.get("tp", 1) or 1) for s in self._gpu_roles()[1]]
-        return max(set(tps), key=tps.count) if tps else 1
+        return _common_tp(self._gpu_roles()[1])
 
     def _decision_logs(self, since: int) -> list[Command]:
         assert self.loop is not None
         return [Log("planner_round", {k: v for k, v in entry.items() if k != "plan"}, "info",
                     "libra.broker.planner_loop") for entry in self.loop.new_decisions(since)]
+
+
+def _common_tp(rollout: list[Any]) -> int:
+    """The TP most of the ``rollout`` GPU actors run (their directed ``tp``; 1 when there are none)."""
+    tps = [int(s.directive_config.get("tp", 1) or 1) for s in rollout]
+    return max(set(tps), key=tps.count) if tps else 1
