@@ -44,6 +44,8 @@ from libra.policies.routing.oracle import OracleRouter
 from libra.policies.routing.prefix_tree import CausalPrefixTree
 from libra.policies.routing.sticky import StickyRouter, Track
 from libra.policies.routing.interface import (
+    HEURISTIC_CROSS_NODE_MAX_TOKENS,
+    HEURISTIC_SAME_NODE_MAX_TOKENS,
     ClusterView,
     ClusterViewError,
     InstanceView,
@@ -60,6 +62,7 @@ from libra.policies.routing.interface import (
     has_room,
     heuristic_migrate_mode,
     least_loaded,
+    migrate_mode_by_limits,
 )
 from libra.policies.routing.tool_state import DEFAULT_THRESHOLDS, R2E_THRESHOLDS, SizeThresholds
 
@@ -371,10 +374,11 @@ def migrate_mode_rule(spec: Any) -> Callable[[MigrationQuery], MigrateMode]:
         return lambda q: mode
     if isinstance(spec, Mapping):
         extra = set(spec) - {"same_node_max_tokens", "cross_node_max_tokens"}
-        limits = {k: spec.get(k, d) for k, d in (("same_node_max_tokens", 4096), ("cross_node_max_tokens", 2048))}
+        limits = {k: spec.get(k, d) for k, d in (("same_node_max_tokens", HEURISTIC_SAME_NODE_MAX_TOKENS),
+                                                 ("cross_node_max_tokens", HEURISTIC_CROSS_NODE_MAX_TOKENS))}
         if extra or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in limits.values()):
             raise ValueError(f"choose_mode: a table takes non-negative integers same_node_max_tokens and "
                              f"cross_node_max_tokens, got {dict(spec)!r}")
         same, cross = limits["same_node_max_tokens"], limits["cross_node_max_tokens"]
-        return lambda q: "reprefill" if q.seq_len <= (same if q.same_node else cross) else "kv"
+        return lambda q: migrate_mode_by_limits(q, same, cross)
     raise ValueError(f"choose_mode: expected 'heuristic', 'kv', 'reprefill' or a table of limits, got {spec!r}")

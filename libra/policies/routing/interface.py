@@ -63,6 +63,7 @@ __all__ = [
     "fallback_order",
     "has_room",
     "heuristic_migrate_mode",
+    "migrate_mode_by_limits",
     "least_loaded",
     "mode_by_cost",
     "place",
@@ -339,10 +340,19 @@ class MigrationQuery:
     dst_tp: int
 
 
+HEURISTIC_SAME_NODE_MAX_TOKENS: Final = 4096
+HEURISTIC_CROSS_NODE_MAX_TOKENS: Final = 2048
+
+
+def migrate_mode_by_limits(q: MigrationQuery, same_node_max_tokens: int, cross_node_max_tokens: int) -> MigrateMode:
+    """Re-prefill a context up to the limit for where it moves (same node or across nodes), else KV."""
+    limit = same_node_max_tokens if q.same_node else cross_node_max_tokens
+    return "reprefill" if q.seq_len <= limit else "kv"
+
+
 def heuristic_migrate_mode(q: MigrationQuery) -> MigrateMode:
     """Libra's profile-free rule: re-prefill up to 4096 tokens on the same node (2048 across nodes), else KV."""
-    limit = 4096 if q.same_node else 2048
-    return "reprefill" if q.seq_len <= limit else "kv"
+    return migrate_mode_by_limits(q, HEURISTIC_SAME_NODE_MAX_TOKENS, HEURISTIC_CROSS_NODE_MAX_TOKENS)
 
 
 def mode_by_cost(
