@@ -32,7 +32,7 @@ from libra.client import Client
 from libra.client.aio import AsyncClient
 from libra.local import LocalCluster, free_port
 
-from .broker_drive import drive, pct
+from .broker_drive import cpu_per_call, drive, pct
 
 MSG = {"request_id": "c:1", "tool": "echo", "args": {"i": 1}}
 
@@ -53,32 +53,6 @@ def _echo_server(url: str, ready: mp.Event, stop: mp.Event) -> None:
                 s.send_multipart([ident, msgpack.packb(msgpack.unpackb(payload))])
     s.close(0)
     ctx.term()
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` and its descendants so far (Linux ``/proc``; 0 elsewhere)."""
-    total, todo, tck = 0.0, [pid], os.sysconf("SC_CLK_TCK")
-    while todo:
-        p = todo.pop()
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tck
-            for t in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{t}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
-
-
-def cpu_per_call(pids: dict[str, int], calls: int, before: dict[str, float] | None = None) -> dict[str, float]:
-    """CPU seconds so far of each named process (and this one, ``client``); with ``before``, the µs per call
-    since then."""
-    now = {name: cpu_s(pid) for name, pid in pids.items()} | {"client": time.process_time()}
-    if before is None:
-        return now
-    return {name: (now[name] - before[name]) / calls * 1e6 for name in now}
 
 
 def summary(lat: list[float], per_s: float, **extra: object) -> dict:

@@ -1,4 +1,5 @@
-"""The sync client's two call-path measures, shared by ``libra.bench.broker`` and its ``--trace-hops`` mode."""
+"""The sync client's two call-path measures, shared by ``libra.bench.broker`` and its ``--trace-hops`` mode, and
+the CPU accounting of the broker benches (``broker``, ``broker --scale``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,33 @@ import time
 from collections import deque
 
 from libra.client import Client
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and its live descendants so far (0 if it is gone)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            total += sum(p.cpu_times()[:2])
+        except psutil.Error:  # exited meanwhile
+            continue
+    return total
+
+
+def cpu_per_call(pids: dict[str, int], calls: int, before: dict[str, float] | None = None) -> dict[str, float]:
+    """CPU seconds so far of each named process tree (and this process, ``client``); with ``before``, the µs
+    per call since then."""
+    now = {name: cpu_s(pid) for name, pid in pids.items()} | {"client": time.process_time()}
+    if before is None:
+        return now
+    return {name: (now[name] - before[name]) / calls * 1e6 for name in now}
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -9,12 +9,13 @@ and the broker process's CPU seconds per wall second over the run (≈ 1.0 means
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import time
 from collections import deque
 
 from libra.client import Client
 from libra.local import LocalCluster
+
+from .broker_drive import cpu_s
 
 
 def _client_proc(url: str, window: int, seconds: float, go: mp.Event, out: mp.Queue) -> None:
@@ -42,12 +43,6 @@ def _client_proc(url: str, window: int, seconds: float, go: mp.Event, out: mp.Qu
         out.put((done, bad, time.perf_counter() - t0))
 
 
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(cluster: LocalCluster, clients: int, window: int, seconds: float) -> dict:
     ctx = mp.get_context("fork")
     go, out = ctx.Event(), ctx.Queue()
@@ -56,10 +51,10 @@ def measure(cluster: LocalCluster, clients: int, window: int, seconds: float) ->
         p.start()
     time.sleep(1.0 + 0.2 * clients)  # let them connect and warm up
     assert cluster.broker is not None
-    cpu0, t0 = _cpu_s(cluster.broker.pid), time.monotonic()
+    cpu0, t0 = cpu_s(cluster.broker.pid), time.monotonic()
     go.set()
     results = [out.get(timeout=seconds + 120) for _ in procs]
-    cpu1, t1 = _cpu_s(cluster.broker.pid), time.monotonic()
+    cpu1, t1 = cpu_s(cluster.broker.pid), time.monotonic()
     for p in procs:
         p.join(10)
     done = sum(r[0] for r in results)
