@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--actor-id-prefix", default="",
                    help="actor ids become HOST/PREFIX-SLOT (default HOST/SLOT); needed to run a second "
                         "supervisor on one host against the same broker")
+    p.add_argument("--no-direct", action="store_true",
+                   help="CPU slots bind no direct socket: clients' calls of inline tools always go through the broker")
     p.add_argument("--log-level", default=None)
     return p
 
@@ -162,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         extra.append("--no-sandbox")
     if args.allow_unisolated:
         extra.append("--allow-unisolated")
+    if args.no_direct:
+        extra.append("--no-direct")
     if args.log_level:
         extra += ["--log-level", args.log_level]
     for flag, value in (("--model-dir", args.model_dir), ("--run-dir", args.run_dir)):

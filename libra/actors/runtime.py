@@ -30,13 +30,15 @@ from libra import sdnotify
 from libra.engines.device import engine_labels_from_env, slot_gpu_index
 from libra.endpoints import resolve
 from libra.logging import bind_context, configure, get_logger
-from libra.protocol import ProtocolError, decode_many, encode_many
+from libra.protocol import ProtocolError, decode_many, encode, encode_batch, encode_many
 from libra.protocol import messages as m
+from libra.protocol.errors import ErrorCode, ProtocolCode
 from libra.security import CurveClient, apply_client
 from libra.zmqio import NOBLOCK, recv_ready, send_frames
 
 from .state import (ActorIdentity, ActorState, CancelWork, Connect, Note, Received, Reconfigure,
                     Reconfigured, SendMsg, Start, StartWork, Stop, Tick, WorkDone)
+from .direct import DirectLeaseTable, bind_direct
 from .tools import Handler, ToolError, WorkContext, action_tools
 from .topology import action_labels
 
@@ -51,6 +53,8 @@ class ActorRuntime:
     ``handlers`` maps ``(kind, name)`` to a handler; for ``action`` work the name is the tool.
     ``reconfigure(kinds, config)`` is called (on a worker thread) when a directive changes the
     actor's role; it may raise, in which case the actor keeps its old kinds and says so.
+    ``direct``: bind a direct socket for clients' direct calls of the tools it runs inline (``direct.py``;
+    not with CURVE keys).
     """
 
     inline_log_context = False
@@ -61,18 +65,26 @@ class ActorRuntime:
     def __init__(self, broker_url: str, ident: ActorIdentity, kinds: list[str], capacity: int,
                  handlers: dict[tuple[str, str], Handler], *, heartbeat_s: float = 1.0, liveness: int = 3,
                  reconfigure: Reconfigurer | None = None, max_frame_bytes: int = 64 * 1024 * 1024,
-                 drain_s: float = 10.0, curve: CurveClient | None = None) -> None:
+                 drain_s: float = 10.0, curve: CurveClient | None = None, direct: bool = False) -> None:
         self.broker_url = broker_url
         self.curve = curve or CurveClient.from_env()  # CurveZMQ keys (LIBRA_CURVE_SECRET / LIBRA_BROKER_KEY)
         self.handlers = handlers
+        self.ctx = zmq.Context()
+        self.direct = DirectLeaseTable(frozenset(n for (k, n), h in handlers.items()
+                                                 if k == "action" and getattr(h, "inline", False)))
+        self.direct_sock: zmq.Socket | None = None
+        if direct and self.curve is None and self.direct.tools:
+            self.direct_sock = self._bind_direct(ident, max_frame_bytes)
         self.state = ActorState(ident, kinds, capacity, heartbeat_s=heartbeat_s, liveness=liveness)
         self.reconfigure = reconfigure or (lambda kinds, config: None)
         self.max_frame_bytes = max_frame_bytes
         self.drain_s = drain_s
-        self.ctx = zmq.Context()
         self.sock: zmq.Socket | None = None
         self.endpoint = broker_url  # what the socket is connected to (an ipc path on the broker's host)
         self.poller = zmq.Poller()
+        if self.direct_sock is not None:
+            self.poller.register(self.direct_sock, zmq.POLLIN)
+        self._no_cancel = threading.Event()  # direct calls run inline: nothing revokes them
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self.poller.register(self._wake_r, zmq.POLLIN)
@@ -83,6 +95,19 @@ class ActorRuntime:
         self._stop = threading.Event()
         self._ready_sent = False
         self.log = log.bind(actor=ident.actor_id)
+
+    def _bind_direct(self, ident: ActorIdentity, max_frame_bytes: int) -> zmq.Socket | None:
+        s = self.ctx.socket(zmq.ROUTER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        s.setsockopt(zmq.SNDHWM, 100_000)
+        s.setsockopt(zmq.RCVHWM, 100_000)
+        labels = bind_direct(s, self.broker_url)
+        if not labels:
+            s.close(0)
+            return None
+        ident.labels.update(labels, direct_tools=sorted(self.direct.tools))
+        return s
 
     # ------------------------------------------------------------------ commands
     def _execute(self, cmds: list[Any]) -> None:
@@ -218,9 +243,13 @@ class ActorRuntime:
                             self._execute(st.handle(ev, mono()))
                     elif sock is self.sock:
                         self._drain_socket()
+                    elif sock is self.direct_sock:
+                        self._drain_direct()
                 now = mono()
                 if now >= next_tick:
                     self._execute(st.handle(Tick(), now))
+                    if st.phase.value != "connecting":
+                        self._outbuf.extend(self.direct.reports())
                 self._flush()
                 if now >= next_tick:
                     tick_s = max(0.01, min(0.1, st.heartbeat_s / 4))
@@ -229,6 +258,8 @@ class ActorRuntime:
             self._pool.shutdown(wait=False, cancel_futures=True)
             if self.sock is not None:
                 self.sock.close(0)
+            if self.direct_sock is not None:
+                self.direct_sock.close(0)
             self.ctx.term()
             os.close(self._wake_r)
             os.close(self._wake_w)
@@ -244,12 +275,77 @@ class ActorRuntime:
                 self.log.warning("bad_frame_from_broker", code=err.code.value, error=err.message)
                 continue
             for d in decoded:
-                if not self._ready_sent and type(d.msg) is m.Welcome:  # systemd Type=notify: first handshake
+                t = type(d.msg)
+                if t is m.LeaseGrant:
+                    self._outbuf.append(self.direct.grant(d.msg))
+                    continue
+                if t is m.LeaseEnd:
+                    self.direct.end(d.msg.lease_id)
+                    continue
+                if t is m.Welcome or t is m.Directive:  # a new broker session, a new role: no lease holds
+                    self.direct.clear()
+                if not self._ready_sent and t is m.Welcome:  # systemd Type=notify: first handshake
                     self._ready_sent = True
                     sdnotify.ready(f"connected to {self.broker_url}")
                 self._execute(st.handle(Received(d.msg), time.monotonic()))
                 if self.sock is not sock:  # reconnected while handling: stop reading the old socket
                     return
+
+
+    def _drain_direct(self) -> None:
+        """Answer what clients sent to the direct socket: each DirectCall on a lease held runs inline here."""
+        sock = self.direct_sock
+        assert sock is not None
+        replies: dict[bytes, list[Any]] = {}
+        for frames in recv_ready(sock, 1000):
+            if len(frames) < 2:
+                continue
+            try:
+                decoded = decode_many(frames[1:], self.max_frame_bytes)
+            except ProtocolError as err:
+                replies.setdefault(frames[0], []).append(m.Error(err.code.value, err.message))
+                continue
+            out = replies.setdefault(frames[0], [])
+            for d in decoded:
+                out.append(self._direct_call(d.msg) if type(d.msg) is m.DirectCall else m.Error(
+                    ProtocolCode.UNEXPECTED.value, f"{type(d.msg).__name__} is not accepted on a direct socket"))
+        for ident, msgs in replies.items():
+            enc = [self._encode_reply(msg) for msg in msgs]
+            for i in range(0, len(enc), 256):
+                chunk = enc[i : i + 256]
+                try:
+                    send_frames(sock, [ident, *(chunk[0] if len(chunk) == 1 else encode_batch(chunk))], NOBLOCK)
+                except zmq.Again:
+                    self.log.warning("direct_reply_dropped_hwm", count=len(chunk))
+
+    def _direct_call(self, c: m.DirectCall) -> Any:
+        aid = self.state.ident.actor_id
+        why = self.direct.refusal(c)
+        if why:
+            return m.Reply(c.request_id, False, None, ErrorCode.LEASE_ENDED.value, why, c.lease_id, 0, aid)
+        t0 = time.perf_counter()
+        ctx = WorkContext(c.lease_id, None, c.timeout_s, self._no_cancel, aid)
+        try:
+            r = m.Reply(c.request_id, True, self.handlers[("action", c.name)](c.args, ctx), "", "", c.lease_id, 1,
+                        aid, time.perf_counter() - t0)
+        except ToolError as exc:
+            r = m.Reply(c.request_id, False, None, ErrorCode.TOOL_FAILED.value, exc.message, c.lease_id, 1, aid,
+                        time.perf_counter() - t0, tool_code=exc.code)
+        except Exception as exc:  # a tool bug must not kill the actor
+            self.log.warning("tool_raised", tool=c.name, lease=c.lease_id, error=repr(exc))
+            r = m.Reply(c.request_id, False, None, ErrorCode.TOOL_FAILED.value, f"{type(exc).__name__}: {exc}",
+                        c.lease_id, 1, aid, time.perf_counter() - t0, tool_code=ErrorCode.TOOL_FAILED.value)
+        self.direct.count(c.lease_id, r.ok)
+        return r
+
+    @staticmethod
+    def _encode_reply(msg: Any) -> list[bytes]:
+        try:
+            return encode(msg)
+        except (TypeError, ValueError, OverflowError) as exc:  # the tool returned what msgpack cannot carry
+            return encode(m.Reply(msg.request_id, False, None, ErrorCode.TOOL_FAILED.value,
+                                  f"the result cannot be sent ({exc}); return plain data", msg.work_id,
+                                  msg.attempts, msg.actor_id, msg.duration_s, tool_code="bad_result"))
 
 
 def handlers_for_tools(tools: dict[str, Handler]) -> dict[tuple[str, str], Handler]:
@@ -283,6 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--service-gpus", type=int, default=None,
                    help="GPUs a gpu action slot's model services use (default 1); without a GPU they run on CPU "
                         "and the slot says so (gpu_emulated)")
+    p.add_argument("--no-direct", action="store_true",
+                   help="bind no direct socket: clients' calls of inline tools (echo) always go through the broker")
     p.add_argument("--log-level", default=None)
     return p
 
@@ -342,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         capacity = 1 if args.role == "train" else max(args.capacity, args.rollout_batch)
     ident = ActorIdentity(actor_id, host, args.slot, os.getpid(), caps, labels)
     rt = ActorRuntime(args.broker, ident, kinds, capacity, handlers, heartbeat_s=args.heartbeat_s,
-                      reconfigure=hybrid.reconfigure if args.role == "hybrid" else None)
+                      reconfigure=hybrid.reconfigure if args.role == "hybrid" else None,
+                      direct=args.role == "action" and not args.no_direct)
     if args.role in ("rollout", "hybrid"):  # the engine's KV reading after each batch: re-bid when the credit moves
         from .rollout_role import attach_kv_reports
 

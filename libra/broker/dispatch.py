@@ -104,6 +104,12 @@ class Dispatcher:
             out.append(accept_record(cs.client_id, msg, w.work_id))
         cs.inflight += 1
         self.stats["submitted"] += 1
+        if msg.prior_attempts > 0:  # a direct call whose actor was lost: that run counts as an attempt and a loss
+            w.attempt = w.failures = msg.prior_attempts
+            if w.failures > self.config.max_retries:
+                self.fail(w, now, out, ErrorCode.RETRIES_EXHAUSTED,
+                          f"its actor was lost {w.failures} times; giving up after {self.config.max_retries} retries")
+                return
         self.submit(w, now, out)
 
     def on_cancel(self, cs: ClientSession | None, msg: m.CancelRequest, now: float, out: list[Command]) -> None:

@@ -25,9 +25,11 @@ __all__ = ["accept_record", "restore", "start_record"]
 
 def accept_record(client_id: str, msg: m.Submit, work_id: str) -> JournalWrite:
     """The ``accept`` record of an accepted Submit: what is needed to queue it again after a restart."""
-    return JournalWrite("accept", client_id, msg.request_id, {
-        "kind": msg.kind, "name": msg.name, "args": msg.args, "trajectory": msg.trajectory,
-        "timeout_s": msg.timeout_s, "work_id": work_id})
+    record = {"kind": msg.kind, "name": msg.name, "args": msg.args, "trajectory": msg.trajectory,
+              "timeout_s": msg.timeout_s, "work_id": work_id}
+    if msg.prior_attempts:  # a lost direct call's earlier run (libra.client.direct)
+        record["prior_attempts"] = msg.prior_attempts
+    return JournalWrite("accept", client_id, msg.request_id, record)
 
 
 def start_record(w: Work) -> JournalWrite:
@@ -52,6 +54,9 @@ def restore(table: WorkTable, rollout: RolloutRouting, accepted: list[tuple[str,
         wid = d.get("work_id")
         w = table.admit(client_id, rid, b"", d["kind"], name, d["args"], d["trajectory"], d["timeout_s"], now,
                         "restored", wid if type(wid) is str else None)
+        prior = d.get("prior_attempts")
+        if type(prior) is int and prior > 0:  # runs it had before it came to the broker (a lost direct call)
+            w.attempt = w.failures = prior
         lease, attempt, holder = d.get("lease"), d.get("attempt"), d.get("actor_id")
         if type(lease) is int and type(attempt) is int and type(holder) is str:
             w.lease, w.attempt, w.holder = lease, attempt, holder

@@ -38,6 +38,7 @@ from . import journal, views
 from .actions import ActionPlacement
 from .adoption import Adoption, parse_held
 from .config import BrokerConfig
+from .direct_leases import DirectLeases
 from .dispatch import Dispatcher
 from .events import (
     ApplyPlan,
@@ -73,6 +74,7 @@ _CLIENT_ONLY: dict[type, str] = {
     m.DirectRequest: "say ClientHello first",
     m.JobSubmit: "say ClientHello before JobSubmit",
     m.JobPoll: "say ClientHello before JobPoll",
+    m.LeaseRequest: "say ClientHello before LeaseRequest",
 }
 
 
@@ -113,6 +115,7 @@ class BrokerState:
                                     self._jobs, journaling)
         self._planning = Planning(loop, self._sessions, self.rollout, planner_offload, c.engines)
         self._adoption = Adoption(c, self.stats, self._sessions, self._table, self._dispatch)
+        self._leases = DirectLeases(self._sessions, self.stats)
         self._handlers = {
             m.ActorHello: self._on_actor_hello,
             m.ClientHello: self._on_client_hello,
@@ -129,6 +132,7 @@ class BrokerState:
             m.EndTrajectory: self._on_end_trajectory,
             m.JobSubmit: self._on_job_submit,
             m.JobPoll: self._on_job_poll,
+            **self._leases.handlers,
         }
 
     # ------------------------------------------------------------------ the entry point
@@ -259,7 +263,8 @@ class BrokerState:
         """A status view: one dict per actor, queue depths by ``kind:name``, counters."""
         return views.snapshot(request_id, now, self._sessions, self._table, self.stats, self._jobs,
                               self._planning.loop, router=self.rollout.summary(),
-                              actions=self.actions.summary() if self.actions is not None else None)
+                              actions=self.actions.summary() if self.actions is not None else None,
+                              leases=self._leases.summary())
 
     def validate(self) -> None:
         """Check invariants (tests call this after every scenario). Raises AssertionError."""
@@ -330,6 +335,7 @@ class BrokerState:
         out.extend(self._planning.actor_left(sess.actor_id, why, now))
         if self._jobs.ehp is not None:
             self._jobs.ehp.actor_left(sess.actor_id)
+        self._leases.actor_gone(sess, out, why)
         self._dispatch.actor_gone(sess, now, out, why, lost)
 
     def _actor_or_disconnect(self, peer: bytes, out: list[Command]) -> ActorSession | None:
@@ -452,6 +458,7 @@ class BrokerState:
         self._dispatch.expire(now, out)
         self._adoption.tick(now, out)
         self._sessions.forget_idle_clients(now)
+        self._leases.tick(now, out)
         step_s = self.config.router_step_s
         if self._last_router_step is None:
             self._last_router_step = now

@@ -17,13 +17,14 @@ __all__ = ["snapshot", "validate"]
 
 def snapshot(request_id: str, now: float, sessions: SessionRegistry, table: WorkTable, stats: dict[str, int],
              jobs: JobBoard, planner: PlannerLoop | None, router: dict[str, Any] | None = None,
-             actions: dict[str, Any] | None = None) -> m.StatusReply:
+             actions: dict[str, Any] | None = None, leases: list[dict[str, Any]] | None = None) -> m.StatusReply:
     """A status view: one dict per actor, queue depths by ``kind:name``, counters."""
     actors = [
         {
             "id": s.actor_id, "host": s.host, "slot": s.slot, "pid": s.pid,
             "kinds": sorted(s.accepting), "capabilities": {k: sorted(v) for k, v in s.capabilities.items()},
             "state": s.state, "load": len(s.held), "capacity": s.capacity, "completed": s.completed,
+            "leased": s.leased,
             "role": dict(s.directive_config),
             "gpu": dict(s.gpu),
             "last_seen_s": round(now - s.last_seen, 3),
@@ -41,6 +42,8 @@ def snapshot(request_id: str, now: float, sessions: SessionRegistry, table: Work
         st["planner"] = planner.summary()
     if router is not None:
         st["router"] = router
+    if leases:  # direct leases (direct_leases.py): calls that go from a client straight to an actor
+        st["leases"] = leases
     if actions is not None:  # action placement (tangram and friends): cores per actor, resident services
         st["actions"] = actions
     return m.StatusReply(request_id, actors, queues, st)

@@ -37,6 +37,7 @@ from .common import (
     result_or_error,
     unreachable,
 )
+from .direct import LEASE_ENDED, DirectRoutes
 from .errors import BrokerUnreachable, ProtocolRejected, ToolTimeout
 
 
@@ -47,8 +48,12 @@ def _retrieve(fut: asyncio.Future) -> None:
 
 
 class AsyncClient:
+    """``direct=True``: calls of tools an actor runs inline go straight to that actor under a lease from the
+    broker (``libra.client.direct``)."""
+
     def __init__(self, broker_url: str, *, client_id: str | None = None,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, curve: CurveClient | None = None) -> None:
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, curve: CurveClient | None = None,
+                 direct: bool = False) -> None:
         self.broker_url = broker_url
         self.client_id = client_id or new_client_id()
         self.max_frame_bytes = max_frame_bytes
@@ -70,6 +75,10 @@ class AsyncClient:
         self._ping_s = 1.0  # while requests wait, ping a silent broker this often (detects a restart)
         self._gate = ReconnectGate(retry_s=2 * self._ping_s)
         self._limit = max_frame_bytes  # the smaller of ours and the broker's (from its welcome)
+        self._direct = DirectRoutes() if direct and not self._curve else None
+        self._dcalls: dict[str, m.DirectCall] = {}  # direct calls not answered yet, to resend via the broker
+        self._dsocks: dict[str, tuple[zmq.asyncio.Socket, asyncio.Task]] = {}  # endpoint -> socket, reader
+        self._doutbox: dict[str, list[list[bytes]]] = {}
 
     async def connect(self, timeout: float = 5.0) -> "AsyncClient":
         """Say hello and wait for the broker's welcome; raise BrokerUnreachable after ``timeout``."""
@@ -100,12 +109,25 @@ class AsyncClient:
         if self._reader is None:
             await self.connect()
         rid = request_id or self._ids.next()
-        msg = m.Submit(rid, kind, name, args, trajectory, float(timeout))
-        frames = encode_checked(msg, self._limit)  # BadRequest / PayloadTooLarge before anything is sent
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future = loop.create_future()
-        self._pending[rid] = (fut, frames)
-        self._enqueue(frames)
+        lease = None
+        if self._direct is not None:
+            lease, ask = self._direct.route(kind, name, trajectory, request_id is not None, loop.time())
+            if ask:
+                self._ask_lease(name)
+        if lease is not None:
+            call = m.DirectCall(rid, lease.lease_id, kind, name, args, float(timeout))
+            frames = encode_checked(call, self._limit)
+            self._direct.sent(rid, lease)  # type: ignore[union-attr]
+            self._dcalls[rid] = call
+            fut: asyncio.Future = loop.create_future()
+            self._pending[rid] = (fut, frames)
+            self._enqueue_direct(lease.endpoint, frames)
+        else:
+            frames = encode_checked(m.Submit(rid, kind, name, args, trajectory, float(timeout)), self._limit)
+            fut = loop.create_future()
+            self._pending[rid] = (fut, frames)
+            self._enqueue(frames)
         # one timer per call, no wait_for/shield (two futures and a timer per wake-up); the client-wide
         # keepalive tick (_keepalive_tick) pings a silent broker while calls wait
         timer = loop.call_at(loop.time() + timeout + REPLY_GRACE_S, self._expire, rid, fut, timeout)
@@ -113,6 +135,7 @@ class AsyncClient:
             value = await fut
         except asyncio.CancelledError:
             self._pending.pop(rid, None)
+            self._forget_direct(rid)
             raise
         finally:
             timer.cancel()
@@ -124,6 +147,7 @@ class AsyncClient:
         """A call's deadline passed without a reply: it fails with ToolTimeout (BrokerUnreachable if the
         broker never welcomed this client)."""
         self._pending.pop(rid, None)
+        self._forget_direct(rid)
         if fut.done():
             return
         if self._welcomed is None or not self._welcomed.is_set():
@@ -131,12 +155,76 @@ class AsyncClient:
         else:
             fut.set_exception(ToolTimeout(f"request {rid} got no reply within {timeout}s"))
 
+    # ------------------------------------------------------------------ direct calls (libra.client.direct)
+    def _ask_lease(self, tool: str) -> None:
+        assert self._direct is not None
+        rid = self._ids.next()
+        self._direct.asked(rid, tool, asyncio.get_running_loop().time())
+        self._enqueue(encode(m.LeaseRequest(rid, "action", tool)))
+
+    def _forget_direct(self, rid: str) -> None:
+        if self._dcalls.pop(rid, None) is not None and self._direct is not None:
+            self._direct.answered(rid)
+
+    def _enqueue_direct(self, endpoint: str, frames: list[bytes]) -> None:
+        q = self._doutbox.get(endpoint)
+        if q is None:
+            q = self._doutbox[endpoint] = []
+        q.append(frames)
+        if self._flush_handle is None:
+            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush_out)
+
+    def _dsock(self, endpoint: str) -> zmq.asyncio.Socket:
+        entry = self._dsocks.get(endpoint)
+        if entry is None:
+            s = self._ctx.socket(zmq.DEALER)
+            configure_socket(s, self.max_frame_bytes, None)
+            s.connect(endpoint)
+            task = asyncio.get_running_loop().create_task(self._read_loop(s, zmq.Socket.shadow(s.underlying)))
+            entry = self._dsocks[endpoint] = (s, task)
+        return entry[0]
+
+    def _via_broker(self, rid: str, prior_attempts: int) -> None:
+        """Send unanswered direct call ``rid`` through the broker instead (same request id)."""
+        call = self._dcalls.pop(rid, None)
+        entry = self._pending.get(rid)
+        if call is None or entry is None or entry[0].done():
+            return
+        frames = encode(m.Submit(rid, call.kind, call.name, call.args, None, call.timeout_s, prior_attempts))
+        self._pending[rid] = (entry[0], frames)
+        self._enqueue(frames)
+
+    def _on_lease_end(self, msg: m.LeaseEnd) -> None:
+        assert self._direct is not None
+        if msg.lost:
+            for rid in self._direct.lost(msg.lease_id):
+                self._via_broker(rid, 1)
+        else:
+            self._direct.ended(msg.lease_id)
+
+    def _on_direct_reply(self, msg: m.Reply) -> bool:
+        """A direct call's reply: resolve it (True), or send the call via the broker if it was refused."""
+        assert self._direct is not None
+        if msg.error_code == LEASE_ENDED:
+            self._direct.refused(msg.request_id, asyncio.get_running_loop().time())
+            self._via_broker(msg.request_id, 0)
+            return False
+        self._direct.answered(msg.request_id)
+        self._dcalls.pop(msg.request_id, None)
+        return True
+
     async def end_trajectory(self, trajectory: str, total_output_tokens: int = 0, ok: bool = True) -> None:
         """Tell the broker ``trajectory`` is finished (the rollout router learns from its length) or
         abandoned (``ok=False``). Fire and forget: there is no reply."""
         if self._reader is None:
             await self.connect()
         await self._sock.send_multipart(encode(m.EndTrajectory(trajectory, max(0, int(total_output_tokens)), ok)))
+
+    def _on_lease_reply(self, msg: m.Reply) -> None:
+        assert self._direct is not None
+        _, surplus = self._direct.on_lease_reply(msg, asyncio.get_running_loop().time())
+        if surplus is not None:
+            self._sock.send_multipart(encode(m.LeaseEnd(surplus, "surplus"))).add_done_callback(_retrieve)
 
     async def status(self, timeout: float = 5.0) -> m.StatusReply:
         if self._reader is None:
@@ -187,6 +275,12 @@ class AsyncClient:
 
     def _flush_out(self) -> None:
         self._flush_handle = None
+        if self._doutbox:
+            dout, self._doutbox = self._doutbox, {}
+            for endpoint, items in dout.items():
+                sock = self._dsock(endpoint)
+                for batch in batches([(f, sum(map(len, f))) for f in items]):
+                    sock.send_multipart(batch[0] if len(batch) == 1 else encode_batch(batch)).add_done_callback(_retrieve)
         out, self._outbox = self._outbox, []
         if not out or self._sock.closed:
             return
@@ -205,20 +299,27 @@ class AsyncClient:
         if self._pending and now - self._last_rx > self._ping_s and now - self._last_ping > self._ping_s:
             self._last_ping = now
             self._sock.send_multipart(encode(m.Heartbeat())).add_done_callback(_retrieve)
+        if self._direct is not None:
+            for lease_id in self._direct.idle(now):
+                self._sock.send_multipart(encode(m.LeaseEnd(lease_id, "idle"))).add_done_callback(_retrieve)
         self._keepalive_handle = loop.call_later(self._ping_s, self._keepalive_tick)
 
     async def _resend_pending(self) -> None:
         """Resend every unanswered request once (same request ids: the broker never runs one twice),
         ``RESEND_BATCH`` to a frame, yielding to the event loop between frames."""
         self._outbox.clear()  # every queued request is pending too: it is resent below, once
-        waiting = [(frames, sum(map(len, frames))) for fut, frames in list(self._pending.values()) if not fut.done()]
+        waiting = [(frames, sum(map(len, frames))) for rid, (fut, frames) in list(self._pending.items())
+                   if not fut.done() and rid not in self._dcalls]  # direct calls: their actors still answer
         for batch in batches(waiting):
             await self._sock.send_multipart(encode_batch(batch))
             await asyncio.sleep(0)
 
-    async def _read_loop(self) -> None:
-        """Wait until the socket is readable, then drain what is ready without awaiting per frame."""
-        sock, nb = self._sock, self._nb
+    async def _read_loop(self, sock: zmq.asyncio.Socket | None = None, nb: zmq.Socket | None = None) -> None:
+        """Wait until the socket (the broker's, or an actor's direct one) is readable, then drain what is
+        ready without awaiting per frame."""
+        if sock is None or nb is None:
+            sock, nb = self._sock, self._nb
+        direct = sock is not self._sock
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -230,13 +331,19 @@ class AsyncClient:
             except (zmq.ContextTerminated, zmq.ZMQError):
                 return
             for frames in ready:
-                self._last_rx = loop.time()
+                if not direct:
+                    self._last_rx = loop.time()
                 try:
                     decoded = decode_many(frames, self.max_frame_bytes)
                 except ProtocolError:
                     continue
                 for d in decoded:
                     t = type(d.msg)
+                    if direct and (t is not m.Reply or not self._on_direct_reply(d.msg)):
+                        continue
+                    if t is m.Reply and self._direct is not None and d.msg.request_id in self._direct.asking:
+                        self._on_lease_reply(d.msg)
+                        continue
                     if t is m.Reply or t is m.StatusReply:  # the hot path, without an await
                         entry = self._pending.pop(d.msg.request_id, None)
                         if entry is not None and not entry[0].done():
@@ -251,6 +358,9 @@ class AsyncClient:
             entry = self._pending.pop(msg.request_id, None)
             if entry is not None and not entry[0].done():
                 entry[0].set_result(result_or_error(msg) if t is m.Reply else msg)
+        elif t is m.LeaseEnd:
+            if self._direct is not None:
+                self._on_lease_end(msg)
         elif t is m.Welcome:
             assert self._welcomed is not None
             self._limit = min(self.max_frame_bytes, msg.max_frame_bytes or self.max_frame_bytes)
@@ -267,6 +377,8 @@ class AsyncClient:
             assert self._welcomed is not None
             if self._gate.on_disconnect(asyncio.get_running_loop().time()):
                 self._welcomed.clear()
+                if self._direct is not None:
+                    self._direct.reset()  # a new broker session knows none of our leases
                 await sock.send_multipart(encode(m.ClientHello(self.client_id, os.getpid())))
 
     async def close(self) -> None:
@@ -283,6 +395,14 @@ class AsyncClient:
             except asyncio.CancelledError:
                 pass
             self._reader = None
+        for dsock, task in self._dsocks.values():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            dsock.close(0)
+        self._dsocks.clear()
         try:
             await self._sock.send_multipart(encode(m.Goodbye("client closing")), zmq.NOBLOCK)
         except zmq.ZMQError:

@@ -40,6 +40,7 @@ from .common import (
     result_or_error,
     unreachable,
 )
+from .direct import LEASE_ENDED, DirectRoutes
 from .errors import BrokerUnreachable, ProtocolRejected, ToolTimeout
 
 
@@ -55,10 +56,13 @@ class _Pending:
 
 
 class Client:
-    """A connection to a Libra broker. ``connect_timeout=None`` skips waiting for the broker's welcome."""
+    """A connection to a Libra broker. ``connect_timeout=None`` skips waiting for the broker's welcome.
+    ``direct=True``: calls of tools an actor runs inline go straight to that actor under a lease from the
+    broker (``libra.client.direct``)."""
 
     def __init__(self, broker_url: str, *, client_id: str | None = None, connect_timeout: float | None = 5.0,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, curve: CurveClient | None = None) -> None:
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, curve: CurveClient | None = None,
+                 direct: bool = False) -> None:
         self.broker_url = broker_url
         self.client_id = client_id or new_client_id()
         self.max_frame_bytes = max_frame_bytes
@@ -84,6 +88,10 @@ class Client:
         self._gate = ReconnectGate(retry_s=2 * self._ping_s)
         self._limit = max_frame_bytes  # the smaller of ours and the broker's (from its welcome)
         self._closed = False
+        self._direct = DirectRoutes() if direct and not self._curve else None
+        self._dsocks: dict[str, zmq.Socket] = {}  # actor direct endpoint -> socket (made by the leader)
+        self._doutbox: deque[tuple[str, list[bytes]]] = deque()
+        self._next_idle_check = 0.0
         self._send(m.ClientHello(self.client_id, os.getpid()))
         if connect_timeout is not None:
             try:
@@ -115,14 +123,14 @@ class Client:
                 timeout: float = 60.0, *, request_id: str | None = None) -> ToolResult:
         """Submit any kind of work (``action``, ``generate``, ...) and wait for its one reply."""
         rid = request_id or self._ids.next()
-        p = self._submit(m.Submit(rid, kind, name, args, trajectory, float(timeout)))
+        p = self._submit_call(rid, kind, name, args, trajectory, timeout, request_id is not None)
         return self._result(p, rid, timeout)
 
     def submit_tool(self, tool: str, args: Any = None, trajectory: str | None = None,
                     timeout: float = 60.0) -> "Future[ToolResult]":
         """Non-blocking call; the future resolves when some thread waits on this client (``gather``)."""
         rid = self._ids.next()
-        p = self._submit(m.Submit(rid, "action", tool, args, trajectory, float(timeout)))
+        p = self._submit_call(rid, "action", tool, args, trajectory, timeout, False)
         fut: Future = Future()
         p.future = fut
         fut.libra_deadline = time.monotonic() + timeout + REPLY_GRACE_S  # type: ignore[attr-defined]
@@ -141,6 +149,8 @@ class Client:
                 self._lead_or_wait(p, deadline)
             if not p.event.is_set():
                 self._pending.pop(p.msg.request_id, None)
+                if self._direct is not None:
+                    self._direct.answered(p.msg.request_id)
                 p.value = self._timeout_error(p.msg.request_id, p.msg.timeout_s)
                 p.event.set()
             self._resolve_future(p)
@@ -185,6 +195,8 @@ class Client:
         except zmq.ZMQError:
             pass
         self._sock.close(0)
+        for dsock in self._dsocks.values():
+            dsock.close(0)
         self._ctx.term()
         os.close(self._wake_r)
         os.close(self._wake_w)
@@ -201,6 +213,26 @@ class Client:
             return BrokerUnreachable(unreachable(self.broker_url, self._curve))
         return ToolTimeout(f"request {rid} got no reply within {timeout}s")
 
+    def _submit_call(self, rid: str, kind: str, name: str, args: Any, trajectory: str | None, timeout: float,
+                     explicit_id: bool) -> _Pending:
+        """Send one call: straight to an actor when a direct lease covers it, else through the broker."""
+        d = self._direct
+        if d is not None:
+            lease, ask = d.route(kind, name, trajectory, explicit_id, time.monotonic())
+            if ask:
+                lrid = self._ids.next()
+                d.asked(lrid, name, time.monotonic())
+                self._send(m.LeaseRequest(lrid, "action", name))
+            if lease is not None:
+                call = m.DirectCall(rid, lease.lease_id, kind, name, args, float(timeout))
+                p = _Pending(call, encode_checked(call, self._limit))
+                d.sent(rid, lease)
+                self._pending[rid] = p
+                self._doutbox.append((lease.endpoint, p.frames))
+                self._kick()
+                return p
+        return self._submit(m.Submit(rid, kind, name, args, trajectory, float(timeout)))
+
     def _submit(self, msg: Any) -> _Pending:
         # BadRequest / PayloadTooLarge here, in the caller's thread, before anything is sent.
         p = _Pending(msg, encode_checked(msg, self._limit))
@@ -213,6 +245,8 @@ class Client:
         while not p.event.is_set():
             if time.monotonic() >= deadline:
                 self._pending.pop(rid, None)
+                if self._direct is not None:
+                    self._direct.answered(rid)
                 raise self._timeout_error(rid, timeout)
             self._lead_or_wait(p, deadline)
         if isinstance(p.value, Exception):
@@ -242,7 +276,7 @@ class Client:
         self._kick()
 
     def _kick(self) -> None:
-        while self._outbox:
+        while self._outbox or self._doutbox:
             if self._lock.acquire(blocking=False):
                 try:
                     self._flush()
@@ -256,12 +290,31 @@ class Client:
                 return
 
     def _flush(self) -> None:
+        if self._doutbox:
+            self._flush_direct()
         out = self._outbox
         sock = self._sock
         while out:
             items = [(f, sum(map(len, f))) for f in (out.popleft() for _ in range(len(out)))]
             for batch in batches(items):
                 send_frames(sock, encode_batch(batch))
+
+    def _flush_direct(self) -> None:
+        """Send queued direct calls, one batch per actor (the leader only: it makes and polls the sockets)."""
+        by_endpoint: dict[str, list[tuple[list[bytes], int]]] = {}
+        dout = self._doutbox
+        while dout:
+            endpoint, frames = dout.popleft()
+            by_endpoint.setdefault(endpoint, []).append((frames, sum(map(len, frames))))
+        for endpoint, items in by_endpoint.items():
+            sock = self._dsocks.get(endpoint)
+            if sock is None:
+                sock = self._dsocks[endpoint] = self._ctx.socket(zmq.DEALER)
+                configure_socket(sock, self.max_frame_bytes, None)
+                sock.connect(endpoint)
+                self._poller.register(sock, zmq.POLLIN)
+            for batch in batches(items):
+                send_frames(sock, batch[0] if len(batch) == 1 else encode_batch(batch))
 
     def _lead_or_wait(self, p: _Pending, deadline: float, until: threading.Event | None = None) -> None:
         target = until or p.event
@@ -279,14 +332,20 @@ class Client:
                         self._last_ping = now
                         self._outbox.append(encode(m.Heartbeat()))
                         self._flush()
+                    if self._direct is not None and now >= self._next_idle_check:
+                        self._next_idle_check = now + 1.0
+                        for lease_id in self._direct.idle(now):  # its actor's credit goes back to the broker
+                            self._outbox.append(encode(m.LeaseEnd(lease_id, "idle")))
                     for sock, _ in self._poller.poll(min(50, max(1, int(remaining * 1000)))):
                         if sock is self._sock:
                             self._drain()
-                        else:
+                        elif sock == self._wake_r:
                             try:
                                 os.read(self._wake_r, 65536)
                             except BlockingIOError:
                                 pass
+                        else:
+                            self._drain_direct(sock)
                     self._flush()
             finally:
                 self._lock.release()
@@ -305,8 +364,43 @@ class Client:
             for d in decoded:
                 self._dispatch(d.msg)
 
+    def _drain_direct(self, sock: zmq.Socket) -> None:
+        d = self._direct
+        assert d is not None
+        for frames in recv_ready(sock, 10_000):
+            try:
+                decoded = decode_many(frames, self.max_frame_bytes)
+            except ProtocolError:
+                continue
+            for x in decoded:
+                msg = x.msg
+                if type(msg) is not m.Reply:
+                    continue
+                if msg.error_code == LEASE_ENDED:  # refused before it ran: send it through the broker
+                    d.refused(msg.request_id, time.monotonic())
+                    self._via_broker(msg.request_id, 0)
+                    continue
+                d.answered(msg.request_id)
+                self._dispatch(msg)
+
+    def _via_broker(self, rid: str, prior_attempts: int) -> None:
+        """Send unanswered direct call ``rid`` through the broker instead (same request id)."""
+        p = self._pending.get(rid)
+        if p is None or type(p.msg) is not m.DirectCall:
+            return
+        c = p.msg
+        p.msg = m.Submit(rid, c.kind, c.name, c.args, None, c.timeout_s, prior_attempts)
+        p.frames = encode(p.msg)
+        self._outbox.append(p.frames)
+
     def _dispatch(self, msg: Any) -> None:
         t = type(msg)
+        d = self._direct
+        if t is m.Reply and d is not None and msg.request_id in d.asking:
+            _, surplus = d.on_lease_reply(msg, time.monotonic())
+            if surplus is not None:
+                self._outbox.append(encode(m.LeaseEnd(surplus, "surplus")))
+            return
         if t is m.Reply or t is m.StatusReply:
             p = self._pending.pop(msg.request_id, None)
             if p is not None:
@@ -318,8 +412,14 @@ class Client:
             self._welcomed.set()
             if self._gate.on_welcome():  # a reconnect is complete: resend each unanswered request once
                 for p in list(self._pending.values()):
-                    if p.msg is not None:
+                    if p.msg is not None and type(p.msg) is not m.DirectCall:  # direct: its actor answers
                         self._outbox.append(p.frames)
+        elif t is m.LeaseEnd:
+            if d is not None and msg.lost:  # its actor is gone: what it had not answered goes via the broker
+                for rid in d.lost(msg.lease_id):
+                    self._via_broker(rid, 1)
+            elif d is not None:
+                d.ended(msg.lease_id)
         elif t is m.Error:
             p = self._pending.pop(msg.request_id, None) if msg.request_id else None
             if p is not None:
@@ -331,4 +431,6 @@ class Client:
             # unanswered requests follow once, when the welcome comes (see ReconnectGate).
             if self._gate.on_disconnect(time.monotonic()):
                 self._welcomed.clear()
+                if d is not None:
+                    d.reset()  # a new broker session knows none of our leases
                 self._outbox.append(encode(m.ClientHello(self.client_id, os.getpid())))

@@ -38,6 +38,8 @@ class ErrorCode(str, Enum):
     PAYLOAD_TOO_LARGE = "payload_too_large"  # the encoded request exceeds the frame limit
     PROTOCOL = "protocol"  # the peer sent a frame the broker could not decode
     INTERNAL = "internal"
+    NO_LEASE = "no_lease"  # no actor runs this inline: no direct lease (the client uses the broker)
+    LEASE_ENDED = "lease_ended"  # a direct call on a lease its actor no longer holds: it did not run
 
 
 class ProtocolError(Exception):

@@ -89,6 +89,9 @@ class Submit:
     args: Any
     trajectory: str | None = None
     timeout_s: float = 60.0
+    prior_attempts: int = 0
+    """Runs this request already had elsewhere: a direct call (``DirectCall``) whose actor was lost comes
+    back through the broker with 1, so its ``attempts`` and retry budget count that run."""
 
 
 @dataclass(slots=True)
@@ -198,6 +201,78 @@ class JobPoll:
     job: str
     cursor: int = 0
     cancel: bool = False
+
+
+@dataclass(slots=True)
+class LeaseRequest:
+    """C→B: ask for a direct lease on ``kind``/``name``: the broker reserves one credit of an actor that runs
+    it inline (constant-time, on its socket thread) and answers with a Reply whose output is ``{"lease",
+    "actor_id", "host", "endpoint", "ipc"}``, or ``no_lease``. The client then sends ``DirectCall``\s to that
+    actor's endpoint, with no broker hop (see ``libra.client.direct``)."""
+
+    KIND: ClassVar[int] = 0x10
+    request_id: str
+    kind: str
+    name: str
+
+
+@dataclass(slots=True)
+class LeaseReady:
+    """A→B: the actor holds lease ``lease_id`` (``ok``) or cannot serve it (``error`` says why)."""
+
+    KIND: ClassVar[int] = 0x11
+    lease_id: str
+    ok: bool = True
+    error: str = ""
+
+
+@dataclass(slots=True)
+class LeaseReport:
+    """A→B: direct calls the actor answered on ``lease_id`` since its last report (for the broker's counters)."""
+
+    KIND: ClassVar[int] = 0x12
+    lease_id: str
+    done: int = 0
+    failed: int = 0
+
+
+@dataclass(slots=True)
+class DirectCall:
+    """C→A, on the actor's direct socket: run ``name`` under lease ``lease_id``. Answered with a ``Reply``
+    (``attempts`` 1); an actor that does not hold the lease (it ended) answers ``lease_ended`` without
+    running anything, and the client sends the call through the broker instead."""
+
+    KIND: ClassVar[int] = 0x13
+    request_id: str
+    lease_id: str
+    kind: str
+    name: str
+    args: Any
+    timeout_s: float = 60.0
+
+
+@dataclass(slots=True)
+class LeaseEnd:
+    """*: lease ``lease_id`` is over. C→B: the client returns it (idle, closing). B→A: accept no more calls on
+    it. B→C: use it no more; ``lost``: its actor is gone, so unanswered calls on it are sent again through the
+    broker (with ``prior_attempts`` 1)."""
+
+    KIND: ClassVar[int] = 0x14
+    lease_id: str
+    reason: str = ""
+    lost: bool = False
+
+
+@dataclass(slots=True)
+class LeaseGrant:
+    """B→A: hold lease ``lease_id`` for client ``client_id``'s direct calls of ``kind``/``name`` (answer
+    ``LeaseReady``). One of the actor's credits stays reserved until the broker sends ``LeaseEnd``."""
+
+    KIND: ClassVar[int] = 0x28
+    lease_id: str
+    client_id: str
+    kind: str
+    name: str
 
 
 @dataclass(slots=True)
@@ -317,7 +392,8 @@ class Batch:
 MESSAGE_TYPES: tuple[type, ...] = (
     ActorHello, ClientHello, Heartbeat, Bid, Submit, WorkResult, Handback, DirectiveDone,
     StatusRequest, CancelRequest, Goodbye, DirectRequest, EndTrajectory, JobSubmit, JobPoll,
-    Welcome, Assign, Reply, Error, Directive, Revoke, StatusReply, Disconnect,
+    LeaseRequest, LeaseReady, LeaseReport, DirectCall, LeaseEnd,
+    Welcome, Assign, Reply, Error, Directive, Revoke, StatusReply, Disconnect, LeaseGrant,
 )
 
 Message = Any  # any instance of MESSAGE_TYPES (kept loose so dataclasses need no common base)

@@ -90,7 +90,7 @@ def test_missing_extra_and_mistyped_fields_name_the_field() -> None:
     kind = bytes([m.Submit.KIND])
     e = _err([b"LIBRA1", kind, msgpack.packb(["r1", "action"])])
     assert e.code is ProtocolCode.MISSING_FIELD and "name" in e.message and "args" in e.message
-    e = _err([b"LIBRA1", kind, msgpack.packb(["r1", "action", "echo", 1, None, 1.0, "extra"])])
+    e = _err([b"LIBRA1", kind, msgpack.packb(["r1", "action", "echo", 1, None, 1.0, 0, "extra"])])
     assert e.code is ProtocolCode.EXTRA_FIELD
     e = _err([b"LIBRA1", kind, msgpack.packb(["r1", 7, "echo", 1])])
     assert e.code is ProtocolCode.BAD_TYPE and "Submit.kind" in e.message and "int" in e.message
