@@ -2,15 +2,19 @@
 
 1. Floor: a raw pyzmq DEALER ↔ ROUTER echo between two processes (msgpack on both ends), over loopback
    TCP and over ipc: round-trip p50/p99 with one message in flight, messages/s with 100 in flight.
-2. Libra: ``Client.call_tool("echo")`` through a real broker process and a real actor process
+2. Libra: ``Client.call_tool("echo")`` with a real broker process and a real actor process
    (``python -m libra.broker`` + ``python -m libra.actors``), once with every peer on loopback TCP
-   (``LIBRA_IPC=0``) and once with the default (peers on the broker's host switch to its ipc path):
-   p50/p99 with one call in flight, calls/s with 100 in flight twice: the sync client's sliding window of
-   futures, and 100 asyncio tasks sharing one ``AsyncClient`` (how agent loops call tools).
+   (``LIBRA_IPC=0``) and once with the default (peers on the broker's host switch to its ipc path), and on
+   each cluster two ways: through the broker (four socket hops a call), and ``direct=True`` (the client holds a
+   direct lease on ``echo``, which the actor runs inline, and sends its calls to the actor: two hops; see
+   ``libra.client.direct``). Each row: p50/p99 with one call in flight, calls/s with 100 in flight twice: the
+   sync client's sliding window of futures, and 100 asyncio tasks sharing one ``AsyncClient`` (how agent loops
+   call tools).
 3. Ray, when ``ray`` is importable (never a dependency): a Ray actor's ``echo`` method, the same two measures.
 
 Prints every path's ratio to the TCP floor. Targets (issue #20): Libra over TCP p50 ≤ 3× the floor,
-≥ 20,000 calls/s with 100 in flight, p50 ≥ 5× lower than the Ray call. ``--scale`` adds the throughput
+≥ 20,000 calls/s with 100 in flight, p50 ≥ 5× lower than the Ray call; each is checked for the direct path
+and, separately, for the brokered one. ``--scale`` adds the throughput
 sweep over actors × client processes (``libra.bench.broker_scale``).
 """
 
@@ -103,13 +107,16 @@ def floor(n: int, window: int, transport: str = "tcp") -> dict:
     return summary(lat, tput, transport=transport, cpu_us=cpu)
 
 
-async def _async_tput(url: str, total: int, window: int, pids: dict[str, int]) -> tuple[float, dict[str, float]]:
+async def _async_tput(url: str, total: int, window: int, pids: dict[str, int],
+                      direct: bool = False) -> tuple[float, dict[str, float]]:
     """``total`` echo calls from ``window`` asyncio tasks sharing one AsyncClient; every result checked."""
     import asyncio
 
-    async with AsyncClient(url) as c:
+    async with AsyncClient(url, direct=direct) as c:
         for i in range(200):
             await c.call_tool("echo", i)
+        if direct:
+            await _until_leased(c)
         counter = iter(range(total))
         bad = 0
 
@@ -129,30 +136,63 @@ async def _async_tput(url: str, total: int, window: int, pids: dict[str, int]) -
     return tput, cpu
 
 
-def libra_path(n: int, window: int, transport: str, slots: int = 1) -> dict:
-    """Libra's echo call through a real broker and actor, every peer on ``transport`` (tcp or ipc)."""
+async def _until_leased(c: AsyncClient) -> None:
+    import asyncio
+
+    for _ in range(100):  # the lease is asked for on the first call; its grant takes a broker round trip
+        if c._direct is not None and c._direct.by_tool:
+            return
+        await asyncio.sleep(0.01)
+        await c.call_tool("echo", 0)
+    raise RuntimeError("direct=True, but the broker granted no lease on echo")
+
+
+def _leased(c: Client) -> None:
+    for _ in range(100):
+        if c._direct is not None and c._direct.by_tool:
+            return
+        time.sleep(0.01)
+        c.call_tool("echo", 0)
+    raise RuntimeError("direct=True, but the broker granted no lease on echo")
+
+
+def libra_path(n: int, window: int, transport: str, slots: int = 1) -> dict[str, dict]:
+    """Libra's echo call with a real broker and actor, every peer on ``transport`` (tcp or ipc): through the
+    broker and direct, on the same cluster. Returns both rows."""
     env = {"LIBRA_IPC": "0"} if transport == "tcp" else {}
     saved = os.environ.get("LIBRA_IPC")
     if transport == "tcp":
         os.environ["LIBRA_IPC"] = "0"  # this process's client too
+    rows: dict[str, dict] = {}
     try:
         with LocalCluster(cpu_slots=slots, actor_args=["--no-sandbox", "--capacity", "64"], env=env) as cluster:
-            with Client(cluster.url) as c:
-                used = c.endpoint.split("://", 1)[0]
-                if used != transport:
-                    raise RuntimeError(f"asked for {transport}, the client connected over {used} ({c.endpoint})")
-                lat, tput = drive(c, n, window)
-            import asyncio
-
             assert cluster.broker is not None and cluster.actors is not None
-            atput, cpu = asyncio.run(_async_tput(cluster.url, n * 3, window,
-                                                 {"broker": cluster.broker.pid, "actors": cluster.actors.pid}))
+            pids = {"broker": cluster.broker.pid, "actors": cluster.actors.pid}
+            for direct in (False, True):
+                with Client(cluster.url, direct=direct) as c:
+                    used = c.endpoint.split("://", 1)[0]
+                    if used != transport:
+                        raise RuntimeError(f"asked for {transport}, the client connected over {used} ({c.endpoint})")
+                    if direct:
+                        _leased(c)
+                        lease = next(iter(c._direct.by_tool.values()))  # type: ignore[union-attr]
+                        if not lease.endpoint.startswith(transport):
+                            raise RuntimeError(f"asked for {transport}, the direct calls go to {lease.endpoint}")
+                    lat, tput = drive(c, n, window)
+                    if direct and c.status().stats.get("direct_completed", 0) == 0:
+                        raise RuntimeError("direct=True, but the actor reported no direct call")
+                import asyncio
+
+                atput, cpu = asyncio.run(_async_tput(cluster.url, n * 3, window, pids, direct))
+                key = f"libra_{'direct_' if direct else ''}{transport}"
+                rows[key] = summary(lat, tput, transport=transport, actor_slots=slots, async_per_s=atput,
+                                    cpu_us=cpu, direct=direct)
     finally:
         if saved is None:
             os.environ.pop("LIBRA_IPC", None)
         else:
             os.environ["LIBRA_IPC"] = saved
-    return summary(lat, tput, transport=transport, actor_slots=slots, async_per_s=atput, cpu_us=cpu)
+    return rows
 
 
 def ray_path(n: int, window: int) -> dict | None:
@@ -195,26 +235,30 @@ def run(n: int = 3000, window: int = 100, slots: int = 1, with_ray: bool = True)
     rows = {
         "floor_tcp": floor(n, window, "tcp"),
         "floor_ipc": floor(n, window, "ipc"),
-        "libra_tcp": libra_path(n, window, "tcp", slots),
-        "libra_ipc": libra_path(n, window, "ipc", slots),
+        **libra_path(n, window, "tcp", slots),
+        **libra_path(n, window, "ipc", slots),
     }
     r = ray_path(n, window) if with_ray else None
     if r is not None:
         rows["ray"] = r
     f = rows["floor_tcp"]
     out: dict = {"rows": rows, "load_1m": os.getloadavg()[0]}
-    out["p50_ratio_tcp"] = rows["libra_tcp"]["p50_us"] / f["p50_us"]
-    out["p50_ratio_ipc"] = rows["libra_ipc"]["p50_us"] / f["p50_us"]
-    if r is not None:
-        out["ray_over_libra_p50"] = r["p50_us"] / min(rows["libra_tcp"]["p50_us"], rows["libra_ipc"]["p50_us"])
+    for way in ("", "direct_"):
+        out[f"{way}p50_ratio_tcp"] = rows[f"libra_{way}tcp"]["p50_us"] / f["p50_us"]
+        out[f"{way}p50_ratio_ipc"] = rows[f"libra_{way}ipc"]["p50_us"] / f["p50_us"]
+        if r is not None:
+            out[f"{way}ray_over_libra_p50"] = r["p50_us"] / min(rows[f"libra_{way}tcp"]["p50_us"],
+                                                                rows[f"libra_{way}ipc"]["p50_us"])
     return out
 
 
 LABELS = {
     "floor_tcp": "raw pyzmq DEALER<->ROUTER, tcp (floor)",
     "floor_ipc": "raw pyzmq DEALER<->ROUTER, ipc",
-    "libra_tcp": "Libra call_tool(echo), broker+actor, tcp",
-    "libra_ipc": "Libra call_tool(echo), broker+actor, ipc",
+    "libra_tcp": "Libra call_tool(echo) via broker, tcp",
+    "libra_ipc": "Libra call_tool(echo) via broker, ipc",
+    "libra_direct_tcp": "Libra call_tool(echo) direct lease, tcp",
+    "libra_direct_ipc": "Libra call_tool(echo) direct lease, ipc",
     "ray": "Ray actor echo.remote()",
 }
 
@@ -239,15 +283,19 @@ def print_table(r: dict, window: int) -> None:
             print(f"CPU per call, {window} in flight ({'asyncio' if key.startswith('libra') else 'window'}), "
                   f"{key}: " + ", ".join(f"{k} {v:.0f} µs" for k, v in c.items())
                   + f"; total {tot:.0f} µs: at most {cores * 1e6 / tot:.0f} calls/s on this machine's {cores} cores")
-    best = {k: max(rows[k]["per_s"], rows[k]["async_per_s"]) for k in ("libra_tcp", "libra_ipc")}
-    line = (f"targets: Libra tcp p50 <= 3x floor (got {r['p50_ratio_tcp']:.2f}x; ipc {r['p50_ratio_ipc']:.2f}x), "
-            f">= 20000 calls/s with {window} in flight (best tcp {best['libra_tcp']:.0f}, "
-            f"ipc {best['libra_ipc']:.0f})")
-    if "ray_over_libra_p50" in r:
-        line += f", p50 >= 5x lower than Ray (got {r['ray_over_libra_p50']:.2f}x)"
-    else:
-        line += "; ray not installed: no Ray row"
-    print(line)
+    for way, what in (("direct_", "direct lease"), ("", "via broker")):
+        best = {t: max(rows[f"libra_{way}{t}"]["per_s"], rows[f"libra_{way}{t}"]["async_per_s"]) for t in ("tcp", "ipc")}
+        ratio = r[f"{way}p50_ratio_tcp"]
+        tput = max(best.values())
+        line = (f"targets, {what}: tcp p50 <= 3x floor: {ratio:.2f}x ({'met' if ratio <= 3 else 'not met'}; ipc "
+                f"{r[f'{way}p50_ratio_ipc']:.2f}x); >= 20000 calls/s with {window} in flight: {tput:.0f} "
+                f"({'met' if tput >= 20000 else 'not met'}; tcp {best['tcp']:.0f}, ipc {best['ipc']:.0f})")
+        if f"{way}ray_over_libra_p50" in r:
+            x = r[f"{way}ray_over_libra_p50"]
+            line += f"; p50 >= 5x lower than Ray: {x:.2f}x ({'met' if x >= 5 else 'not met'})"
+        else:
+            line += "; ray not installed: no Ray row"
+        print(line)
 
 
 def main(argv: list[str] | None = None) -> int:
