@@ -26,6 +26,8 @@ class BrokerConfig:
     max_inflight_per_client: int = 50_000  # back-pressure: Busy beyond this many unanswered per client
     reply_cache: int = 20_000  # finished requests remembered for idempotent resubmission
     client_idle_s: float = 300.0  # forget silent clients with nothing in flight
+    # direct leases (direct_leases.py) an actor may hold at once; 0 = no direct calls, everything via the broker
+    direct_leases_per_actor: int = 256
     router: str = "cmlfq"  # rollout router for generate turns (libra.policies.routing.baselines)
     router_params: dict[str, Any] = field(default_factory=dict)
     # Without a job publishing weights, count a policy step for the router's drift rebuild this often

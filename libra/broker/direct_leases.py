@@ -2,11 +2,13 @@
 
 A tool an actor runs inline (constant-time, on its socket thread: ``echo``) gains nothing from the broker's
 queueing and placement, yet a brokered call costs it four socket hops instead of two. A client may ask
-(``LeaseRequest``) for a **direct lease** on such a tool: this component picks the actor with the most free
-credit that serves it and lists it under ``labels["direct_tools"]``, reserves one of its credits
-(``ActorSession.leased``), tells it (``LeaseGrant``), and answers the client with the actor's direct endpoint
-once the actor said ``LeaseReady``. The client then sends ``DirectCall``\\s to the actor and the actor answers
-them itself; it reports what it answered (``LeaseReport``) for the counters.
+(``LeaseRequest``) for a **direct lease** on such a tool: this component picks, among the actors that serve
+it, list it under ``labels["direct_tools"]`` and are not switching roles, the one holding the fewest leases
+(at most ``direct_leases_per_actor``; 0 turns direct calls off), tells it (``LeaseGrant``), and answers the
+client with the actor's direct endpoint once the actor said ``LeaseReady``. The client then sends
+``DirectCall``\s to the actor and the actor answers them itself; it reports what it answered
+(``LeaseReport``) for the counters. A lease takes none of the actor's credit: inline calls never occupy its
+worker pool, so brokered work is not starved by clients that hold leases.
 
 A lease ends when the client returns it (``LeaseEnd`` from the client), when the client's session ends, when
 the actor is told to change roles or stops offering the tool, or when the actor is gone. In the last case the
@@ -49,8 +51,9 @@ class Lease:
 class DirectLeases:
     """The live direct leases (see the module docstring). ``counters`` is the core's stats dict."""
 
-    def __init__(self, sessions: SessionRegistry, counters: dict[str, int]) -> None:
+    def __init__(self, sessions: SessionRegistry, counters: dict[str, int], per_actor: int = 256) -> None:
         self.sessions = sessions
+        self.per_actor = per_actor
         self.stats = counters
         self.leases: dict[str, Lease] = {}
         self._ids = itertools.count(1)
@@ -70,7 +73,8 @@ class DirectLeases:
         if sess is None:
             self.stats["leases_refused"] += 1
             out.append(Send(peer, m.Reply(msg.request_id, False, None, ErrorCode.NO_LEASE.value,
-                                          f"no actor with free credit runs {msg.kind} {msg.name!r} inline")))
+                                          f"no actor runs {msg.kind} {msg.name!r} inline with a lease to spare"
+                                          if self.per_actor > 0 else "direct calls are off on this broker")))
             return
         lease = Lease(f"L{next(self._ids)}", peer, cs.client_id, sess.peer, sess.actor_id, msg.kind, msg.name,
                       msg.request_id, now)
@@ -86,8 +90,9 @@ class DirectLeases:
     def _best(self, kind: str, name: str) -> ActorSession | None:
         best: ActorSession | None = None
         for sess in self.sessions.actors.values():
-            if sess.free > 0 and sess.serves(kind, name) and self._direct(sess, name) and (
-                    best is None or sess.free > best.free):
+            if (sess.leased < self.per_actor and sess.directive is None and sess.serves(kind, name)
+                    and self._direct(sess, name)
+                    and (best is None or (sess.leased, -sess.free) < (best.leased, -best.free))):
                 best = sess
         return best
 

@@ -48,11 +48,11 @@ class ActorSession:
     cores_used: int = 0  # cores granted to its running actions (action scheduler on)
     targeted: int = 0  # queued generate turns waiting for this instance
     gpu: dict[str, float] = field(default_factory=dict)  # the last NVML sample of its GPU (Heartbeat.gpu)
-    leased: int = 0  # credits reserved by direct leases (direct_leases.DirectLeases)
+    leased: int = 0  # direct leases it holds (direct_leases.DirectLeases; they use no credit)
 
     @property
     def free(self) -> int:
-        return 0 if self.directive is not None else self.capacity - len(self.held) - self.leased
+        return 0 if self.directive is not None else self.capacity - len(self.held)
 
     def serves(self, kind: str, name: str) -> bool:
         if kind not in self.accepting:

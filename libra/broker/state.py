@@ -115,7 +115,7 @@ class BrokerState:
                                     self._jobs, journaling)
         self._planning = Planning(loop, self._sessions, self.rollout, planner_offload, c.engines)
         self._adoption = Adoption(c, self.stats, self._sessions, self._table, self._dispatch)
-        self._leases = DirectLeases(self._sessions, self.stats)
+        self._leases = DirectLeases(self._sessions, self.stats, c.direct_leases_per_actor)
         self._handlers = {
             m.ActorHello: self._on_actor_hello,
             m.ClientHello: self._on_client_hello,

@@ -210,8 +210,9 @@ class AsyncClient:
             self._via_broker(msg.request_id, 0)
             return False
         self._direct.answered(msg.request_id)
-        self._dcalls.pop(msg.request_id, None)
-        return True
+        # not a direct call any more (sent through the broker after its lease was lost): the broker's reply,
+        # which counts both runs in ``attempts``, is the one that answers it
+        return self._dcalls.pop(msg.request_id, None) is not None
 
     async def end_trajectory(self, trajectory: str, total_output_tokens: int = 0, ok: bool = True) -> None:
         """Tell the broker ``trajectory`` is finished (the rollout router learns from its length) or

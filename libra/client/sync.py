@@ -381,7 +381,9 @@ class Client:
                     self._via_broker(msg.request_id, 0)
                     continue
                 d.answered(msg.request_id)
-                self._dispatch(msg)
+                p = self._pending.get(msg.request_id)
+                if p is not None and type(p.msg) is m.DirectCall:  # else sent via the broker since: it answers
+                    self._dispatch(msg)
 
     def _via_broker(self, rid: str, prior_attempts: int) -> None:
         """Send unanswered direct call ``rid`` through the broker instead (same request id)."""

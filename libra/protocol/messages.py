@@ -205,8 +205,8 @@ class JobPoll:
 
 @dataclass(slots=True)
 class LeaseRequest:
-    """C→B: ask for a direct lease on ``kind``/``name``: the broker reserves one credit of an actor that runs
-    it inline (constant-time, on its socket thread) and answers with a Reply whose output is ``{"lease",
+    """C→B: ask for a direct lease on ``kind``/``name``: the broker picks an actor that runs it inline
+    (constant-time, on its socket thread) and answers with a Reply whose output is ``{"lease",
     "actor_id", "host", "endpoint", "ipc"}``, or ``no_lease``. The client then sends ``DirectCall``\s to that
     actor's endpoint, with no broker hop (see ``libra.client.direct``)."""
 
@@ -266,7 +266,7 @@ class LeaseEnd:
 @dataclass(slots=True)
 class LeaseGrant:
     """B→A: hold lease ``lease_id`` for client ``client_id``'s direct calls of ``kind``/``name`` (answer
-    ``LeaseReady``). One of the actor's credits stays reserved until the broker sends ``LeaseEnd``."""
+    ``LeaseReady``) until the broker sends ``LeaseEnd``."""
 
     KIND: ClassVar[int] = 0x28
     lease_id: str

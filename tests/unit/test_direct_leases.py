@@ -58,7 +58,7 @@ def test_a_lease_reserves_one_credit_and_answers_with_the_actor_s_endpoints() ->
     assert reply.ok and reply.output == {"lease": "L1", "actor_id": "a1", "host": "h",
                                          "endpoint": DIRECT["direct"], "ipc": DIRECT["direct_ipc"]}
     sess = c.s.actors[A1]
-    assert sess.leased == 1 and sess.free == 1  # capacity 2, one credit reserved
+    assert sess.leased == 1 and sess.free == 2  # inline calls use no worker: no credit is taken
     c.msg(A1, m.LeaseReport("L1", 5, 1))
     snap = c.s.snapshot("s", c.now)
     assert snap.stats["direct_completed"] == 5 and snap.stats["direct_failed"] == 1
@@ -68,15 +68,30 @@ def test_a_lease_reserves_one_credit_and_answers_with_the_actor_s_endpoints() ->
     assert [x.lease_id for x in sent(out, m.LeaseEnd, A1)] == ["L1"] and sess.leased == 0 and sess.free == 2
 
 
-def test_no_lease_for_a_tool_no_actor_runs_inline_nor_for_a_full_actor() -> None:
-    c = core()
+def test_no_lease_for_a_tool_no_actor_runs_inline_nor_past_the_per_actor_bound() -> None:
+    c = Core(direct_leases_per_actor=1)
+    c.msg(C, m.ClientHello("client-1", 1))
     c.actor(A1, "a1", capacity=1, labels={"direct": "tcp://x:1", "direct_tools": ["sleep"]})
     (r,) = sent(c.msg(C, m.LeaseRequest("r1", "action", "echo")), m.Reply, C)
     assert not r.ok and r.error_code == ErrorCode.NO_LEASE.value
     assert sent(c.msg(C, m.LeaseRequest("r2", "action", "sleep")), m.LeaseGrant, A1)
-    (r,) = sent(c.msg(C, m.LeaseRequest("r3", "action", "sleep")), m.Reply, C)  # its one credit is leased
+    (r,) = sent(c.msg(C, m.LeaseRequest("r3", "action", "sleep")), m.Reply, C)  # a1 holds its one lease
     assert r.error_code == ErrorCode.NO_LEASE.value
     assert c.s.snapshot("s", c.now).stats["leases_refused"] == 2
+    off = Core(direct_leases_per_actor=0)
+    off.msg(C, m.ClientHello("client-1", 1))
+    off.actor(A1, "a1", labels=DIRECT)
+    (r,) = sent(off.msg(C, m.LeaseRequest("r1", "action", "echo")), m.Reply, C)
+    assert r.error_code == ErrorCode.NO_LEASE.value and "off" in r.error
+
+
+def test_leases_spread_over_actors_and_leave_brokered_work_its_credit() -> None:
+    c = core()
+    c.actor(A1, "a1", capacity=1, labels=DIRECT)
+    c.actor(A2, "a2", capacity=1, labels=DIRECT)
+    grants = [sent(c.msg(C, m.LeaseRequest(f"r{i}", "action", "echo")), m.LeaseGrant)[0] for i in range(4)]
+    assert c.s.actors[A1].leased == 2 and c.s.actors[A2].leased == 2 and len({g.lease_id for g in grants}) == 4
+    assert sent(c.msg(C, m.Submit("s1", "action", "sleep", 1)), m.Assign)  # the credit is still there
 
 
 def test_an_actor_that_refuses_the_grant_frees_the_credit_and_the_client_hears_no_lease() -> None:
