@@ -39,6 +39,7 @@ from libra.local import LocalCluster, free_port
 from .broker_drive import cpu_per_call, drive, pct
 
 MSG = {"request_id": "c:1", "tool": "echo", "args": {"i": 1}}
+ASYNC_CALLS = 20_000  # the asyncio throughput run's least number of calls
 
 
 def _echo_server(url: str, ready: mp.Event, stop: mp.Event) -> None:
@@ -183,7 +184,8 @@ def libra_path(n: int, window: int, transport: str, slots: int = 1) -> dict[str,
                         raise RuntimeError("direct=True, but the actor reported no direct call")
                 import asyncio
 
-                atput, cpu = asyncio.run(_async_tput(cluster.url, n * 3, window, pids, direct))
+                # at least 20,000 calls: at 20-30k calls/s a shorter run is mostly timer and GC noise
+                atput, cpu = asyncio.run(_async_tput(cluster.url, max(n * 3, ASYNC_CALLS), window, pids, direct))
                 key = f"libra_{'direct_' if direct else ''}{transport}"
                 rows[key] = summary(lat, tput, transport=transport, actor_slots=slots, async_per_s=atput,
                                     cpu_us=cpu, direct=direct)

@@ -116,18 +116,21 @@ def result_or_error(reply: m.Reply) -> ToolResult | Exception:
                             retry_after_s=reply.retry_after_s, tool_code=reply.tool_code)
 
 
+def _what(msg: Any) -> str:
+    return f"{msg.kind} {msg.name!r}" if type(msg) in (m.Submit, m.DirectCall) else type(msg).__name__
+
+
 def encode_checked(msg: Any, limit: int) -> list[bytes]:
     """The frames of request ``msg``, or a typed error before anything is sent: :class:`BadRequest` for an
     argument msgpack cannot carry, :class:`PayloadTooLarge` for a request over ``limit`` bytes."""
-    what = f"{msg.kind} {msg.name!r}" if type(msg) is m.Submit else type(msg).__name__
     try:
         frames = encode(msg)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise BadRequest(f"{what}: the arguments cannot be sent ({exc}); use plain data: "
+        raise BadRequest(f"{_what(msg)}: the arguments cannot be sent ({exc}); use plain data: "
                          "None, bool, int, float, str, bytes, and lists and dicts of them") from None
-    size = sum(len(f) for f in frames)
+    size = sum(map(len, frames))
     if size > limit:
-        raise PayloadTooLarge(f"{what}: the request is {size:,} bytes, over the frame limit of "
+        raise PayloadTooLarge(f"{_what(msg)}: the request is {size:,} bytes, over the frame limit of "
                               f"{limit:,} bytes; send bulk data over the data plane and pass a reference",
                               size=size, limit=limit)
     return frames
