@@ -238,7 +238,8 @@ def mopd(batch: int, seed: int, ratio: float, zipf: list[float], *, gpu_mem_gb: 
         exclusive = None
         if t is not None and gpu_mem_gb is not None:
             exclusive = _brief(run_sim(replace(cfg, gpu_pool=t["gpus_used"], gpu_mem_gb=None)))
-        # the same search with every call placed by the broker's service pools (no co-residency there)
+        # the same search with every call placed by the broker's service pools (the same GPU memory model and
+        # wait-or-restore rule, declared in the service tool's [broker.tools] entry)
         via = min_gpu_pool(replace(cfg, model="broker", cpu_nodes=1), ratio=ratio, candidates=MOPD_CANDIDATES)
         vb = via["tangram"]
         rows.append({
@@ -365,13 +366,11 @@ def _print(res: dict[str, Any]) -> None:
                   f" ({r['same_pool_act_gain']:.1f}x lower than the baseline)")
             print("    tried: " + ", ".join(f"{x['gpus']}:{x['ratio']:.2f}x" for x in r["tried"]))
             vb = r.get("broker")
-            print("    through the broker (its service pools: exclusive cells, no co-residency): "
+            print("    through the broker (its service pools, same memory model and wait-or-restore rule): "
                   + ("no pool within the ratio" if vb is None else
                      f"smallest pool {vb['gpus']} GPUs ({vb['gpu_fraction']:.0%} of the baseline), ACT "
                      f"{vb['act_mean_s']:.3f} s, restores {vb['restores']}, hits {vb['hits']}")
                   + "; tried: " + ", ".join(f"{x['gpus']}:{x['ratio']:.2f}x" for x in r["broker_tried"]))
-            print("    modelled-only: GPU memory co-residency of idle teachers (the rows above but this one); the "
-                  "broker's service pools give each replica its cell exclusively (#19)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,8 +21,9 @@ Tool declarations (``BrokerConfig.tools``) give each tool its demand and elastic
 ``{"pytest": {"cpu": 1, "max_cpu": 8, "parallel_fraction": 0.7, "duration_s": 2.0}}``. Undeclared tools
 take one core, are not elastic, and are estimated at ``duration_s = 1``. Estimates only steer the
 policy's completion-time model; actual durations come from the actors. A service tool's declaration may
-carry ``services = {name = {gpus, checkpoint_gb, reserve_gb}}`` and ``gpu_mem_gb``/``workspace_gb`` (the GPU
-memory model: several services' replicas co-resident on a cell, see ``service_pools.py``).
+carry ``services = {name = {gpus, checkpoint_gb, reserve_gb}}``, ``gpu_mem_gb``/``workspace_gb`` (the GPU
+memory model: several services' replicas co-resident on a cell, see ``service_pools.py``) and
+``wait_for_resident`` (a call waits for a busy resident replica that frees before a restore would end).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class ToolDecl:
     services: dict[str, Any] = field(default_factory=dict)
     gpu_mem_gb: float | None = None
     workspace_gb: float = 0.0
+    wait_for_resident: bool = False
 
 
 class ActionPlacement:
@@ -80,18 +82,20 @@ class ActionPlacement:
                 self.tools[name] = ToolDecl(**decl)
             except TypeError as exc:
                 raise ValueError(f"tool {name!r}: {exc} (fields: cpu, max_cpu, parallel_fraction, duration_s, "
-                                 "services, gpu_mem_gb, workspace_gb)") from None
+                                 "services, gpu_mem_gb, workspace_gb, wait_for_resident)") from None
         specs = {}
-        memory = {(d.gpu_mem_gb, d.workspace_gb) for d in self.tools.values() if d.services or d.gpu_mem_gb}
+        memory = {(d.gpu_mem_gb, d.workspace_gb, d.wait_for_resident) for d in self.tools.values()
+                  if d.services or d.gpu_mem_gb}
         if len(memory) > 1:
-            raise ValueError(f"service tools declare different gpu_mem_gb/workspace_gb: {sorted(memory, key=str)}")
+            raise ValueError("service tools declare different gpu_mem_gb/workspace_gb/wait_for_resident: "
+                             f"{sorted(memory, key=str)}")
         for name, d in self.tools.items():
             specs.update(service_specs(d.services))
         self.service_tools = SERVICE_TOOLS | {n for n, d in self.tools.items() if d.services}
         self.cores = CorePools()
-        gpu_mem_gb, workspace_gb = memory.pop() if memory else (None, 0.0)
+        gpu_mem_gb, workspace_gb, wait = memory.pop() if memory else (None, 0.0, False)
         try:
-            self.services = ServicePools(specs, gpu_mem_gb, workspace_gb)
+            self.services = ServicePools(specs, gpu_mem_gb, workspace_gb, wait)
         except GpuCellError as exc:
             raise ValueError(f"GPU services: {exc}") from None
         self._specs: dict[str, ActionSpec] = {}
@@ -165,7 +169,7 @@ class ActionPlacement:
                     continue
                 if service in blocked:
                     continue
-                placed = self.services.place(wid, service, free)
+                placed = self.services.place(wid, service, free, now)
                 if placed is None:
                     blocked.add(service)
                     continue
@@ -230,11 +234,11 @@ class ActionPlacement:
         self._specs.pop(work_id, None)
         return self.unstarted(work_id)
 
-    def unstarted(self, work_id: str, failed: bool = False) -> int:
+    def unstarted(self, work_id: str, failed: bool = False, now: float | None = None) -> int:
         """The action stopped running (done, failed, handed back or lost): release its cores and its GPU
         service replica (``failed``: evicting a replica it restored), keep its spec; returns its cores."""
         self.cores.give_back(work_id)
-        self.services.release(work_id, failed)
+        self.services.release(work_id, failed, now)
         c = self.granted.pop(work_id, None)
         self._running.pop(work_id, None)
         return c[0] if c else 0

@@ -260,7 +260,7 @@ class Dispatcher:
             self.stats["stale_results"] += 1
             return
         sess.held.discard(w.work_id)
-        self.release_cores(w, sess, failed=not msg.ok)
+        self.release_cores(w, sess, failed=not msg.ok, now=now)
         sess.completed += 1
         if w.trajectory:
             if w.kind == "generate" and msg.ok:
@@ -287,7 +287,7 @@ class Dispatcher:
             self.stats["stale_results"] += 1
             return
         sess.held.discard(w.work_id)
-        self.release_cores(w, sess)
+        self.release_cores(w, sess, now=now)
         self.stats["handbacks"] += 1
         self.requeue(w, now, out, f"handback: {msg.reason}", count_failure=False, front=True)
         self.fill(sess, now, out)
@@ -297,7 +297,7 @@ class Dispatcher:
         self.release_targets(sess.peer)
         works = self.table.works
         for wid in sorted(sess.held, key=lambda x: works[x].seq):
-            self.release_cores(works[wid], sess)
+            self.release_cores(works[wid], sess, now=now)
             self.requeue(works[wid], now, out, why, count_failure=lost)
         sess.held.clear()
         self.refill_others(None, now, out)  # released turns may fit an idle instance now
@@ -317,9 +317,9 @@ class Dispatcher:
         if sess is not None:
             sess.targeted = 0
 
-    def release_cores(self, w: Work, sess: ActorSession, failed: bool = False) -> None:
+    def release_cores(self, w: Work, sess: ActorSession, failed: bool = False, now: float | None = None) -> None:
         if self.actions is not None and w.kind == "action":
-            sess.cores_used = max(0, sess.cores_used - self.actions.unstarted(w.work_id, failed))
+            sess.cores_used = max(0, sess.cores_used - self.actions.unstarted(w.work_id, failed, now))
 
     def expire(self, now: float, out: list[Command]) -> None:
         """On the timer: fail work past its deadline, take back work whose lease expired."""
@@ -331,7 +331,7 @@ class Dispatcher:
             holder = self.sessions.actors.get(w.actor) if w.actor else None
             if holder is not None:
                 holder.held.discard(w.work_id)
-                self.release_cores(w, holder)
+                self.release_cores(w, holder, now=now)
                 out.append(Send(holder.peer, m.Revoke(w.work_id, w.lease, "lease expired")))
             self.requeue(w, now, out, "lease expired", count_failure=True)
             if holder is not None:
@@ -381,7 +381,7 @@ class Dispatcher:
             holder = self.sessions.actors.get(w.actor)
             if holder is not None:
                 holder.held.discard(w.work_id)
-                self.release_cores(w, holder)
+                self.release_cores(w, holder, now=now)
                 out.append(Send(holder.peer, m.Revoke(w.work_id, w.lease, code.value)))
                 self.fill(holder, now, out)
         w.move(WorkState.FAILED, code.value)

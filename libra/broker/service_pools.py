@@ -18,13 +18,16 @@ Service specs come from the ``services`` table of a service tool's declaration i
 (``{"reward_model": {"services": {"rm": {"gpus": 1, "checkpoint_gb": 14}}}}``); a service nobody declared is
 placed as one GPU and ``DEFAULT_CHECKPOINT_GB``. The declaration's ``gpu_mem_gb`` (with ``workspace_gb``)
 turns on the GPU memory model: replicas of several services stay resident on one cell while their memory
-fits, a cell still executes one call at a time, and eviction happens only when memory is short. LRU order uses a logical clock (one tick per decision and per
-release), so the state stays pure. Mutation rule: only :meth:`place`, :meth:`release` and :meth:`forget`.
+fits, a cell still executes one call at a time, and eviction happens only when memory is short. Its
+``wait_for_resident`` makes a call wait for a busy resident replica of its service that is estimated to free
+up sooner than a restore would take, instead of restoring another replica
+(``ServicePlacement(wait_for_resident=True)``). Times are the core's ``now`` in seconds, made strictly
+increasing (a nanosecond per decision and per release at the same ``now``) so LRU order has no ties, and the
+state stays pure. Mutation rule: only :meth:`place`, :meth:`release` and :meth:`forget`.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -60,15 +63,16 @@ class ServicePools:
     """One evict-on-execution placement per GPU actor (see the module docstring)."""
 
     def __init__(self, specs: Mapping[str, ServiceSpec], gpu_mem_gb: float | None = None,
-                 workspace_gb: float = 0.0) -> None:
+                 workspace_gb: float = 0.0, wait_for_resident: bool = False) -> None:
         self.specs = dict(specs)
         self.gpu_mem_gb = gpu_mem_gb
         self.workspace_gb = workspace_gb
+        self.wait_for_resident = wait_for_resident
         ServicePlacement(MultiLevelCellAllocator(1), self.specs.values(), gpu_mem_gb=gpu_mem_gb,
                          workspace_gb=workspace_gb)  # checks the specs fit now: a bad config fails at start
         self._by_actor: dict[bytes, tuple[ActorSession, ServicePlacement]] = {}
         self._held: dict[str, tuple[bytes, ServicePlacement, int, bool]] = {}  # work -> (peer, pl, replica, restored)
-        self._clock = itertools.count(1)
+        self._last = 0.0  # the last time handed to a placement (seconds, strictly increasing)
 
     def placement(self, sess: ActorSession, gpus: int) -> ServicePlacement:
         """The placement of GPU actor ``sess`` (``gpus`` GPUs, nodes of 8); new for a new session."""
@@ -77,7 +81,7 @@ class ServicePools:
             return known[1]
         nodes = [8] * (gpus // 8) + ([gpus % 8] if gpus % 8 else [])
         pl = ServicePlacement(MultiLevelCellAllocator(nodes), self.specs.values(), gpu_mem_gb=self.gpu_mem_gb,
-                              workspace_gb=self.workspace_gb)
+                              workspace_gb=self.workspace_gb, wait_for_resident=self.wait_for_resident)
         self._by_actor[sess.peer] = (sess, pl)
         return pl
 
@@ -95,8 +99,12 @@ class ServicePools:
                 pl.register(spec)
         return spec
 
-    def place(self, work_id: str, service: str, candidates: Sequence[tuple[ActorSession, int]]
-              ) -> tuple[ActorSession, ServiceRoute] | None:
+    def _time(self, now: float | None) -> float:
+        self._last = max(self._last + 1e-9, now if now is not None else 0.0)
+        return self._last
+
+    def place(self, work_id: str, service: str, candidates: Sequence[tuple[ActorSession, int]],
+              now: float | None = None) -> tuple[ActorSession, ServiceRoute] | None:
         """Place one call of ``service`` on one of ``candidates`` (``(actor, its GPUs)``) as the module
         docstring says; ``None``: it waits (every fitting cell executes)."""
         spec = self._spec(service)
@@ -109,10 +117,10 @@ class ServicePools:
             free = pl.allocator.placeable(spec.gpus) > 0
             ranked.append(((not hit, not free, pl.allocator.free_gpus(), sess.actor_id), sess, pl))
         ranked.sort(key=lambda r: r[0])
-        now = float(next(self._clock))
+        t = self._time(now)
         for _, sess, pl in ranked:
             before = pl.replicas()
-            p = pl.acquire(service, now)
+            p = pl.acquire(service, t)
             if p is None:
                 continue
             after = pl.replicas()
@@ -123,7 +131,7 @@ class ServicePools:
                                       evict=gone, shared=pl.shared)
         return None
 
-    def release(self, work_id: str, failed: bool = False) -> bool:
+    def release(self, work_id: str, failed: bool = False, now: float | None = None) -> bool:
         """The call ``work_id`` ended: its replica stays resident and idle (LRU clock advances); a failed call
         that restored the replica evicts it (the actor dropped a half-restored copy). False if it held none."""
         held = self._held.pop(work_id, None)
@@ -131,7 +139,7 @@ class ServicePools:
             return False
         _, pl, rid, restored = held
         if rid in pl.replicas():
-            pl.release(rid, float(next(self._clock)))
+            pl.release(rid, self._time(now))
             if failed and restored:
                 pl.evict(rid)
         return True

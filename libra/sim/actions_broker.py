@@ -50,9 +50,10 @@ _SUBMIT, _DONE, _END = 0, 1, 2
 _CLIENT = b"sim-client"
 
 
-def tool_table(wl: Workload) -> dict[str, dict[str, Any]]:
+def tool_table(wl: Workload, memory: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """``BrokerConfig.tools`` for ``wl``: per tool its demand, elasticity and mean one-unit duration, and for a
-    GPU-service tool the ``services`` it calls (gpus, checkpoint, reserve)."""
+    GPU-service tool the ``services`` it calls (gpus, checkpoint, reserve) and ``memory`` (``gpu_mem_gb``,
+    ``workspace_gb``, ``wait_for_resident``: the GPU memory model and wait-or-restore rule)."""
     acts: dict[str, list[ActionPlan]] = defaultdict(list)
     for t in wl.trajectories:
         for _think, a in t.steps:
@@ -65,7 +66,7 @@ def tool_table(wl: Workload) -> dict[str, dict[str, Any]]:
             used = sorted({a.service for a in xs if a.service is not None})
             out[tool] = {"duration_s": mean, "services": {
                 s: {"gpus": specs[s].gpus, "checkpoint_gb": specs[s].checkpoint_gb, "reserve_gb": specs[s].reserve_gb}
-                for s in used}}
+                for s in used}, **(memory or {})}
             continue
         lo, hi = min(a.min_units for a in xs), max(a.max_units for a in xs)
         pf = sum(a.parallel_fraction for a in xs) / len(xs)
@@ -90,7 +91,9 @@ class BrokerActionSim:
             peak = max((a.max_units for t in self._first.trajectories for _th, a in t.steps if a.kind == "cpu"),
                        default=1)
             params.setdefault("sandbox", {"cpu": cfg.sandbox_size(peak)})
-        self.tools = tool_table(self._first)
+        memory = ({"gpu_mem_gb": cfg.gpu_mem_gb, "workspace_gb": cfg.gpu_workspace_gb}
+                  if cfg.gpu_mem_gb is not None else {})
+        self.tools = tool_table(self._first, {**memory, "wait_for_resident": cfg.gpu_wait_for_resident})
         try:
             self.broker = BrokerState(BrokerConfig(action_scheduler=cfg.scheduler, action_scheduler_params=params,
                                                    tools=self.tools))
@@ -275,8 +278,6 @@ class BrokerActionSim:
         out = ["per-call durations: the broker's policy sees each tool's declared mean duration (the policy-level "
                "model hands its scheduler every call's own duration)"]
         if self._first.services:
-            out.append("GPU memory co-residency and waiting for a busy resident replica: modelled only in --model "
-                       "policy; the broker's service pools give each replica its cell exclusively (#19)")
             if not self.cfg.pooled:
                 out.append("static per-service GPU deployments of per_trajectory: modelled only in --model policy; "
                            "here the broker places service calls by evict-on-execution for every scheduler")

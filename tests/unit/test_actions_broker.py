@@ -63,7 +63,9 @@ def test_gpu_service_calls_are_placed_by_the_broker_on_gpu_actors() -> None:
     calls = sum(len(t.steps) for t in mopd(cfg.batch, cfg.seed * 100_003).trajectories)
     assert res["actions"] == calls == res["gpu_restores"] + res["gpu_hits"]
     assert res["gpus_used"] == 16 and res["gpu_restores"] >= 1
-    assert any("co-residency" in line for line in res["modelled_only"])
+    # the broker's service pools run the GPU memory model and the wait-or-restore rule the policy model has
+    assert not any("co-residency" in line for line in res["modelled_only"])
+    assert tool_table(mopd(8, 0), {"gpu_mem_gb": 80.0, "wait_for_resident": True})["teacher_logprobs"]["gpu_mem_gb"] == 80
 
 
 def test_quota_workloads_are_refused_with_the_reason() -> None:

@@ -145,3 +145,32 @@ def test_a_service_that_fits_no_gpu_is_refused_at_start() -> None:
     decl = {"services": {"huge": {"gpus": 1, "checkpoint_gb": 100.0}}, "gpu_mem_gb": 80.0}
     with pytest.raises(ValueError, match="huge"):
         BrokerState(BrokerConfig(action_scheduler="tangram", tools={"reward_model": decl}))
+
+
+def waiting_cluster(wait: bool) -> BrokerState:
+    tools = {"reward_model": {"services": {"rm": {"gpus": 1, "checkpoint_gb": 25.0}}, "wait_for_resident": wait}}
+    s = BrokerState(BrokerConfig(action_scheduler="tangram", tools=tools))
+    s.handle(PeerMessage(C, m.ClientHello("c", 1)), 0)
+    s.handle(PeerMessage(b"g0", m.ActorHello("g0", "h", "gpu0", 1, {"action": ["reward_model"]}, ["action"], 8,
+                                             {"gpus": 2})), 0)
+    s.handle(PeerMessage(b"g0", m.Bid(["action"], 8)), 0)
+    return s
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_with_wait_for_resident_a_call_waits_for_the_busy_replica_that_frees_before_a_restore(wait: bool) -> None:
+    # a restore costs 25 GB / 25 GB/s = 1 s; one call takes 0.2 s (learned from the first completed call)
+    s = waiting_cluster(wait)
+    (a,) = call(s, "r1", "rm", now=1.0)
+    assert svc(a).restore
+    finish(s, a, now=2.2)  # 1 s of restore, 0.2 s of work
+    (b,) = call(s, "r2", "rm", now=3.0)  # a hit: the replica is busy until about 3.2
+    assert not svc(b).restore
+    placed = call(s, "r3", "rm", now=3.05)
+    if wait:  # 0.15 s left on the busy replica < 1 s of restore: it waits, and runs there when b ends
+        assert placed == []
+        (c,) = finish(s, b, now=3.2)
+        assert not svc(c).restore and svc(c).replica == svc(b).replica
+    else:  # restores a second replica on the other GPU at once
+        (c,) = placed
+        assert svc(c).restore and svc(c).cell.gpus != svc(b).cell.gpus
