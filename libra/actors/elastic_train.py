@@ -8,14 +8,18 @@ Contracts:
 - The work of rank ``r`` is pinned to ``members[r]`` by the broker (``Work.pin``), so only that member
   takes it; the member checks that ``members[rank]`` is its own actor id and fails the work with
   ``not_a_member`` otherwise (a broker that did not pin it).
-- The trainer is created without a fixed process group; before each step the member joins the group of
-  the step's generation (``libra.engines.elastic_dp.ElasticGroup``: rendezvous store on 127.0.0.1:
-  ``master_port``, hosted by rank 0) when it changed.
+- The trainer is created without a fixed process group; each step the member joins the group of the
+  step's generation (``libra.engines.elastic_dp.ElasticGroup``: rendezvous store on 127.0.0.1:
+  ``master_port``, hosted by rank 0) when it changed, **on a thread of its own** while it fetches its
+  shard and runs its forward and backward passes: the step's collectives all come after the passes
+  (``GRPOTrainer.train_step(group_ready=...)``), so a member waits for a new group only if forming it takes
+  longer than its own passes. It reports ``group_form_s`` (the formation's seconds) and ``group_wait_s``
+  (how long its step waited for it).
 - Rank 0 serves weights as in the fixed group, and when the group has joining members it first copies
   its state before the step (weights and AdamW state, ``elastic_dp.snapshot``) and publishes the copy on
   its data plane under ``snapshot`` from a thread, while it goes on with the step.
 - A joining member takes the step with an empty shard and **joins first**: it forms the group and contributes its zero gradient to the all-reduce at once (it needs no weights for that), so the
-  core ranks wait only for the group's re-formation, never for the state transfer. It fetches rank 0's
+  core ranks wait neither for the state transfer nor (beyond their own passes) for the group's formation. It fetches rank 0's
   state from ``join_from`` on a thread started before it forms the group (waiting while rank 0 has not
   published it yet, up to the fetch timeout: ``join_state_unavailable``), so the transfer overlaps the
   core's step, and loads it before its optimizer applies the reduced gradient
@@ -124,6 +128,35 @@ class _StateFetch:
         trainer.weights_version = trainer.step = self.version = version
 
 
+class _GroupForm:
+    """The step's group, formed on a thread of its own while the member fetches its shard and runs its passes;
+    :meth:`wait` (the trainer's ``group_ready``) waits for it before the step's first collective."""
+
+    def __init__(self, group: Any, spec: Any) -> None:
+        self.form_s = 0.0  # the formation's own seconds
+        self.waited_s = 0.0  # how long the step waited for it
+        self.formed = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(group, spec), name="ehp-group-form", daemon=True)
+        self._thread.start()
+
+    def _run(self, group: Any, spec: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.formed = group.ensure(spec)
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the step's thread by wait()
+            self._error = exc
+        self.form_s = time.perf_counter() - t0
+
+    def wait(self) -> None:
+        w0 = time.perf_counter()
+        self._thread.join()
+        self.waited_s += time.perf_counter() - w0
+        if self._error is not None:
+            raise ToolError("rendezvous_failed", f"forming the step's group: {type(self._error).__name__}: "
+                                                 f"{self._error}") from None
+
+
 def _publish_on_a_thread(server: Any, name: str, state: dict[str, Any], version: int) -> None:
     """Pack and publish rank 0's state snapshot for the joiners on a thread of its own: rank 0 goes on with
     its step at once; a joiner's fetch waits (``ObjectNotFound`` retries) until it is served."""
@@ -153,24 +186,27 @@ def elastic_step(role: Any, ta: TrainArgs, ctx: WorkContext) -> dict[str, Any]:
         _publish_on_a_thread(role.server, e.snapshot, snapshot(trainer.model, trainer.optimizer),
                              trainer.weights_version)
     fetch = _StateFetch(role, ta) if ctx.actor_id in e.joining else None  # overlaps group formation and step
-    t0 = time.perf_counter()
-    spec = GroupSpec(e.generation, rank, len(e.members), "127.0.0.1", ta.master_port)
-    if role.elastic.ensure(spec):
-        log.info("elastic_group_formed", generation=e.generation, rank=rank, world_size=len(e.members))
-    timing = {"group_form_s": time.perf_counter() - t0, "state_fetch_s": 0.0}
+    form = _GroupForm(role.elastic, GroupSpec(e.generation, rank, len(e.members), "127.0.0.1", ta.master_port))
     trainer.rank, trainer.world_size = rank, len(e.members)
     zero = ctx.actor_id in e.zero
     fetched: dict[str, Any] = {}
-    if zero:
-        shard, micro = TrainBatch([], [], [], []), []
-    else:
-        try:
-            shard, micro, fetched = role._fetch_parts(ta.parts[rank], ta.micro_batches[rank:][:1])
-        except (DataPlaneError, ValueError, TypeError, KeyError) as exc:
-            raise ToolError("shard_fetch_failed", f"rank {rank}: {type(exc).__name__}: {exc}") from None
-    # a joiner's zero gradient is in once the update is due: it then catches up with the core's state
-    step_metrics = trainer.train_step(shard, micro_batches=micro,
-                                      before_update=(lambda: fetch.load(trainer)) if fetch is not None else None)
+    try:
+        if zero:
+            shard, micro = TrainBatch([], [], [], []), []
+        else:
+            try:
+                shard, micro, fetched = role._fetch_parts(ta.parts[rank], ta.micro_batches[rank:][:1])
+            except (DataPlaneError, ValueError, TypeError, KeyError) as exc:
+                raise ToolError("shard_fetch_failed", f"rank {rank}: {type(exc).__name__}: {exc}") from None
+        # a joiner's zero gradient is in once the update is due: it then catches up with the core's state
+        step_metrics = trainer.train_step(shard, micro_batches=micro, group_ready=form.wait,
+                                          before_update=(lambda: fetch.load(trainer)) if fetch is not None else None)
+    finally:
+        form._thread.join()  # never leave a formation running into the next step
+    if form.formed:
+        log.info("elastic_group_formed", generation=e.generation, rank=rank, world_size=len(e.members),
+                 form_s=round(form.form_s, 4), waited_s=round(form.waited_s, 4))
+    timing = {"group_form_s": form.form_s, "group_wait_s": form.waited_s, "state_fetch_s": 0.0}
     if fetch is not None:
         timing.update(state_fetch_s=fetch.fetched_s, state_wait_s=fetch.waited_s)
     metrics = {**step_metrics, **timing}

@@ -8,14 +8,17 @@ the elastic group of ``libra.engines.elastic_dp`` (gloo). Three runs in one invo
   Pool joins a hybrid actor today: rank 0 publishes its state (weights and AdamW moments) on its data
   plane before step ``k``, the joiner fetches it (``fetch_state_dict``), loads it (``elastic_dp.restore``)
   and the group re-forms at a new generation; the core waits at step ``k`` for all of it;
-- **joins first** (what the broker runs, ``libra.actors.elastic_train``): rank 0 publishes its state
-  before step ``k`` as above, but the joiner forms the group and contributes its zero gradient to the
-  all-reduce at once (it needs no weights for that), while a thread of its own fetches the state; it waits
-  for that fetch and loads the state only before its optimizer applies the reduced gradient; rank 0 copies
-  its state on its path but packs and publishes the copy on a thread. The core waits only for the group's
-  re-formation; the transfer overlaps the core's step ``k``.
+- **joins first**: rank 0 publishes its state before step ``k`` as above, but the joiner forms the group
+  and contributes its zero gradient to the all-reduce at once (it needs no weights for that), while a thread
+  of its own fetches the state; it waits for that fetch and loads the state only before its optimizer applies
+  the reduced gradient; rank 0 copies its state on its path but packs and publishes the copy on a thread.
+  The core waits for the group's re-formation; the transfer overlaps the core's step ``k``;
+- **overlapped** (what the broker runs, ``libra.actors.elastic_train``): joins first, and every member forms
+  the step's group on a thread of its own while it runs its forward and backward passes (the trainer's
+  collectives all come after the passes), so the core waits for the formation only where it outlasts the
+  core's own passes.
 
-In both joins the joiner contributes a zero gradient at step ``k`` and real gradients after it. Printed:
+In every join the joiner contributes a zero gradient at step ``k`` and real gradients after it. Printed:
 core rank 0's seconds per step in every run, the ratio of steps ``k`` and ``k+1`` to the baseline's same
 steps (a late joiner would hold up the core at ``k+1``'s all-reduce), the joiner's fetch and load seconds and bytes, and whether every member ended with the same
 weights (exit status 1 otherwise).
@@ -54,7 +57,7 @@ def _digest(model: Any) -> str:
 
 
 def _member(who: str, members_at: list[list[str]], width: int, port: int, refs: Any, out: Any,
-            first: bool) -> None:
+            mode: str, rows: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -67,6 +70,7 @@ def _member(who: str, members_at: list[list[str]], width: int, port: int, refs: 
     server = DataPlaneServer() if who == "core0" else None
     gen, last, times, join = 0, None, [], {}
     k = next(i for i, m in enumerate(members_at, start=1) if "hybrid" in m) if "hybrid" in members_at[-1] else 0
+    first = mode != "blocking"
 
     def fetch() -> None:
         ref = ObjectRef.from_wire(refs.get(timeout=120))
@@ -103,8 +107,13 @@ def _member(who: str, members_at: list[list[str]], width: int, port: int, refs: 
         fetching = threading.Thread(target=fetch) if joining and first else None
         if fetching is not None:  # overlaps the group's formation and the core's step
             fetching.start()
+        spec = GroupSpec(gen, members.index(who), len(members), "127.0.0.1", port)
+        forming = threading.Thread(target=group.ensure, args=(spec,)) if mode == "overlapped" else None
         s0 = time.perf_counter()
-        group.ensure(GroupSpec(gen, members.index(who), len(members), "127.0.0.1", port))
+        if forming is not None:  # beside the passes below; waited for before the all-reduce
+            forming.start()
+        else:
+            group.ensure(spec)
         sync = time.perf_counter() - s0
         opt.zero_grad(set_to_none=False)
         for p in model.parameters():
@@ -112,9 +121,11 @@ def _member(who: str, members_at: list[list[str]], width: int, port: int, refs: 
                 p.grad = torch.zeros_like(p)
         if not joining:
             g = torch.Generator().manual_seed(step * 7 + members.index(who))
-            x = torch.randn(64, width, generator=g)
+            x = torch.randn(rows, width, generator=g)
             model(x).pow(2).mean().backward()
         s0 = time.perf_counter()
+        if forming is not None:
+            forming.join()
         for p in model.parameters():
             dist.all_reduce(p.grad)
         join.setdefault("sync_s", {})[step] = sync + time.perf_counter() - s0  # waiting for the group, mostly
@@ -131,14 +142,14 @@ def _member(who: str, members_at: list[list[str]], width: int, port: int, refs: 
     out.put((who, times, join, _digest(model)))
 
 
-def _run(members_at: list[list[str]], width: int, first: bool = False) -> dict[str, Any]:
+def _run(members_at: list[list[str]], width: int, mode: str = "blocking", rows: int = 64) -> dict[str, Any]:
     from libra.local import free_port
 
     ctx = mp.get_context("spawn")
     refs, out = ctx.Queue(), ctx.Queue()
     port = free_port()
     names = sorted({w for m in members_at for w in m})
-    procs = [ctx.Process(target=_member, args=(w, members_at, width, port, refs, out, first)) for w in names]
+    procs = [ctx.Process(target=_member, args=(w, members_at, width, port, refs, out, mode, rows)) for w in names]
     for p in procs:
         p.start()
     got = {}
@@ -159,22 +170,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--width", type=int, default=1024, help="MLP width (4 layers: 4*width^2 parameters)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--join-at", type=int, default=4)
+    ap.add_argument("--rows", type=int, default=64,
+                    help="input rows per member and step: the forward and backward passes' length (an LLM step's "
+                         "passes take seconds; the all-reduce of the gradient is the same whatever this is)")
     args = ap.parse_args(argv)
     if not 2 <= args.join_at < args.steps:
         ap.error("--join-at must be in [2, steps)")
     core, k = ["core0", "core1"], args.join_at
-    base = _run([core] * args.steps, args.width)
+    base = _run([core] * args.steps, args.width, rows=args.rows)
     plan = [core if s < k else core + ["hybrid"] for s in range(1, args.steps + 1)]
-    runs = {"blocking": _run(plan, args.width), "joins_first": _run(plan, args.width, first=True)}
+    runs = {mode: _run(plan, args.width, mode, args.rows) for mode in ("blocking", "joins_first", "overlapped")}
     b = base["core0"]["times"]
     t = {name: r["core0"]["times"] for name, r in runs.items()}
     steady = statistics.median(b[s] for s in b if s > 1)
-    print(f"ehp_join: width {args.width}, {4 * args.width * args.width / 1e6:.1f} M parameters, "
+    print(f"ehp_join: width {args.width}, {4 * args.width * args.width / 1e6:.1f} M parameters, {args.rows} rows, "
           f"{args.steps} steps, the hybrid joins at step {k}; core rank 0's seconds per step")
-    print("step  baseline_s  blocking_s  joins_first_s")
+    print("step  baseline_s  blocking_s  joins_first_s  overlapped_s")
     for s in sorted(b):
         mark = "   <- join" if s == k else "   <- the joiner's first real step" if s == k + 1 else ""
-        print(f"{s:4d}  {b[s]:10.4f}  {t['blocking'][s]:10.4f}  {t['joins_first'][s]:13.4f}{mark}")
+        print(f"{s:4d}  {b[s]:10.4f}  {t['blocking'][s]:10.4f}  {t['joins_first'][s]:13.4f}  "
+              f"{t['overlapped'][s]:12.4f}{mark}")
     for name in runs:
         j, c = runs[name]["hybrid"]["join"], runs[name]["core0"]["join"]
         where = "before joining the group: on the core's path" if name == "blocking" else \

@@ -18,8 +18,9 @@ At every training-step boundary the job host asks :meth:`ElasticPool.plan_step` 
 3. **Advance** joins: a requested replica whose actor has switched to ``train`` (it drained its rollout
    turns and bid again while the core trained the previous step: the role switch is off the core's path)
    begins fetching: it is a zero-gradient member of this step; it joins the group and contributes its zeros
-   at once, then loads rank 0's state before applying the step's update, so the core ranks wait only for
-   the group's re-formation (``libra.actors.elastic_train``). A replica
+   at once, then loads rank 0's state before applying the step's update, and every member forms the step's
+   group on a thread beside its own passes, so the core ranks wait for neither the transfer nor (where
+   their passes take longer than the formation) the group (``libra.actors.elastic_train``). A replica
    that fetched the state and contributed zeros for ``zero_steps`` steps activates at this boundary and
    trains with real data from this step on. A replica whose state source (the job's weights ref: rank 0's
    data plane) is not known yet, or whose actor has not switched yet, stays ``requested``.

@@ -390,9 +390,10 @@ class JobHost:
         return {"members": list(g.members), "generation": g.generation, "zero_members": list(g.zero),
                 "joining": list(g.joining), "trained_by": [o.get("member") for o in outs],
                 "restored_versions": [o.get("restored_version") for o in outs], "ehp": self.elastic.view(),
-                # seconds each member spent loading the core's state, then waiting for the group to form
-                "state_fetch_s": [(o.get("metrics") or {}).get("state_fetch_s") for o in outs],
-                "group_form_s": [(o.get("metrics") or {}).get("group_form_s") for o in outs]}
+                # seconds each member spent loading the core's state, forming the group (on a thread, beside
+                # its passes) and waiting for that formation
+                **{k: [(o.get("metrics") or {}).get(k) for o in outs]
+                   for k in ("state_fetch_s", "group_form_s", "group_wait_s")}}
 
     # ------------------------------------------------------------------ views
     def poll(self, cursor: int) -> dict[str, Any]:

@@ -23,7 +23,9 @@ Contracts:
   (tested against a run without the joiner).
 - A join does not stall the core (``bench ehp_join``): the joiner forms the group and contributes its
   zero gradient first, and loads the snapshot only after the all-reduce, before its optimizer applies the
-  reduced gradient (``GRPOTrainer.train_step(before_update=...)``).
+  reduced gradient (``GRPOTrainer.train_step(before_update=...)``); every member calls :meth:`ElasticGroup.ensure`
+  on a thread of its own while it runs its passes, whose collectives all come after them
+  (``train_step(group_ready=...)``): nothing else may use ``torch.distributed`` meanwhile.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch
 import torch.distributed as dist
 
-from libra.engines import checkpoints, fsdp
+from libra.engines import checkpoints, collectives, fsdp
 
 from libra.engines.grpo import (
     Aggregation,
@@ -76,7 +76,6 @@ __all__ = [
 
 log = get_logger(__name__)
 
-_BUCKET_ELEMENTS = 32 * 1024 * 1024  # gradient all-reduce bucket (elements)
 _CLOSE_BARRIER_S = 30.0  # how long close() waits for the other ranks before leaving the group
 
 
@@ -290,7 +289,8 @@ class GRPOTrainer:
     # -- training -------------------------------------------------------------------------------
 
     def train_step(self, batch: TrainBatch, micro_batches: Sequence[Sequence[int]] | None = None,
-                   before_update: Callable[[], None] | None = None) -> dict[str, float]:
+                   before_update: Callable[[], None] | None = None,
+                   group_ready: Callable[[], None] | None = None) -> dict[str, float]:
         """One optimisation step on this rank's shard ``batch`` (may be empty on some ranks).
 
         ``micro_batches`` (indices into ``batch``, each exactly once; e.g. a dispatch plan's
@@ -299,7 +299,11 @@ class GRPOTrainer:
         it is not a partition of the batch. ``before_update`` runs after the gradients are reduced and
         clipped and just before the optimizer applies them (an elastic member that joined with a zero
         gradient loads the group's state there: ``libra.actors.elastic_train``). Every rank of the group
-        must call it the same number of times. Returns global metrics
+        must call it the same number of times. ``group_ready`` (``ddp`` only) defers every collective until
+        the local passes are done: they run with a normaliser of 1, then ``group_ready()`` is called (an
+        elastic member's group may still be forming on another thread), then one all-reduce carries the
+        counts with the sums and the reduced gradient is divided by the global normaliser: the same update
+        up to float rounding. Returns global metrics
         (identical on all ranks): ``loss`` (the objective before the update), ``grad_norm`` (before
         clipping), ``clip_frac`` (fraction of tokens where the clip was active), ``ratio_mean``,
         ``kl_mean``, ``num_tokens``, ``num_sequences``, ``micro_batches`` (this rank's), ``step``,
@@ -312,9 +316,13 @@ class GRPOTrainer:
             [float(batch.num_loss_tokens()), float(batch.num_sequences_with_loss()), float(len(batch))],
             dtype=torch.float64,
         )
-        self._all_reduce_cpu(counts)
+        deferred = group_ready is not None
+        if deferred and self.parallel != "ddp":
+            raise ValueError(f"group_ready (collectives after the passes) needs parallel='ddp', not {self.parallel!r}")
+        if not deferred:
+            self._all_reduce_cpu(counts)
         g_tokens, g_seqs, g_sequences = counts.tolist()
-        normalizer = g_tokens if c.aggregation == "token_mean" else g_seqs
+        normalizer = 1.0 if deferred else g_tokens if c.aggregation == "token_mean" else g_seqs
 
         self.optimizer.zero_grad(set_to_none=False)
         for p in self._params:
@@ -347,9 +355,22 @@ class GRPOTrainer:
                 )
         finally:
             self.model.eval()
-        self._all_reduce_cpu(sums)
-        if self.parallel == "ddp":
+        if deferred:
+            assert group_ready is not None
+            group_ready()
+            both = torch.cat([counts, sums])
+            self._all_reduce_cpu(both)
+            counts, sums = both[:3], both[3:].clone()
+            g_tokens, g_seqs, g_sequences = counts.tolist()
+            scale = 1.0 / max(g_tokens if c.aggregation == "token_mean" else g_seqs, 1.0)
+            sums[0] *= scale
             self._all_reduce_grads()
+            for p in self._params:
+                p.grad.mul_(scale)
+        else:
+            self._all_reduce_cpu(sums)
+            if self.parallel == "ddp":
+                self._all_reduce_grads()
         grad_norm = fsdp.grad_norm_value(torch.nn.utils.clip_grad_norm_(self._params, c.max_grad_norm))
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=False)
@@ -424,41 +445,10 @@ class GRPOTrainer:
     # -- distributed helpers -------------------------------------------------------------------
 
     def _all_reduce_cpu(self, t: torch.Tensor, op: Any = None) -> None:
-        """Reduce (sum, or ``op``) a small CPU tensor over ranks, in place (via the device for NCCL)."""
-        if self.world_size == 1:
-            return
-        op = dist.ReduceOp.SUM if op is None else op
-        if dist.get_backend() == "nccl":
-            moved = t.to(self.device)
-            dist.all_reduce(moved, op=op)
-            t.copy_(moved.cpu())
-        else:
-            dist.all_reduce(t, op=op)
+        collectives.all_reduce_cpu(t, self.world_size, self.device, op)
 
     def _all_reduce_grads(self) -> None:
-        """Sum gradients over ranks in flat buckets (one collective per ~32 M elements)."""
-        if self.world_size == 1:
-            return
-        bucket: list[torch.Tensor] = []
-        size = 0
-        for p in self._params:
-            bucket.append(p.grad)
-            size += p.grad.numel()
-            if size >= _BUCKET_ELEMENTS:
-                self._reduce_bucket(bucket)
-                bucket, size = [], 0
-        if bucket:
-            self._reduce_bucket(bucket)
-
-    @staticmethod
-    def _reduce_bucket(grads: list[torch.Tensor]) -> None:
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        pos = 0
-        for g in grads:
-            n = g.numel()
-            g.copy_(flat[pos : pos + n].view_as(g))
-            pos += n
+        collectives.all_reduce_grads(self._params, self.world_size)
 
     # -- weights and checkpoints ----------------------------------------------------------------
 

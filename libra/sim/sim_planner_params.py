@@ -142,8 +142,9 @@ def modelled_only(ehp: bool, p: PlannerSimParams) -> list[str]:
         out.append("EHP: the simulator's join is modelled, not the runtime's: here a hybrid replica fetches its "
                    "snapshot in the background and core training never pauses; the broker's grp_ehp "
                    "(broker/ehp.py) joins a replica into one flat DP group: the joiner all-reduces zeros at once and "
-                   "loads the state off the core's path, but the core ranks wait for the group's re-formation "
-                   "and rank 0 publishes the state on its path at the join step (bench ehp_join)")
+                   "loads the state off the core's path, every member forms the step's group on a thread beside its "
+                   "passes, and rank 0 copies its state on its path at the join step; the core waits where the "
+                   "formation outlasts its own passes (bench ehp_join)")
     if p.reconfig_feedback:
         out.append("reconfiguration-cost feedback: modelled only (the simulator measures each deployment's cost; "
                    "the live broker's planner loop charges the fixed reconfig_cost_s)")

@@ -82,5 +82,6 @@ def test_a_forced_borrow_joins_a_hybrid_replica_for_two_steps(tmp_path: Path) ->
                        "g1:released"]
     for r in recs:  # what the join cost each member (seconds; printed for the record, never asserted)
         print("ehp step", r["step"], "members", r["members"], "state_fetch_s", r["state_fetch_s"],
-              "group_form_s", r["group_form_s"], "train_time_s", round(r["train_time_s"], 3))
+              "group_form_s", r["group_form_s"], "group_wait_s", r["group_wait_s"],
+              "train_time_s", round(r["train_time_s"], 3))
     assert kinds[hybrid] == ["generate"] and all(kinds[a] == ["train"] for a in core)
