@@ -12,6 +12,8 @@ drains every frame that is ready without awaiting (a non-blocking shadow of the 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import os
 from typing import Any
 
@@ -79,6 +81,10 @@ class AsyncClient:
         self._dcalls: dict[str, m.DirectCall] = {}  # direct calls not answered yet, to resend via the broker
         self._dsocks: dict[str, tuple[zmq.asyncio.Socket, asyncio.Task]] = {}  # endpoint -> socket, reader
         self._doutbox: dict[str, list[list[bytes]]] = {}
+        self._deadlines: list[tuple[float, int, str, asyncio.Future, float]] = []  # heap: (at, seq, rid, fut, timeout)
+        self._deadline_seq = itertools.count()
+        self._deadline_handle: asyncio.TimerHandle | None = None
+        self._deadline_at = 0.0
 
     async def connect(self, timeout: float = 5.0) -> "AsyncClient":
         """Say hello and wait for the broker's welcome; raise BrokerUnreachable after ``timeout``."""
@@ -128,20 +134,48 @@ class AsyncClient:
             fut = loop.create_future()
             self._pending[rid] = (fut, frames)
             self._enqueue(frames)
-        # one timer per call, no wait_for/shield (two futures and a timer per wake-up); the client-wide
-        # keepalive tick (_keepalive_tick) pings a silent broker while calls wait
-        timer = loop.call_at(loop.time() + timeout + REPLY_GRACE_S, self._expire, rid, fut, timeout)
+        # no timer per call (a TimerHandle built and cancelled: ~6 µs): the deadline goes on one heap, which
+        # one timer, armed for its earliest entry, expires (_on_deadlines); the client-wide keepalive tick
+        # (_keepalive_tick) pings a silent broker while calls wait
+        self._add_deadline(loop, loop.time() + timeout + REPLY_GRACE_S, rid, fut, timeout)
         try:
             value = await fut
         except asyncio.CancelledError:
             self._pending.pop(rid, None)
             self._forget_direct(rid)
             raise
-        finally:
-            timer.cancel()
         if isinstance(value, Exception):
             raise value
         return value
+
+    def _add_deadline(self, loop: asyncio.AbstractEventLoop, at: float, rid: str, fut: asyncio.Future,
+                      timeout: float) -> None:
+        heap = self._deadlines
+        heapq.heappush(heap, (at, next(self._deadline_seq), rid, fut, timeout))
+        if len(heap) > 2 * len(self._pending) + 1024:  # answered calls' entries: drop them (amortised O(1))
+            heap[:] = [e for e in heap if not e[3].done()]
+            heapq.heapify(heap)
+        h = self._deadline_handle
+        if h is None or at < self._deadline_at:
+            if h is not None:
+                h.cancel()
+            self._deadline_at = at
+            self._deadline_handle = loop.call_at(at, self._on_deadlines)
+
+    def _on_deadlines(self) -> None:
+        """Expire every call whose deadline passed (skipping answered ones), then re-arm for the next."""
+        self._deadline_handle = None
+        loop = asyncio.get_running_loop()
+        now, heap = loop.time(), self._deadlines
+        while heap and heap[0][0] <= now:
+            _, _, rid, fut, timeout = heapq.heappop(heap)
+            if not fut.done():
+                self._expire(rid, fut, timeout)
+        while heap and heap[0][3].done():
+            heapq.heappop(heap)
+        if heap:
+            self._deadline_at = heap[0][0]
+            self._deadline_handle = loop.call_at(self._deadline_at, self._on_deadlines)
 
     def _expire(self, rid: str, fut: asyncio.Future, timeout: float) -> None:
         """A call's deadline passed without a reply: it fails with ToolTimeout (BrokerUnreachable if the
@@ -383,6 +417,9 @@ class AsyncClient:
                 await sock.send_multipart(encode(m.ClientHello(self.client_id, os.getpid())))
 
     async def close(self) -> None:
+        if self._deadline_handle is not None:
+            self._deadline_handle.cancel()
+            self._deadline_handle = None
         if self._keepalive_handle is not None:
             self._keepalive_handle.cancel()
             self._keepalive_handle = None
