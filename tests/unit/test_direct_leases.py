@@ -4,36 +4,17 @@
 from __future__ import annotations
 
 from libra.actors.direct import DirectLeaseTable
-from libra.broker.events import PeerMessage, Send, Tick
-from libra.broker.state import BrokerConfig, BrokerState
 from libra.client.direct import DirectRoutes
 from libra.protocol import messages as m
 from libra.protocol.errors import ErrorCode
+from test_broker_state import C, Harness, sent  # the broker core's test harness (tests/unit)
 
-A1, A2, C = b"actor-1", b"actor-2", b"client"
+A1, A2 = b"actor-1", b"actor-2"
 DIRECT = {"direct": "tcp://127.0.0.1:7001", "direct_ipc": "ipc:///tmp/a1.sock", "direct_tools": ["echo"]}
 
 
-def sent(cmds: list, cls: type, peer: bytes | None = None) -> list:
-    return [c.msg for c in cmds if isinstance(getattr(c, "msg", None), cls) and (peer is None or c.peer == peer)]
-
-
-class Core:
-    def __init__(self, **cfg: object) -> None:
-        self.s = BrokerState(BrokerConfig(heartbeat_s=1.0, liveness=3, **cfg))  # type: ignore[arg-type]
-        self.now = 0.0
-
-    def msg(self, peer: bytes, msg: object, dt: float = 0.0) -> list[Send]:
-        self.now += dt
-        out = self.s.handle(PeerMessage(peer, msg), self.now)
-        self.s.validate()
-        return out
-
-    def tick(self, dt: float) -> list[Send]:
-        self.now += dt
-        return self.s.handle(Tick(), self.now)
-
-    def actor(self, peer: bytes, actor_id: str, capacity: int = 2, labels: dict | None = None) -> None:
+class Core(Harness):
+    def actor(self, peer: bytes, actor_id: str, capacity: int = 2, labels: dict | None = None) -> None:  # type: ignore[override]
         self.msg(peer, m.ActorHello(actor_id, "h", actor_id, 1, {"action": ["echo", "sleep"]}, ["action"], capacity,
                                     dict(labels or {})))
         self.msg(peer, m.Bid(["action"], capacity))
@@ -47,7 +28,7 @@ class Core:
 
 def core() -> Core:
     c = Core()
-    c.msg(C, m.ClientHello("client-1", 1))
+    c.client()
     return c
 
 
@@ -70,7 +51,7 @@ def test_a_lease_reserves_one_credit_and_answers_with_the_actor_s_endpoints() ->
 
 def test_no_lease_for_a_tool_no_actor_runs_inline_nor_past_the_per_actor_bound() -> None:
     c = Core(direct_leases_per_actor=1)
-    c.msg(C, m.ClientHello("client-1", 1))
+    c.client()
     c.actor(A1, "a1", capacity=1, labels={"direct": "tcp://x:1", "direct_tools": ["sleep"]})
     (r,) = sent(c.msg(C, m.LeaseRequest("r1", "action", "echo")), m.Reply, C)
     assert not r.ok and r.error_code == ErrorCode.NO_LEASE.value
@@ -79,7 +60,7 @@ def test_no_lease_for_a_tool_no_actor_runs_inline_nor_past_the_per_actor_bound()
     assert r.error_code == ErrorCode.NO_LEASE.value
     assert c.s.snapshot("s", c.now).stats["leases_refused"] == 2
     off = Core(direct_leases_per_actor=0)
-    off.msg(C, m.ClientHello("client-1", 1))
+    off.client()
     off.actor(A1, "a1", labels=DIRECT)
     (r,) = sent(off.msg(C, m.LeaseRequest("r1", "action", "echo")), m.Reply, C)
     assert r.error_code == ErrorCode.NO_LEASE.value and "off" in r.error
