@@ -134,7 +134,7 @@ class ActorRuntime:
             return
         for i in range(0, len(msgs), 256):
             try:
-                send_frames(self.sock, encode_many(msgs[i : i + 256]), NOBLOCK)
+                send_frames(self.sock, encode_sendable(msgs[i : i + 256]), NOBLOCK)
             except zmq.Again:
                 self.log.warning("send_dropped_hwm", count=len(msgs[i : i + 256]))
 
@@ -172,25 +172,29 @@ class ActorRuntime:
                           cores if type(cores) is int and cores > 0 else 1,
                           a.route if isinstance(a.route, dict) else {})
         if getattr(handler, "inline", False):  # constant-time handler: no thread hand-off
-            self._execute(self.state.handle(self._call(a, handler, ctx, self.inline_log_context), time.monotonic()))
+            done = self._call(a.work_id, a.lease, a.name, a.args, a.trajectory, handler, ctx, self.inline_log_context)
+            self._execute(self.state.handle(done, time.monotonic()))
             return
         self._cancel[a.work_id] = cancelled
         self._pool.submit(self._run_work, a, handler, ctx)
 
     def _run_work(self, a: m.Assign, handler: Handler, ctx: WorkContext) -> None:
-        self._post(self._call(a, handler, ctx))
+        self._post(self._call(a.work_id, a.lease, a.name, a.args, a.trajectory, handler, ctx))
 
-    def _call(self, a: m.Assign, handler: Handler, ctx: WorkContext, log_context: bool = True) -> WorkDone:
+    def _call(self, work_id: str, lease: int, tool: str, args: Any, trajectory: str | None, handler: Handler,
+              ctx: WorkContext, log_context: bool = True) -> WorkDone:
+        """Run ``handler`` on ``args``: its outcome, a tool's own error code, or ``tool_failed`` for a bug (both
+        paths: an assignment from the broker and a direct call)."""
         t0 = time.perf_counter()
-        with bind_context(work_id=a.work_id, trajectory=a.trajectory) if log_context else nullcontext():
+        with bind_context(work_id=work_id, trajectory=trajectory) if log_context else nullcontext():
             try:
-                out = handler(a.args, ctx)
-                done = WorkDone(a.work_id, a.lease, True, out, duration_s=time.perf_counter() - t0)
+                out = handler(args, ctx)
+                done = WorkDone(work_id, lease, True, out, duration_s=time.perf_counter() - t0)
             except ToolError as exc:
-                done = WorkDone(a.work_id, a.lease, False, None, exc.code, exc.message, time.perf_counter() - t0)
+                done = WorkDone(work_id, lease, False, None, exc.code, exc.message, time.perf_counter() - t0)
             except Exception as exc:  # a tool bug must not kill the actor
-                self.log.warning("tool_raised", tool=a.name, work_id=a.work_id, error=repr(exc))
-                done = WorkDone(a.work_id, a.lease, False, None, "tool_failed", f"{type(exc).__name__}: {exc}",
+                self.log.warning("tool_raised", tool=tool, work_id=work_id, error=repr(exc))
+                done = WorkDone(work_id, lease, False, None, "tool_failed", f"{type(exc).__name__}: {exc}",
                                 time.perf_counter() - t0)
         return done
 
@@ -310,42 +314,54 @@ class ActorRuntime:
                 out.append(self._direct_call(d.msg) if type(d.msg) is m.DirectCall else m.Error(
                     ProtocolCode.UNEXPECTED.value, f"{type(d.msg).__name__} is not accepted on a direct socket"))
         for ident, msgs in replies.items():
-            enc = [self._encode_reply(msg) for msg in msgs]
-            for i in range(0, len(enc), 256):
-                chunk = enc[i : i + 256]
+            for i in range(0, len(msgs), 256):
+                chunk = msgs[i : i + 256]
                 try:
-                    send_frames(sock, [ident, *(chunk[0] if len(chunk) == 1 else encode_batch(chunk))], NOBLOCK)
+                    send_frames(sock, [ident, *encode_sendable(chunk)], NOBLOCK)
                 except zmq.Again:
                     self.log.warning("direct_reply_dropped_hwm", count=len(chunk))
 
-    def _direct_call(self, c: m.DirectCall) -> Any:
+    def _direct_call(self, c: m.DirectCall) -> m.Reply:
+        """Run one direct call on a lease this actor holds; its Reply is what the broker would have made of
+        the same outcome (``dispatch.on_result``), with ``attempts`` 1."""
         aid = self.state.ident.actor_id
         why = self.direct.refusal(c)
         if why:
             return m.Reply(c.request_id, False, None, ErrorCode.LEASE_ENDED.value, why, c.lease_id, 0, aid)
-        t0 = time.perf_counter()
         ctx = WorkContext(c.lease_id, None, c.timeout_s, self._no_cancel, aid)
-        try:
-            r = m.Reply(c.request_id, True, self.handlers[("action", c.name)](c.args, ctx), "", "", c.lease_id, 1,
-                        aid, time.perf_counter() - t0)
-        except ToolError as exc:
-            r = m.Reply(c.request_id, False, None, ErrorCode.TOOL_FAILED.value, exc.message, c.lease_id, 1, aid,
-                        time.perf_counter() - t0, tool_code=exc.code)
-        except Exception as exc:  # a tool bug must not kill the actor
-            self.log.warning("tool_raised", tool=c.name, lease=c.lease_id, error=repr(exc))
-            r = m.Reply(c.request_id, False, None, ErrorCode.TOOL_FAILED.value, f"{type(exc).__name__}: {exc}",
-                        c.lease_id, 1, aid, time.perf_counter() - t0, tool_code=ErrorCode.TOOL_FAILED.value)
-        self.direct.count(c.lease_id, r.ok)
-        return r
+        d = self._call(c.lease_id, 0, c.name, c.args, None, self.handlers[("action", c.name)], ctx,
+                       self.inline_log_context)
+        self.direct.count(c.lease_id, d.ok)
+        if d.ok:
+            return m.Reply(c.request_id, True, d.output, "", "", c.lease_id, 1, aid, d.duration_s)
+        return m.Reply(c.request_id, False, None, ErrorCode.TOOL_FAILED.value, d.error, c.lease_id, 1, aid,
+                       d.duration_s, tool_code=d.error_code or ErrorCode.TOOL_FAILED.value)
 
-    @staticmethod
-    def _encode_reply(msg: Any) -> list[bytes]:
-        try:
-            return encode(msg)
-        except (TypeError, ValueError, OverflowError) as exc:  # the tool returned what msgpack cannot carry
-            return encode(m.Reply(msg.request_id, False, None, ErrorCode.TOOL_FAILED.value,
-                                  f"the result cannot be sent ({exc}); return plain data", msg.work_id,
-                                  msg.attempts, msg.actor_id, msg.duration_s, tool_code="bad_result"))
+
+def _unsendable(msg: Any, exc: Exception) -> Any:
+    """The typed failure sent in place of a result msgpack cannot carry (a tool returned a set, an object)."""
+    why = f"the result cannot be sent ({exc}); return plain data"
+    if type(msg) is m.WorkResult:
+        return m.WorkResult(msg.work_id, msg.lease, False, None, "bad_result", why, msg.duration_s)
+    if type(msg) is m.Reply:
+        return m.Reply(msg.request_id, False, None, ErrorCode.TOOL_FAILED.value, why, msg.work_id, msg.attempts,
+                       msg.actor_id, msg.duration_s, tool_code="bad_result")
+    raise exc
+
+
+def encode_sendable(msgs: list[Any]) -> list[bytes]:
+    """``msgs`` as one Batch (``encode_many``); a result msgpack cannot carry goes as a typed failure instead
+    of taking the actor's loop down with it (the broker's path and the direct one alike)."""
+    try:
+        return encode_many(msgs)
+    except (TypeError, ValueError, OverflowError):
+        enc = []
+        for msg in msgs:
+            try:
+                enc.append(encode(msg))
+            except (TypeError, ValueError, OverflowError) as exc:
+                enc.append(encode(_unsendable(msg, exc)))
+        return encode_batch(enc)
 
 
 def handlers_for_tools(tools: dict[str, Handler]) -> dict[tuple[str, str], Handler]:

@@ -269,7 +269,7 @@ def test_rollout_actor_answers_malformed_generate_args_with_bad_request(rollout_
     rt = ActorRuntime("tcp://127.0.0.1:1", ActorIdentity("a1", "h", "cpu5", os.getpid(), {"generate": ["*"]}),
                       ["generate"], 1, {("generate", "*"): rollout_role.generate})
     try:
-        done = rt._call(m.Assign("w1", 1, 1, "generate", "default", args, "t1"), rollout_role.generate, ctx)
+        done = rt._call("w1", 1, "default", args, "t1", rollout_role.generate, ctx)
     finally:
         rt.ctx.term()
     assert not done.ok and done.error_code == "bad_request" and needle in done.error
