@@ -161,7 +161,7 @@ def test_client_routes_a_lost_lease_s_unanswered_calls_back_oldest_first_and_ret
     for rid in ("c:10", "c:9", "c:11"):
         d.sent(rid, lease)
     d.answered("c:11")
-    assert d.lost("L1") == ["c:9", "c:10"] and not d.by_tool and not d.calls
+    assert d.ended("L1", lost=True) == ["c:9", "c:10"] and not d.by_tool and not d.calls
     _granted(d, now=2.0)
     lease, _ = d.route("action", "echo", None, False, 2.0)
     d.sent("c:12", lease)
@@ -186,3 +186,17 @@ def test_client_a_refused_call_ends_the_lease_and_a_refused_lease_waits_before_a
     assert d.route("action", "echo", None, False, 20.0) == (None, False)
     assert d.route("action", "echo", None, False, 24.0)[1] and "q3" not in d.asking
     assert d.on_lease_reply(m.Reply("not-a-lease", True), 3.0) == (False, None)
+
+
+def test_a_result_msgpack_cannot_carry_goes_as_a_typed_failure_on_both_paths() -> None:
+    from libra.actors.runtime import encode_sendable
+    from libra.protocol import decode_many
+
+    msgs = [m.WorkResult("w1", 3, True, {1, 2}), m.WorkResult("w2", 4, True, [1, 2]),
+            m.Reply("c:1", True, object(), "", "", "L1", 1, "a1", 0.5)]
+    bad, good, reply = (d.msg for d in decode_many(encode_sendable(msgs)))
+    assert (bad.work_id, bad.lease, bad.ok, bad.error_code) == ("w1", 3, False, "bad_result")
+    assert "cannot be sent" in bad.error and good == msgs[1]
+    assert (reply.request_id, reply.ok, reply.error_code, reply.tool_code, reply.attempts) == \
+        ("c:1", False, ErrorCode.TOOL_FAILED.value, "bad_result", 1)
+    assert [d.msg for d in decode_many(encode_sendable(msgs[1:2]))] == msgs[1:2]
