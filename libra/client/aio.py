@@ -126,14 +126,12 @@ class AsyncClient:
             frames = encode_checked(call, self._limit)
             self._direct.sent(rid, lease)  # type: ignore[union-attr]
             self._dcalls[rid] = call
-            fut: asyncio.Future = loop.create_future()
-            self._pending[rid] = (fut, frames)
             self._enqueue_direct(lease.endpoint, frames)
         else:
             frames = encode_checked(m.Submit(rid, kind, name, args, trajectory, float(timeout)), self._limit)
-            fut = loop.create_future()
-            self._pending[rid] = (fut, frames)
             self._enqueue(frames)
+        fut: asyncio.Future = loop.create_future()
+        self._pending[rid] = (fut, frames)
         # no timer per call (a TimerHandle built and cancelled: ~6 µs): the deadline goes on one heap, which
         # one timer, armed for its earliest entry, expires (_on_deadlines); the client-wide keepalive tick
         # (_keepalive_tick) pings a silent broker while calls wait
@@ -228,14 +226,6 @@ class AsyncClient:
         self._pending[rid] = (entry[0], frames)
         self._enqueue(frames)
 
-    def _on_lease_end(self, msg: m.LeaseEnd) -> None:
-        assert self._direct is not None
-        if msg.lost:
-            for rid in self._direct.lost(msg.lease_id):
-                self._via_broker(rid, 1)
-        else:
-            self._direct.ended(msg.lease_id)
-
     def _on_direct_reply(self, msg: m.Reply) -> bool:
         """A direct call's reply: resolve it (True), or send the call via the broker if it was refused."""
         assert self._direct is not None
@@ -315,7 +305,7 @@ class AsyncClient:
             for endpoint, items in dout.items():
                 sock = self._dsock(endpoint)
                 for batch in batches([(f, sum(map(len, f))) for f in items]):
-                    sock.send_multipart(batch[0] if len(batch) == 1 else encode_batch(batch)).add_done_callback(_retrieve)
+                    sock.send_multipart(encode_batch(batch)).add_done_callback(_retrieve)
         out, self._outbox = self._outbox, []
         if not out or self._sock.closed:
             return
@@ -394,8 +384,9 @@ class AsyncClient:
             if entry is not None and not entry[0].done():
                 entry[0].set_result(result_or_error(msg) if t is m.Reply else msg)
         elif t is m.LeaseEnd:
-            if self._direct is not None:
-                self._on_lease_end(msg)
+            if self._direct is not None:  # a lost actor's unanswered calls go through the broker
+                for rid in self._direct.ended(msg.lease_id, msg.lost):
+                    self._via_broker(rid, 1)
         elif t is m.Welcome:
             assert self._welcomed is not None
             self._limit = min(self.max_frame_bytes, msg.max_frame_bytes or self.max_frame_bytes)

@@ -118,19 +118,16 @@ class DirectRoutes:
             self._drop(lease)
             self._not_before[lease.tool] = now + min(1.0, self.retry_s)
 
-    def ended(self, lease_id: str) -> None:
-        """The broker ended ``lease_id`` (its actor changes roles): send no more on it. The calls already sent
-        are answered by the actor, or refused unrun (:meth:`refused`)."""
-        lease = self.by_id.get(lease_id)
-        if lease is not None:
-            self._drop(lease)
-
-    def lost(self, lease_id: str) -> list[str]:
-        """``lease_id``'s actor is gone: forget the lease; returns its unanswered request ids (oldest first)."""
+    def ended(self, lease_id: str, lost: bool = False) -> list[str]:
+        """The broker ended ``lease_id``: send no more on it. Returns the request ids to send again through the
+        broker, oldest first: none when its actor only changes roles (the calls already sent are answered by
+        the actor, or refused unrun: :meth:`refused`), every unanswered one when the actor is ``lost``."""
         lease = self.by_id.get(lease_id)
         if lease is None:
             return []
         self._drop(lease)
+        if not lost:
+            return []
         rids = sorted(lease.calls, key=_seq)
         for rid in rids:
             self.calls.pop(rid, None)

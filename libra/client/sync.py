@@ -248,10 +248,11 @@ class Client:
         """Send one call: straight to an actor when a direct lease covers it, else through the broker."""
         d = self._direct
         if d is not None:
-            lease, ask = d.route(kind, name, trajectory, explicit_id, time.monotonic())
+            now = time.monotonic()
+            lease, ask = d.route(kind, name, trajectory, explicit_id, now)
             if ask:
                 lrid = self._ids.next()
-                d.asked(lrid, name, time.monotonic())
+                d.asked(lrid, name, now)
                 self._send(m.LeaseRequest(lrid, "action", name))
             if lease is not None:
                 call = m.DirectCall(rid, lease.lease_id, kind, name, args, float(timeout))
@@ -282,6 +283,12 @@ class Client:
         if isinstance(p.value, Exception):
             raise p.value
         return p.value
+
+    def _complete(self, p: _Pending, value: Any) -> None:
+        """``p`` has its answer (taken off ``_pending`` by the caller): wake its waiter, resolve its future."""
+        p.value = value
+        p.event.set()
+        self._resolve_future(p)
 
     def _resolve_future(self, p: _Pending) -> None:
         """Resolve ``p``'s future from its value. Two threads may race here (the leader dispatching the reply
@@ -343,7 +350,7 @@ class Client:
         for endpoint, items in by_endpoint.items():
             sock = self._dsocks.get(endpoint) or self._dsock(endpoint)
             for batch in batches(items):
-                send_frames(sock, batch[0] if len(batch) == 1 else encode_batch(batch))
+                send_frames(sock, encode_batch(batch))
 
     def _dsock(self, endpoint: str) -> zmq.Socket:
         sock = self._dsocks[endpoint] = self._ctx.socket(zmq.DEALER)
@@ -421,10 +428,7 @@ class Client:
                 p = self._pending.get(rid)
                 if p is not None and type(p.msg) is m.DirectCall:  # else sent via the broker since: it answers
                     del self._pending[rid]
-                    p.value = result_or_error(msg)
-                    p.event.set()
-                    if p.future is not None:
-                        self._resolve_future(p)
+                    self._complete(p, result_or_error(msg))
 
     def _via_broker(self, rid: str, prior_attempts: int) -> None:
         """Send unanswered direct call ``rid`` through the broker instead (same request id)."""
@@ -447,9 +451,7 @@ class Client:
         if t is m.Reply or t is m.StatusReply:
             p = self._pending.pop(msg.request_id, None)
             if p is not None:
-                p.value = result_or_error(msg) if t is m.Reply else msg
-                p.event.set()
-                self._resolve_future(p)
+                self._complete(p, result_or_error(msg) if t is m.Reply else msg)
         elif t is m.Welcome:
             self._limit = min(self.max_frame_bytes, msg.max_frame_bytes or self.max_frame_bytes)
             self._welcomed.set()
@@ -458,17 +460,13 @@ class Client:
                     if p.msg is not None and type(p.msg) is not m.DirectCall:  # direct: its actor answers
                         self._outbox.append(p.frames)
         elif t is m.LeaseEnd:
-            if d is not None and msg.lost:  # its actor is gone: what it had not answered goes via the broker
-                for rid in d.lost(msg.lease_id):
+            if d is not None:  # a lost actor's unanswered calls go through the broker
+                for rid in d.ended(msg.lease_id, msg.lost):
                     self._via_broker(rid, 1)
-            elif d is not None:
-                d.ended(msg.lease_id)
         elif t is m.Error:
             p = self._pending.pop(msg.request_id, None) if msg.request_id else None
             if p is not None:
-                p.value = ProtocolRejected(f"broker rejected request: {msg.message}")
-                p.event.set()
-                self._resolve_future(p)
+                self._complete(p, ProtocolRejected(f"broker rejected request: {msg.message}"))
         elif t is m.Disconnect:
             # The broker does not know us (it restarted or expired us): one hello per reconnect; the
             # unanswered requests follow once, when the welcome comes (see ReconnectGate).
