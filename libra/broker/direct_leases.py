@@ -42,7 +42,6 @@ class Lease:
     kind: str
     name: str
     request_id: str
-    granted_at: float
     ready: bool = False
     done: int = 0
     failed: int = 0
@@ -72,12 +71,11 @@ class DirectLeases:
         sess = self._best(msg.kind, msg.name)
         if sess is None:
             self.stats["leases_refused"] += 1
-            out.append(Send(peer, m.Reply(msg.request_id, False, None, ErrorCode.NO_LEASE.value,
-                                          f"no actor runs {msg.kind} {msg.name!r} inline with a lease to spare"
-                                          if self.per_actor > 0 else "direct calls are off on this broker")))
+            out.append(_no_lease(peer, msg.request_id, f"no actor runs {msg.kind} {msg.name!r} inline with a lease "
+                                 "to spare" if self.per_actor > 0 else "direct calls are off on this broker"))
             return
         lease = Lease(f"L{next(self._ids)}", peer, cs.client_id, sess.peer, sess.actor_id, msg.kind, msg.name,
-                      msg.request_id, now)
+                      msg.request_id)
         self.leases[lease.lease_id] = lease
         sess.leased += 1
         out.append(Send(sess.peer, m.LeaseGrant(lease.lease_id, cs.client_id, msg.kind, msg.name)))
@@ -110,8 +108,7 @@ class DirectLeases:
         if not msg.ok:
             self.stats["leases_refused"] += 1
             self._forget(lease)
-            out.append(Send(lease.client, m.Reply(lease.request_id, False, None, ErrorCode.NO_LEASE.value,
-                                                  f"actor {sess.actor_id} refused the lease: {msg.error}")))
+            out.append(_no_lease(lease.client, lease.request_id, f"actor {sess.actor_id} refused the lease: {msg.error}"))
             return
         lease.ready = True
         self.stats["leases_granted"] += 1
@@ -122,24 +119,22 @@ class DirectLeases:
             actor_id=sess.actor_id)))
 
     def on_report(self, peer: bytes, msg: m.LeaseReport, now: float, out: list[Command]) -> None:
-        lease = self.leases.get(msg.lease_id)
-        if lease is None or lease.actor != peer:  # a report after the end: still counted, the calls ran
-            if peer in self.sessions.actors:
-                self.stats["direct_completed"] += max(0, msg.done)
-                self.stats["direct_failed"] += max(0, msg.failed)
+        if peer not in self.sessions.actors:
             return
-        lease.done += max(0, msg.done)
-        lease.failed += max(0, msg.failed)
-        self.stats["direct_completed"] += max(0, msg.done)
-        self.stats["direct_failed"] += max(0, msg.failed)
+        done, failed = max(0, msg.done), max(0, msg.failed)
+        self.stats["direct_completed"] += done  # a report after the lease ended counts too: the calls ran
+        self.stats["direct_failed"] += failed
+        lease = self.leases.get(msg.lease_id)
+        if lease is not None and lease.actor == peer:
+            lease.done += done
+            lease.failed += failed
 
     def actor_gone(self, sess: ActorSession, out: list[Command], why: str) -> None:
         """``sess`` was closed: its leases are lost (their clients resend unanswered calls via the broker)."""
         for lease in [x for x in self.leases.values() if x.actor == sess.peer]:
             self._forget(lease)
             if not lease.ready:
-                out.append(Send(lease.client, m.Reply(lease.request_id, False, None, ErrorCode.NO_LEASE.value,
-                                                      f"actor {sess.actor_id} left: {why}")))
+                out.append(_no_lease(lease.client, lease.request_id, f"actor {sess.actor_id} left: {why}"))
                 continue
             self.stats["leases_lost"] += 1
             out.append(Send(lease.client, m.LeaseEnd(lease.lease_id, f"actor {sess.actor_id} left: {why}", True)))
@@ -165,10 +160,15 @@ class DirectLeases:
         if tell_client and lease.ready:
             out.append(Send(lease.client, m.LeaseEnd(lease.lease_id, why)))
         elif tell_client:
-            out.append(Send(lease.client, m.Reply(lease.request_id, False, None, ErrorCode.NO_LEASE.value, why)))
+            out.append(_no_lease(lease.client, lease.request_id, why))
 
     def _forget(self, lease: Lease) -> None:
         del self.leases[lease.lease_id]
         sess = self.sessions.actors.get(lease.actor)
         if sess is not None:
             sess.leased = max(0, sess.leased - 1)
+
+
+def _no_lease(client: bytes, request_id: str, why: str) -> Send:
+    """The answer to a lease request that gets no lease: the client calls through the broker."""
+    return Send(client, m.Reply(request_id, False, None, ErrorCode.NO_LEASE.value, why))

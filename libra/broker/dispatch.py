@@ -99,17 +99,15 @@ class Dispatcher:
                                           retry_after_s=0.5)))
             return
         w = self.table.admit(cs.client_id, msg.request_id, peer, msg.kind, key[1], msg.args, msg.trajectory,
-                             msg.timeout_s, now, "submit")
+                             msg.timeout_s, now, "submit", prior_attempts=msg.prior_attempts)
         if self.journaling:
             out.append(accept_record(cs.client_id, msg, w.work_id))
         cs.inflight += 1
         self.stats["submitted"] += 1
-        if msg.prior_attempts > 0:  # a direct call whose actor was lost: that run counts as an attempt and a loss
-            w.attempt = w.failures = msg.prior_attempts
-            if w.failures > self.config.max_retries:
-                self.fail(w, now, out, ErrorCode.RETRIES_EXHAUSTED,
-                          f"its actor was lost {w.failures} times; giving up after {self.config.max_retries} retries")
-                return
+        if w.failures > self.config.max_retries:  # a direct call whose actor was lost too often
+            self.fail(w, now, out, ErrorCode.RETRIES_EXHAUSTED,
+                      f"its actor was lost {w.failures} times; giving up after {self.config.max_retries} retries")
+            return
         self.submit(w, now, out)
 
     def on_cancel(self, cs: ClientSession | None, msg: m.CancelRequest, now: float, out: list[Command]) -> None:

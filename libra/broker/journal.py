@@ -51,12 +51,10 @@ def restore(table: WorkTable, rollout: RolloutRouting, accepted: list[tuple[str,
         if table.known_request(client_id, rid):
             continue
         name = rollout.bucket_named(d["name"]) if d["kind"] == "generate" and not d["trajectory"] else d["name"]
-        wid = d.get("work_id")
+        wid, prior = d.get("work_id"), d.get("prior_attempts")
         w = table.admit(client_id, rid, b"", d["kind"], name, d["args"], d["trajectory"], d["timeout_s"], now,
-                        "restored", wid if type(wid) is str else None)
-        prior = d.get("prior_attempts")
-        if type(prior) is int and prior > 0:  # runs it had before it came to the broker (a lost direct call)
-            w.attempt = w.failures = prior
+                        "restored", wid if type(wid) is str else None,
+                        prior_attempts=prior if type(prior) is int else 0)  # a lost direct call's earlier run
         lease, attempt, holder = d.get("lease"), d.get("attempt"), d.get("actor_id")
         if type(lease) is int and type(attempt) is int and type(holder) is str:
             w.lease, w.attempt, w.holder = lease, attempt, holder

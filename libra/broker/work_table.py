@@ -68,9 +68,11 @@ class WorkTable:
 
     def admit(self, client_id: str, request_id: str, peer: bytes, kind: str, name: str, args: Any,
               trajectory: str | None, timeout_s: float, now: float, why: str, work_id: str | None = None,
-              pin: str = "") -> Work:
+              pin: str = "", prior_attempts: int = 0) -> Work:
         """Create and index a new piece of work (not yet queued or assigned). ``work_id``: keep the id a
-        journal recorded (restore); new ids continue above it. ``pin``: the only actor id that may take it."""
+        journal recorded (restore); new ids continue above it. ``pin``: the only actor id that may take it.
+        ``prior_attempts``: runs it had before it came here (a direct call whose actor was lost), each counted
+        as an attempt and a loss."""
         if work_id is None or work_id in self.works:
             work_id = f"w{self._next_work}"
             self._next_work += 1
@@ -81,6 +83,7 @@ class WorkTable:
         wid = work_id
         w = Work(wid, request_id, peer, kind, name, args, trajectory, now, now + timeout_s, next(self._seq),
                  client_id=client_id, timeout_s=timeout_s, pin=pin)
+        w.attempt = w.failures = max(0, prior_attempts)
         w.story.append(f"queued:{why}")
         self.works[wid] = w
         self._by_request[(client_id, request_id)] = wid
