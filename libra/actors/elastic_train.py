@@ -148,6 +148,10 @@ class _GroupForm:
             self._error = exc
         self.form_s = time.perf_counter() - t0
 
+    def join(self) -> None:
+        """Wait for the formation to end, whatever its outcome (the step failed before ``wait``)."""
+        self._thread.join()
+
     def wait(self) -> None:
         w0 = time.perf_counter()
         self._thread.join()
@@ -202,7 +206,7 @@ def elastic_step(role: Any, ta: TrainArgs, ctx: WorkContext) -> dict[str, Any]:
         step_metrics = trainer.train_step(shard, micro_batches=micro, group_ready=form.wait,
                                           before_update=(lambda: fetch.load(trainer)) if fetch is not None else None)
     finally:
-        form._thread.join()  # never leave a formation running into the next step
+        form.join()  # never leave a formation running into the next step
     if form.formed:
         log.info("elastic_group_formed", generation=e.generation, rank=rank, world_size=len(e.members),
                  form_s=round(form.form_s, 4), waited_s=round(form.waited_s, 4))

@@ -322,7 +322,10 @@ class GRPOTrainer:
         if not deferred:
             self._all_reduce_cpu(counts)
         g_tokens, g_seqs, g_sequences = counts.tolist()
-        normalizer = 1.0 if deferred else g_tokens if c.aggregation == "token_mean" else g_seqs
+        def global_normalizer() -> float:  # the aggregation's denominator over the whole batch
+            return g_tokens if c.aggregation == "token_mean" else g_seqs
+
+        normalizer = 1.0 if deferred else global_normalizer()
 
         self.optimizer.zero_grad(set_to_none=False)
         for p in self._params:
@@ -362,7 +365,7 @@ class GRPOTrainer:
             self._all_reduce_cpu(both)
             counts, sums = both[:3], both[3:].clone()
             g_tokens, g_seqs, g_sequences = counts.tolist()
-            scale = 1.0 / max(g_tokens if c.aggregation == "token_mean" else g_seqs, 1.0)
+            scale = 1.0 / max(global_normalizer(), 1.0)
             sums[0] *= scale
             self._all_reduce_grads()
             for p in self._params:
