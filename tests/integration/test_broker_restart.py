@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from libra.client import Client
-from libra.local import LocalCluster, free_port
+from libra.local import LocalCluster, free_port, stop_process
 
 pytestmark = pytest.mark.integration
 N = 60
@@ -50,9 +50,7 @@ def test_broker_kill9_restart_loses_and_duplicates_nothing(tmp_path) -> None:
             stats = c.status().stats
             actors = c.status().actors
     finally:
-        if restarted is not None:
-            restarted.send_signal(signal.SIGTERM)
-            restarted.wait(15)
+        stop_process(restarted)
         cluster.broker = None
         cluster.stop()
     accepted, completed = N, len(answers)
@@ -89,9 +87,7 @@ def test_async_client_reattaches_after_broker_restart(tmp_path) -> None:
     try:
         results = asyncio.run(go())
     finally:
-        if restarted is not None:
-            restarted.send_signal(signal.SIGTERM)
-            restarted.wait(15)
+        stop_process(restarted)
         cluster.broker = None
         cluster.stop()
     assert [r.output for r in results] == [{"slept": 0.3}] * 12

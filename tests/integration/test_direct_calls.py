@@ -17,7 +17,7 @@ import pytest
 
 from libra.client import Client
 from libra.client.aio import AsyncClient
-from libra.local import LocalCluster, free_port
+from libra.local import LocalCluster, free_port, stop_process
 
 pytestmark = pytest.mark.integration
 
@@ -115,9 +115,7 @@ def test_direct_calls_go_on_through_a_broker_kill9_and_the_client_leases_again(t
                 time.sleep(0.01)
             stats = c.status().stats
     finally:
-        if restarted is not None:
-            restarted.send_signal(signal.SIGTERM)
-            restarted.wait(15)
+        stop_process(restarted)
         cl.broker = None
         cl.stop()
     assert [r.output for r in during] == list(range(100)) and all(r.work_id.startswith("L") for r in during)
