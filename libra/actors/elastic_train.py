@@ -49,7 +49,8 @@ log = get_logger("libra.roles")
 
 def _ensure_trainer(role: Any, ta: TrainArgs, rank: int) -> Any:
     """The role's trainer (created on the first elastic work, with no fixed group); rank 0 also serves."""
-    from libra.dataplane import DataPlaneServer, DataPlaneWeightPublisher
+    from libra.dataplane import DataPlaneServer
+    from libra.weights.dataplane import DataPlaneWeightPublisher
     from libra.engines.elastic_dp import ElasticGroup
     from libra.engines.trainer import GRPOConfig, GRPOTrainer
 

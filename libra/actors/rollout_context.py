@@ -15,7 +15,7 @@ Contracts:
   whose digest differs fails the turn with ``ToolError("context_mismatch")``; nothing is ever generated from
   a context the session did not send.
 - The instance serves what it holds on its own data-plane server, made on demand when another instance asks:
-  ``ctx/TRAJ/kv`` (ids + KV, ``libra.engines.weights`` format, see ``libra.engines.kv_cache.pack_context``)
+  ``ctx/TRAJ/kv`` (ids + KV, ``libra.weights.format`` format, see ``libra.engines.kv_cache.pack_context``)
   and ``ctx/TRAJ/ids`` (:func:`~libra.protocol.payloads_rollout.ids_object`). Each reply names it in
   ``context_at``.
 - Engines without a KV cache of their own (vLLM, whose prefix caching works inside the engine) get an
@@ -186,7 +186,7 @@ class ContextService:
             raise KeyError(f"no context held for trajectory {traj!r}")
         if what == "ids":
             return ids_object(entry.ids)
-        from libra.engines.weights import pack_state_dict
+        from libra.weights.format import pack_state_dict
 
         tensors, meta = pack_context(entry, with_kv=True)
         header, chunks = pack_state_dict(tensors, metadata=meta)

@@ -77,7 +77,7 @@ ROLLOUT_ENGINE_ENV = "LIBRA_ROLLOUT_ENGINE"
 
 def write_weights_file(path: Path, state_dict: Any, version: int) -> Path:
     """Write ``state_dict`` as weights version ``version`` to ``path`` atomically."""
-    from libra.engines.weights import pack_state_dict
+    from libra.weights.format import pack_state_dict
 
     header, chunks = pack_state_dict(state_dict, version=version)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,7 +93,7 @@ def write_weights_file(path: Path, state_dict: Any, version: int) -> Path:
 
 def read_weights_file(path: str | Path) -> tuple[dict[str, Any], int]:
     """Read a file from :func:`write_weights_file`; returns ``(state_dict, version)``."""
-    from libra.engines.weights import read_header, unpack_state_dict
+    from libra.weights.format import read_header, unpack_state_dict
 
     data = Path(path).read_bytes()
     (n,) = struct.unpack_from("<Q", data, 0)
@@ -185,7 +185,8 @@ class RolloutRole:
                  window_s: float = 0.02, torch_threads: int = 0, fetch_timeout_s: float = 10.0,
                  fetcher: Any = None, placement: Any = None, tp: int = 1, devices: tuple[int, ...] = (),
                  engine: Any = None) -> None:
-        from libra.dataplane import DataPlaneKeys, DataPlaneWeightFetcher
+        from libra.dataplane import DataPlaneKeys
+        from libra.weights.dataplane import DataPlaneWeightFetcher
 
         set_torch_threads(torch_threads)
         self.placement = placement
@@ -371,7 +372,7 @@ class RolloutRole:
 
     def _torch_fetcher(self) -> Any:
         if self._torch is None:
-            from libra.weights_dist import TorchWeightFetcher
+            from libra.weights.torch_dist import TorchWeightFetcher
 
             on = self.placement.device if self.placement is not None else None  # weights land on the engine's device
             self._torch = TorchWeightFetcher(timeout_s=max(30.0, self.fetch_timeout_s), device=on)
@@ -391,7 +392,7 @@ class RolloutRole:
             return
         try:
             if src.transport == "torch":  # the publisher's store keeps its newest ref
-                from libra.weights_dist import latest_ref
+                from libra.weights.torch_dist import latest_ref
 
                 wire = latest_ref(str(src.endpoint), timeout_s=1.0)
             else:

@@ -79,7 +79,8 @@ class TrainRole:
         return trainer_backend(self.placement) if self.placement is not None else None
 
     def _ensure(self, args: TrainArgs) -> Any:
-        from libra.dataplane import DataPlaneServer, DataPlaneWeightPublisher
+        from libra.dataplane import DataPlaneServer
+        from libra.weights.dataplane import DataPlaneWeightPublisher
         from libra.engines.trainer import DistConfig, GRPOConfig, GRPOTrainer
 
         if self.trainer is not None:
@@ -102,7 +103,7 @@ class TrainRole:
         if rank == 0:  # before the (slow) model load, so a refused bind fails fast with its own message
             self.server = DataPlaneServer(keys=self.keys)
             if os.environ.get("LIBRA_WEIGHTS_TRANSPORT", "dataplane") == "torch":
-                from libra.weights_dist import TorchWeightPublisher
+                from libra.weights.torch_dist import TorchWeightPublisher
 
                 # snapshots stay where the trainer lives: a GPU trainer serves GPU rollouts by NCCL or CUDA IPC
                 on = self.placement.device if self.placement is not None else None

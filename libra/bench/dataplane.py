@@ -75,7 +75,7 @@ def bench_weights(sizes_mib: list[float], repeat: int, directory: str | None) ->
     """Publish-to-usable seconds of the data plane and of the file path for each size (best of ``repeat``)."""
     from libra.actors.roles import read_weights_file, write_weights_file
     from libra.dataplane import DataPlaneServer, fetch_state_dict
-    from libra.weights_dist import TorchWeightFetcher, TorchWeightPublisher
+    from libra.weights.torch_dist import TorchWeightFetcher, TorchWeightPublisher
 
     out = []
     torch_pub, torch_fetcher = TorchWeightPublisher(keep=1, backend="gloo"), TorchWeightFetcher()

@@ -6,7 +6,7 @@ was handed an :class:`ObjectRef` through the broker fetches the bytes straight f
 :func:`fetch`. The broker only ever carries the small ref (``{"endpoint", "name", "version",
 "server_key", "bytes"}``).
 
-Objects are ``libra.engines.weights`` streams: a msgpack header (tensor table + one CRC-32 per chunk)
+Objects are ``libra.weights.format`` streams: a msgpack header (tensor table + one CRC-32 per chunk)
 and the chunks. A state dict is published with :meth:`DataPlaneServer.publish_state_dict`; any other
 payload is encoded as a dict of tensors first (see ``libra.rl.shards``).
 
@@ -42,16 +42,12 @@ Contracts:
   server binds only to loopback: any other host raises :class:`InsecureDataPlane` unless
   ``insecure=True``.
 
-:class:`WeightPublisher`/:class:`WeightFetcher` are the weights-transport interface
-(``publish(version, state_dict) -> ref`` on the trainer, ``fetch(ref) -> (state_dict, version, stats)`` on
-the rollout). Two implementations ship: the ZeroMQ data plane here, and ``torch.distributed``
-(:mod:`libra.weights_dist`: a gloo or NCCL broadcast from trainer rank 0 per fetch, GPU to GPU under NCCL;
-``LIBRA_WEIGHTS_TRANSPORT=torch``).
+Weights ride on this data plane through :mod:`libra.weights` (the weights package: the stream format, the
+transport interface and both of its implementations, this one and ``torch.distributed``).
 
 Modules: :mod:`.errors` (the typed failures), :mod:`.wire` (protocol tag, message packing, :class:`ObjectRef`,
 :class:`FetchStats`, :class:`DataPlaneKeys`), :mod:`.server` (:class:`DataPlaneServer`), :mod:`.client`
-(:func:`fetch`, :func:`fetch_state_dict`, :func:`latest`) and :mod:`.weights_transport` (the weights-transport
-interface and its data-plane implementation). This package re-exports their public names; the submodules
+(:func:`fetch`, :func:`fetch_state_dict`, :func:`latest`). This package re-exports their public names; the submodules
 import one another, never the package.
 """
 
@@ -68,12 +64,6 @@ from libra.dataplane.errors import (
 from libra.dataplane.server import HOST_ENV as HOST_ENV
 from libra.dataplane.server import INSECURE_ENV as INSECURE_ENV
 from libra.dataplane.server import DataPlaneServer
-from libra.dataplane.weights_transport import (
-    DataPlaneWeightFetcher,
-    DataPlaneWeightPublisher,
-    WeightFetcher,
-    WeightPublisher,
-)
 from libra.dataplane.wire import DEFAULT_IDLE_TIMEOUT_S as DEFAULT_IDLE_TIMEOUT_S
 from libra.dataplane.wire import DEFAULT_WINDOW as DEFAULT_WINDOW
 from libra.dataplane.wire import PROTO as PROTO
@@ -83,16 +73,12 @@ __all__ = [
     "DataPlaneError",
     "DataPlaneKeys",
     "DataPlaneServer",
-    "DataPlaneWeightFetcher",
-    "DataPlaneWeightPublisher",
     "FetchStats",
     "InsecureDataPlane",
     "ObjectNotFound",
     "ObjectRef",
     "PeerLost",
     "TransferCorrupted",
-    "WeightFetcher",
-    "WeightPublisher",
     "fetch",
     "fetch_state_dict",
     "latest",

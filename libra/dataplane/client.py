@@ -138,10 +138,10 @@ def fetch(ref: ObjectRef, *, keys: DataPlaneKeys | None = None, window: int = DE
 def fetch_state_dict(ref: ObjectRef, **kw: Any) -> tuple[dict[str, Any], Any, FetchStats]:
     """:func:`fetch` then decode and verify (every chunk's size and CRC-32): ``(state_dict, header, stats)``.
 
-    ``header`` is a :class:`~libra.engines.weights.WeightsHeader`. A corrupted transfer raises
+    ``header`` is a :class:`~libra.weights.format.WeightsHeader`. A corrupted transfer raises
     :class:`TransferCorrupted` naming the chunk.
     """
-    from libra.engines.weights import WeightsFormatError, unpack_state_dict
+    from libra.weights.format import WeightsFormatError, unpack_state_dict
 
     header, chunks, stats = fetch(ref, **kw)
     try:

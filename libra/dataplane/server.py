@@ -128,8 +128,8 @@ class DataPlaneServer:
     def publish_state_dict(self, name: str, state_dict: Mapping[str, Any], *, version: int | None = None,
                            topic: str | None = None, keep: int = 0, chunk_size: int | None = None,
                            metadata: Mapping[str, Any] | None = None) -> ObjectRef:
-        """Serialise ``state_dict`` (``libra.engines.weights`` format) and :meth:`publish` it."""
-        from libra.engines.weights import DEFAULT_CHUNK_SIZE, pack_state_dict
+        """Serialise ``state_dict`` (``libra.weights.format`` format) and :meth:`publish` it."""
+        from libra.weights.format import DEFAULT_CHUNK_SIZE, pack_state_dict
 
         header, chunks = pack_state_dict(state_dict, version=version, chunk_size=chunk_size or DEFAULT_CHUNK_SIZE,
                                          metadata=metadata)

@@ -147,7 +147,7 @@ class KVCache:
 
 
 def pack_context(entry: ContextEntry, *, with_kv: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """``(tensors, metadata)`` of an entry for :func:`libra.engines.weights.pack_state_dict`: ``ids`` (int64),
+    """``(tensors, metadata)`` of an entry for :func:`libra.weights.format.pack_state_dict`: ``ids`` (int64),
     and with ``with_kv`` ``k.L``/``v.L`` per layer; metadata ``digest``, ``kv_len``, ``version``, ``layers``."""
     tensors: dict[str, torch.Tensor] = {"ids": torch.tensor(entry.ids.tolist(), dtype=torch.int64)}
     kv_len = 0

@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "EngineCrashed",
     "EngineError",
+    "EngineOutOfMemory",
     "EngineUnavailable",
     "FinishReason",
     "GenRequest",
@@ -55,6 +57,16 @@ class EngineError(RuntimeError):
 
 class EngineUnavailable(EngineError):
     """The engine's backend (e.g. vLLM, CUDA) is not installed or not usable on this machine."""
+
+
+class EngineOutOfMemory(EngineError):
+    """The engine ran out of device memory serving a call (e.g. an out-of-memory error inside vLLM's worker).
+    The rollout role fails that batch's turns with ``oom`` and lowers its batch; the engine may still serve."""
+
+
+class EngineCrashed(EngineError):
+    """The engine can serve nothing more (its worker process died, its core is dead). The rollout role fails
+    the batch's turns with ``engine_failed``, closes this engine and builds a new one."""
 
 
 class WeightsMismatch(EngineError, ValueError):

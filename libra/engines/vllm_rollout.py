@@ -50,7 +50,7 @@ from libra.engines.rollout_base import (
     GenResult,
     WeightsMismatch,
 )
-from libra.engines.weights import pack_state_dict, unpack_state_dict
+from libra.weights.format import pack_state_dict, unpack_state_dict
 from libra.logging import get_logger
 
 __all__ = ["VLLM_ARGS_ENV", "LibraWorkerExtension", "VLLMRolloutEngine", "vllm_args_from_env", "vllm_available",

@@ -53,7 +53,7 @@ class WeightsRef(Payload, frozen=True, kw_only=True):
 
     Three forms: a data-plane ref (``endpoint``, ``name``, ``server_key``, ``bytes``: trainer rank 0's
     :class:`~libra.dataplane.DataPlaneWeightPublisher`), a torch.distributed ref (``transport="torch"``,
-    ``backend``, ``endpoint`` of the publisher's store: ``libra.weights_dist``), or a file (``path`` of a
+    ``backend``, ``endpoint`` of the publisher's store: ``libra.weights.torch_dist``), or a file (``path`` of a
     ``write_weights_file`` file on shared storage, the documented fallback)."""
 
     WHAT = "weights ref"

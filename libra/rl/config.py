@@ -98,7 +98,7 @@ class ActorsConfig:
     torch_threads: int = 1
     episode_concurrency: int = 64
     allow_unisolated: bool = False  # run python tool calls without bubblewrap (NOT safe)
-    weights_transport: str = "dataplane"  # or "torch": torch.distributed (gloo; NCCL on GPUs), libra.weights_dist
+    weights_transport: str = "dataplane"  # or "torch": torch.distributed (gloo; NCCL on GPUs), libra.weights.torch_dist
     # How many of the rollout / trainer slots run on GPUs: "auto" (all of them on a host with a GPU, none
     # without: the same job file runs on a laptop) or a count (0: the CPU).
     rollout_gpus: int | str = "auto"

@@ -3,7 +3,7 @@
 Role: the job driver encodes each rank's share of a batch (chosen by ``libra.policies.parallelism.dispatch``) with
 :func:`encode_shard` and publishes it on its :class:`~libra.dataplane.DataPlaneServer`; the trainer rank
 fetches it and rebuilds the :class:`~libra.engines.grpo.TrainBatch` with :func:`decode_shard`. The
-chunked, CRC-checked ``libra.engines.weights`` format carries it, so a shard is verified exactly like
+chunked, CRC-checked ``libra.weights.format`` format carries it, so a shard is verified exactly like
 weights.
 
 Layout: ``lengths`` int64 ``[k]``; ``input_ids`` int32, ``loss_mask`` uint8 and ``rollout_logprobs``

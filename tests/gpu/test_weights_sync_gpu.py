@@ -1,4 +1,4 @@
-"""Weight sync on GPUs (libra/weights_dist.py + libra/weights_backend.py): the path follows where the two
+"""Weight sync on GPUs (libra/weights/torch_dist.py + libra/weights/backend.py): the path follows where the two
 ends' tensors live. Skipped without CUDA; the NCCL pair needs two GPUs."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from libra.weights_dist import TorchWeightFetcher, TorchWeightPublisher
+from libra.weights.torch_dist import TorchWeightFetcher, TorchWeightPublisher
 
 pytestmark = [
     pytest.mark.gpu,

@@ -15,7 +15,7 @@ from libra.engines.tiny_model import (
     build_tiny_tokenizer,
     ensure_tiny_model,
 )
-from libra.engines.weights import pack_state_dict, unpack_state_dict
+from libra.weights.format import pack_state_dict, unpack_state_dict
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from libra.engines.hf_rollout import HFRolloutEngine
 from libra.engines.kv_cache import ContextEntry, KVCache, pack_context, unpack_context
 from libra.engines.rollout_base import GenRequest
 from libra.engines.tiny_model import ensure_tiny_model
-from libra.engines.weights import pack_state_dict, unpack_state_dict
+from libra.weights.format import pack_state_dict, unpack_state_dict
 from libra.protocol.payloads_base import PayloadError
 from libra.protocol.payloads_rollout import (
     EMPTY_DIGEST,

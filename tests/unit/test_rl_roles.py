@@ -18,7 +18,8 @@ from libra.actors.roles import role_handlers
 from libra.actors.rollout_role import RolloutRole, read_weights_file, write_weights_file
 from libra.actors.train_role import TrainRole
 from libra.actors.tools import ToolError, WorkContext
-from libra.dataplane import DataPlaneServer, DataPlaneWeightFetcher, DataPlaneWeightPublisher
+from libra.dataplane import DataPlaneServer
+from libra.weights.dataplane import DataPlaneWeightFetcher, DataPlaneWeightPublisher
 from libra.engines.tiny_model import ensure_tiny_model
 from libra.rl.shards import encode_shard
 

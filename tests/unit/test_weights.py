@@ -1,4 +1,4 @@
-"""Weights transport (libra.engines.weights): exact round trips and loud failures on bad input."""
+"""Weights transport (libra.weights.format): exact round trips and loud failures on bad input."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libra.engines.weights import (
+from libra.weights.format import (
     FORMAT,
     WeightsFormatError,
     from_frames,

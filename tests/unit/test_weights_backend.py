@@ -1,5 +1,5 @@
-"""Weight-sync backend choice and bucket plans (libra/weights_backend.py), and a fetch whose backend the two
-ends' devices chose (libra/weights_dist.py): CPU ends use gloo even when CUDA would be visible."""
+"""Weight-sync backend choice and bucket plans (libra/weights/backend.py), and a fetch whose backend the two
+ends' devices chose (libra/weights/torch_dist.py): CPU ends use gloo even when CUDA would be visible."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from libra.weights_backend import DeviceEnd, choose_backend, local_end, plan_buckets
-from libra.weights_dist import TorchWeightFetcher, TorchWeightPublisher
+from libra.weights.backend import DeviceEnd, choose_backend, local_end, plan_buckets
+from libra.weights.torch_dist import TorchWeightFetcher, TorchWeightPublisher
 
 
 def test_choose_backend_for_every_combination() -> None:

@@ -18,8 +18,6 @@ from libra.dataplane import (
     PROTO,
     DataPlaneKeys,
     DataPlaneServer,
-    DataPlaneWeightFetcher,
-    DataPlaneWeightPublisher,
     InsecureDataPlane,
     ObjectNotFound,
     ObjectRef,
@@ -29,7 +27,8 @@ from libra.dataplane import (
     fetch_state_dict,
     latest,
 )
-from libra.engines.weights import pack_state_dict
+from libra.weights.dataplane import DataPlaneWeightFetcher, DataPlaneWeightPublisher
+from libra.weights.format import pack_state_dict
 from libra.rl.shards import decode_shard, encode_shard
 
 

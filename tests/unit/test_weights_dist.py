@@ -1,4 +1,4 @@
-"""Weights over torch.distributed (libra/weights_dist.py): a real gloo broadcast between the publisher and
+"""Weights over torch.distributed (libra/weights/torch_dist.py): a real gloo broadcast between the publisher and
 fetchers in other processes, snapshots, superseded versions and unreachable publishers."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from libra.dataplane import PeerLost, TransferCorrupted
-from libra.weights_dist import TorchWeightFetcher, TorchWeightPublisher
+from libra.weights.torch_dist import TorchWeightFetcher, TorchWeightPublisher
 
 
 def _state(seed: int) -> dict[str, torch.Tensor]:

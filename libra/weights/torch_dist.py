@@ -9,7 +9,7 @@ group has a fixed membership. So rank 0 keeps a :class:`torch.distributed.TCPSto
 control channel; never the bytes) and, for every fetch, the two processes form a fresh two-member process
 group and rank 0 broadcasts the version's buckets in it.
 
-Which path: decided per fetch by :func:`libra.weights_backend.choose_backend` from where the two ends'
+Which path: decided per fetch by :func:`libra.weights.backend.choose_backend` from where the two ends'
 tensors actually live (the publisher's snapshot device, written in the manifest, and the fetcher's
 ``device``): ``nccl`` (bucketed broadcast GPU to GPU) only between two different CUDA devices,
 ``cuda_ipc`` (the fetcher opens rank 0's GPU buffers by CUDA IPC and copies them on the device) when both
@@ -18,7 +18,7 @@ are the same GPU, ``gloo`` when either end is on the CPU. A publisher or ref may
 Protocol (keys in rank 0's store):
 
 1. ``publish(v, state_dict)`` snapshots the tensors into per-dtype buckets
-   (:func:`~libra.weights_backend.plan_buckets`; the trainer keeps updating its weights in place, the
+   (:func:`~libra.weights.backend.plan_buckets`; the trainer keeps updating its weights in place, the
    snapshot is what version ``v`` means) and writes ``manifest/v`` (msgpack: the publisher's device,
    names, shapes, dtypes, the bucket layout). The newest ``keep`` versions stay fetchable.
 2. A fetcher takes a ticket ``t = add("tickets", 1)``, reads ``manifest/v``, chooses the backend and
@@ -53,11 +53,11 @@ import torch.distributed as dist
 
 from libra.dataplane import FetchStats, PeerLost, TransferCorrupted
 from libra.logging import get_logger
-from libra.weights_backend import DEFAULT_BUCKET_BYTES, DeviceEnd, choose_backend, local_end, plan_buckets
+from libra.weights.backend import DEFAULT_BUCKET_BYTES, DeviceEnd, choose_backend, local_end, plan_buckets
 
 __all__ = ["TorchWeightFetcher", "TorchWeightPublisher", "default_backend", "latest_ref"]
 
-log = get_logger("libra.weights_dist")
+log = get_logger("libra.weights.torch_dist")
 
 SCHEME = "torch+tcp://"
 _FORCED = ("gloo", "nccl")
@@ -66,7 +66,7 @@ _FORCED = ("gloo", "nccl")
 def default_backend(device: Any = "cpu") -> str:
     """The pair backend for tensors on ``device`` sent to a receiver on another device: ``nccl`` for a
     CUDA device (where NCCL exists), else ``gloo``. Per-fetch choices use
-    :func:`libra.weights_backend.choose_backend`."""
+    :func:`libra.weights.backend.choose_backend`."""
     cuda = torch.device(device).type == "cuda"
     return "nccl" if cuda and hasattr(dist, "ProcessGroupNCCL") else "gloo"
 

@@ -1,6 +1,6 @@
 """The weights-transport interface (:class:`WeightPublisher` on the trainer, :class:`WeightFetcher` on a
 rollout instance) and its data-plane implementation (:class:`DataPlaneWeightPublisher`,
-:class:`DataPlaneWeightFetcher`). The other implementation is :mod:`libra.weights_dist`.
+:class:`DataPlaneWeightFetcher`). The other implementation is :mod:`libra.weights.torch_dist`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ __all__ = ["DataPlaneWeightFetcher", "DataPlaneWeightPublisher", "WeightFetcher"
 class WeightPublisher(Protocol):
     """Trainer side of a weights transport: make ``state_dict`` fetchable as ``version``; returns the ref
     (a msgpack-able mapping with at least ``version``) that generate work carries to rollout instances.
-    :class:`libra.weights_dist.TorchWeightPublisher` returns ``{"version", "transport": "torch", "backend",
+    :class:`libra.weights.torch_dist.TorchWeightPublisher` returns ``{"version", "transport": "torch", "backend",
     "endpoint", "name", "bytes"}``."""
 
     def publish(self, version: int, state_dict: Mapping[str, Any]) -> dict[str, Any]: ...

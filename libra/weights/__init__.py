@@ -1,0 +1,15 @@
+"""Weights: how a trainer's weights reach the rollout engines, in one package.
+
+Modules (import them directly; this package's ``__init__`` imports nothing, so that the data plane, which
+carries the :mod:`.format` stream for other objects too, can import it without a cycle):
+
+- :mod:`.format`: a state dict as a msgpack header plus raw, CRC-checked byte chunks, and back (no pickle).
+  The data plane serves these streams; training shards and KV contexts use the same format.
+- :mod:`.dataplane`: the weights-transport interface (``WeightPublisher.publish(version, state_dict) ->
+  ref`` on the trainer, ``WeightFetcher.fetch(ref) -> (state_dict, version, stats)`` on a rollout) and its
+  ZeroMQ data-plane implementation, the default.
+- :mod:`.torch_dist`: the ``torch.distributed`` implementation (``[actors] weights_transport = "torch"``):
+  gloo, NCCL between two GPUs, or a CUDA IPC copy on one GPU.
+- :mod:`.backend`: the pure choice among those three paths, from where the two ends' tensors live, and
+  the bucket plan of a broadcast.
+"""
