@@ -1,13 +1,17 @@
 """Weights over ``torch.distributed``: the trainer's rank 0 sends a version to each rollout actor that asks.
 
-The second implementation of :class:`~libra.dataplane.WeightPublisher` / :class:`~libra.dataplane.WeightFetcher`
-(the first is the ZeroMQ data plane). Chosen on the trainer with ``LIBRA_WEIGHTS_TRANSPORT=torch``; a rollout
-actor picks the fetcher from the ref it is given (``"transport": "torch"``), so nothing else changes.
+The second implementation of :class:`~libra.weights.transport.WeightPublisher` /
+:class:`~libra.weights.transport.WeightFetcher` (the first is the ZeroMQ data plane). Chosen on the trainer
+with ``LIBRA_WEIGHTS_TRANSPORT=torch`` (:func:`libra.weights.transport.make_publisher`); a rollout actor
+picks the fetcher from the ref it is given (``"transport": "torch"``), so nothing else changes.
 
-Why a per-fetch group: rollout actors come and go (elastic roles, restarts), while a ``torch.distributed``
-group has a fixed membership. So rank 0 keeps a :class:`torch.distributed.TCPStore` (the rendezvous and
-control channel; never the bytes) and, for every fetch, the two processes form a fresh two-member process
-group and rank 0 broadcasts the version's buckets in it.
+Why pair groups: rollout actors come and go (elastic roles, restarts), while a ``torch.distributed`` group
+has a fixed membership. So rank 0 keeps a :class:`torch.distributed.TCPStore` (the rendezvous and control
+channel; never the bytes) and forms one two-member process group with each fetcher (per backend), which
+both ends keep and reuse for every later version (:mod:`libra.weights.pairs`): a group per fetch leaked an
+NCCL communicator per version for the whole job. Groups are destroyed at :meth:`TorchWeightPublisher.close`
+/ :meth:`TorchWeightFetcher.close` (a closing fetcher tells the publisher, which drops its side), and when a
+broadcast fails (the peer is gone: that pair's group is aborted and the next fetch forms a new one).
 
 Which path: decided per fetch by :func:`libra.weights.backend.choose_backend` from where the two ends'
 tensors actually live (the publisher's snapshot device, written in the manifest, and the fetcher's
@@ -15,24 +19,30 @@ tensors actually live (the publisher's snapshot device, written in the manifest,
 ``cuda_ipc`` (the fetcher opens rank 0's GPU buffers by CUDA IPC and copies them on the device) when both
 are the same GPU, ``gloo`` when either end is on the CPU. A publisher or ref may force ``gloo``/``nccl``.
 
-Protocol (keys in rank 0's store):
+Protocol (keys in rank 0's store; requests and answers are msgpack maps):
 
 1. ``publish(v, state_dict)`` snapshots the tensors into per-dtype buckets
    (:func:`~libra.weights.backend.plan_buckets`; the trainer keeps updating its weights in place, the
    snapshot is what version ``v`` means) and writes ``manifest/v`` (msgpack: the publisher's device,
    names, shapes, dtypes, the bucket layout). The newest ``keep`` versions stay fetchable.
-2. A fetcher takes a ticket ``t = add("tickets", 1)``, reads ``manifest/v``, chooses the backend and
-   writes ``req/t = "v:backend"``.
-3. Rank 0's serving thread sees ``req/t`` and answers ``resp/t`` = ``ok`` (then joins the pair group
-   ``pair/t/`` as its rank 0 and broadcasts), ``ipc`` (with the buffers' CUDA IPC handles in ``ipc/t``;
-   it keeps them alive until the fetcher sets ``done/t``) or ``gone`` (the version was superseded).
-4. The fetcher joins as rank 1 and receives the buckets (or copies from the IPC handles) and rebuilds
-   the state dict on its device.
+2. A fetcher (identity ``peer``, random per fetcher) takes a ticket ``t = add("tickets", 1)``, reads
+   ``manifest/v``, chooses the backend and writes ``req/t = {peer, version, backend, gen}`` (``gen``: the
+   generation of the pair group it holds with this publisher for that backend, or None).
+3. Rank 0's serving thread sees ``req/t`` and answers ``resp/t`` = ``{answer: ok, gen}`` (the generation
+   to use: the fetcher's if rank 0 still holds that group, else a new one that both ends form under
+   ``pair/PEER/BACKEND/GEN/``; then it broadcasts in it as rank 0), ``{answer: ipc}`` (with the device's
+   UUID and the buffers' CUDA IPC handles in ``ipc/t``; it keeps them alive until the fetcher sets
+   ``done/t``) or ``{answer: gone}`` (the version was superseded). ``req/t = {op: bye, peer}`` drops that
+   fetcher's groups.
+4. The fetcher receives the buckets as rank 1 of the pair group (or opens the IPC handles on its own
+   index of the publisher's GPU, found by UUID: :mod:`libra.weights.cuda_ipc`) and rebuilds the state
+   dict on its device.
 
 Contracts: a failed fetch raises :class:`~libra.dataplane.PeerLost` (rank 0 unreachable or silent) or
 :class:`~libra.dataplane.TransferCorrupted` (bad manifest, version gone, size mismatch) and leaves the
-caller's state alone, as the data plane does. A fetcher that dies mid-broadcast costs rank 0 one serving
-thread until the backend's timeout. The store has no authentication: like NCCL itself it belongs inside
+caller's state alone, as the data plane does; :class:`~libra.weights.cuda_ipc.DeviceNotVisible` when the
+publisher's GPU is not visible to the fetcher. A fetcher that dies mid-broadcast costs rank 0 that pair's
+group (dropped) and at most one serving thread until the backend's timeout. The store has no authentication: like NCCL itself it belongs inside
 the cluster's trusted network, so the publisher binds to loopback unless given a host.
 """
 
@@ -41,8 +51,10 @@ from __future__ import annotations
 import atexit
 import datetime
 import math
+import itertools
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -51,31 +63,18 @@ import msgpack
 import torch
 import torch.distributed as dist
 
-from libra.dataplane import FetchStats, PeerLost, TransferCorrupted
+from libra.dataplane import DataPlaneError, FetchStats, PeerLost, TransferCorrupted
 from libra.logging import get_logger
 from libra.weights.backend import DEFAULT_BUCKET_BYTES, DeviceEnd, choose_backend, local_end, plan_buckets
+from libra.weights.cuda_ipc import device_index_for_uuid, ipc_handle, ipc_open, local_device_uuids
+from libra.weights.pairs import PairGroups, make_pair_group
 
-__all__ = ["TorchWeightFetcher", "TorchWeightPublisher", "default_backend", "latest_ref"]
+__all__ = ["TorchWeightFetcher", "TorchWeightPublisher", "latest_ref"]
 
 log = get_logger("libra.weights.torch_dist")
 
 SCHEME = "torch+tcp://"
 _FORCED = ("gloo", "nccl")
-
-
-def default_backend(device: Any = "cpu") -> str:
-    """The pair backend for tensors on ``device`` sent to a receiver on another device: ``nccl`` for a
-    CUDA device (where NCCL exists), else ``gloo``. Per-fetch choices use
-    :func:`libra.weights.backend.choose_backend`."""
-    cuda = torch.device(device).type == "cuda"
-    return "nccl" if cuda and hasattr(dist, "ProcessGroupNCCL") else "gloo"
-
-
-def _pair_group(store: Any, ticket: int, rank: int, backend: str) -> Any:
-    prefix = dist.PrefixStore(f"pair/{ticket}/", store)
-    if backend == "nccl":
-        return dist.ProcessGroupNCCL(prefix, rank, 2)
-    return dist.ProcessGroupGloo(prefix, rank, 2)
 
 
 def _broadcast(pg: Any, tensor: torch.Tensor) -> None:
@@ -91,34 +90,8 @@ def _dtype(name: str) -> torch.dtype:
     return dt
 
 
-def _ipc_handle(t: torch.Tensor) -> list[Any]:
-    """A CUDA tensor's IPC handle as msgpack-able values (torch's own reduction, with its types named)."""
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    _, args = reduce_tensor(t)
-    return [f"{a.__module__}:{a.__qualname__}" if isinstance(a, type)
-            else str(a) if isinstance(a, (torch.dtype, torch.device)) else a for a in args]
-
-
-def _ipc_open(handle: list[Any]) -> torch.Tensor:
-    import importlib
-
-    from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-    def resolve(name: str) -> Any:
-        module, _, qual = name.partition(":")
-        if not module.startswith("torch"):
-            raise TransferCorrupted(f"a CUDA IPC handle names a non-torch type {name!r}")
-        obj: Any = importlib.import_module(module)
-        for part in qual.split("."):
-            obj = getattr(obj, part)
-        return obj
-
-    args = list(handle)
-    args[0], args[4] = resolve(args[0]), resolve(args[4])
-    args[5] = _dtype(args[5])
-    args[1], args[2] = torch.Size(args[1]), tuple(args[2])
-    return rebuild_cuda_tensor(*args)
+def _pair_prefix(peer: str, backend: str, gen: int) -> str:
+    return f"pair/{peer}/{backend}/{gen}/"
 
 
 class TorchWeightPublisher:
@@ -145,6 +118,11 @@ class TorchWeightPublisher:
         self.served = 0
         self.served_by: dict[str, int] = {}
         self._serving: set[threading.Thread] = set()  # one per fetch in flight
+        #: one pair group per (fetcher identity, backend), kept across versions (libra.weights.pairs)
+        self.pairs = PairGroups(lambda store, prefix, backend: make_pair_group(store, prefix, 0, backend,
+                                                                                self.timeout_s))
+        self._gen = itertools.count(1)
+        self.dropped = 0  # pair groups dropped after a failed broadcast (their fetcher was lost)
         self._thread = threading.Thread(target=self._serve, name="torch-weights", daemon=True)
         self._thread.start()
         atexit.register(self.close)  # stop polling the store before the interpreter tears c10d down
@@ -183,11 +161,14 @@ class TorchWeightPublisher:
         """Stop taking fetches, and wait up to ``drain_s`` for those in flight: a serving thread still inside
         its pair group's broadcast when the interpreter exits aborted the process ("terminate called without
         an active exception"). A fetch still running after that fails on its own timeout."""
+        if self._closed.is_set():
+            return
         self._closed.set()
         self._thread.join(timeout=5)
         deadline = time.monotonic() + drain_s
         for t in list(self._serving):
             t.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.pairs.close()  # every pair group (and NCCL communicator) this publisher formed
 
     # -- serving ----------------------------------------------------------------------------------------
     def _serve(self) -> None:
@@ -219,27 +200,42 @@ class TorchWeightPublisher:
             self._serving.discard(threading.current_thread())
 
     def _serve_ticket(self, ticket: int) -> None:
+        peer, backend = "?", "?"
         try:
-            version_s, _, backend = self.store.get(f"req/{ticket}").decode().partition(":")
-            backend = backend or self.backend or "gloo"
+            req = msgpack.unpackb(self.store.get(f"req/{ticket}"), raw=False)
+            peer = str(req["peer"])
+            if req.get("op") == "bye":  # the fetcher closed: its groups go too
+                for key in [k for k in self.pairs.keys() if k[0] == peer]:
+                    self.pairs.drop(key)
+                return
+            version, backend, have = int(req["version"]), str(req["backend"] or self.backend or "gloo"), req.get("gen")
             with self._lock:
-                buffers = self._versions.get(int(version_s))
+                buffers = self._versions.get(version)
             if buffers is None:
-                self.store.set(f"resp/{ticket}", "gone")
+                self.store.set(f"resp/{ticket}", msgpack.packb({"answer": "gone"}))
                 return
             if backend == "cuda_ipc":
-                self.store.set(f"ipc/{ticket}", msgpack.packb([_ipc_handle(b) for b in buffers], use_bin_type=True))
-                self.store.set(f"resp/{ticket}", "ipc")
+                uuid = local_end(buffers[0].device).uuid if buffers else None
+                self.store.set(f"ipc/{ticket}", msgpack.packb({"uuid": uuid, "handles": [ipc_handle(b) for b in buffers]},
+                                                              use_bin_type=True))
+                self.store.set(f"resp/{ticket}", msgpack.packb({"answer": "ipc"}))
                 self.store.wait([f"done/{ticket}"], datetime.timedelta(seconds=self.timeout_s))  # buffers stay alive
             else:
-                self.store.set(f"resp/{ticket}", "ok")
-                pg = _pair_group(self.store, ticket, 0, backend)
-                for b in buffers:
-                    _broadcast(pg, b if backend == "nccl" or b.device.type == "cpu" else b.cpu())
+                key = (peer, backend)
+                gen = have if isinstance(have, int) and self.pairs.generation(key) == have else next(self._gen)
+                self.store.set(f"resp/{ticket}", msgpack.packb({"answer": "ok", "gen": gen}))
+                try:
+                    with self.pairs.use(key, gen, self.store, _pair_prefix(peer, backend, gen), backend) as pg:
+                        for b in buffers:
+                            _broadcast(pg, b if backend == "nccl" or b.device.type == "cpu" else b.cpu())
+                except RuntimeError:
+                    self.dropped += 1  # the pair's group was dropped with the failure (PairGroups.use)
+                    raise
             self.served += 1
             self.served_by[backend] = self.served_by.get(backend, 0) + 1
-        except (RuntimeError, ValueError) as exc:
-            log.warning("torch_weights_serve_failed", ticket=ticket, error=f"{type(exc).__name__}: {exc}")
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+            log.warning("torch_weights_serve_failed", ticket=ticket, peer=peer, backend=backend,
+                        error=f"{type(exc).__name__}: {exc}")
 
 
 def _client_store(endpoint: str, timeout_s: float) -> Any:
@@ -267,53 +263,110 @@ def latest_ref(endpoint: str, timeout_s: float = 1.0) -> dict[str, Any] | None:
 class TorchWeightFetcher:
     """A rollout actor's side (see the module docstring): ``fetch(ref) -> (state_dict, version, stats)``.
     ``device``: where the weights should land (the rollout engine's device; default CPU). After a fetch,
-    ``last_backend`` says which path it took."""
+    ``last_backend`` says which path it took. It keeps one store client and one pair group per publisher
+    endpoint (and backend) across versions; :meth:`close` destroys them. One fetch at a time (a lock)."""
 
     def __init__(self, *, timeout_s: float = 60.0, device: str | None = None) -> None:
         self.timeout_s, self.device = timeout_s, torch.device(device or "cpu")
         self.last_backend: str | None = None
+        self.peer = uuid.uuid4().hex[:16]  # this fetcher's identity at every publisher
+        self.pairs = PairGroups(lambda store, prefix, backend: make_pair_group(store, prefix, 1, backend,
+                                                                                self.timeout_s))
+        self._stores: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def _store(self, endpoint: str) -> Any:
+        if endpoint not in self._stores:
+            self._stores[endpoint] = _client_store(endpoint, self.timeout_s)
+        return self._stores[endpoint]
+
+    def request(self, store: Any, version: int, backend: str, gen: int | None) -> dict[str, Any]:
+        """Ask the publisher for ``version`` over ``backend`` (holding pair generation ``gen``); its answer."""
+        ticket = int(store.add("tickets", 1))
+        store.set(f"req/{ticket}", msgpack.packb({"peer": self.peer, "version": version, "backend": backend,
+                                                  "gen": gen}))
+        answer = msgpack.unpackb(store.get(f"resp/{ticket}"), raw=False)  # blocks up to timeout_s
+        if not isinstance(answer, dict):
+            raise TransferCorrupted(f"torch weights: a bad answer {answer!r}")
+        answer["ticket"] = ticket
+        return answer
 
     def fetch(self, ref: Mapping[str, Any]) -> tuple[dict[str, Any], int, FetchStats]:
         endpoint, version, forced = ref.get("endpoint"), ref.get("version"), ref.get("backend") or "auto"
         if not (isinstance(endpoint, str) and endpoint.startswith(SCHEME) and type(version) is int
                 and forced in (*_FORCED, "auto")):
             raise TransferCorrupted(f"not a torch weights ref: {dict(ref)!r}")
+        with self._lock:
+            try:
+                return self._fetch(endpoint, version, forced)
+            except PeerLost:
+                self._forget(endpoint, failed=True)
+                raise
+
+    def _fetch(self, endpoint: str, version: int, forced: str) -> tuple[dict[str, Any], int, FetchStats]:
         t0 = time.perf_counter()
-        store = _client_store(endpoint, self.timeout_s)
+        store = self._store(endpoint)
         try:
             if not store.check([f"manifest/{version}"]):
                 raise TransferCorrupted(f"torch weights {endpoint}: version {version} was never published there")
             meta = msgpack.unpackb(store.get(f"manifest/{version}"), raw=False)
             src = DeviceEnd.from_wire(meta["device"]) if "device" in meta else DeviceEnd("?", "cpu")
             backend = forced if forced in _FORCED else choose_backend(src, local_end(self.device))
-            ticket = int(store.add("tickets", 1))
-            store.set(f"req/{ticket}", f"{version}:{backend}")
-            answer = store.get(f"resp/{ticket}").decode()  # blocks up to timeout_s
-            if answer not in ("ok", "ipc"):
+            key = (endpoint, backend)
+            answer = self.request(store, version, backend, self.pairs.generation(key))
+            if answer.get("answer") not in ("ok", "ipc"):
                 raise TransferCorrupted(f"torch weights {endpoint}: version {version} is gone (superseded)")
-            if answer == "ipc":
-                try:
-                    handles = msgpack.unpackb(store.get(f"ipc/{ticket}"), raw=False)
-                    flats = [_ipc_open(h).to(self.device, copy=True) for h in handles]
-                finally:
-                    store.set(f"done/{ticket}", "1")
+            if answer["answer"] == "ipc":
+                flats = self._open_ipc(store, answer["ticket"])
             else:
+                gen = int(answer["gen"])
                 recv_on = self.device if backend == "nccl" else torch.device("cpu")
-                pg = _pair_group(store, ticket, 1, backend)
                 flats = []
-                for b in meta["buffers"]:
-                    flat = torch.empty(int(b["numel"]), dtype=_dtype(b["dtype"]), device=recv_on)
-                    _broadcast(pg, flat)
-                    flats.append(flat.to(self.device))
+                with self.pairs.use(key, gen, store, _pair_prefix(self.peer, backend, gen), backend) as pg:
+                    for b in meta["buffers"]:
+                        flat = torch.empty(int(b["numel"]), dtype=_dtype(b["dtype"]), device=recv_on)
+                        _broadcast(pg, flat)
+                        flats.append(flat.to(self.device))
             sd, nbytes = self._unflatten(endpoint, meta["buffers"], flats)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise TransferCorrupted(f"torch weights {endpoint}: bad manifest ({type(exc).__name__}: {exc})") from None
         except RuntimeError as exc:  # store or collective timeout, peer gone mid-broadcast
-            if isinstance(exc, (PeerLost, TransferCorrupted)):
+            if isinstance(exc, DataPlaneError):
                 raise
             raise PeerLost(f"torch weights {endpoint}: {type(exc).__name__}: {exc}") from None
         self.last_backend = backend
         return sd, version, FetchStats(time.perf_counter() - t0, nbytes, len(meta["buffers"]), 1)
+
+    def _open_ipc(self, store: Any, ticket: int) -> list[torch.Tensor]:
+        """Copy the publisher's buffers from their CUDA IPC handles, opened on this process's index of the
+        publisher's GPU (by UUID: the two processes may number it differently)."""
+        try:
+            msg = msgpack.unpackb(store.get(f"ipc/{ticket}"), raw=False)
+            index = device_index_for_uuid(str(msg.get("uuid") or ""), local_device_uuids())
+            return [ipc_open(h, index).to(self.device, copy=True) for h in msg["handles"]]
+        finally:
+            store.set(f"done/{ticket}", "1")
+
+    def _forget(self, endpoint: str, *, failed: bool) -> None:
+        for key in [k for k in self.pairs.keys() if k[0] == endpoint]:
+            self.pairs.drop(key, failed=failed)
+        self._stores.pop(endpoint, None)
+
+    def close(self) -> None:
+        """Tell each publisher this fetcher is leaving (it drops its side of the pair groups), then destroy
+        this side's groups. Best effort: an unreachable publisher is skipped."""
+        with self._lock:
+            for endpoint in {k[0] for k in self.pairs.keys()}:
+                store = self._stores.get(endpoint)
+                if store is None:
+                    continue
+                try:
+                    ticket = int(store.add("tickets", 1))
+                    store.set(f"req/{ticket}", msgpack.packb({"op": "bye", "peer": self.peer}))
+                except RuntimeError:
+                    pass
+            self.pairs.close()
+            self._stores.clear()
 
     @staticmethod
     def _unflatten(endpoint: str, layout: list[Any], flats: list[torch.Tensor]) -> tuple[dict[str, Any], int]:
