@@ -5,11 +5,14 @@ carries the :mod:`.format` stream for other objects too, can import it without a
 
 - :mod:`.format`: a state dict as a msgpack header plus raw, CRC-checked byte chunks, and back (no pickle).
   The data plane serves these streams; training shards and KV contexts use the same format.
-- :mod:`.dataplane`: the weights-transport interface (``WeightPublisher.publish(version, state_dict) ->
-  ref`` on the trainer, ``WeightFetcher.fetch(ref) -> (state_dict, version, stats)`` on a rollout) and its
-  ZeroMQ data-plane implementation, the default.
+- :mod:`.transport`: the weights-transport interface (``WeightPublisher.publish(version, state_dict) ->
+  ref`` on the trainer, ``WeightFetcher.fetch(ref) -> (state_dict, version, stats)`` on a rollout) and the
+  one choice of transport (``TRANSPORTS``; ``make_publisher`` from ``$LIBRA_WEIGHTS_TRANSPORT``, a
+  rollout's fetcher from the ref's ``transport``).
+- :mod:`.dataplane`: the ZeroMQ data-plane implementation, the default.
 - :mod:`.torch_dist`: the ``torch.distributed`` implementation (``[actors] weights_transport = "torch"``):
-  gloo, NCCL between two GPUs, or a CUDA IPC copy on one GPU.
+  gloo, NCCL between two GPUs, or a CUDA IPC copy on one GPU, over pair groups kept per peer
+  (:mod:`.pairs`) and IPC handles keyed by device UUID (:mod:`.cuda_ipc`).
 - :mod:`.backend`: the pure choice among those three paths, from where the two ends' tensors live, and
   the bucket plan of a broadcast.
 """

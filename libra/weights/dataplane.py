@@ -1,12 +1,12 @@
-"""The weights-transport interface (:class:`WeightPublisher` on the trainer, :class:`WeightFetcher` on a
-rollout instance) and its data-plane implementation (:class:`DataPlaneWeightPublisher`,
-:class:`DataPlaneWeightFetcher`). The other implementation is :mod:`libra.weights.torch_dist`.
+"""The data-plane implementation of the weights transport (:class:`DataPlaneWeightPublisher` on the trainer,
+:class:`DataPlaneWeightFetcher` on a rollout instance), the default. The interface and the choice between
+transports are in :mod:`libra.weights.transport`; the other implementation is :mod:`libra.weights.torch_dist`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from libra.dataplane.client import fetch_state_dict
 from libra.dataplane.errors import TransferCorrupted
@@ -19,27 +19,11 @@ from libra.dataplane.wire import (
     ObjectRef,
 )
 
-__all__ = ["DataPlaneWeightFetcher", "DataPlaneWeightPublisher", "WeightFetcher", "WeightPublisher"]
-
-
-class WeightPublisher(Protocol):
-    """Trainer side of a weights transport: make ``state_dict`` fetchable as ``version``; returns the ref
-    (a msgpack-able mapping with at least ``version``) that generate work carries to rollout instances.
-    :class:`libra.weights.torch_dist.TorchWeightPublisher` returns ``{"version", "transport": "torch", "backend",
-    "endpoint", "name", "bytes"}``."""
-
-    def publish(self, version: int, state_dict: Mapping[str, Any]) -> dict[str, Any]: ...
-
-
-class WeightFetcher(Protocol):
-    """Rollout side: ``fetch(ref) -> (state_dict, version, stats)``; raises :class:`DataPlaneError`
-    subclasses and leaves no partial state behind."""
-
-    def fetch(self, ref: Mapping[str, Any]) -> tuple[dict[str, Any], int, FetchStats]: ...
+__all__ = ["DataPlaneWeightFetcher", "DataPlaneWeightPublisher"]
 
 
 class DataPlaneWeightPublisher:
-    """:class:`WeightPublisher` over a :class:`DataPlaneServer`: version ``v`` is object ``weights/v{v}`` in
+    """:class:`~libra.weights.transport.WeightPublisher` over a :class:`DataPlaneServer`: version ``v`` is object ``weights/v{v}`` in
     topic ``weights``; the newest ``keep`` versions stay fetchable (so a fetch of ``v-1`` that started
     before ``v`` was published completes)."""
 
@@ -53,9 +37,13 @@ class DataPlaneWeightPublisher:
                                              keep=self.keep, chunk_size=self.chunk_size)
         return ref.to_wire()
 
+    def close(self) -> None:
+        """Nothing to release: the server belongs to the trainer role, which closes it."""
+
 
 class DataPlaneWeightFetcher:
-    """:class:`WeightFetcher` over :func:`fetch_state_dict`; checks that the header's version is the ref's."""
+    """:class:`~libra.weights.transport.WeightFetcher` over :func:`fetch_state_dict`; checks that the header's
+    version is the ref's."""
 
     def __init__(self, *, keys: DataPlaneKeys | None = None, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
                  window: int = DEFAULT_WINDOW) -> None:
@@ -68,3 +56,6 @@ class DataPlaneWeightFetcher:
             raise TransferCorrupted(f"data plane {r.endpoint} object {r.name!r}: header says version {hdr.version}, "
                                     f"the ref says {r.version}")
         return sd, int(hdr.version or 0), stats
+
+    def close(self) -> None:
+        """Nothing to release: every fetch opens and closes its own socket."""
