@@ -8,9 +8,10 @@ Contracts:
 - The work of rank ``r`` is pinned to ``members[r]`` by the broker (``Work.pin``), so only that member
   takes it; the member checks that ``members[rank]`` is its own actor id and fails the work with
   ``not_a_member`` otherwise (a broker that did not pin it).
-- The trainer is created without a fixed process group; each step the member joins the group of the
+- The trainer runs where the role's placement says (the slot's device, compute dtype and memory budget,
+  fp32 master weights: as in the fixed group) and is created without a fixed process group; each step the member joins the group of the
   step's generation (``libra.engines.elastic_dp.ElasticGroup``: rendezvous store on 127.0.0.1:
-  ``master_port``, hosted by rank 0) when it changed, **on a thread of its own** while it fetches its
+  ``master_port``, hosted by rank 0; gloo, a GPU trainer's gradients staged through the CPU) when it changed, **on a thread of its own** while it fetches its
   shard and runs its forward and backward passes: the step's collectives all come after the passes
   (``GRPOTrainer.train_step(group_ready=...)``), so a member waits for a new group only if forming it takes
   longer than its own passes. It reports ``group_form_s`` (the formation's seconds) and ``group_wait_s``
@@ -28,6 +29,10 @@ Contracts:
   (``state_fetch_s``) and how long it waited for the fetch after the all-reduce (``state_wait_s``), both off
   the core's path unless the joiner is still loading when the next step's all-reduce comes.
 - A member that contributes real gradients fetches its trajectories as in the fixed group.
+- A pass that fails on any member fails the step on every member (``TrainStepFailed``: ``oom`` or
+  ``train_failed``, weights unchanged); a joiner still loads the core's state, which the failed step left as
+  it was, so it holds the core's weights for the next step.
+- Only rank 0 packs the weights after a step; every member reports the fingerprint of its master weights.
 """
 
 from __future__ import annotations
@@ -50,9 +55,9 @@ log = get_logger("libra.roles")
 def _ensure_trainer(role: Any, ta: TrainArgs, rank: int) -> Any:
     """The role's trainer (created on the first elastic work, with no fixed group); rank 0 also serves."""
     from libra.dataplane import DataPlaneServer
-    from libra.weights.dataplane import DataPlaneWeightPublisher
     from libra.engines.elastic_dp import ElasticGroup
     from libra.engines.trainer import GRPOConfig, GRPOTrainer
+    from libra.weights.transport import make_publisher, transport_from_env
 
     if role.trainer is None:
         opts: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in ta.grpo.items()}
@@ -63,11 +68,19 @@ def _ensure_trainer(role: Any, ta: TrainArgs, rank: int) -> Any:
             cfg = GRPOConfig(**opts)
         except (TypeError, ValueError) as exc:
             raise ToolError("bad_request", f"train config: {exc}") from None
-        role.trainer = GRPOTrainer(role.model_dir, cfg, parallel="ddp")
-        role.elastic = ElasticGroup()
+        try:
+            role.trainer = GRPOTrainer(role.model_dir, cfg, parallel="ddp", **role.trainer_placement())
+        except ValueError as exc:  # fp16, a bad option
+            raise ToolError("bad_request", f"train config: {exc}") from None
+        role.elastic = ElasticGroup()  # gloo: CUDA gradients are staged through the CPU (engines.collectives)
     if rank == 0 and role.server is None:  # core rank 0 never changes: it serves weights and state
         role.server = DataPlaneServer(keys=role.keys)
-        role.publisher = DataPlaneWeightPublisher(role.server, keep=2)
+        placement = getattr(role, "placement", None)  # snapshots stay where the trainer lives
+        try:
+            role.publisher = make_publisher(transport_from_env(), server=role.server, keep=2,
+                                            device=placement.device if placement is not None else None)
+        except ValueError as exc:  # an unknown $LIBRA_WEIGHTS_TRANSPORT
+            raise ToolError("bad_request", str(exc)) from None
     return role.trainer
 
 
@@ -175,6 +188,19 @@ def _publish_on_a_thread(server: Any, name: str, state: dict[str, Any], version:
     threading.Thread(target=publish, name="ehp-state-publish", daemon=True).start()
 
 
+def _train(trainer: Any, shard: Any, micro: Any, form: _GroupForm, fetch: _StateFetch | None) -> dict[str, Any]:
+    """The member's ``train_step``; a joiner whose step failed still loads the (unchanged) core state."""
+    from libra.engines.trainer import TrainStepFailed
+
+    try:
+        return trainer.train_step(shard, micro_batches=micro, group_ready=form.wait,
+                                  before_update=(lambda: fetch.load(trainer)) if fetch is not None else None)
+    except TrainStepFailed:
+        if fetch is not None and fetch.version is None:
+            fetch.load(trainer)
+        raise
+
+
 def elastic_step(role: Any, ta: TrainArgs, ctx: WorkContext) -> dict[str, Any]:
     """One elastic ``train`` work for ``role`` (a ``TrainRole``; the caller holds its lock)."""
     from libra.dataplane import DataPlaneError
@@ -204,8 +230,7 @@ def elastic_step(role: Any, ta: TrainArgs, ctx: WorkContext) -> dict[str, Any]:
             except (DataPlaneError, ValueError, TypeError, KeyError) as exc:
                 raise ToolError("shard_fetch_failed", f"rank {rank}: {type(exc).__name__}: {exc}") from None
         # a joiner's zero gradient is in once the update is due: it then catches up with the core's state
-        step_metrics = trainer.train_step(shard, micro_batches=micro, group_ready=form.wait,
-                                          before_update=(lambda: fetch.load(trainer)) if fetch is not None else None)
+        step_metrics = role.run_step(lambda: _train(trainer, shard, micro, form, fetch))
     finally:
         form.join()  # never leave a formation running into the next step
     if form.formed:

@@ -20,6 +20,19 @@ Contracts:
   ``127.0.0.1``); every rank joins the group at ``master_addr:master_port`` and rank 0 checks that the
   address is its own (``rendezvous_failed`` if not). Under ``fsdp`` every rank gathers the full weights
   after a step (rank 0 publishes them) and writes its shard of a checkpoint.
+- Precision: the trainer computes in the placement's dtype (bf16 on a GPU slot; fp16 is refused as
+  ``bad_request``) over fp32 master weights and optimizer state; rank 0 publishes the weights in the compute
+  dtype, checkpoints keep fp32.
+- A step whose forward or backward failed on any rank fails on every rank (``GRPOTrainer.train_step``
+  raises ``TrainStepFailed``, weights unchanged): ``ToolError("oom", ...)`` when a rank ran out of CUDA
+  memory, else ``ToolError("train_failed", ...)``; the CUDA cache is emptied after the error is dropped
+  (inside the ``except`` block its traceback still holds the batch's tensors).
+- Only rank 0 packs the weights (a full CPU copy) after a step, to publish them; every rank reports
+  ``checksum``, a fingerprint of its master weights computed on the device
+  (``GRPOTrainer.weights_fingerprint``), which the job compares across ranks. Under ``fsdp`` every rank
+  takes part in the gather (a collective).
+- :meth:`TrainRole.close` releases the trainer's model and optimizer (a role switch), empties the CUDA cache
+  and returns the memory in use before and after (CUDA allocated/reserved bytes, or the process RSS).
 - Data-plane host and security: ``$LIBRA_DATAPLANE_HOST`` (default ``127.0.0.1``); CURVE when
   ``LIBRA_CURVE_SECRET`` is set (the actor's own key pair); a non-loopback host without keys is refused
   unless ``LIBRA_DATAPLANE_INSECURE=1`` (see ``libra.dataplane``).
@@ -32,6 +45,7 @@ import importlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +94,6 @@ class TrainRole:
 
     def _ensure(self, args: TrainArgs) -> Any:
         from libra.dataplane import DataPlaneServer
-        from libra.weights.dataplane import DataPlaneWeightPublisher
         from libra.engines.trainer import DistConfig, GRPOConfig, GRPOTrainer
 
         if self.trainer is not None:
@@ -102,23 +115,17 @@ class TrainRole:
             raise ToolError("bad_request", f"train config: {exc}") from None
         if rank == 0:  # before the (slow) model load, so a refused bind fails fast with its own message
             self.server = DataPlaneServer(keys=self.keys)
-            if os.environ.get("LIBRA_WEIGHTS_TRANSPORT", "dataplane") == "torch":
-                from libra.weights.torch_dist import TorchWeightPublisher
+            from libra.weights.transport import make_publisher, transport_from_env
 
-                # snapshots stay where the trainer lives: a GPU trainer serves GPU rollouts by NCCL or CUDA IPC
-                on = self.placement.device if self.placement is not None else None
-                self.publisher = TorchWeightPublisher(os.environ.get("LIBRA_WEIGHTS_HOST", "127.0.0.1"), keep=2,
-                                                      device=on)
-            else:
-                self.publisher = DataPlaneWeightPublisher(self.server, keep=2)
-        p = self.placement
-        on = {} if p is None else {"device": p.device, "dtype": p.torch_dtype()}
-        if p is not None:
-            from libra.engines.device import apply_memory_budget
-
-            apply_memory_budget(p)
+            # snapshots stay where the trainer lives: a GPU trainer serves GPU rollouts by NCCL or CUDA IPC
+            on = self.placement.device if self.placement is not None else None
+            try:
+                self.publisher = make_publisher(transport_from_env(), server=self.server, device=on, keep=2)
+            except ValueError as exc:  # an unknown $LIBRA_WEIGHTS_TRANSPORT
+                raise ToolError("bad_request", str(exc)) from None
         try:
-            self.trainer = GRPOTrainer(self.model_dir, cfg, dist_config=dist, parallel=parallel, **on)
+            self.trainer = GRPOTrainer(self.model_dir, cfg, dist_config=dist, parallel=parallel,
+                                       **self.trainer_placement())
         except ValueError as exc:  # an unknown parallel mode, a group that does not fit
             raise ToolError("bad_request", f"train config: {exc}") from None
         self.rank = rank
@@ -157,16 +164,17 @@ class TrainRole:
                     shard, micro, fetched = self._fetch_shard(shards[trainer.rank])
             except (DataPlaneError, ValueError, TypeError, KeyError) as exc:
                 raise ToolError("shard_fetch_failed", f"rank {trainer.rank}: {type(exc).__name__}: {exc}") from None
-            metrics = trainer.train_step(shard, micro_batches=micro)
+            metrics = self.run_step(lambda: trainer.train_step(shard, micro_batches=micro))
             version = trainer.weights_version
             weights, publish_s, checkpoint = None, 0.0, None
             t0 = time.perf_counter()
-            full = trainer.state_dict_for_sync()  # under fsdp a collective: every rank gathers
-            checksum = state_checksum(full)
-            if trainer.rank == 0:
-                weights = WeightsRef.from_wire(self.publisher.publish(version, full))
-                publish_s = time.perf_counter() - t0
-            del full
+            if trainer.rank == 0 or trainer.parallel == "fsdp":  # under fsdp a collective: every rank gathers
+                full = trainer.state_dict_for_sync()
+                if trainer.rank == 0:
+                    weights = WeightsRef.from_wire(self.publisher.publish(version, full))
+                    publish_s = time.perf_counter() - t0
+                del full
+            checksum = trainer.weights_fingerprint()
             if ta.checkpoint and (trainer.rank == 0 or trainer.parallel == "fsdp"):
                 trainer.save_checkpoint(ta.checkpoint, optimizer=ta.checkpoint_optimizer,
                                         keep_last=ta.keep_checkpoints)
@@ -207,8 +215,15 @@ class TrainRole:
         return batch, plan, {"shard_fetch_s": time.perf_counter() - t0, "shard_bytes": sum(fs.nbytes for *_, fs in got),
                              "shard_sources": len({r.endpoint for r in refs})}
 
-    def close(self) -> None:
-        """Stop serving weights (rollouts that have not fetched the newest version keep theirs)."""
+    def close(self) -> dict[str, int]:
+        """Stop serving weights (rollouts that have not fetched the newest version keep theirs) and release
+        the trainer's model and optimizer, then empty the CUDA cache; the memory in use before and after
+        (``memory_in_use``) is logged and returned. Idempotent. The fixed group's process group is left to the
+        job (a later trainer in this process reuses it)."""
+        before = memory_in_use(self.placement)
+        if self.trainer is not None:
+            self.trainer.release()  # the model, reference, optimizer state: nothing else holds them
+            self.trainer = None
         if self.publisher is not None and hasattr(self.publisher, "close"):
             self.publisher.close()  # the torch.distributed publisher's serving thread and store
         self.publisher = None
@@ -218,10 +233,62 @@ class TrainRole:
         if self.server is not None:
             self.server.close()
             self.server = None
+        free_memory(self.placement)
+        after = memory_in_use(self.placement)
+        mem = {**{f"{k}_before": v for k, v in before.items()}, **{f"{k}_after": v for k, v in after.items()}}
+        log.info("train_role_closed", slot=self.slot, **mem)
+        return mem
 
     def checksum(self) -> str:
-        """sha256 of the trainer's full weights (a collective under fsdp)."""
-        return state_checksum(self.trainer.state_dict_for_sync())
+        """The fingerprint of the trainer's master weights (a collective under fsdp)."""
+        return str(self.trainer.weights_fingerprint())
+
+    def trainer_placement(self) -> dict[str, Any]:
+        """The trainer's ``device``, compute ``dtype`` and ``memory_fraction`` from the placement (none: CPU
+        fp32); applies the placement's memory budget first."""
+        p = self.placement
+        if p is None:
+            return {}
+        from libra.engines.device import apply_memory_budget
+
+        apply_memory_budget(p)
+        return {"device": p.device, "dtype": p.torch_dtype(), "memory_fraction": p.memory_fraction}
+
+    def run_step(self, step: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """``step()`` (one ``train_step``), its typed failure mapped to ``ToolError`` ``oom`` or
+        ``train_failed``; the CUDA cache is freed after the ``except`` block, once the error's traceback
+        (which holds the batch's tensors) is gone."""
+        from libra.engines.trainer import TrainStepFailed
+
+        try:
+            return step()
+        except TrainStepFailed as exc:
+            failed = ("oom" if exc.code == "oom" else "train_failed", str(exc))
+        free_memory(self.placement)
+        raise ToolError(*failed)
+
+
+def free_memory(where: Any) -> None:
+    """Give the CUDA caching allocator's free blocks back (``where``: a placement or a device; nothing on the
+    CPU)."""
+    device = str(getattr(where, "device", where) or "cpu")
+    if device.startswith("cuda"):
+        from libra.engines.device import free_cuda_cache
+
+        free_cuda_cache()
+
+
+def memory_in_use(where: Any) -> dict[str, int]:
+    """CUDA ``allocated``/``reserved`` bytes on a GPU placement, else the process's resident set (``rss``)."""
+    device = str(getattr(where, "device", where) or "cpu")
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            return {"allocated": int(torch.cuda.memory_allocated()), "reserved": int(torch.cuda.memory_reserved())}
+    import psutil
+
+    return {"rss": int(psutil.Process().memory_info().rss)}
 
 
 def state_checksum(state: dict[str, Any]) -> str:

@@ -1,10 +1,10 @@
 """GRPO maths as pure functions: group-relative advantages, the clipped token-level surrogate, the k3
 KL estimator, loss aggregation, and the training-batch layout the trainer feeds them.
 
-Role: the one place the training objective and its batch layout (:class:`TrainBatch`, token-balanced
-micro-batching and sharding) are defined; ``trainer.py`` only feeds them a model. Everything here is a
-pure function of its arguments (no modules, no state, no I/O), so it is tested against an independent
-loop implementation.
+Role: the one place the training objective, its settings (:class:`GRPOConfig`) and its batch layout
+(:class:`TrainBatch`, token-balanced micro-batching and sharding) are defined; ``trainer.py`` only feeds
+them a model. Everything here is a pure function of its arguments (no modules, no state, no I/O), so it is
+tested against an independent loop implementation.
 
 Conventions (shapes ``[B, T]`` unless stated):
 
@@ -45,6 +45,7 @@ from libra.engines.rollout_base import GenResult
 
 __all__ = [
     "Aggregation",
+    "GRPOConfig",
     "GRPOLossOutput",
     "TrainBatch",
     "group_advantages",
@@ -56,6 +57,41 @@ __all__ = [
 ]
 
 Aggregation = Literal["token_mean", "seq_mean_token_mean"]
+
+
+@dataclass(frozen=True, slots=True)
+class GRPOConfig:
+    """Optimisation and objective settings of :class:`~libra.engines.trainer.GRPOTrainer` (the terms are
+    defined above).
+
+    ``micro_batch_tokens`` bounds the padded tokens (sequences x longest length) of one forward/backward
+    pass; a longer single sequence gets a micro-batch of its own.
+    """
+
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float | None = None
+    kl_coef: float = 0.0
+    aggregation: Aggregation = "token_mean"
+    micro_batch_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"GRPOConfig.lr must be a positive number, got {self.lr!r}")
+        if self.max_grad_norm <= 0:
+            raise ValueError(f"GRPOConfig.max_grad_norm must be > 0, got {self.max_grad_norm!r}")
+        if self.micro_batch_tokens < 1:
+            raise ValueError(f"GRPOConfig.micro_batch_tokens must be >= 1, got {self.micro_batch_tokens!r}")
+        if self.kl_coef < 0:
+            raise ValueError(f"GRPOConfig.kl_coef must be >= 0, got {self.kl_coef!r}")
+        if self.aggregation not in ("token_mean", "seq_mean_token_mean"):
+            raise ValueError(
+                f"unknown aggregation: {self.aggregation!r} (known: 'seq_mean_token_mean', 'token_mean')"
+            )
 
 
 def group_advantages(

@@ -134,7 +134,8 @@ class TrainResult(Payload, frozen=True, kw_only=True):
     weights_version: NonNeg
     """The policy version after this step."""
     checksum: str
-    """sha256 over all parameters after the step: equal on every rank."""
+    """A fingerprint of the rank's weights after the step (``GRPOTrainer.weights_fingerprint``: the fp32
+    master weights' exact bits, computed on the device): equal on every rank whose replica is identical."""
     weights: WeightsRef | None = None
     """Rank 0: the ref rollout instances fetch the new weights from (the newest two versions stay
     fetchable); None on other ranks."""

@@ -46,8 +46,18 @@ def test_choose_parallel_every_case() -> None:
                            device_memory_bytes=gib80) == "ddp"
     assert choose_parallel("auto", world_size=2, n_params=big, param_bytes=4, device_type="cuda",
                            device_memory_bytes=gib80) == "fsdp"  # 48 GB of state > 40 GB
+    # bf16 compute keeps fp32 master weights, gradients and AdamW moments (16 B a parameter) plus the bf16
+    # copy autocast makes: 54 GB, not the 24 GB that bf16 parameters would take
+    assert training_state_bytes(big, 2) == 18 * big
+    assert training_state_bytes(big, 2, reference=True) == 20 * big  # a frozen bf16 reference model (kl > 0)
     assert choose_parallel("auto", world_size=8, n_params=big, param_bytes=2, device_type="cuda",
-                           device_memory_bytes=gib80) == "ddp"  # 24 GB fits
+                           device_memory_bytes=gib80) == "fsdp"
+    mid = 1_000_000_000  # 18 GB of bf16-compute state: fits half of a whole 80 GiB GPU ...
+    assert choose_parallel("auto", world_size=2, n_params=mid, param_bytes=2, device_type="cuda",
+                           device_memory_bytes=gib80) == "ddp"
+    # ... not half of a slot's 0.4 share of it (32 GiB): the memory fraction is the budget
+    assert choose_parallel("auto", world_size=2, n_params=mid, param_bytes=2, device_type="cuda",
+                           device_memory_bytes=gib80, memory_fraction=0.4) == "fsdp"
     assert choose_parallel("auto", world_size=2, n_params=big, param_bytes=4, device_type="cpu") == "fsdp"
     assert training_state_bytes(small, 4) < CPU_BUDGET_BYTES // 2
     assert choose_parallel("auto", world_size=2, n_params=small, param_bytes=4, device_type="cpu") == "ddp"
