@@ -7,13 +7,18 @@
    ratio ours / baseline.
 2. Training: ``GRPOTrainer.train_step`` (token-balanced micro-batches, GRPO loss, clipping, AdamW)
    against a bare floor: one forward/backward of a token-mean log-likelihood over the same padded
-   batch plus the same AdamW step. Step time (median) and the ratio.
+   batch plus the same AdamW step, in the trainer's precision (fp32 weights and optimizer state, the passes
+   under ``torch.autocast`` to ``--dtype``). Step time (median) and the ratio.
 
 Defaults use the tiny offline model (``libra.engines.tiny_model``); ``--model-dir`` points at any HF
 causal-LM directory (e.g. the converted SmolLM2 from ``libra.engines.smollm2``); ``--shape qwen2-0.5b`` or
 ``qwen2-1.5b`` builds a randomly initialised model of that real shape in code (``libra.engines.shapes``: the
 same FLOPs and bytes as trained weights, nothing to download). ``--device cuda`` runs both sides on the GPU,
 in ``--dtype`` (``auto``: bf16 on a GPU, fp32 on the CPU, as the actors' engines run).
+
+Clocks: every timed region, ours and the baseline's alike, runs through :func:`timed`, which synchronises the
+device before the clock starts and before it stops (CUDA kernels run asynchronously: a clock read without
+``torch.cuda.synchronize()`` times the launches, not the work).
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -34,6 +40,26 @@ from libra.engines.rollout_base import GenRequest
 from libra.engines.tiny_model import ensure_tiny_model
 from libra.engines.trainer import GRPOTrainer, TrainBatch
 from libra.logging import configure as configure_logging
+
+
+T = TypeVar("T")
+_clock = time.perf_counter  # the one clock of this module (tests/unit/test_gpu_checks.py watches its reads)
+
+
+def sync(device: str | torch.device) -> None:
+    """Wait until ``device`` has finished its queued work (``torch.cuda.synchronize``); nothing on the CPU."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def timed(fn: Callable[[], T], device: str | torch.device) -> tuple[T, float]:
+    """``(fn(), seconds)``, the device synchronised before the clock starts and before it stops."""
+    sync(device)
+    t0 = _clock()
+    out = fn()
+    sync(device)
+    return out, _clock() - t0
 
 
 def _prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -96,14 +122,15 @@ def bench_rollout(model_dir: str, batches: list[int], prompt_len: int, new_token
         engine.generate(reqs)  # warm-up
         with torch.inference_mode():
             _baseline_generate(model, prompts, new_tokens, pad_id)
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            results = engine.generate(reqs)
-            ours.append(sum(len(r.token_ids) for r in results) / (time.perf_counter() - t0))
-            t0 = time.perf_counter()
+        def baseline() -> int:
             with torch.inference_mode():
-                n = _baseline_generate(model, prompts, new_tokens, pad_id)
-            base.append(n / (time.perf_counter() - t0))
+                return _baseline_generate(model, prompts, new_tokens, pad_id)
+
+        for _ in range(repeats):
+            results, secs = timed(lambda: engine.generate(reqs), device)
+            ours.append(sum(len(r.token_ids) for r in results) / secs)
+            n, secs = timed(baseline, device)
+            base.append(n / secs)
         o, b = statistics.median(ours), statistics.median(base)
         rows.append({"batch": bsz, "ours_tok_s": o, "hf_generate_tok_s": b, "ratio": o / b})
     return rows
@@ -123,6 +150,20 @@ def _train_batch(vocab: int, n_seq: int, prompt_len: int, new_tokens: int) -> Tr
     return TrainBatch(input_ids=seqs, loss_mask=masks, rollout_logprobs=lps, advantages=adv)
 
 
+def _floor_model(model_dir: Path, random_init: bool, device: str) -> Any:
+    """The baseline's own copy of the model in fp32 (as the trainer keeps its weights), built with
+    transformers alone: the same files, or the same seeded random initialisation."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if random_init:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return model.to(device)
+
+
 def bench_train(model_dir: str, n_seq: int, prompt_len: int, new_tokens: int, micro_tokens: int, repeats: int,
                 device: str, dtype: torch.dtype = torch.float32, random_init: bool = False) -> dict[str, float]:
     trainer = GRPOTrainer(model_dir, lr=1e-5, device=device, dtype=dtype, micro_batch_tokens=micro_tokens,
@@ -130,12 +171,15 @@ def bench_train(model_dir: str, n_seq: int, prompt_len: int, new_tokens: int, mi
     vocab = int(trainer.model.get_output_embeddings().weight.shape[0])
     batch = _train_batch(vocab, n_seq, prompt_len, new_tokens)
     ids, attn, mask, _, _ = batch.to_tensors(device)
-    floor_model = trainer._load_model(trainer.model_dir)
+    floor_model = _floor_model(Path(model_dir), random_init, device)
     floor_opt = torch.optim.AdamW(floor_model.parameters(), lr=1e-5)
+    dev_type = torch.device(device).type
 
-    def floor_step() -> None:
+    def floor_step() -> None:  # the trainer's precision: fp32 weights and AdamW, the passes autocast to dtype
         floor_opt.zero_grad()
-        lp = token_logprobs(floor_model(input_ids=ids, attention_mask=attn).logits[:, :-1], ids[:, 1:])
+        with torch.autocast(dev_type, dtype=dtype, enabled=dtype != torch.float32):
+            logits = floor_model(input_ids=ids, attention_mask=attn).logits
+        lp = token_logprobs(logits[:, :-1], ids[:, 1:])
         (-(lp * mask[:, 1:]).sum() / mask[:, 1:].sum()).backward()
         floor_opt.step()
 
@@ -143,12 +187,9 @@ def bench_train(model_dir: str, n_seq: int, prompt_len: int, new_tokens: int, mi
     trainer.train_step(batch)
     floor_step()  # warm-up
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        metrics = trainer.train_step(batch)
-        ours.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        floor_step()
-        base.append(time.perf_counter() - t0)
+        metrics, secs = timed(lambda: trainer.train_step(batch), device)
+        ours.append(secs)
+        base.append(timed(floor_step, device)[1])
     o, b = statistics.median(ours), statistics.median(base)
     tokens = sum(batch.lengths())
     return {
