@@ -1,5 +1,7 @@
 """FSDP2 trainer on CUDA (libra/engines/fsdp.py): one GPU in an NCCL group of one takes the same step as the
-replicated trainer, and its sharded checkpoint resumes. Skipped without CUDA."""
+replicated trainer, and its sharded checkpoint resumes; a bare ``device="cuda"`` gets the current device's index
+(``torch.cuda.set_device`` needs one); in bf16 the shards stay fp32 (FSDP2's mixed-precision policy computes in
+bf16) and the weights move at lr 1e-5 while the loss falls. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import socket
 import pytest
 import torch
 
+from libra.bench.gpu_checks import fixed_batch
 from libra.engines.trainer import DistConfig, GRPOTrainer, TrainBatch
 
 pytestmark = [
@@ -45,6 +48,7 @@ def test_fsdp_on_one_gpu_matches_the_replicated_step_and_resumes(model_dir, tmp_
                     dist_config=DistConfig("127.0.0.1", _port(), 0, 1))
     try:
         assert t.parallel == "fsdp" and torch.distributed.get_backend() == "nccl"
+        assert t.device == torch.device("cuda", torch.cuda.current_device())  # "cuda" got its index
         assert all(p.device.type == "cuda" for p in t.model.parameters())
         m = t.train_step(batch)
         assert m["loss"] == pytest.approx(m_ref["loss"], abs=1e-4)
@@ -58,5 +62,28 @@ def test_fsdp_on_one_gpu_matches_the_replicated_step_and_resumes(model_dir, tmp_
         r.load_checkpoint(tmp_path / "step1")
         assert r.weights_version == 1
         assert r.train_step(batch)["loss"] == pytest.approx(m2["loss"], abs=1e-5)
+    finally:
+        t.close()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (the whole tensor in a group of one); a plain tensor as it is."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def test_fsdp_in_bf16_keeps_fp32_shards_and_learns_at_lr_1e5(model_dir) -> None:
+    t = GRPOTrainer(model_dir, lr=1e-5, dtype=torch.bfloat16, device="cuda", parallel="fsdp",
+                    micro_batch_tokens=1 << 16, dist_config=DistConfig("127.0.0.1", _port(), 0, 1))
+    try:
+        params = [p for p in t.model.parameters() if p.requires_grad]
+        assert {p.dtype for p in params} == {torch.float32}  # master weights; the passes compute in bf16
+        vocab = int(t.model.get_output_embeddings().weight.shape[0])
+        seqs, masks, adv = fixed_batch(vocab, 8, 16, 32)
+        batch = TrainBatch(input_ids=seqs, loss_mask=masks, rollout_logprobs=t.logprobs(seqs), advantages=adv)
+        before = [_local(p.detach()).clone() for p in params]
+        losses = [t.train_step(batch)["loss"] for _ in range(5)]
+        moved = sum(int((_local(p.detach()) != b).sum()) for p, b in zip(params, before))
+        assert losses[-1] < losses[0]
+        assert moved / sum(b.numel() for b in before) > 0.5  # a bf16 weight would round most updates away
     finally:
         t.close()
