@@ -106,20 +106,24 @@ def gpu_layout(gpu_roles: list[str] | None, gpu_slots: list[str], n_gpus: int, g
     """Where the GPU slots go: ``(gpu slot names, role per GPU slot, environment per GPU slot, roles that fall
     back to CPU slots, a sentence saying what was decided)``. ``gpu_roles`` (``--gpu-roles``) are spread over
     ``n_gpus`` GPUs; with none found they become CPU slots. Otherwise each of ``gpu_slots`` gets ``gpu_role``;
-    engine roles need ``model_dir`` (without it no GPU slot is started: GPU slots never default to actions)."""
+    engine roles need ``model_dir`` (without it no GPU slot is started: GPU slots never default to actions).
+    The environment per GPU slot holds the engines sharing its GPU; the GPU itself follows from the slot's
+    name (``gpuN`` and ``gpuN.K`` see GPU N) when the supervisor builds its environment
+    (:func:`libra.actors.slots.slot_cuda_env`)."""
     if gpu_roles is not None:
         if n_gpus < 1:
             return [], {}, {}, list(gpu_roles), (f"no GPU available: the {len(gpu_roles)} GPU engine slot(s) "
                                                  "run on the CPU")
         placed = place_gpu_roles(gpu_roles, n_gpus)
-        env = {p.slot: {"CUDA_VISIBLE_DEVICES": str(p.gpu), ENGINES_PER_GPU_ENV: str(p.sharing)} for p in placed}
+        # the GPU itself (CUDA_VISIBLE_DEVICES) follows from the slot's name: libra.actors.slots.slot_cuda_env
+        env = {p.slot: {ENGINES_PER_GPU_ENV: str(p.sharing)} for p in placed}
         return ([p.slot for p in placed], {p.slot: p.role for p in placed}, env, [],
                 f"{len(placed)} engine slot(s) on {min(n_gpus, len(placed))} GPU(s)")
     if gpu_slots and gpu_role != "action" and model_dir is None:
         return [], {}, {}, [], (f"{len(gpu_slots)} GPU(s) left unused: GPU slots run engines (--gpu-role "
                                 f"{gpu_role}) and need --model-dir")
     return (list(gpu_slots), {s: gpu_role for s in gpu_slots},
-            {s: {"CUDA_VISIBLE_DEVICES": s[3:]} for s in gpu_slots}, [], f"{len(gpu_slots)} GPU slot(s) as {gpu_role}")
+            {s: {} for s in gpu_slots}, [], f"{len(gpu_slots)} GPU slot(s) as {gpu_role}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,8 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"libra.actors: {exc}", file=sys.stderr)
         return 2
-    sup = Supervisor(args.broker, slots, capacity=args.capacity, restart=not args.no_restart, extra_args=extra,
-                     slot_args=slot_args, slot_env=gpu_env)
+    try:
+        sup = Supervisor(args.broker, slots, capacity=args.capacity, restart=not args.no_restart,
+                         extra_args=extra, slot_args=slot_args, slot_env=gpu_env)
+    except ValueError as exc:  # a bad slot name, a GPU outside the CUDA_VISIBLE_DEVICES this host was given
+        print(f"libra.actors: {exc}", file=sys.stderr)
+        return 2
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sup.stop())
     return sup.run()

@@ -1,13 +1,104 @@
-"""Slot discovery: how many GPU and CPU slots this host offers. No torch import.
+"""Slot discovery: how many GPU and CPU slots this host offers, and which GPU each slot sees. No torch import.
 
-GPUs are counted with NVML (``nvidia-ml-py``). With no driver or no GPU this says why and returns
-zero GPUs; the caller starts CPU slots only.
+GPUs are counted with NVML (``nvidia-ml-py``), but only those this process may use: when Slurm or
+Kubernetes set ``CUDA_VISIBLE_DEVICES`` (indices, GPU UUIDs or MIG ids), its entries are the host's GPUs,
+in that order, and NVML's others are not counted (:func:`allowed_gpus`, pure). With no driver or no GPU
+this says why and returns zero GPUs; the caller starts CPU slots only.
+
+Each slot's CUDA environment (:func:`slot_cuda_env`, pure: the parent's environment in, the slot's
+settings out):
+
+- ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` everywhere, so CUDA numbers GPUs as NVML does (CUDA's default puts the
+  fastest first).
+- ``gpuN`` and ``gpuN.K`` (another engine on GPU N) see GPU ``N``: the ``N``-th entry of the parent's
+  ``CUDA_VISIBLE_DEVICES`` when it has one (never an NVML index written over it), else ``N``. A GPU action
+  slot whose model services are given ``G`` GPUs (``--service-gpus G``) sees GPUs ``N .. N+G-1``. When the
+  parent's list was given, it also travels as ``LIBRA_NODE_CUDA_DEVICES`` (for TP groups that span GPUs,
+  :func:`libra.engines.device.cuda_visible_for`).
+- ``cpuN`` sees no GPU (``CUDA_VISIBLE_DEVICES=""``): its engines and its ``reward_model`` service run on
+  the CPU instead of taking GPU memory outside every slot's budget. Model services get GPUs only on a GPU
+  slot (``--service-gpus``; a CPU slot refuses them, ``libra.actors.topology``).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from libra.engines.device import NODE_DEVICES_ENV, DeviceConfigError, parse_slot
+
+__all__ = ["VISIBLE_ENV", "ORDER_ENV", "GpuDiscovery", "GpuEngineSlot", "allowed_gpus", "discover_gpus",
+           "parent_visible", "place_gpu_roles", "resolve_slots", "slot_cuda_env"]
+
+VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
+ORDER_ENV = "CUDA_DEVICE_ORDER"
+
+
+def parent_visible(environ: Mapping[str, str]) -> list[str] | None:
+    """The entries of ``environ``'s ``CUDA_VISIBLE_DEVICES`` (None when unset; ``[]`` when it hides every
+    GPU). As CUDA does, the list ends at the first empty or negative entry."""
+    raw = environ.get(VISIBLE_ENV)
+    if raw is None:
+        return None
+    out: list[str] = []
+    for e in (x.strip() for x in raw.split(",")):
+        if not e or e.startswith("-"):
+            break
+        out.append(e)
+    return out
+
+
+def _uuid(u: str) -> str:
+    u = u.strip().lower()
+    return u[4:] if u.startswith("gpu-") else u
+
+
+def allowed_gpus(nvml_uuids: Sequence[str], visible: Sequence[str] | None) -> list[tuple[str, int | None]]:
+    """The GPUs this process may use, in ``CUDA_VISIBLE_DEVICES`` order: ``(entry, NVML index)`` per GPU,
+    the entry being what a slot on that GPU gets (the NVML index itself when ``visible`` is None). A MIG id's
+    NVML index is None. As CUDA does, the list ends at the first entry that names no GPU (an index past NVML's
+    count, a UUID prefix matching none or several)."""
+    if visible is None:
+        return [(str(i), i) for i in range(len(nvml_uuids))]
+    out: list[tuple[str, int | None]] = []
+    for e in visible:
+        if e.isdigit():
+            if int(e) >= len(nvml_uuids):
+                break
+            out.append((e, int(e)))
+        elif e.upper().startswith("MIG-"):
+            out.append((e, None))
+        else:
+            hits = [i for i, u in enumerate(nvml_uuids) if _uuid(u).startswith(_uuid(e))]
+            if len(hits) != 1:
+                break
+            out.append((e, hits[0]))
+    return out
+
+
+def slot_cuda_env(slot: str, parent: Mapping[str, str], *, service_gpus: int = 0) -> dict[str, str]:
+    """The CUDA settings of ``slot``'s environment given the supervisor's ``parent`` environment (see the
+    module docstring). Raises :class:`~libra.engines.device.SlotNameError` for a bad slot name and
+    :class:`~libra.engines.device.DeviceConfigError` for a GPU the parent may not use."""
+    kind, n, _ = parse_slot(slot)
+    out = {ORDER_ENV: "PCI_BUS_ID"}
+    if kind == "cpu":
+        out[VISIBLE_ENV] = ""
+        return out
+    if service_gpus < 0:
+        raise DeviceConfigError(f"service GPUs must be >= 0, got {service_gpus}")
+    count = max(1, service_gpus)
+    entries = parent_visible(parent)
+    if entries is None:
+        out[VISIBLE_ENV] = ",".join(str(i) for i in range(n, n + count))
+        return out
+    if n + count > len(entries):
+        raise DeviceConfigError(f"slot {slot} needs GPU(s) {n}..{n + count - 1}, but {VISIBLE_ENV}="
+                                f"{parent.get(VISIBLE_ENV)!r} lists {len(entries)}")
+    out[VISIBLE_ENV] = ",".join(entries[n:n + count])
+    out[NODE_DEVICES_ENV] = ",".join(entries)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,7 +108,11 @@ class GpuDiscovery:
     reason: str  # why count is what it is, in words
 
 
-def discover_gpus() -> GpuDiscovery:
+def discover_gpus(environ: Mapping[str, str] | None = None) -> GpuDiscovery:
+    """The GPUs this process may use: NVML's, restricted to ``environ``'s ``CUDA_VISIBLE_DEVICES``."""
+    visible = parent_visible(os.environ if environ is None else environ)
+    if visible == []:
+        return GpuDiscovery(0, (), f"{VISIBLE_ENV} is empty: no GPU may be used")
     try:
         import pynvml
     except ImportError:
@@ -27,12 +122,21 @@ def discover_gpus() -> GpuDiscovery:
     except pynvml.NVMLError as exc:
         return GpuDiscovery(0, (), f"NVML unavailable ({exc}); no NVIDIA driver on this host")
     try:
-        n = pynvml.nvmlDeviceGetCount()
-        names = []
-        for i in range(n):
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-            names.append(name.decode() if isinstance(name, bytes) else str(name))
-        return GpuDiscovery(n, tuple(names), f"{n} GPU(s) found by NVML" if n else "NVML reports no GPUs")
+        total = pynvml.nvmlDeviceGetCount()
+        uuids, all_names = [], []
+        for i in range(total):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name, uuid = pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetUUID(h)
+            all_names.append(name.decode() if isinstance(name, bytes) else str(name))
+            uuids.append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
+        allowed = allowed_gpus(uuids, visible)
+        names = tuple(all_names[i] if i is not None else "MIG device" for _, i in allowed)
+        n = len(allowed)
+        if visible is not None:
+            why = f"{n} of NVML's {total} GPU(s) allowed by {VISIBLE_ENV}={','.join(visible)}"
+        else:
+            why = f"{n} GPU(s) found by NVML" if n else "NVML reports no GPUs"
+        return GpuDiscovery(n, names, why)
     except pynvml.NVMLError as exc:
         return GpuDiscovery(0, (), f"NVML query failed: {exc}")
     finally:

@@ -3,6 +3,11 @@
 Each slot runs ``python -m libra.actors.runtime``. A child that exits while the supervisor is not
 stopping is restarted with a back-off that doubles (0.5 s → 30 s) and resets after a minute of
 health. SIGTERM/SIGINT are forwarded; children get ``grace_s`` to drain before SIGKILL.
+
+Each child's environment is :func:`slot_environment` (pure): the supervisor's own, its slot's CUDA settings
+(:func:`libra.actors.slots.slot_cuda_env`: PCI bus order, the slot's entry of an existing
+``CUDA_VISIBLE_DEVICES``, no GPU for a CPU slot), then the slot's own settings. Slot names are checked when
+the supervisor is built: a bad one raises :class:`~libra.engines.device.SlotNameError` before any child starts.
 """
 
 from __future__ import annotations
@@ -14,11 +19,33 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from libra.logging import get_logger
 
+from .slots import slot_cuda_env
+
 log = get_logger("libra.supervisor")
+
+
+def service_gpus_of(argv: Sequence[str]) -> int:
+    """The ``--service-gpus G`` a slot's arguments give its model services (0 if none)."""
+    args = list(argv)
+    for i, a in enumerate(args):
+        if a == "--service-gpus" and i + 1 < len(args):
+            return int(args[i + 1])
+        if a.startswith("--service-gpus="):
+            return int(a.partition("=")[2])
+    return 0
+
+
+def slot_environment(slot: str, parent: Mapping[str, str], *, extra: Mapping[str, str] | None = None,
+                     service_gpus: int = 0) -> dict[str, str]:
+    """The environment of ``slot``'s process: ``parent``'s, ``PYTHONFAULTHANDLER=1`` (a slot that dies of a
+    signal in a native library writes its Python stacks first), the slot's CUDA settings, then ``extra``."""
+    return {**parent, "PYTHONFAULTHANDLER": "1", **slot_cuda_env(slot, parent, service_gpus=service_gpus),
+            **(extra or {})}
 
 
 @dataclass
@@ -44,20 +71,24 @@ class Supervisor:
         #: One id per supervisor run, sent by every slot it starts: the broker lets a restarted slot of this
         #: supervisor replace its old session, but refuses an actor id that another supervisor holds live.
         self.instance = uuid.uuid4().hex[:12]
-        self.children = [
-            _Child(slot, [sys.executable, "-m", "libra.actors.runtime", "--broker", broker, "--slot", slot,
-                          "--capacity", str(capacity), "--instance", self.instance, *(extra_args or []),
-                          *(slot_args or {}).get(slot, [])], env=(slot_env or {}).get(slot))
-            for slot in slots
-        ]
+        self.children = []
+        for slot in slots:
+            argv = [sys.executable, "-m", "libra.actors.runtime", "--broker", broker, "--slot", slot,
+                    "--capacity", str(capacity), "--instance", self.instance, *(extra_args or []),
+                    *(slot_args or {}).get(slot, [])]
+            try:
+                gpus = service_gpus_of(argv)
+            except ValueError:
+                gpus = 0  # the runtime refuses the bad number itself, with its own message
+            # computed now: a bad slot name or a GPU the supervisor may not use fails before anything starts
+            env = slot_environment(slot, os.environ, extra=(slot_env or {}).get(slot), service_gpus=gpus)
+            self.children.append(_Child(slot, argv, env=env))
 
     def stop(self) -> None:
         self._stop.set()
 
     def _spawn(self, c: _Child) -> None:
-        # the slot's own settings (e.g. its GPU); a slot that dies of a signal (SIGSEGV in a native library)
-        # writes its Python stacks to stderr first (faulthandler), so the crash says where it happened
-        c.proc = subprocess.Popen(c.argv, env={**os.environ, "PYTHONFAULTHANDLER": "1", **(c.env or {})})
+        c.proc = subprocess.Popen(c.argv, env=c.env)  # slot_environment, computed when the supervisor was built
         c.started_at = time.monotonic()
         c.restart_at = None
         log.info("slot_started", slot=c.slot, pid=c.proc.pid, restarts=c.restarts)

@@ -7,8 +7,10 @@ CPU exactly as before.
 Rules (:func:`choose_placement`):
 
 - A slot named ``gpuN`` (``gpuN.K`` for the K-th extra engine sharing GPU N) runs on ``cuda:0``: the
-  supervisor sets ``CUDA_VISIBLE_DEVICES`` per slot, so the slot's GPU is always the first visible one. Its
-  dtype is ``bfloat16`` unless configured otherwise.
+  supervisor sets ``CUDA_VISIBLE_DEVICES`` per slot (``libra.actors.slots.slot_cuda_env``: GPU N's entry
+  of the host's list), so the slot's GPU is always the first visible one. Its dtype is ``bfloat16`` unless
+  configured otherwise. Slot names other than ``gpuN``, ``gpuN.K`` and ``cpuN`` raise
+  :class:`SlotNameError` (:func:`parse_slot`).
 - A ``cpuN`` slot, or a GPU slot on a host where CUDA is not usable, runs on ``cpu`` in ``float32`` unless a
   dtype is configured; the fallback says why in :attr:`Placement.reason`.
 - The memory budget is a fraction of the GPU's memory (``torch.cuda.set_per_process_memory_fraction`` for the
@@ -28,14 +30,16 @@ or use CUDA, so this module is importable anywhere.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DTYPE_ENV", "ENGINES_PER_GPU_ENV", "MEMORY_FRACTION_ENV", "NODE_GPUS_ENV", "DeviceConfigError", "Placement",
-           "TPUnsupported", "apply_memory_budget", "choose_placement", "engine_labels", "engine_labels_from_env",
-           "free_cuda_cache",
-           "group_devices", "is_cuda_oom", "trainer_backend", "with_settings", "max_tp_for", "parse_dtype", "placement_from_env", "slot_gpu_index"]
+__all__ = ["DTYPE_ENV", "DeviceConfigError", "ENGINES_PER_GPU_ENV", "MEMORY_FRACTION_ENV", "NODE_DEVICES_ENV",
+           "NODE_GPUS_ENV", "Placement", "SlotNameError", "TPUnsupported", "apply_memory_budget", "choose_placement",
+           "cuda_visible_for", "engine_labels", "engine_labels_from_env", "free_cuda_cache", "group_devices",
+           "is_cuda_oom", "max_tp_for", "parse_dtype", "parse_slot", "placement_from_env", "slot_gpu_index",
+           "trainer_backend", "with_settings"]
 
 DTYPE_ENV = "LIBRA_DTYPE"
 MEMORY_FRACTION_ENV = "LIBRA_GPU_MEMORY_FRACTION"
@@ -50,6 +54,10 @@ AUTO_MEMORY_SHARE = 0.9
 
 class DeviceConfigError(ValueError):
     """A device setting that cannot be honoured (unknown dtype, a memory fraction outside (0, 1], ...)."""
+
+
+class SlotNameError(DeviceConfigError):
+    """A slot name that is none of ``gpuN``, ``gpuN.K`` (K >= 1) or ``cpuN``."""
 
 
 class TPUnsupported(DeviceConfigError):
@@ -84,14 +92,24 @@ def parse_dtype(name: str) -> str:
     return _DTYPES[key]
 
 
+_SLOT = re.compile(r"(gpu|cpu)(0|[1-9][0-9]*)(?:\.([1-9][0-9]*))?")
+
+
+def parse_slot(slot: str) -> tuple[str, int, int]:
+    """``(kind, N, K)`` of a slot name: ``gpu3`` → ``("gpu", 3, 0)``, ``gpu3.1`` → ``("gpu", 3, 1)`` (the
+    second engine on GPU 3), ``cpu2`` → ``("cpu", 2, 0)``. Anything else raises :class:`SlotNameError`."""
+    m = _SLOT.fullmatch(slot) if isinstance(slot, str) else None
+    if m is None or (m.group(1) == "cpu" and m.group(3) is not None):
+        raise SlotNameError(f"slot names are gpuN, gpuN.K (K >= 1: another engine on GPU N) or cpuN, got {slot!r}")
+    return m.group(1), int(m.group(2)), int(m.group(3) or 0)
+
+
 def slot_gpu_index(slot: str) -> int | None:
-    """The GPU a slot sits on: ``gpu3`` → 3, ``gpu3.1`` → 3 (a second engine on GPU 3), ``cpu0`` → None."""
+    """The GPU a slot sits on: ``gpu3`` → 3, ``gpu3.1`` → 3 (a second engine on GPU 3), ``cpu0`` → None.
+    A malformed ``gpu`` name raises :class:`SlotNameError`."""
     if not slot.startswith("gpu"):
         return None
-    head = slot[3:].split(".", 1)[0]
-    if not head.isdigit():
-        raise DeviceConfigError(f"GPU slot names are gpuN or gpuN.K, got {slot!r}")
-    return int(head)
+    return parse_slot(slot)[1]
 
 
 def choose_placement(slot: str, *, cuda_devices: int, dtype: str = "auto", memory_fraction: float = 0.0,
@@ -203,6 +221,24 @@ def engine_labels(slot: str, role: str, engine: str, gpus_on_node: int) -> dict[
 
 
 NODE_GPUS_ENV = "LIBRA_NODE_GPUS"
+#: The host's GPUs as the supervisor was allowed to see them (its ``CUDA_VISIBLE_DEVICES`` entries: indices,
+#: UUIDs or MIG ids), set in GPU slots' environment when that list was given; GPU ``N`` is its ``N``-th entry.
+NODE_DEVICES_ENV = "LIBRA_NODE_CUDA_DEVICES"
+
+
+def cuda_visible_for(gpus: tuple[int, ...] | list[int], environ: Mapping[str, str] | None = None) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` value naming the node's GPUs ``gpus`` (e.g. a TP group's
+    :func:`group_devices`): their entries in ``$LIBRA_NODE_CUDA_DEVICES`` when the node's list was given by
+    Slurm or Kubernetes, else the indices themselves. Raises :class:`DeviceConfigError` past its end."""
+    env = os.environ if environ is None else environ
+    raw = env.get(NODE_DEVICES_ENV)
+    if raw is None:
+        return ",".join(str(g) for g in gpus)
+    entries = [e.strip() for e in raw.split(",") if e.strip()]
+    bad = [g for g in gpus if not 0 <= g < len(entries)]
+    if bad:
+        raise DeviceConfigError(f"GPU(s) {bad} are outside this node's {len(entries)} visible GPU(s) ({raw!r})")
+    return ",".join(entries[g] for g in gpus)
 
 
 def engine_labels_from_env(slot: str, role: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -24,13 +24,13 @@ def test_engine_slots_spread_over_the_gpus_and_share_when_fewer() -> None:
 def test_gpu_layout_sets_each_slots_gpu_and_never_makes_gpus_action_slots_by_default() -> None:
     slots, role_of, env, fallback, why = gpu_layout(["rollout", "train"], [], 2, "hybrid", "/m")
     assert slots == ["gpu0", "gpu1"] and role_of == {"gpu0": "rollout", "gpu1": "train"} and not fallback
-    assert env["gpu1"] == {"CUDA_VISIBLE_DEVICES": "1", "LIBRA_ENGINES_PER_GPU": "1"}
+    assert env["gpu1"] == {"LIBRA_ENGINES_PER_GPU": "1"}  # the GPU itself comes from the name (slot_cuda_env)
     # no GPU on this host: the engine slots run on the CPU, and the sentence says so
     slots, _, _, fallback, why = gpu_layout(["rollout", "train"], [], 0, "hybrid", "/m")
     assert slots == [] and fallback == ["rollout", "train"] and "no GPU" in why
     # one slot per GPU: hybrid engines (directed by the broker), or none at all without a model
     slots, role_of, env, _, _ = gpu_layout(None, ["gpu0", "gpu1"], 2, "hybrid", "/m")
-    assert role_of == {"gpu0": "hybrid", "gpu1": "hybrid"} and env["gpu1"] == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert role_of == {"gpu0": "hybrid", "gpu1": "hybrid"} and env["gpu1"] == {}
     slots, _, _, _, why = gpu_layout(None, ["gpu0"], 1, "hybrid", None)
     assert slots == [] and "--model-dir" in why
     assert gpu_layout(None, ["gpu0"], 1, "action", None)[1] == {"gpu0": "action"}  # only when asked for
