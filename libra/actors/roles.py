@@ -11,6 +11,7 @@ contract. Every public name of the role modules is importable from here too.
 
 from __future__ import annotations
 
+import importlib
 import threading
 from typing import Any
 
@@ -38,12 +39,24 @@ class HybridRole:
     the group's GPUs at once (vLLM, ``tensor_parallel_size = tp``); the other members close their engines
     and hold none while grouped (their actor core bids for nothing). A directive for a TP degree the
     engine cannot serve raises :class:`~libra.engines.device.TPUnsupported` before anything is closed.
+
+    A switch frees what the old role held before anything new is built: the rollout role is closed
+    (:meth:`RolloutRole.close`: batcher, engine, context service), the trainer rank too (:meth:`TrainRole.close`),
+    every reference to them is dropped, and on CUDA the allocator's cache is emptied
+    (:func:`~libra.engines.memory.release_memory`, which also says whether a reference cycle had to be
+    collected). The memory before and after goes to the ``role_switched`` log line and to the slot's record
+    ``RUN/actors/<slot>.json``: ``switches`` and ``role_switches`` (the last 20 ``{"switch", "kinds", "role",
+    "released", "memory_before", "memory_after", "gc_needed", "still_alive", "at"}``).
     """
 
     def __init__(self, model_dir: str, run_dir: str | None, slot: str, *, max_batch: int = 32,
                  torch_threads: int = 0, placement: Any = None) -> None:
         from libra.engines.device import placement_from_env
 
+        from .rollout_role import rollout_engine_name
+
+        if rollout_engine_name() == "hf":  # its imports now, outside any engine's constructor (see hf_rollout)
+            importlib.import_module("libra.engines.hf_rollout")
         self.model_dir, self.run_dir, self.slot = model_dir, run_dir, slot
         self.max_batch, self.torch_threads = max_batch, torch_threads
         self.placement = placement if placement is not None else placement_from_env(slot)
@@ -54,6 +67,7 @@ class HybridRole:
         self.group: tuple[str, int, int] = ("", 1, 0)  # (name, tp, rank) of the rollout group; "" ungrouped
         self.engines_built = 0
         self.on_kv_use: Any = None  # handed to each rollout engine's role: the actor's re-bid by KV use
+        self.record: dict[str, Any] = {"switches": 0, "role_switches": []}  # in the slot's record file
 
     def _new_rollout(self) -> RolloutRole:
         from libra.engines.device import group_devices
@@ -62,7 +76,8 @@ class HybridRole:
         devices = group_devices(self.slot, rank, tp) if tp > 1 else ()
         self.engines_built += 1
         r = RolloutRole(self.model_dir, self.run_dir, self.slot, max_batch=self.max_batch,
-                        torch_threads=self.torch_threads, placement=self.placement, tp=tp, devices=devices)
+                        torch_threads=self.torch_threads, placement=self.placement, tp=tp, devices=devices,
+                        record=self.record)
         r.on_kv_use = self.on_kv_use
         return r
 
@@ -99,24 +114,81 @@ class HybridRole:
         with self._lock:
             self.switches += 1
             regroup = group != self.group or placement != self.placement
-            if placement != self.placement and self.trainer is not None:
-                self.trainer.close()  # rebuilt in the new dtype / memory budget on its next step
-                self.trainer = None
+            # the rollout role was drained by the actor core before this call; a trainer rank stops serving
+            # weights (its process group is left to the job) or is rebuilt in a new dtype / memory budget
+            drop_rollout = self.rollout is not None and ("generate" not in kinds or regroup)
+            drop_trainer = self.trainer is not None and (placement != self.placement or "train" not in kinds
+                                                         or group[2] > 0)
+            released = self._release(drop_rollout, drop_trainer)
             self.placement = placement
-            if self.rollout is not None and ("generate" not in kinds or regroup):
-                self.rollout.close()  # drained by the actor core before this call
-                self.rollout = None
-            if self.trainer is not None and ("train" not in kinds or group[2] > 0):
-                self.trainer.close()  # stops serving weights; its process group is left to the job
-                self.trainer = None
             self.group = group
             if rollout_group and rank == 0 and self.rollout is None:
-                self.rollout = self._new_rollout()  # the group's one engine, built now, not on the first turn
+                self.rollout = self._new_rollout()  # the group's one engine, built now (after the release)
+            self._note_switch(kinds, config.get("role"), released)
             log.info("role_switched", kinds=kinds, role=config.get("role"), switches=self.switches,
-                     group=group[0] or None, tp=group[1], rank=group[2])
+                     group=group[0] or None, tp=group[1], rank=group[2], released=released["released"],
+                     memory_before=released["before"], memory_after=released["after"],
+                     gc_needed=released["gc_needed"])
             if group[2] > 0:
                 return 0  # a member: no engine, no capacity
             return 1 if "train" in kinds and "generate" not in kinds else self.max_batch
+
+    def _device(self) -> Any:
+        p = self.placement
+        return p.device if p is not None and getattr(p, "on_gpu", False) else None
+
+    def _release(self, rollout: bool, trainer: bool) -> dict[str, Any]:
+        """Close and drop the rollout role and/or the trainer rank, then release their memory (see the class
+        docstring); the record of what was released and the memory before and after."""
+        from libra.engines.memory import memory_reading, release_memory, weak
+
+        before = memory_reading(self._device())
+        refs, what = [], []
+        if rollout:
+            r, self.rollout = self.rollout, None
+            engine = getattr(r, "engine", None)
+            refs += weak(r, engine, getattr(engine, "model", None))
+            del engine
+            r.close()  # type: ignore[union-attr]
+            del r
+            what.append("rollout")
+        if trainer:
+            t, self.trainer = self.trainer, None
+            inner = getattr(t, "trainer", None)
+            refs += weak(t, inner, getattr(inner, "model", None), getattr(inner, "optimizer", None))
+            del inner
+            t.close()  # type: ignore[union-attr]
+            del t
+            what.append("train")
+        if not what:
+            after = memory_reading(self._device())
+            return {"released": what, "before": before, "after": after, "gc_needed": False, "still_alive": []}
+        return {"released": what, **release_memory(before, refs, self._device())}
+
+    def _note_switch(self, kinds: list[str], role: Any, released: dict[str, Any]) -> None:
+        """Add this switch to the slot's record and write it (through the rollout role when there is one)."""
+        import json
+        import os
+        import time
+        from pathlib import Path
+
+        entry = {"switch": self.switches, "kinds": list(kinds), "role": role, "at": time.time(),
+                 "released": released["released"], "memory_before": released["before"],
+                 "memory_after": released["after"], "gc_needed": released["gc_needed"],
+                 "still_alive": released["still_alive"]}
+        self.record["switches"] = self.switches
+        self.record["role_switches"] = [*self.record["role_switches"][-19:], entry]
+        if self.rollout is not None and hasattr(self.rollout, "write_status"):
+            self.rollout.write_status()
+            return
+        if self.run_dir is None:
+            return
+        d = Path(self.run_dir) / "actors"
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{self.slot}.json.tmp"
+        now = "rollout" if "generate" in kinds else "train" if "train" in kinds else "hybrid"
+        tmp.write_text(json.dumps({**self.record, "slot": self.slot, "role": now, "pid": os.getpid()}))
+        os.replace(tmp, d / f"{self.slot}.json")
 
 
 def role_handlers(role: str, model_dir: str | None, run_dir: str | None, slot: str, *, max_batch: int = 32,

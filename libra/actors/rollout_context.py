@@ -20,10 +20,15 @@ Contracts:
   ``context_at``.
 - Engines without a KV cache of their own (vLLM, whose prefix caching works inside the engine) get an
   ids-only store here, so the delta form works with every engine.
+- References: the data-plane server reaches this service only through a weak reference (no cycle through its
+  provider), and :meth:`ContextService.close` stops the server and drops the engine and the store, so nothing
+  here keeps a closed engine's model or KV alive. :meth:`ContextService.replace_engine` swaps in a rebuilt
+  engine (after a crash): the contexts the dead engine held are gone, the next turn fetches its ids again.
 """
 
 from __future__ import annotations
 
+import weakref
 from array import array
 from dataclasses import dataclass
 from typing import Any
@@ -64,16 +69,23 @@ class ContextService:
     def __init__(self, engine: Any, keys: Any = None, *, fetch_timeout_s: float = 10.0) -> None:
         from libra.dataplane import DataPlaneServer
 
-        self.engine = engine
         self.keys = keys
         self.fetch_timeout_s = fetch_timeout_s
-        self.own_cache = not isinstance(getattr(engine, "kv_cache", None), KVCache)
-        self.store: KVCache = KVCache(IDS_ONLY_BUDGET) if self.own_cache else engine.kv_cache
-        self.server = DataPlaneServer(keys=keys, provider=self._provide)
+        self.replace_engine(engine)
+        self.server = DataPlaneServer(keys=keys, provider=_weak_provider(self))
         self.stats = {"cache": 0, "local": 0, "kv": 0, "ids": 0, "new": 0, "full": 0, "kv_fetch_failed": 0}
 
+    def replace_engine(self, engine: Any) -> None:
+        """Serve with ``engine`` from now on (see the module contracts)."""
+        self.engine = engine
+        self.own_cache = not isinstance(getattr(engine, "kv_cache", None), KVCache)
+        self.store: KVCache = KVCache(IDS_ONLY_BUDGET) if self.own_cache else engine.kv_cache
+
     def close(self) -> None:
+        """Stop serving contexts and drop the engine and the store. Idempotent."""
         self.server.close()
+        self.engine = None
+        self.store = KVCache(0)
 
     # ------------------------------------------------------------------ resolving a turn
     def resolve(self, trajectory: str | None, ga: GenerateArgs, route: Any) -> tuple[list[int], str]:
@@ -191,3 +203,14 @@ class ContextService:
         tensors, meta = pack_context(entry, with_kv=True)
         header, chunks = pack_state_dict(tensors, metadata=meta)
         return header, list(chunks)
+
+
+def _weak_provider(service: ContextService) -> Any:
+    """The data-plane provider of ``service`` through a weak reference: the server keeps no cycle to it."""
+    ref = weakref.ref(service)
+
+    def provide(name: str) -> tuple[bytes, list[bytes]] | None:
+        s = ref()
+        return None if s is None else s._provide(name)
+
+    return provide

@@ -15,8 +15,20 @@ Contracts:
 - Placement: the engine runs where ``libra.engines.device`` puts the slot (``placement``): a GPU slot's GPU in
   bf16 by default with its memory budget, the CPU in fp32 otherwise. A TP group's leader (``tp > 1``) builds
   one vLLM engine over the group's GPUs (``devices``); the HF engine refuses ``tp > 1`` (``TPUnsupported``).
-- A CUDA out-of-memory error in an engine call fails that batch's turns with ``oom`` (``ToolFailed.tool_code``
-  at the client), frees the CUDA cache and halves the batch (down to 1); the instance keeps serving.
+- Failures of an engine call (``ToolFailed.tool_code`` at the client): a CUDA out-of-memory error or
+  :class:`~libra.engines.rollout_base.EngineOutOfMemory` fails that batch's turns with ``oom`` and halves the
+  batch (down to 1, also the engine's ``max_batch_size``); the CUDA cache is freed only after the ``except``
+  block is left, so the failed call's tensors (held by its traceback) are gone first. The instance keeps
+  serving. :class:`~libra.engines.rollout_base.EngineCrashed` fails the batch with ``engine_failed``, then the
+  dead engine is closed and released and a new one built before the next batch (``engine_restarts``); while
+  a rebuild fails, batches fail with ``engine_failed`` and it is retried after a back-off (2 s doubling to
+  30 s). Any other engine exception fails the batch with ``engine_failed`` and keeps the engine.
+- A turn whose prompt + ``max_new_tokens`` exceeds the engine's ``max_model_len`` fails alone with
+  ``context_too_long`` before it is batched; the other turns run.
+- :meth:`RolloutRole.close` stops and joins the batcher, closes the engine (``engine.close()``) and the context
+  service, and drops every reference to the engine, so a role switch frees the model and its KV (idempotent;
+  turns must be drained first). Each release (close, crash, OOM) records the memory before and after it
+  (``libra.engines.memory``) in ``memory_releases`` (the last 20) of the status file.
 - Concurrent turns are batched: one thread drains the queue of waiting turns (up to ``max_batch``) and
   runs one engine call for all of them.
 - Weights are loaded only between engine calls, never mid-turn: before a batch, if any waiting turn
@@ -32,7 +44,9 @@ Contracts:
 - The instance records its state in ``RUN/actors/<slot>.json`` after every load or failure:
   ``weights_version``, ``loads``, ``dataplane_loads``, ``torch_loads``, ``file_loads``, ``bytes_fetched``,
   ``last_load_s``, ``last_fetch_s``, ``fetch_errors``, ``last_error`` and ``fetches`` (the last 50
-  ``{"version", "via", "fetch_s", "load_s", "bytes"}``).
+  ``{"version", "via", "fetch_s", "load_s", "bytes"}``); ``ooms``, ``max_batch``, ``engine_restarts``,
+  ``restart_errors``, ``context_too_long`` and ``memory_releases`` after a failure; and the fields of
+  ``record`` (a hybrid slot's role switches).
 - Fallback (documented, not used by ``python -m libra run``): a weights ref with a ``path`` instead of an
   ``endpoint`` is read from a :func:`write_weights_file` file, for weights on shared storage (e.g. a
   checkpoint) when no data-plane route to a trainer exists.
@@ -65,6 +79,7 @@ from libra.protocol.payloads_base import PayloadError
 from libra.protocol.payloads_refs import WeightsRef
 from libra.protocol.payloads_rollout import GenerateArgs, GenerateResult
 
+from .rollout_failures import EngineKeeper
 from .tools import ToolError, WorkContext
 
 __all__ = ["KV_REBID_ENV", "ROLLOUT_ENGINE_ENV", "RolloutRole", "attach_kv_reports", "make_rollout_engine",
@@ -175,24 +190,29 @@ def rollout_engine_name() -> str:
     return os.environ.get(ROLLOUT_ENGINE_ENV, "hf").strip().lower() or "hf"
 
 
-class RolloutRole:
+class RolloutRole(EngineKeeper):
     """A rollout engine (HF by default, see :func:`make_rollout_engine`) with a turn batcher (see the module
-    contracts)."""
+    contracts; its engine's failures and releases: :class:`~libra.actors.rollout_failures.EngineKeeper`)."""
 
-    BACKOFF_S = (2.0, 30.0)  # first retry delay after a failed fetch, and its cap (doubling in between)
+    BACKOFF_S = (2.0, 30.0)  # first retry delay after a failed fetch or rebuild, and its cap (doubling in between)
 
     def __init__(self, model_dir: str, run_dir: str | None, slot: str, *, max_batch: int = 32,
                  window_s: float = 0.02, torch_threads: int = 0, fetch_timeout_s: float = 10.0,
                  fetcher: Any = None, placement: Any = None, tp: int = 1, devices: tuple[int, ...] = (),
-                 engine: Any = None) -> None:
+                 engine: Any = None, engine_factory: Any = None, record: dict[str, Any] | None = None) -> None:
         from libra.dataplane import DataPlaneKeys
         from libra.weights.dataplane import DataPlaneWeightFetcher
 
         set_torch_threads(torch_threads)
         self.placement = placement
-        self.engine = engine if engine is not None else make_rollout_engine(model_dir, max_batch, placement, tp=tp,
-                                                                            devices=devices)
-        self.ooms = 0  # CUDA out-of-memory failures survived (each halves max_batch)
+        # builds a new engine after a crash (a closure over the arguments, never over this role or its engine)
+        self._factory = engine_factory or (lambda: make_rollout_engine(model_dir, max_batch, placement, tp=tp,
+                                                                       devices=devices))
+        self.engine = engine if engine is not None else self._factory()
+        self._version = int(self.engine.weights_version)  # the last version an engine reported (for the record)
+        self.ooms = 0  # out-of-memory failures survived (each halves max_batch)
+        self.record = record if record is not None else {}  # extra record fields (a hybrid slot's switches)
+        self._restart: tuple[float, float] = (0.0, 0.0)  # (next rebuild try, its back-off) while the engine is down
         self.run_dir = Path(run_dir) if run_dir else None
         self.slot = slot
         self.max_batch = max_batch
@@ -203,12 +223,16 @@ class RolloutRole:
         from .rollout_context import ContextService
 
         self.contexts = ContextService(self.engine, self.keys, fetch_timeout_s=fetch_timeout_s)
-        self._torch: Any = None  # TorchWeightFetcher, created on the first torch.distributed ref
-        self._q: queue.SimpleQueue[tuple[Any, WeightsRef | None, Future]] = queue.SimpleQueue()
+        from libra.weights.transport import Fetchers
+
+        on = placement.device if placement is not None else None  # weights land on the engine's device
+        self._fetchers = Fetchers(keys=self.keys, device=on, timeout_s=fetch_timeout_s)  # one per transport
+        self._q: queue.SimpleQueue[tuple[Any, WeightsRef | None, Future] | None] = queue.SimpleQueue()  # None: close
         self.stats: dict[str, Any] = {"loads": 0, "dataplane_loads": 0, "torch_loads": 0, "file_loads": 0,
                                       "bytes_fetched": 0,
                                       "last_load_s": 0.0, "last_fetch_s": 0.0, "fetch_errors": 0, "last_error": None,
-                                      "fetches": []}
+                                      "fetches": [], "ooms": 0, "max_batch": max_batch, "engine_restarts": 0,
+                                      "restart_errors": 0, "context_too_long": 0, "memory_releases": []}
         self._source: WeightsRef | None = None  # the newest trainer ref seen: where idle polls ask
         self._backoff: dict[tuple[str, int], tuple[float, float]] = {}  # (source, version) -> (retry_at, delay)
         self.idle_poll_s = 0.25
@@ -216,7 +240,8 @@ class RolloutRole:
         self.on_kv_use: Any = None
         self._stopped = threading.Event()
         self._write_status()
-        threading.Thread(target=self._loop, name="libra-rollout-batcher", daemon=True).start()
+        self._thread = threading.Thread(target=self._loop, name="libra-rollout-batcher", daemon=True)
+        self._thread.start()
 
     def generate(self, args: Any, ctx: WorkContext) -> dict[str, Any]:
         """One ``generate`` turn: :class:`GenerateArgs` in, :class:`GenerateResult` (as a mapping) out."""
@@ -233,40 +258,68 @@ class RolloutRole:
             raise ToolError("bad_request", str(exc)) from None
         except (ValueError, TypeError) as exc:
             raise ToolError("bad_request", f"bad generate args: {exc}") from None
+        limit = getattr(self.engine, "max_model_len", None)
+        if isinstance(limit, int) and len(prompt) + req.max_new_tokens > limit:
+            self.stats["context_too_long"] += 1
+            n, m = len(prompt), req.max_new_tokens
+            raise ToolError("context_too_long", f"prompt ({n} tokens) + max_new_tokens ({m}) = {n + m} exceeds the "
+                                                f"rollout engine's context limit max_model_len ({limit})")
+        if self._stopped.is_set():
+            raise ToolError("engine_failed", f"rollout instance {self.slot} is closed")
         fut: Future = Future()
         self._q.put((Turn(req, ctx.trajectory, via), ga.weights, fut))
         return fut.result()
 
+    CLOSE_JOIN_S = 60.0  # how long close() waits for the batcher's current batch or idle poll
+
     def close(self) -> None:
-        """Stop the batcher after its current batch and release the engine (turns must be drained first)."""
+        """Stop and join the batcher, close the engine and the context service, and drop every reference to the
+        engine (see the module contracts). Turns must be drained first. Idempotent."""
+        if self._stopped.is_set():
+            return
         self._stopped.set()
+        self._q.put(None)  # wakes the batcher now
+        if self._thread is not threading.current_thread():
+            self._thread.join(self.CLOSE_JOIN_S)
+            if self._thread.is_alive():
+                log.warning("rollout_batcher_still_running", slot=self.slot, waited_s=self.CLOSE_JOIN_S)
+        self.on_kv_use = None
         self.contexts.close()
+        self._fetchers.close()  # a torch fetcher's pair groups go with it
+        self._release_engine("close")
 
     def _take_batch(self) -> list[tuple[Any, WeightsRef | None, Future]]:
         while True:
             if self._stopped.is_set():
                 return []
             try:
-                batch = [self._q.get(timeout=self.idle_poll_s)]
+                first = self._q.get(timeout=self.idle_poll_s)
                 break
             except queue.Empty:
                 self._poll_published()  # idle: pick up a newly published version early
+        if first is None:  # close() woke us
+            return []
+        batch = [first]
         deadline = time.monotonic() + self.window_s
         while len(batch) < self.max_batch:
             remaining = deadline - time.monotonic()
             try:
-                batch.append(self._q.get(timeout=max(0.0, remaining)) if remaining > 0 else self._q.get_nowait())
+                item = self._q.get(timeout=max(0.0, remaining)) if remaining > 0 else self._q.get_nowait()
             except queue.Empty:
                 break
+            if item is None:
+                break
+            batch.append(item)
         return batch
 
     def _loop(self) -> None:
         while True:
             batch = self._take_batch()
             if not batch:
-                self.engine = None  # type: ignore[assignment]  # closed: free the model
                 return
+            failure: tuple[str, str] | None = None
             try:
+                self._ensure_engine()
                 sync = self._maybe_load([w for _, w, _ in batch])
                 turns = [t for t, _, _ in batch]
                 results = self.contexts.generate(turns)
@@ -274,14 +327,21 @@ class RolloutRole:
                                           weights_version=r.weights_version, gen_tokens=len(r.token_ids),
                                           batch=len(batch), **sync, **self.contexts.reply_fields(t, r)).to_wire()
                            for t, r in zip(turns, results)]
+                del results
+            except ToolError as exc:
+                failure = (exc.code, exc.message)
             except Exception as exc:  # noqa: BLE001  (deliver the failure to every waiting turn)
-                err = self._engine_failure(exc)
+                failure = self._classify(exc)  # strings only: nothing of the traceback outlives this block
+            if failure is not None:  # out of the except block: the failed call's frames and tensors are gone
+                err = self._engine_failure(*failure)
                 for *_, fut in batch:
                     fut.set_exception(err)
+                del err, batch
                 continue
             self._report_kv()  # before the replies: the credit is re-bid before the next turns can come
             for (*_, fut), reply in zip(batch, replies):
                 fut.set_result(reply)
+            del batch, replies
 
     def _report_kv(self) -> None:
         """Hand the engine's KV reading (``libra.engines.kv_use``) to :attr:`on_kv_use`, if set."""
@@ -292,26 +352,6 @@ class RolloutRole:
         reading = engine_kv_use(self.engine)
         if reading is not None:
             self.on_kv_use(*reading)
-
-    def _engine_failure(self, exc: BaseException) -> ToolError:
-        """The typed failure of a batch the engine raised ``exc`` on. A CUDA out-of-memory error is ``oom``:
-        the cache is freed and the batch size halved (down to 1), and the instance keeps serving."""
-        from libra.engines.device import free_cuda_cache, is_cuda_oom
-
-        if not is_cuda_oom(exc):
-            return ToolError("engine_failed", f"{type(exc).__name__}: {exc}")
-        free_cuda_cache()
-        self.ooms += 1
-        before = self.max_batch
-        self.max_batch = max(1, self.max_batch // 2)
-        if hasattr(self.engine, "max_batch_size"):
-            self.engine.max_batch_size = min(self.engine.max_batch_size, self.max_batch)
-        self.stats["ooms"] = self.ooms
-        self.stats["max_batch"] = self.max_batch
-        self._write_status()
-        log.warning("rollout_oom", slot=self.slot, max_batch_before=before, max_batch=self.max_batch, ooms=self.ooms)
-        return ToolError("oom", f"CUDA out of memory in the rollout engine (batch lowered {before} -> "
-                                f"{self.max_batch}): {exc}")
 
     def _maybe_load(self, wanted: list[WeightsRef | None]) -> dict[str, Any]:
         """Load the newest version any of ``wanted`` names, if newer than the engine's. Returns the reply
@@ -337,12 +377,9 @@ class RolloutRole:
             return {**nothing, "weights_error": self.stats["last_error"]}
         t0 = time.perf_counter()
         try:
-            if best.transport == "torch":  # the trainer publishes over torch.distributed
-                sd, version, fs = self._torch_fetcher().fetch(best.to_wire())
-                via, fetch_s, nbytes = "torch", fs.seconds, fs.nbytes
-            elif best.endpoint:
-                sd, version, fs = self.fetcher.fetch(best.to_wire())
-                via, fetch_s, nbytes = "dataplane", fs.seconds, fs.nbytes
+            if best.endpoint:  # the ref names its transport (libra.weights.transport)
+                sd, version, fs, via = self._fetchers.fetch(best.to_wire(), {"dataplane": self.fetcher})
+                fetch_s, nbytes = fs.seconds, fs.nbytes
             else:
                 sd, version = read_weights_file(str(best.path))
                 via, fetch_s, nbytes = "file", time.perf_counter() - t0, 0
@@ -369,14 +406,6 @@ class RolloutRole:
         self._write_status()
         log.info("weights_loaded", version=version, via=via, load_s=round(load_s, 4), fetch_s=round(fetch_s, 4))
         return {"load_s": load_s, "fetch_s": fetch_s, "weights_via": via, "weights_error": None}
-
-    def _torch_fetcher(self) -> Any:
-        if self._torch is None:
-            from libra.weights.torch_dist import TorchWeightFetcher
-
-            on = self.placement.device if self.placement is not None else None  # weights land on the engine's device
-            self._torch = TorchWeightFetcher(timeout_s=max(30.0, self.fetch_timeout_s), device=on)
-        return self._torch
 
     def _poll_published(self) -> None:
         """Ask the last known trainer endpoint for its newest weights; load them if newer (idle only)."""
@@ -413,14 +442,20 @@ class RolloutRole:
         if newest is not None and newest.version > self.engine.weights_version:
             self._maybe_load([newest])
 
+    def write_status(self) -> None:
+        """Write the status file ``RUN/actors/<slot>.json`` now (see the module contracts)."""
+        self._write_status()
+
     def _write_status(self) -> None:
+        if self.engine is not None:
+            self._version = int(self.engine.weights_version)
         if self.run_dir is None:
             return
         d = self.run_dir / "actors"
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f".{self.slot}.json.tmp"
-        tmp.write_text(json.dumps({"slot": self.slot, "role": "rollout", "weights_version": self.engine.weights_version,
-                                   "pid": os.getpid(), **self.stats}))
+        tmp.write_text(json.dumps({**self.record, "slot": self.slot, "role": "rollout",
+                                   "weights_version": self._version, "pid": os.getpid(), **self.stats}))
         os.replace(tmp, d / f"{self.slot}.json")
 
 

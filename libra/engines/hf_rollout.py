@@ -26,7 +26,11 @@ Contracts (beyond :class:`~libra.engines.rollout_base.RolloutEngine`):
   depend on the other requests' seeds. (They can still differ across batch compositions in rare
   ties, because padded batches round differently in the last bits.)
 - ``generate`` and ``load_weights`` hold one lock: weights never change mid-generation.
-- Requests longer than the model's ``max_position_embeddings`` are refused with ``ValueError``.
+- Requests longer than the model's ``max_position_embeddings`` are refused with ``ValueError``; that limit is
+  :attr:`HFRolloutEngine.max_model_len` (the name vLLM uses), so the rollout role can fail only the over-long
+  turn before a batch runs.
+- :meth:`HFRolloutEngine.close` drops the model and every cached context (so a role switch frees them); the
+  engine serves nothing after it (:class:`~libra.engines.rollout_base.EngineError`). Idempotent.
 
 Not in this module: tokenisation, chat templates, batching across calls (the actor decides what to
 batch), anything about sockets.
@@ -45,6 +49,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # must precede the transformers im
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
+
+# Imported with this module, not by the first from_pretrained: it imports torch._dynamo, whose first import leaves
+# its callers' frames in a reference cycle (torch.fx.wrap keeps its own frame), and an engine's constructor frame
+# (holding the engine) must not be one of them, or the engine outlives its close until a garbage collection.
+import transformers.generation.utils  # noqa: E402, F401
 
 from libra.engines.kv_cache import ContextEntry, KVCache
 from libra.engines.rollout_base import (
@@ -176,6 +185,8 @@ class HFRolloutEngine:
         cfg = model.config
         self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
         self.max_positions: int | None = getattr(cfg, "max_position_embeddings", None)
+        self.max_model_len: int | None = self.max_positions  # prompt + max_new_tokens above it: refused
+        self._closed = False
         pad = getattr(cfg, "pad_token_id", None)
         self._pad_id: int = int(pad) if pad is not None else 0  # masked out; any id works
         self.device: torch.device = next(model.parameters()).device
@@ -209,6 +220,8 @@ class HFRolloutEngine:
         results: list[GenResult | None] = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
         with self._lock, torch.inference_mode():
+            if self._closed:
+                raise EngineError("HFRolloutEngine: generate on a closed engine")
             version = self._version
             for start in range(0, len(order), self.max_batch_size):
                 idx = order[start : start + self.max_batch_size]
@@ -216,6 +229,13 @@ class HFRolloutEngine:
                                                             [keys[i] for i in idx])):
                     results[i] = res
         return [r for r in results if r is not None]
+
+    def close(self) -> None:
+        """Drop the model and every cached context (see the module contracts); waits for a running call."""
+        with self._lock:
+            self._closed = True
+            self.kv_cache.clear()
+            self.model = None
 
     def context(self, session: str) -> ContextEntry | None:
         """The context this engine holds for ``session`` (None if none), without marking it used."""
@@ -240,6 +260,8 @@ class HFRolloutEngine:
         raises :class:`WeightsMismatch` and leaves the weights untouched.
         """
         with self._lock:
+            if self._closed:
+                raise EngineError("HFRolloutEngine: load_weights on a closed engine")
             own = self.model.state_dict()
             missing = sorted(set(own) - set(state_dict))
             unexpected = sorted(set(state_dict) - set(own))

@@ -137,6 +137,12 @@ class KVCache:
             if e is not None:
                 self._used -= e.nbytes
 
+    def clear(self) -> None:
+        """Drop every entry (its KV tensors with it): the engine that owns the cache is closing."""
+        with self._lock:
+            self._entries.clear()
+            self._used = 0
+
     def drop_kv(self) -> None:
         """Keep every entry's ids, drop all KV (new weights make the cached KV stale)."""
         with self._lock:
