@@ -18,6 +18,8 @@ settings out):
 - ``cpuN`` sees no GPU (``CUDA_VISIBLE_DEVICES=""``): its engines and its ``reward_model`` service run on
   the CPU instead of taking GPU memory outside every slot's budget. Model services get GPUs only on a GPU
   slot (``--service-gpus``; a CPU slot refuses them, ``libra.actors.topology``).
+- ``LIBRA_SLOT_CUDA`` names the slot these settings were made for: a runtime started without the
+  supervisor (a systemd unit) makes its own (:func:`runtime_cuda_env`), one started by it keeps them.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from dataclasses import dataclass
 from libra.engines.device import NODE_DEVICES_ENV, DeviceConfigError, parse_slot
 
 __all__ = ["VISIBLE_ENV", "ORDER_ENV", "GpuDiscovery", "GpuEngineSlot", "allowed_gpus", "discover_gpus",
-           "parent_visible", "place_gpu_roles", "resolve_slots", "slot_cuda_env"]
+           "parent_visible", "place_gpu_roles", "resolve_slots", "runtime_cuda_env", "slot_cuda_env"]
 
 VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
 ORDER_ENV = "CUDA_DEVICE_ORDER"
+SLOT_CUDA_ENV = "LIBRA_SLOT_CUDA"  # the slot whose CUDA settings this environment already holds
 
 
 def parent_visible(environ: Mapping[str, str]) -> list[str] | None:
@@ -82,7 +85,7 @@ def slot_cuda_env(slot: str, parent: Mapping[str, str], *, service_gpus: int = 0
     module docstring). Raises :class:`~libra.engines.device.SlotNameError` for a bad slot name and
     :class:`~libra.engines.device.DeviceConfigError` for a GPU the parent may not use."""
     kind, n, _ = parse_slot(slot)
-    out = {ORDER_ENV: "PCI_BUS_ID"}
+    out = {ORDER_ENV: "PCI_BUS_ID", SLOT_CUDA_ENV: slot}
     if kind == "cpu":
         out[VISIBLE_ENV] = ""
         return out
@@ -192,3 +195,12 @@ def place_gpu_roles(roles: list[str], n_gpus: int) -> list[GpuEngineSlot]:
         per_gpu[g] = n + 1
         placed.append((f"gpu{g}" if n == 0 else f"gpu{g}.{n}", role, g))
     return [GpuEngineSlot(s, r, g, per_gpu[g]) for s, r, g in placed]
+
+
+def runtime_cuda_env(slot: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """What a slot's runtime must still set in its own environment: nothing when its supervisor already did
+    (``LIBRA_SLOT_CUDA`` names this slot), else :func:`slot_cuda_env` of the environment it was started
+    with (a runtime started directly, e.g. by a systemd unit, as ``--slot gpu0.1``)."""
+    if environ.get(SLOT_CUDA_ENV) == slot:
+        return {}
+    return slot_cuda_env(slot, environ)

@@ -19,11 +19,12 @@ MIG = {"CUDA_VISIBLE_DEVICES": "MIG-11112222-3333,MIG-44445555-6666"}
 
 def test_gpu_slots_index_into_an_existing_cuda_visible_devices_in_pci_bus_order() -> None:
     assert slot_cuda_env("gpu1", SLURM) == {"CUDA_VISIBLE_DEVICES": "5", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                                            "LIBRA_NODE_CUDA_DEVICES": "2,5,7"}
+                                            "LIBRA_NODE_CUDA_DEVICES": "2,5,7", "LIBRA_SLOT_CUDA": "gpu1"}
     assert slot_cuda_env("gpu0", UUIDS)["CUDA_VISIBLE_DEVICES"] == "GPU-aaaa1111"
     assert slot_cuda_env("gpu1", MIG)["CUDA_VISIBLE_DEVICES"] == "MIG-44445555-6666"
     # no list given: NVML's index, with the order that makes CUDA's numbering NVML's
-    assert slot_cuda_env("gpu3", {}) == {"CUDA_VISIBLE_DEVICES": "3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert slot_cuda_env("gpu3", {}) == {"CUDA_VISIBLE_DEVICES": "3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                                         "LIBRA_SLOT_CUDA": "gpu3"}
     with pytest.raises(DeviceConfigError, match="lists 3"):
         slot_cuda_env("gpu3", SLURM)  # a GPU the supervisor was not given
     # a GPU action slot's services given two GPUs see two, from the slot's own
@@ -51,6 +52,14 @@ def test_second_engine_on_a_gpu_gets_that_gpu() -> None:
     assert slot_cuda_env("gpu0.1", {})["CUDA_VISIBLE_DEVICES"] == "0"  # was "0.1"
     assert slot_cuda_env("gpu1.2", SLURM)["CUDA_VISIBLE_DEVICES"] == "5"
     assert parse_slot("gpu0.1") == ("gpu", 0, 1) and slot_gpu_index("gpu0.1") == 0
+
+
+def test_a_runtime_started_without_the_supervisor_sets_its_own_gpu() -> None:
+    from libra.actors.slots import runtime_cuda_env
+
+    assert runtime_cuda_env("gpu0.1", {})["CUDA_VISIBLE_DEVICES"] == "0"  # a systemd unit's --slot gpu0.1
+    assert runtime_cuda_env("gpu1", SLURM)["CUDA_VISIBLE_DEVICES"] == "5"
+    assert runtime_cuda_env("gpu1", slot_environment("gpu1", SLURM)) == {}  # the supervisor already did
 
 
 def test_cpu_slots_see_no_gpu() -> None:
