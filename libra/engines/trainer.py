@@ -30,8 +30,9 @@ Contracts:
 - A non-finite gradient norm raises :class:`TrainingDiverged` without changing the weights.
 - **A failed pass fails the step on every rank.** An exception in this rank's forward or backward (a CUDA
   out-of-memory error or anything else) is caught; under ``fsdp`` the rank runs empty passes for the rest
-  of the step so that the others' collectives pair up (a failure in the middle of a pass leaves that pass's
-  remaining FSDP collectives unpaired; the group's timeout then ends it). The ranks then exchange a status
+  of the step (and in place of the failed one if it failed before the model ran) so that the others'
+  collectives pair up (a failure in the middle of an FSDP pass leaves that pass's remaining collectives
+  unpaired; the group's timeout then ends it). The ranks then exchange a status
   flag in the small all-reduce that precedes the gradient all-reduce; if any rank failed, every rank zeroes
   its gradients, skips the gradient all-reduce and the update (weights, step and version unchanged) and
   raises :class:`TrainStepFailed` (``code`` ``"oom"`` or ``"step_failed"``, the failed ranks). The failed
@@ -51,6 +52,7 @@ shards to ranks (``libra.dataplane``, driven by ``libra.actors.train_role``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -385,7 +387,7 @@ class GRPOTrainer:
                 # the last pass would keep every layer's unsharded gradient, the memory FSDP is used to save
                 if failure is not None and self.parallel != "fsdp":
                     break
-                out = None
+                out, self._in_model = None, False
                 try:
                     if i >= len(micro) or failure is not None:
                         self._empty_pass()
@@ -400,6 +402,9 @@ class GRPOTrainer:
                         break  # an empty pass failed too: nothing more can be paired
                     failure = ("oom" if is_cuda_oom(exc) else "step_failed", f"{type(exc).__name__}: {exc}"[:500])
                     log.error("train_pass_failed", rank=self.rank, code=failure[0], error=failure[1])
+                    if self.parallel == "fsdp" and not self._in_model:  # no collective yet: pair this pass too
+                        with contextlib.suppress(Exception):
+                            self._empty_pass()
         finally:
             self.model.eval()
         return sums, failure
@@ -422,6 +427,7 @@ class GRPOTrainer:
     def _micro_step(self, mb: TrainBatch, normalizer: float) -> GRPOLossOutput:
         c = self.config
         ids, attn, mask, rollout_lp, adv = mb.to_tensors(self.device)
+        self._in_model = True  # from here on an fsdp pass has started its collectives
         with self._autocast():
             logits = self.model(input_ids=ids, attention_mask=attn).logits
             ref_logits = None
