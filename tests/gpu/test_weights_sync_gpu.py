@@ -75,3 +75,44 @@ def test_gpu_trainer_to_cpu_rollout_uses_gloo() -> None:
 def test_two_gpus_broadcast_over_nccl_in_buckets() -> None:
     backend, _ = _roundtrip("cuda:0", "cuda:1")
     assert backend == "nccl"
+
+
+def _fetch_seeing_only(uuid: str, refs: list, out: mp.Queue) -> None:  # a rollout actor given one GPU by UUID
+    import os
+
+    os.environ["CUDA_VISIBLE_DEVICES"] = uuid  # before CUDA starts in this process: the GPU becomes cuda:0
+    try:
+        f = TorchWeightFetcher(timeout_s=60, device="cuda:0")
+        got = [f.fetch(r) for r in refs]
+        out.put(("ok", f.last_backend, [v for _, v, _ in got], f.pairs.made,
+                 {k: t.double().cpu().tolist() for k, t in got[-1][0].items()}))
+        f.close()
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        out.put(("error", type(exc).__name__, str(exc), 0, {}))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs to number one differently")
+@pytest.mark.parametrize("fetcher_gpu", [1, 0])
+def test_a_fetcher_numbering_gpus_differently_opens_ipc_by_uuid_and_keeps_one_nccl_group(fetcher_gpu: int) -> None:
+    """The publisher's snapshots live on its cuda:1. A fetcher given only GPU 1 (by UUID) sees it as cuda:0: the
+    CUDA IPC handle must be opened there, not on the publisher's index 1. A fetcher given only GPU 0 takes NCCL
+    and keeps one pair group for both versions."""
+    torch.cuda.set_device(1)
+    pub = TorchWeightPublisher(keep=2, timeout_s=60, device="cuda:1")
+    try:
+        refs = [pub.publish(v, _state("cuda:1")) for v in (1, 2)]
+        uuid = str(torch.cuda.get_device_properties(fetcher_gpu).uuid)
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        kid = ctx.Process(target=_fetch_seeing_only, args=(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}", refs, q))
+        kid.start()
+        status, backend, versions, groups, got = q.get(timeout=180)
+        kid.join(timeout=30)
+        assert status == "ok", (backend, versions)
+        assert versions == [1, 2] and backend == ("cuda_ipc" if fetcher_gpu == 1 else "nccl")
+        assert groups == (0 if fetcher_gpu == 1 else 1)
+        for k, v in _state("cpu").items():
+            assert torch.equal(torch.tensor(got[k], dtype=torch.float64), v.double()), k
+    finally:
+        pub.close()
+    assert len(pub.pairs) == 0
