@@ -1,8 +1,11 @@
-"""Engines placed on the slot's GPU by the actor roles, a real CUDA out-of-memory error answered as ``oom``, and
-an NVML sample of the GPU. Skipped without CUDA (scripts/gpu-check.sh runs them on the GPU machine)."""
+"""Engines placed on the slot's GPU by the actor roles, a real CUDA out-of-memory error answered as ``oom``, a role
+switch that gives the engine's memory back (read from the slot's record), and an NVML sample of the GPU. Skipped
+without CUDA (scripts/gpu-check.sh runs them on the GPU machine). The CPU twins of the OOM and switch tests are
+tests/unit/test_rollout_failures.py and tests/unit/test_role_switch_release.py."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -46,6 +49,20 @@ def test_a_gpu_slot_runs_its_rollout_engine_on_cuda_in_bf16(model_dir, tmp_path)
     assert role.rollout is None
 
 
+def test_a_role_switch_gives_the_engines_gpu_memory_back(model_dir, tmp_path) -> None:
+    role = HybridRole(str(model_dir), str(tmp_path), "gpu0", max_batch=4, placement=placement_from_env("gpu0", {}))
+    role.generate(ARGS, ctx())
+    held = torch.cuda.memory_allocated()
+    role.reconfigure(["train", "sync"], {"role": "train"})
+    rec = json.loads((tmp_path / "actors" / "gpu0.json").read_text())
+    sw = rec["role_switches"][-1]
+    before, after = sw["memory_before"], sw["memory_after"]
+    assert sw["released"] == ["rollout"] and sw["gc_needed"] is False, sw
+    assert before["allocated_bytes"] >= held > after["allocated_bytes"], sw
+    assert after["reserved_bytes"] < before["reserved_bytes"], sw  # empty_cache gave the blocks back
+    assert after["device_free_bytes"] > before["device_free_bytes"], sw
+
+
 def test_a_real_cuda_oom_is_an_oom_failure_and_the_engine_keeps_serving(model_dir, tmp_path) -> None:
     role = RolloutRole(str(model_dir), str(tmp_path), "gpu0", max_batch=8, window_s=0.0,
                        placement=placement_from_env("gpu0", {}))
@@ -53,18 +70,22 @@ def test_a_real_cuda_oom_is_an_oom_failure_and_the_engine_keeps_serving(model_di
     real = eng.generate
     calls = {"n": 0}
 
-    def first_call_allocates_too_much(reqs):  # a real allocation CUDA cannot satisfy, inside the engine call
-        calls["n"] += 1
+    def first_call_allocates_too_much(reqs, **kwargs):  # a real allocation CUDA cannot satisfy, in the engine call
+        calls["n"] += 1  # (the role passes sessions=: the engine keeps each trajectory's context)
         if calls["n"] == 1:
             free, _ = torch.cuda.mem_get_info()
             torch.empty(int(free * 4), dtype=torch.uint8, device="cuda")
-        return real(reqs)
+        return real(reqs, **kwargs)
 
     eng.generate = first_call_allocates_too_much
     with pytest.raises(ToolError) as exc:
         role.generate(ARGS, ctx())
-    assert exc.value.code == "oom" and role.max_batch == 4
+    assert exc.value.code == "oom" and role.max_batch == 4 and eng.max_batch_size == 4
+    del exc
     assert len(role.generate(ARGS, ctx())["token_ids"]) == 4
+    rec = json.loads((tmp_path / "actors" / "gpu0.json").read_text())
+    assert rec["ooms"] == 1 and rec["memory_releases"][-1]["why"] == "oom"
+    assert "allocated_bytes" in rec["memory_releases"][-1]["after"]
     role.close()
 
 

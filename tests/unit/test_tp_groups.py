@@ -17,6 +17,7 @@ from libra.actors.rollout_role import RolloutRole, make_rollout_engine
 from libra.actors.state import ActorIdentity, ActorState, Received, Reconfigure, Reconfigured, SendMsg, Start
 from libra.actors.tools import ToolError, WorkContext
 from libra.engines.device import TPUnsupported, choose_placement
+from libra.engines.kv_cache import KVCache
 from libra.engines.rollout_base import GenResult
 from libra.protocol import messages as m
 
@@ -140,14 +141,16 @@ def test_the_hf_engine_refuses_tp_above_one(fake_rollout: type[FakeRollout], mon
 
 
 class OomOnce:
-    """A rollout engine whose first call runs out of CUDA memory."""
+    """A rollout engine whose first call runs out of CUDA memory. It keeps contexts in a KV cache of its own, as
+    the HF engine does, so the role calls it the way it calls a real engine (``sessions=``)."""
 
     weights_version = 0
 
     def __init__(self) -> None:
         self.max_batch_size, self.calls = 32, 0
+        self.kv_cache = KVCache(1 << 20)
 
-    def generate(self, reqs: list) -> list[GenResult]:
+    def generate(self, reqs: list, sessions: list | None = None) -> list[GenResult]:
         self.calls += 1
         if self.calls == 1:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
