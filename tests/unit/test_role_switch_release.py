@@ -161,3 +161,22 @@ def test_a_regroup_builds_the_new_engine_only_after_the_old_one_is_gone(tmp_path
     assert RecordingRollout.events == ["built", "released", "built"]  # ... and its memory released
     rec = record(tmp_path, "gpu0")
     assert rec["role"] == "rollout" and [s["released"] for s in rec["role_switches"]] == [[], ["rollout"]]
+
+
+def test_the_release_step_collects_a_cycle_only_when_one_holds_what_should_be_gone(no_auto_gc: None) -> None:
+    from libra.engines.memory import memory_reading, release_memory, weak
+
+    class Held:
+        pass
+
+    plain, looped = Held(), Held()
+    looped.me = looped  # type: ignore[attr-defined]  # a reference cycle: only a collection frees it
+    refs = weak(plain, looped, None, 3)  # None and ints cannot be weakly referenced: left out
+    assert len(refs) == 2
+    del plain
+    rec = release_memory(memory_reading(), refs[:1])
+    assert rec["gc_needed"] is False and rec["still_alive"] == [] and rec["after"]["rss_bytes"] > 0
+    del looped
+    assert refs[1]() is not None
+    rec = release_memory(memory_reading(), refs)
+    assert rec["gc_needed"] is True and rec["still_alive"] == [] and refs[1]() is None
