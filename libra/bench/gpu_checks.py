@@ -12,7 +12,8 @@ on the CPU too (``tests/unit/test_gpu_checks.py`` runs them on the tiny model, s
    otherwise) switches rollout -> train -> rollout, one real turn or step in each role. Memory is read at each
    stage (``torch.cuda.memory_allocated`` / ``memory_reserved`` / the device's used memory on CUDA, the
    process's RSS everywhere). It passes when the old role's model is gone after each switch by reference
-   counting alone (a weak reference is dead with the cyclic collector switched off for the wait) and, on
+   counting alone (a weak reference is dead with the cyclic collector switched off for the wait, and the
+   slot's record, where it says, needed no ``gc.collect()`` at either switch) and, on
    CUDA, the allocated memory after each switch is back within a tolerance of what it was before that
    role was built. The actor's record (``RUN/actors/<slot>.json``) is copied into the result as it is.
 3. :func:`trainer_oom`: a trainer step runs out of memory. On CUDA it is a real allocation: a plain tensor
@@ -269,7 +270,9 @@ def switch_memory(*, shape: str | None = None, device: str = "cpu", scratch: Pat
     res: dict[str, Any] = {"check": "switch", "device": device, "card": card(device), "model": shape or "tiny",
                            "slot": slot, "train_weights_version": train_version, "memory_mib": mem,
                            "freed_without_gc": freed, "actor_record": record}
-    ok = all(freed.values())
+    gc_needed = [sw.get("gc_needed") for sw in (record or {}).get("role_switches", [])]  # absent: not recorded
+    res["gc_needed_by_switches"] = gc_needed
+    ok = all(freed.values()) and not any(gc_needed)
     if cuda:
         tol = TOLERANCE_BYTES / MIB
         returned = {"after_rollout": mem["rollout_closed"]["allocated"] <= mem["start"]["allocated"] + tol,
@@ -333,6 +336,7 @@ def trainer_oom(*, shape: str | None = None, device: str = "cpu", scratch: Path 
     held: list[torch.Tensor] = []
     restore: Any = None
     if cuda:
+        torch.cuda.set_per_process_memory_fraction(1.0, dev)  # a role's budget (set earlier) would fail first
         held = _hog(dev, margin_mib * MIB)
     else:  # no real allocation fails on the CPU: the forward raises what CUDA would
         real = trainer.model.forward
