@@ -39,6 +39,7 @@ from libra.zmqio import NOBLOCK, recv_ready, send_frames
 from .state import (ActorIdentity, ActorState, CancelWork, Connect, Note, Received, Reconfigure,
                     Reconfigured, SendMsg, Start, StartWork, Stop, Tick, WorkDone)
 from .direct import DirectLeaseTable, bind_direct
+from .slots import runtime_cuda_env
 from .tools import Handler, ToolError, WorkContext, action_tools
 from .topology import action_labels
 
@@ -406,8 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     configure(args.log_level, cache=True)
     host = pysocket.gethostname()
     actor_id = args.actor_id or f"{host}/{args.slot}"
-    if args.slot.startswith("gpu"):
-        os.environ.setdefault("CUDA_VISIBLE_DEVICES", args.slot[3:])
+    try:  # the slot's GPU (its supervisor already set it; a runtime started alone sets it by the same rule)
+        os.environ.update(runtime_cuda_env(args.slot, os.environ))
+    except ValueError as exc:  # a bad slot name, a GPU the parent may not see
+        print(f"libra.actors.runtime: {exc}", file=sys.stderr)
+        return 2
     labels = {"slot_kind": "gpu" if args.slot.startswith("gpu") else "cpu", "engine_role": args.role,
               "instance": args.instance or uuid.uuid4().hex[:12]}
     labels.update(engine_labels_from_env(args.slot, args.role))  # engine kind and max rollout TP, for the planner

@@ -113,3 +113,19 @@ def test_gpu_discovery_reads_nvml_through_the_visible_list(monkeypatch) -> None:
 def test_service_gpus_are_read_from_a_slots_arguments() -> None:
     assert service_gpus_of(["--slot", "gpu0", "--service-gpus", "2"]) == 2
     assert service_gpus_of(["--service-gpus=3"]) == 3 and service_gpus_of([]) == 0
+
+
+def test_a_runtime_started_alone_refuses_a_bad_slot_name_and_sets_its_gpu_by_the_slot_rule(monkeypatch, capsys):
+    """The runtime used to write ``slot[3:]`` into CUDA_VISIBLE_DEVICES (``gpu0.1`` -> ``"0.1"``, a silent CPU
+    fallback); it now applies the supervisor's rule itself and refuses a malformed slot with rc 2."""
+    import os
+
+    from libra.actors.runtime import main
+
+    assert main(["--broker", "tcp://127.0.0.1:1", "--slot", "gpu0.x"]) == 2
+    assert "slot names are" in capsys.readouterr().err
+    from libra.actors.slots import runtime_cuda_env
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    env = runtime_cuda_env("gpu0.1", dict(os.environ))
+    assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
