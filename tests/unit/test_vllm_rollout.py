@@ -91,6 +91,7 @@ class FakeLLM:
 def install_fake_vllm(monkeypatch, version: str = "0.32.0") -> None:
     """A stand-in ``vllm`` package (LLM, SamplingParams, TokensPrompt, EngineDeadError) whose API check passes."""
     mod = ModuleType("vllm")
+    mod.__file__ = "fake-vllm/__init__.py"
     mod.LLM = FakeLLM
     mod.SamplingParams = lambda **kw: SimpleNamespace(**kw)
     mod.__version__ = version
