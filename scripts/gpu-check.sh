@@ -113,7 +113,8 @@ job() {
   # limit (the job unwinds, stopping its cluster), SIGKILL to the whole group 10 s later
   setsid "$PY" -m libra run "$toml" --run-dir "$run" --no-progress &
   local job=$!
-  (sleep $((STEP_SECS - 15)); kill -TERM -- "-$job"; sleep 10; kill -KILL -- "-$job") 2>/dev/null &
+  (sleep $((STEP_SECS > 30 ? STEP_SECS - 15 : STEP_SECS)); kill -TERM -- "-$job"; sleep 10; kill -KILL -- "-$job") \
+    2>/dev/null &
   local watchdog=$!
   (  # `libra status --json` every 2 s; the broker's endpoint is on its command line (a free port each run)
     while kill -0 "$job" 2>/dev/null; do

@@ -119,13 +119,13 @@ def bench_rollout(model_dir: str, batches: list[int], prompt_len: int, new_token
         prompts = _prompts(bsz, prompt_len, engine.vocab_size, seed=bsz)
         reqs = [GenRequest(prompt_ids=p, max_new_tokens=new_tokens, seed=k) for k, p in enumerate(prompts)]
         ours, base = [], []
-        engine.generate(reqs)  # warm-up
-        with torch.inference_mode():
-            _baseline_generate(model, prompts, new_tokens, pad_id)
+
         def baseline() -> int:
             with torch.inference_mode():
                 return _baseline_generate(model, prompts, new_tokens, pad_id)
 
+        engine.generate(reqs)  # warm-up
+        baseline()
         for _ in range(repeats):
             results, secs = timed(lambda: engine.generate(reqs), device)
             ours.append(sum(len(r.token_ids) for r in results) / secs)
