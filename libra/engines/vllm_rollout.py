@@ -225,8 +225,7 @@ def _from_wire(dtype: str, shape: Sequence[int], data: Any) -> torch.Tensor:
 
 
 def _checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]] | None:
-    """Tensor name -> shape of ``model_dir``'s safetensors checkpoint (headers only), or None without one
-    (e.g. ``load_format="dummy"``). vLLM's in-place reload accepts a wrongly shaped tensor silently."""
+    """Tensor name -> shape in ``model_dir``'s safetensors (headers only); None without any (``load_format=dummy``)."""
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         return None
@@ -269,10 +268,6 @@ class LibraWorkerExtension:
         weights = [(str(name), _from_wire(dtype, shape, data)) for name, dtype, shape, data in tensors]
         self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
         return len(weights)
-
-    def libra_weight_names(self) -> list[str]:
-        """The model's parameter names as vLLM holds them (fused names, e.g. ``qkv_proj``)."""
-        return [name for name, _ in self.model_runner.model.named_parameters()]
 
 
 class VLLMRolloutEngine:
@@ -323,9 +318,7 @@ class VLLMRolloutEngine:
             "worker_extension_cls": _EXTENSION,
             "max_model_len": max_model_len,
             "seed": seed,
-            # a trajectory's next turn repeats its whole context: cached KV blocks skip its prefill
-            # (the HF engine's per-trajectory cache, libra.engines.kv_cache, is the same idea)
-            "enable_prefix_caching": True,
+            "enable_prefix_caching": True,  # a next turn repeats its context: cached KV blocks skip its prefill
         }
         kwargs.update(llm_kwargs)
         self._vllm = vllm
@@ -369,12 +362,17 @@ class VLLMRolloutEngine:
         if self._closed:
             return
         self._closed = True
-        shutdown = getattr(getattr(getattr(self.llm, "llm_engine", None), "engine_core", None), "shutdown", None)
-        if callable(shutdown):
-            try:
-                shutdown()
-            except Exception as exc:  # noqa: BLE001 - a dead core may fail its own shutdown; nothing is left to stop
-                log.warning("vllm_shutdown_failed", error=f"{type(exc).__name__}: {exc}")
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        try:
+            if callable(getattr(core, "shutdown", None)):
+                core.shutdown()
+            # vLLM leaves its client's ZeroMQ context to the collector: end it once its output thread is gone
+            if getattr(core, "output_queue_thread", None) is not None:
+                core.output_queue_thread.join(timeout=10)
+            if getattr(core, "ctx", None) is not None and not core.ctx.closed:
+                core.ctx.destroy(linger=0)
+        except Exception as exc:  # noqa: BLE001 - a dead core may fail its own shutdown; nothing is left to stop
+            log.warning("vllm_shutdown_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _failure(self, exc: BaseException, what: str) -> EngineError | None:
         """The typed error for ``exc`` raised by vLLM during ``what``: ``EngineCrashed`` when the engine core or
