@@ -158,7 +158,7 @@ def test_two_trainer_ranks_on_two_hosts_rendezvous_at_rank0s_address(hosts, tmp_
         for p in (rank0, rank1):
             out, _ = p.communicate(timeout=300)
             assert p.returncode == 0
-            outs.append(json.loads(out.strip().splitlines()[-1]))
+            outs.append(json.loads(next(ln for ln in reversed(out.splitlines()) if ln.startswith("{"))))  # past log lines
     finally:
         for p in (rank0, rank1):
             if p.poll() is None:
