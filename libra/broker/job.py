@@ -27,6 +27,16 @@ The flow, per the design's RL job:
   joiners' restored versions and each member's state-fetch and group-formation seconds.
 - **Versions.** Rank 0's reply carries the new weights ref; the broker then attaches it to every
   ``generate`` turn it assigns that names no weights (rollout instances load it between turns).
+- **Filter.** With ``filter_zero_variance`` a group whose rewards are all equal is dropped and another
+  prompt admitted, at most ``max_extra_groups`` per step (:mod:`libra.broker.job_state`); every step record
+  says how many of the step's completed groups had zero variance (``zero_variance_share``), how many were
+  filtered, and ``no_signal`` when every group it trains on has zero advantage.
+- **Eval.** With ``eval_rows``, after every ``eval_every`` steps and after the last one an eval round
+  (:mod:`libra.broker.job_eval`) runs the eval rows as ``episode`` work that is counted, never batched; its
+  ``"kind": "eval"`` record joins the step records, and the job is done only after the last round.
+- **Data position.** Row ``i`` handed out is ``rows[i % len(rows)]``; every record carries
+  ``data_position`` = ``row_offset`` + rows handed out so far, and a step record names its ``checkpoint``
+  (""): the client saves both so a resumed job (``step_offset``, ``row_offset``) continues the data order.
 - **Progress.** One record per trained step (rewards, throughput, lag, dispatch balance, trainer
   metrics, a few transcripts) is kept; ``JobPoll`` returns the records after a cursor.
 
@@ -49,7 +59,8 @@ from libra.protocol.payloads_job import EpisodeArgs, EpisodeResult, EpisodeSpec
 from libra.protocol.payloads_refs import DataRef
 from libra.protocol.payloads_train import ElasticArgs, TrainArgs, TrainPart
 
-from .job_state import Group, JobState, Trajectory
+from .job_eval import EvalRounds
+from .job_state import Group, JobState, Trajectory, zero_variance
 
 __all__ = ["JobHost", "JobSpec", "JobWork", "group_advantages"]
 
@@ -80,6 +91,15 @@ class JobSpec:
     episode_timeout_s: float = 1800.0
     train_timeout_s: float = 3600.0
     samples_per_step: int = 2
+    filter_zero_variance: bool = False  # drop zero-variance groups and admit others (job_state)
+    max_extra_groups: int = 8  # ... at most this many per step
+    step_offset: int = 0  # a resumed job: steps are numbered from step_offset + 1 (checkpoints too)
+    row_offset: int = 0  # a resumed job: the data position of rows[0]
+    eval_rows: list[dict[str, Any]] = field(default_factory=list)  # the eval set ([]: no eval rounds)
+    eval_every: int = 0  # steps between eval rounds (0: only after the last step)
+    eval_greedy: bool = True
+    eval_k: int = 0  # sampled eval episodes per prompt (pass@k)
+    eval_temperature: float = 1.0
 
     @classmethod
     def from_mapping(cls, data: Any) -> JobSpec:
@@ -93,6 +113,8 @@ class JobSpec:
             problems.append(f"group_size must be >= 2, got {spec.group_size}")
         if spec.max_policy_lag < 0:
             problems.append(f"max_policy_lag must be >= 0, got {spec.max_policy_lag}")
+        if min(spec.max_extra_groups, spec.step_offset, spec.row_offset, spec.eval_every, spec.eval_k) < 0:
+            problems.append("max_extra_groups, step_offset, row_offset, eval_every and eval_k must be >= 0")
         if spec.keep_checkpoints < 0:
             problems.append(f"keep_checkpoints must be >= 0 (0: keep all), got {spec.keep_checkpoints}")
         if spec.dispatch not in STRATEGIES:
@@ -152,7 +174,11 @@ class JobHost:
         self.submit_request = ""  # the JobSubmit request id (a resubmission is answered, not re-run)
         self.spec = spec
         self.rows = rows
-        self.state = JobState(spec.steps, spec.prompts_per_step, spec.group_size, spec.max_policy_lag)
+        self.state = JobState(spec.steps, spec.prompts_per_step, spec.group_size, spec.max_policy_lag,
+                              filter_zero_variance=spec.filter_zero_variance, max_extra_groups=spec.max_extra_groups)
+        self.evals = EvalRounds(name, spec.env, spec.eval_rows, self._episode, greedy=spec.eval_greedy,
+                                k=spec.eval_k, temperature=spec.eval_temperature, seed=spec.seed,
+                                timeout_s=spec.episode_timeout_s)
         self.phase = RUNNING
         self.error = ""
         self.records: list[dict[str, Any]] = []
@@ -177,7 +203,7 @@ class JobHost:
     def take_work(self, now: float) -> list[JobWork]:
         """Admit what the lag bound allows, cut a batch if one is ready; the work to submit now."""
         st = self.state
-        while self.active and st.can_admit():
+        while self.active and not st.finished and st.can_admit():
             g = st.admit(self.rows[st.admitted % len(self.rows)])
             for i in range(st.group_size):
                 self._n += 1
@@ -200,9 +226,13 @@ class JobHost:
         broker's count of starts of that work)."""
         if tag.startswith("ep:"):
             self._on_episode(tag, ok, output, error, now)
+        elif tag.startswith("ev:"):
+            rec = self.evals.on_reply(tag, ok, output, now)
+            if rec is not None:
+                self.records.append({**rec, "data_position": self.spec.row_offset + self.state.admitted})
         elif tag.startswith("train:"):
             self._on_train(tag, ok, output, error, now, attempts)
-        if self.active and self.state.finished:
+        if self.active and self.state.finished and not self.evals.live:
             self.phase = DONE
             self.finished_at = now
 
@@ -213,7 +243,17 @@ class JobHost:
             self.finished_at = now
 
     def outstanding(self) -> bool:
-        return bool(self._live) or self._train is not None
+        return bool(self._live) or self._train is not None or bool(self.evals.live)
+
+    def _maybe_eval(self, now: float) -> None:
+        """Start the eval round due after the step just recorded (every ``eval_every`` steps, and the last)."""
+        s = self.spec
+        step = s.step_offset + self.state.steps_done
+        if not self.evals.enabled or self.evals.running(step):
+            return
+        if self.state.finished or (s.eval_every and step % s.eval_every == 0):
+            for tag, args, traj in self.evals.start(step, self.state.version, now):
+                self._outbox.append(JobWork(tag, "episode", s.env, args, traj, s.episode_timeout_s))
 
     # ------------------------------------------------------------------ episodes
     def _on_episode(self, tag: str, ok: bool, out: Any, error: str, now: float) -> None:
@@ -247,7 +287,7 @@ class JobHost:
         trajs = [t for g in batch for t in g.trajs]
         adv = group_advantages([t.reward for t in trajs], [t.group for t in trajs], scale_by_std=s.scale_by_std)
         lengths = [t.tokens for t in trajs]
-        step = st.steps_done + 1
+        step = s.step_offset + st.steps_done + 1
         group = None
         if self.elastic is not None:  # the EHP's group for this step: core ranks, then hybrid replicas
             w = self.weights or {}
@@ -274,10 +314,12 @@ class JobHost:
                                   joining=list(group.joining), join_from=src, snapshot=group.snapshot if src else None)
         world = len(parts) if group else s.world_size
         ckpt = ""
-        if s.checkpoint_dir and (step == s.steps or (s.checkpoint_every and step % s.checkpoint_every == 0)):
+        if s.checkpoint_dir and (step == s.step_offset + s.steps or (s.checkpoint_every and step % s.checkpoint_every == 0)):
             ckpt = f"{s.checkpoint_dir.rstrip('/')}/step{step}"
         self._train = {"step": step, "trajs": trajs, "plan": plan, "naive": naive, "t0": now, "outs": {},
-                       "group": group, "world": world, "attempts": {}}
+                       "group": group, "world": world, "attempts": {}, "checkpoint": ckpt,
+                       "zero_groups": sum(1 for g in batch if zero_variance(g)), "groups": len(batch),
+                       "window": dict(st.window)}
         for r in range(world):
             args = TrainArgs(parts=parts, micro_batches=micro, world_size=world, rank=r, step=step,
                              master_port=s.master_port, grpo=s.grpo, checkpoint=ckpt or None,
@@ -319,6 +361,7 @@ class JobHost:
         if isinstance(outs[0].get("weights"), dict):
             self.weights = outs[0]["weights"]
         self.records.append(rec)
+        self._maybe_eval(now)
 
     def _record(self, tr: dict[str, Any], outs: list[dict[str, Any]], now: float) -> dict[str, Any]:
         trajs: list[Trajectory] = tr["trajs"]
@@ -378,9 +421,21 @@ class JobHost:
             "train_attempts": [tr["attempts"].get(r) for r in range(len(outs))],
             "shard_sequences": [o.get("shard_sequences") for o in outs], **self._elastic_record(tr, outs),
             "dropped_groups": st.dropped_groups, "episodes_failed": self.episodes_failed,
+            **self._signal_record(tr), "checkpoint": tr["checkpoint"],
+            "data_position": self.spec.row_offset + st.admitted,
             "samples": [{"question": t.info.get("question"), "expected": t.info.get("expected"), "reward": t.reward,
                          "versions": t.versions, "texts": t.info.get("texts")} for t in trajs[: self.spec.samples_per_step]],
         }
+
+    @staticmethod
+    def _signal_record(tr: dict[str, Any]) -> dict[str, Any]:
+        """Zero-variance groups: the share among the groups completed since the previous step (filtered ones
+        included), how many the filter dropped, and whether the trained batch has no signal at all."""
+        w = tr["window"]
+        return {"zero_variance_groups": w["zero_variance"], "groups_completed": w["completed"],
+                "zero_variance_share": w["zero_variance"] / w["completed"] if w["completed"] else 0.0,
+                "filtered_groups": w["filtered"], "batch_zero_variance_groups": tr["zero_groups"],
+                "no_signal": tr["zero_groups"] == tr["groups"]}
 
     def _elastic_record(self, tr: dict[str, Any], outs: list[dict[str, Any]]) -> dict[str, Any]:
         """An elastic step's group: members in rank order, who contributed zeros, who joined from what."""
@@ -403,7 +458,7 @@ class JobHost:
                 "steps_done": self.state.steps_done, "version": self.state.version, "weights": self.weights,
                 "records": self.records[c:], "next_cursor": len(self.records),
                 "dropped_groups": self.state.dropped_groups, "episodes_failed": self.episodes_failed,
-                "episodes_running": len(self._live), "training": self._train is not None}
+                "episodes_running": len(self._live) + self.evals.live, "training": self._train is not None}
 
     def summary(self) -> dict[str, Any]:
         """One line for ``python -m libra status``."""

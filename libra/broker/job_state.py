@@ -18,6 +18,12 @@ Contracts:
   be within the bound, or ``None``; complete groups already beyond the bound are dropped (counted in
   ``dropped_groups``) and their slots re-admitted, so every trained turn's lag is <= the bound.
 - One batch is in training at a time; :meth:`step_done` publishes the next version.
+- Zero-variance filter (``filter_zero_variance``; DAPO's dynamic sampling): a group that completes with
+  every reward equal carries no advantage; it is dropped (``filtered_groups``, not ``dropped_groups``) and
+  its slot re-admitted with the next prompt, at most ``max_extra_groups`` times per step (the window
+  between two published versions). Past that bound such groups are batched as they are, so a step never
+  waits for signal that may not come; the job host reports when a step has none. With or without the
+  filter, ``window`` counts the groups completed and those with zero variance since the last step.
 - Admission and batch selection are the shared rule of :mod:`libra.policies.batching` (the simulator's
   batch former uses the same functions); the drop of over-stale groups is this runtime's own filter.
 """
@@ -29,7 +35,7 @@ from typing import Any
 
 from libra.policies.batching import admission_room, first_complete
 
-__all__ = ["Group", "JobState", "Trajectory"]
+__all__ = ["Group", "JobState", "Trajectory", "zero_variance"]
 
 
 @dataclass(slots=True)
@@ -70,10 +76,16 @@ class Group:
         return min((t.min_version for t in self.trajs), default=0)
 
 
+def zero_variance(g: Group) -> bool:
+    """Whether ``g`` has at least two trajectories and all their rewards are equal (no GRPO signal)."""
+    return len(g.trajs) >= 2 and len({t.reward for t in g.trajs}) == 1
+
+
 class JobState:
     """See the module contracts. ``steps`` optimisation steps of ``prompts_per_step`` groups each."""
 
-    def __init__(self, steps: int, prompts_per_step: int, group_size: int, max_policy_lag: int) -> None:
+    def __init__(self, steps: int, prompts_per_step: int, group_size: int, max_policy_lag: int, *,
+                 filter_zero_variance: bool = False, max_extra_groups: int = 8) -> None:
         if steps < 1 or prompts_per_step < 1 or group_size < 1 or max_policy_lag < 0:
             raise ValueError("steps, prompts_per_step, group_size must be >= 1 and max_policy_lag >= 0")
         self.steps = steps
@@ -85,12 +97,16 @@ class JobState:
         self.training = False
         self.admitted = 0  # groups handed out (including dropped ones)
         self.dropped_groups = 0
+        self.filter_zero_variance = filter_zero_variance
+        self.max_extra_groups = max_extra_groups
+        self.filtered_groups = 0  # zero-variance groups dropped by the filter (their slots re-admitted)
+        self.window = {"completed": 0, "zero_variance": 0, "filtered": 0}  # since the last published version
         self.groups: dict[int, Group] = {}
         self._complete: list[int] = []
 
     # ------------------------------------------------------------------ admission
     def can_admit(self) -> bool:
-        live = self.admitted - self.dropped_groups
+        live = self.admitted - self.dropped_groups - self.filtered_groups
         if live >= self.steps * self.per_step:
             return False
         return admission_room(self.version, self.max_lag, self.per_step, live) > 0
@@ -118,10 +134,18 @@ class JobState:
         return self._maybe_complete(g)
 
     def _maybe_complete(self, g: Group) -> bool:
-        if g.complete:
-            self._complete.append(g.gid)
-            return True
-        return False
+        if not g.complete:
+            return False
+        flat = zero_variance(g)
+        self.window["completed"] += 1
+        self.window["zero_variance"] += flat
+        if flat and self.filter_zero_variance and self.window["filtered"] < self.max_extra_groups:
+            self.window["filtered"] += 1
+            self.filtered_groups += 1
+            del self.groups[g.gid]
+            return False
+        self._complete.append(g.gid)
+        return True
 
     def lag_of(self, g: Group) -> int:
         return self.version - g.min_version
@@ -157,6 +181,7 @@ class JobState:
         self.training = False
         self.version = new_version
         self.steps_done += 1
+        self.window = {"completed": 0, "zero_variance": 0, "filtered": 0}
 
     def step_failed(self) -> None:
         """The batch in training was lost; its groups are counted as dropped and re-admitted."""
