@@ -1,4 +1,7 @@
-"""``python -m libra.actors --broker URL [--cpu-slots N] [--gpu-slots auto|N]``: run this host's actors."""
+"""``python -m libra.actors --broker URL [--cpu-slots N] [--gpu-slots auto|N] [--tools pkg.mod ...]``: run this
+host's actors. ``--tools`` modules (and the ``libra.tools`` entry points) are loaded here first, so a module
+that does not import, a tool declared twice or one named like a built-in stops the command with the reason
+(``libra.actors.tools``); every action slot then loads them again and offers them."""
 
 from __future__ import annotations
 
@@ -31,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-sandbox", action="store_true", help="CPU slots offer only echo/sleep")
     p.add_argument("--allow-unisolated", action="store_true",
                    help="run code tools without bubblewrap (NOT safe for untrusted code)")
+    p.add_argument("--tools", action="append", default=[], metavar="MODULE",
+                   help="action slots also offer the tools this module declares in LIBRA_TOOLS (repeatable; "
+                        "see libra.actors.tools); tools of installed libra.tools entry points are always offered")
     p.add_argument("--roles", default=None,
                    help="roles per CPU slot, e.g. 'rollout=2,train=2,action=1,episode=1' (slots in that order; "
                         "sets --cpu-slots to the total). Default: every slot is an action slot")
@@ -149,7 +155,14 @@ def main(argv: list[str] | None = None) -> int:
             roles = (roles if roles is not None else ["action"] * len(cpu)) + fallback
             cpu = [f"cpu{i}" for i in range(len(roles))]
         slots = gpus + cpu
-    except ValueError as exc:
+        # a tool module that fails, fails here, once (not in every action slot, restarted in a loop)
+        if args.tools or "action" in (roles or ["action"]) or args.gpu_role == "action":
+            from .tools import load_tools
+
+            user_tools = load_tools(args.tools)
+            if user_tools:
+                log.info("user_tools", tools={n: t.source for n, t in user_tools.items()})
+    except ValueError as exc:  # ToolLoadError is one
         print(f"libra.actors: {exc}", file=sys.stderr)
         return 2
     n_gpu = len(gpus)
@@ -170,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         extra.append("--allow-unisolated")
     if args.no_direct:
         extra.append("--no-direct")
+    for module in args.tools:
+        extra += ["--tools", module]
     if args.log_level:
         extra += ["--log-level", args.log_level]
     for flag, value in (("--model-dir", args.model_dir), ("--run-dir", args.run_dir)):

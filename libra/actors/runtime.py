@@ -40,7 +40,7 @@ from .state import (ActorIdentity, ActorState, CancelWork, Connect, Note, Receiv
                     Reconfigured, SendMsg, Start, StartWork, Stop, Tick, WorkDone)
 from .direct import DirectLeaseTable, bind_direct
 from .slots import runtime_cuda_env
-from .tools import Handler, ToolError, WorkContext, action_tools
+from .tools import Handler, ToolError, ToolLoadError, WorkContext, action_slot_tools
 from .topology import action_labels
 
 log = get_logger("libra.actor")
@@ -383,6 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-sandbox", action="store_true", help="offer only the built-in echo/sleep tools")
     p.add_argument("--allow-unisolated", action="store_true",
                    help="run code tools without bubblewrap isolation (NOT safe for untrusted code)")
+    p.add_argument("--tools", action="append", default=[], metavar="MODULE",
+                   help="an action slot also offers the tools this module declares (LIBRA_TOOLS; repeatable)")
     p.add_argument("--role", default="action", choices=["action", "rollout", "train", "hybrid", "episode"],
                    help="what this slot runs: tool calls (action), generate turns (rollout), GRPO steps (train), "
                         "either of the last two as the broker directs (hybrid; starts as rollout), or RL jobs' "
@@ -424,8 +426,14 @@ def main(argv: list[str] | None = None) -> int:
         if labels["gpu_emulated"]:
             log.warning("gpu_slot_emulated_on_cpu", slot=args.slot, gpus=labels["gpus"],
                         reason="no GPU found: model services run on CPU in simulated one-GPU chunks")
-        tools = action_tools(enable_sandbox=not args.no_sandbox, allow_unisolated=args.allow_unisolated,
-                             service_gpus=labels["gpus"])
+        try:  # the built-ins plus the user's tools (--tools, the libra.tools entry points), declared in the labels
+            tools, decls = action_slot_tools(args.tools, enable_sandbox=not args.no_sandbox,
+                                             service_gpus=labels["gpus"], allow_unisolated=args.allow_unisolated,
+                                             host_cores=labels["cores"])
+            labels.update({"tool_decls": decls} if decls else {})
+        except ToolLoadError as exc:
+            print(f"libra.actors.runtime: {exc}", file=sys.stderr)
+            return 2
         handlers = handlers_for_tools(tools)
         kinds, caps, capacity = ["action"], {"action": sorted(tools)}, args.capacity
     elif args.role == "hybrid":

@@ -24,6 +24,15 @@ policy's completion-time model; actual durations come from the actors. A service
 carry ``services = {name = {gpus, checkpoint_gb, reserve_gb}}``, ``gpu_mem_gb``/``workspace_gb`` (the GPU
 memory model: several services' replicas co-resident on a cell, see ``service_pools.py``) and
 ``wait_for_resident`` (a call waits for a busy resident replica that frees before a restore would end).
+
+Tools of a user's own (``libra/actors/tools.py``) are declared by the action actors that offer them, in
+their hello labels (:class:`~libra.protocol.payloads_actions.ToolDeclaration`, read at each placement round
+for each new session): a tool no ``BrokerConfig.tools`` entry names takes its declared ``cores`` (not
+elastic: ``cpu = max_cpu = cores``), and one that declares a ``gpu_service`` is a service call of that
+service (its args need not name it). The broker's own table wins over an actor's declaration; two actors
+declaring one tool differently: the most recently connected one's declaration counts. Labels that do not
+parse are reported like bad resource labels (:meth:`ActionPlacement.unparsed_labels`) and the actor's tools
+run as undeclared.
 """
 
 from __future__ import annotations
@@ -43,7 +52,8 @@ from libra.policies.actions.registry import (
     RunningView,
     make_action_scheduler,
 )
-from libra.protocol.payloads_actions import ActionRoute
+from libra.protocol.payloads_actions import ActionRoute, tool_declarations
+from libra.protocol.payloads_base import PayloadError
 
 from .core_pools import CorePools
 from .service_pools import ServicePools, service_specs
@@ -68,6 +78,10 @@ class ToolDecl:
     gpu_mem_gb: float | None = None
     workspace_gb: float = 0.0
     wait_for_resident: bool = False
+    gpu_service: str | None = None  # an actor-declared user tool: its calls are calls of this service
+
+
+_DEFAULT = ToolDecl()
 
 
 class ActionPlacement:
@@ -102,6 +116,33 @@ class ActionPlacement:
         self.granted: dict[str, tuple[int, float, float]] = {}  # work id -> (cores, started, expected end)
         self._running: dict[str, RunningView] = {}  # work id -> what the policy sees of it (kept with granted)
         self._home: OrderedDict[str, str] = OrderedDict()  # trajectory -> actor id of its sandbox
+        self.declared: dict[str, ToolDecl] = {}  # user tools as the action actors declared them
+        self._declared_by: dict[bytes, ActorSession] = {}  # sessions whose declarations were read
+
+    def learn_declarations(self, actors: Sequence[ActorSession]) -> None:
+        """Read the user-tool declarations of every session not read yet (see the module docstring)."""
+        for s in actors:
+            if "tool_decls" not in s.labels or self._declared_by.get(s.peer) is s:
+                continue
+            self._declared_by[s.peer] = s
+            try:
+                decls = tool_declarations(s.labels)
+            except PayloadError as exc:
+                self.cores.unparsed.append((s.actor_id, str(exc)))
+                continue
+            for name, d in decls.items():
+                if name in self.tools:
+                    continue
+                self.declared[name] = ToolDecl(cpu=d.cores, max_cpu=d.cores, gpu_service=d.gpu_service)
+                if d.gpu_service:
+                    self.service_tools = self.service_tools | {name}
+        if len(self._declared_by) > 2 * len(actors) + 64:  # sessions gone: forget them
+            live = {s.peer for s in actors}
+            self._declared_by = {p: s for p, s in self._declared_by.items() if p in live}
+
+    def decl(self, tool: str) -> ToolDecl:
+        """The declaration of ``tool``: the broker's table, else an actor's, else the default."""
+        return self.tools.get(tool) or self.declared.get(tool) or _DEFAULT
 
     def summary(self) -> dict[str, Any]:
         """For status: the policy, the running grants, every action actor's cores (free and busy) and the
@@ -112,7 +153,7 @@ class ActionPlacement:
     def spec(self, work_id: str, trajectory: str | None, tool: str, submitted_at: float) -> ActionSpec:
         s = self._specs.get(work_id)
         if s is None:
-            d = self.tools.get(tool, ToolDecl())
+            d = self.decl(tool)
             elastic = (ElasticSpec("cpu", max(d.max_cpu, d.cpu), Amdahl(d.parallel_fraction))
                        if d.max_cpu > d.cpu else None)
             s = ActionSpec(work_id, trajectory or work_id, tool, {"cpu": max(1, d.cpu)}, d.duration_s, elastic,
@@ -140,6 +181,7 @@ class ActionPlacement:
         """One round over every connected actor (``actors``) and the action queues: returns ``(work id, actor,
         route)`` for each action to start now (the caller takes it off its queue and assigns it)."""
         self.cores.forget(s.peer for s in actors)
+        self.learn_declarations(actors)
         self.services.forget(s.peer for s in actors)
         slots = {s.peer: s.free for s in actors if "action" in s.accepting and s.free > 0}
         eligible = [s for s in actors if s.peer in slots]
@@ -159,7 +201,8 @@ class ActionPlacement:
             blocked: set[str] = set()  # services that found no cell this round: their later calls wait too
             for wid in islice(q, WINDOW):  # FCFS, the oldest WINDOW calls
                 w = works[wid]
-                service = w.args.get("service") if isinstance(w.args, dict) else None
+                service = self.decl(key[1]).gpu_service or (w.args.get("service") if isinstance(w.args, dict)
+                                                             else None)
                 free = [(s, g) for s, g in serving if slots[s.peer] > 0]
                 if not free:
                     break

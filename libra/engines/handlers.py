@@ -4,7 +4,7 @@ A handler is ``fn(args, ctx) -> output`` where ``output`` is anything msgpack ca
 :class:`ToolError` (with a stable ``code``) for a failure the caller should see as typed; any other
 exception becomes ``tool_failed`` with the exception's text. Engines build handlers
 (:mod:`libra.engines.sandbox.handlers`, :mod:`libra.engines.services`); actors run them
-(:mod:`libra.actors.tools`).
+(:mod:`libra.actors.tools`, which also documents how users declare tools of their own).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class WorkContext:
     actor_id: str = ""
     cores: int = 1  # cores the action scheduler granted this action (sandbox tools pin to this many)
     route: dict[str, Any] = field(default_factory=dict)  # Assign.route: core_ids, a GPU service's placement
+    sandbox: Any = None  # a user tool declared sandboxed: runs python/bash/pytest in the trajectory's sandbox
 
 
 Handler = Callable[[Any, WorkContext], Any]

@@ -5,6 +5,11 @@ labels, :class:`ActorResources`) and where the broker's placement puts one actio
 No I/O. The broker's action placement (``libra/broker/actions.py``) reads the first and writes the second;
 the actor's runtime hands the route to the tool (sandbox tools pin to ``core_ids``; the GPU service engine
 restores, evicts and runs on the cell the route names).
+
+An action actor also declares the resources of each user tool it offers (``libra actors --tools pkg.mod``,
+``libra/actors/tools.py``) in its hello labels: ``labels["tool_decls"] = {tool: ToolDeclaration}``
+(:func:`tool_declarations` reads them back). The broker's action placement schedules such a tool by its
+declaration (cores, a GPU service) when no ``BrokerConfig.tools`` entry names it.
 """
 
 from __future__ import annotations
@@ -13,9 +18,13 @@ from typing import Annotated
 
 import msgspec
 
-from .payloads_base import Payload
+from .payloads_base import Payload, PayloadError
 
-__all__ = ["ActionRoute", "ActorResources", "Cell", "ServiceRoute"]
+__all__ = ["ActionRoute", "ActorResources", "Cell", "ServiceRoute", "TOOL_DECLS_LABEL", "ToolDeclaration",
+           "tool_declarations"]
+
+#: The hello label holding an action actor's user-tool declarations.
+TOOL_DECLS_LABEL = "tool_decls"
 
 Count = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -88,3 +97,42 @@ class ActionRoute(Payload, frozen=True, kw_only=True):
     cores: Annotated[int, msgspec.Meta(ge=1)] = 1
     core_ids: list[Count] | None = None
     service: ServiceRoute | None = None
+
+
+class ToolDeclaration(Payload, frozen=True, kw_only=True):
+    """What a user tool declares about one call (``libra.actors.tools.Tool``, as sent in hello labels):
+    ``cores`` granted to it (the action scheduler's demand), ``memory_mb`` it may use (None: undeclared; the
+    actor checks it fits the host), ``gpu_service`` (the GPU model service its calls run on: routed like
+    ``reward_model``), ``sandboxed`` and ``inline`` (see the tools module), a one-line ``description``."""
+
+    WHAT = "tool declaration"
+    OMIT_DEFAULT = ("memory_mb", "gpu_service", "description")
+
+    cores: Annotated[int, msgspec.Meta(ge=1)] = 1
+    memory_mb: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    gpu_service: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+    sandboxed: bool = False
+    inline: bool = False
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.inline and (self.sandboxed or self.gpu_service or self.cores > 1):
+            raise ValueError("field `inline`: an inline tool runs on the actor's socket thread, so it cannot be "
+                             "sandboxed, call a GPU service or take more than one core")
+
+
+def tool_declarations(labels: object) -> dict[str, ToolDeclaration]:
+    """The user-tool declarations in an actor's hello ``labels`` (``{}`` when there are none); raises
+    :class:`~libra.protocol.payloads_base.PayloadError` naming the tool when one does not parse."""
+    table = labels.get(TOOL_DECLS_LABEL) if isinstance(labels, dict) else None
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise PayloadError("tool declaration", TOOL_DECLS_LABEL, f"expected a table, got {type(table).__name__}")
+    out: dict[str, ToolDeclaration] = {}
+    for name, decl in table.items():
+        try:
+            out[str(name)] = ToolDeclaration.from_wire(decl)
+        except PayloadError as exc:
+            raise PayloadError(f"tool declaration of {name!r}", exc.field, exc.detail) from None
+    return out
