@@ -117,6 +117,8 @@ class LocalCluster:
         while time.monotonic() < deadline:
             if self.broker is not None and self.broker.poll() is not None:
                 raise RuntimeError(f"broker exited with {self.broker.returncode}")
+            if self.actors is not None and self.actors.poll() is not None:  # e.g. a --tools module that fails
+                raise RuntimeError(f"the actors' supervisor exited with {self.actors.returncode} (its error is above)")
             try:
                 last = self.status(timeout=2.0).actors
             except Exception:

@@ -149,6 +149,7 @@ class ActorsConfig:
     trainer_gpus: int | str = "auto"
     dtype: str = "auto"  # engines' dtype: auto (bf16 on a GPU, fp32 on the CPU), bf16, fp16, fp32
     gpu_memory_fraction: float = 0.0  # share of a GPU one engine may use (0: 0.9 split among its engines)
+    tools: list[str] = field(default_factory=list)  # modules whose LIBRA_TOOLS action slots offer (libra.actors.tools)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +278,9 @@ def _check(c: JobConfig, where: str) -> None:
                         f"got {c.actors.gpu_memory_fraction!r}")
     if c.actors.weights_transport not in ("dataplane", "torch"):
         problems.append(f"[actors] weights_transport must be 'dataplane' or 'torch', got {c.actors.weights_transport!r}")
+    bad_tools = [t for t in c.actors.tools if not t.strip() or ":" in t or " " in t.strip()]
+    if bad_tools:
+        problems.append(f"[actors] tools must be module names such as 'my_pkg.tools', got {bad_tools!r}")
     if c.env.max_turns < 1 or c.env.max_new_tokens < 1:
         problems.append("[env] max_turns and max_new_tokens must be >= 1")
     if not set(c.env.ops) <= {"+", "-", "*"} or not c.env.ops:

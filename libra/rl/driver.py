@@ -63,6 +63,13 @@ _SANDBOX_HINT = ("the sandboxed code tools need bubblewrap: install it with `sud
 TOOL_HINTS = {"python": _SANDBOX_HINT, "bash": _SANDBOX_HINT, "pytest": _SANDBOX_HINT}
 
 
+def user_tool_hint(tool: str) -> str:
+    """How to offer ``tool`` when it is a tool of the user's own (``libra.actors.tools``)."""
+    return (f"{tool!r} is not built in: declare it in a module's LIBRA_TOOLS (libra.actors.tools) and offer it "
+            f"with [actors] tools = [\"your_pkg.tools\"] in the job file, a `libra.tools` entry point of an "
+            f"installed package, or actors started with `python -m libra.actors --tools your_pkg.tools`")
+
+
 def host_gpus() -> tuple[int, str]:
     """``(GPUs on this host, why)`` by NVML (no torch import)."""
     from libra.actors.slots import discover_gpus
@@ -107,10 +114,21 @@ async def check_tools(client: Any, env: Any, env_cfg: Any, job: str, wait_s: flo
         await asyncio.sleep(0.25)
     if missing:
         offered = sorted({n for a in actors for n in ((a.get("capabilities") or {}).get("action") or [])})
-        hints = sorted({TOOL_HINTS.get(t, f"start an action actor that offers {t!r}") for t in missing})
+        hints = sorted({TOOL_HINTS.get(t, user_tool_hint(t)) for t in missing})
         raise JobFailed(f"job {job!r} needs the tool(s) {', '.join(repr(t) for t in missing)}, which no connected "
                         f"actor offers (tools offered: {', '.join(offered) or 'none'}; {len(actors)} actor(s)); "
                         + "; ".join(hints))
+
+
+def _check_user_tools(modules: list[str]) -> None:
+    """Load ``[actors] tools`` (and the ``libra.tools`` entry points) here first: a module that does not import,
+    a tool declared twice or named like a built-in fails the job before any process starts."""
+    from libra.actors.tools import ToolLoadError, load_tools
+
+    try:
+        load_tools(modules)
+    except ToolLoadError as exc:
+        raise JobFailed(f"[actors] tools: {exc}") from None
 
 
 def resolve_model(name: str) -> Path:
@@ -327,6 +345,9 @@ def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = T
         actor_args += ["--gpu-roles", f"rollout={gpu_r},train={gpu_t}"]
     if a.allow_unisolated:
         actor_args.append("--allow-unisolated")
+    _check_user_tools(a.tools)
+    for module in a.tools:  # the action slots offer the user's tools (libra.actors.tools)
+        actor_args += ["--tools", module]
     n = a.rollout + a.trainer + a.action + 1  # + one episode runner
     env = {"OMP_NUM_THREADS": str(max(1, a.torch_threads)), "TOKENIZERS_PARALLELISM": "false"}
     if a.weights_transport == "torch":

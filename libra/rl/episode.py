@@ -31,9 +31,16 @@ Each turn's args are a :class:`~libra.protocol.payloads_rollout.GenerateArgs` an
 :class:`~libra.protocol.payloads_base.PayloadError`); the sampling settings are
 :class:`~libra.protocol.payloads_job.EpisodeSampling` (``SamplingParams`` here).
 
+Messages after a model turn (``add_user``, ``add_message``, ``add_messages``) are rendered once by the
+tokenizer's own chat template (:func:`template_continuation`: the text the template puts after an assistant
+turn, then the new messages and the generation prompt; ChatML when the tokenizer has no template), tokenized
+once and appended with loss mask 0. The ids the model sampled are never re-tokenized: a turn that ended on a
+stop token keeps it, and the template's turn close starts after it. ``set_prompt`` replaces the prompt before
+the first turn (the OpenAI-compatible endpoint of :mod:`libra.serve` renders the agent's first message list).
+
 Contracts: ``generate`` never runs after ``finish``; a turn's ``max_new_tokens`` is capped so the
 sequence stays within ``max_total_tokens``; tool failures come back as a mapping with ``error`` set
-(the episode decides what the model sees), never as an exception.
+(the episode decides what the model sees), never as an exception; ``set_prompt`` after a turn raises.
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ from libra.protocol.payloads_rollout import (
     ids_object,
 )
 
-__all__ = ["EpisodeSession", "SamplingParams", "chat_continuation"]
+__all__ = ["EpisodeSession", "SamplingParams", "chat_continuation", "template_continuation"]
 
 GENERATE_BUCKET = "default"
 log = get_logger("libra.rl.episode")
@@ -70,6 +77,25 @@ SamplingParams = EpisodeSampling  # an episode's sampling settings (the ``sampli
 def chat_continuation(role: str, content: str) -> str:
     """ChatML text that closes the assistant turn just generated and opens the next one."""
     return f"\n<|im_start|>{role}\n{content}<|im_end|>\n<|im_start|>assistant\n"
+
+
+_SENTINEL = "\u2063libra-turn-end\u2063"  # an assistant turn's content no template changes or meets elsewhere
+
+
+def template_continuation(tokenizer: Any, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> str:
+    """The text the tokenizer's chat template puts after an assistant turn's content when ``messages``
+    follow it: the turn's close (e.g. ``<|im_end|>\\n``), the messages, the generation prompt. Rendered once
+    around a placeholder assistant turn, so a template's per-position rules (a default system prompt,
+    ``tools=`` in the system message) stay before it. ChatML when the tokenizer has no chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        body = "".join(f"<|im_start|>{m['role']}\n{m.get('content') or ''}<|im_end|>\n" for m in messages)
+        return f"<|im_end|>\n{body}<|im_start|>assistant\n"
+    base = [{"role": "user", "content": "."}, {"role": "assistant", "content": _SENTINEL}]
+    text = tokenizer.apply_chat_template(base + list(messages), tools=tools, add_generation_prompt=True,
+                                         tokenize=False)
+    if text.count(_SENTINEL) != 1:
+        raise ValueError("the chat template does not render an assistant turn's content verbatim")
+    return text.split(_SENTINEL, 1)[1]
 
 
 @dataclass
@@ -106,17 +132,34 @@ class EpisodeSession:
         self._known = (0, EMPTY_DIGEST)  # (length, digest) of the context the last turn's instance holds
         self._holder: DataRef | None = None  # where it holds it (GenerateResult.context_at)
 
-    async def generate(self) -> str:
-        """One model turn from the whole sequence so far; returns the decoded text (stop token dropped)."""
+    def set_prompt(self, prompt_ids: list[int]) -> None:
+        """Replace the prompt (loss mask 0) before the first turn; after a turn it raises RuntimeError."""
+        if self.versions or self.gen_tokens or any(self.loss_mask):
+            raise RuntimeError("set_prompt after a turn was generated")
+        self.prompt_ids = list(prompt_ids)
+        self.__post_init__()
+
+    def extend_context(self, ids: list[int]) -> None:
+        """Append ids the model did not sample (environment text, already tokenized): loss mask 0."""
+        self.input_ids += ids
+        self._digest.update(ids)
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
+    async def generate(self, max_new_tokens: int | None = None) -> str:
+        """One model turn from the whole sequence so far; returns the decoded text (stop token dropped).
+        ``max_new_tokens`` may lower this turn's cap below the job's."""
         if self.finished:
             raise RuntimeError("generate after the episode finished")
         budget = self.params.max_total_tokens - len(self.input_ids)
         if budget < 1:
             return ""
         weights = self.weights()
+        cap = self.params.max_new_tokens if max_new_tokens is None else max(1, min(max_new_tokens,
+                                                                                  self.params.max_new_tokens))
         common = dict(
             prompt_tokens=len(self.input_ids),
-            max_new_tokens=min(self.params.max_new_tokens, budget),
+            max_new_tokens=min(cap, budget),
             temperature=self.params.temperature, top_p=self.params.top_p,
             stop_token_ids=self.stop_token_ids,
             weights=WeightsRef.from_wire(weights) if weights is not None else None,
@@ -169,13 +212,29 @@ class EpisodeSession:
 
     def add_user(self, content: str) -> None:
         """Append an environment message (tool output, feedback) as a user turn; no loss on it."""
-        ids = self.tokenizer.encode(chat_continuation("user", content), add_special_tokens=False)
-        if self.input_ids and self.loss_mask[-1] and self.input_ids[-1] not in self.stop_token_ids:
-            ids = self.stop_token_ids[:1] + ids  # the turn was cut by max_new_tokens: close it
-        self.input_ids += ids
-        self._digest.update(ids)
-        self.loss_mask += [0] * len(ids)
-        self.logprobs += [0.0] * len(ids)
+        self.add_messages([{"role": "user", "content": content}])
+
+    def add_message(self, role: str, content: str | None, tool_calls: list[dict[str, Any]] | None = None,
+                    **fields: Any) -> list[int]:
+        """Append one message (``user``, ``tool``, ``system``...; ``fields`` such as ``tool_call_id`` or
+        ``name`` go to the template); no loss on it. Returns the appended ids."""
+        msg: dict[str, Any] = {"role": role, "content": content or "", **fields}
+        if tool_calls:
+            msg["tool_calls"] = tool_calls
+        return self.add_messages([msg])
+
+    def add_messages(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> list[int]:
+        """Append ``messages`` after the last turn through the chat template (:func:`template_continuation`),
+        tokenized once, loss mask 0, ending on the generation prompt. Returns the appended ids."""
+        text = template_continuation(self.tokenizer, messages, tools)
+        sampled_stop = bool(self.input_ids) and self.loss_mask[-1] == 1 and self.input_ids[-1] in self.stop_token_ids
+        if sampled_stop:  # the model's own stop token closes its turn: the template's close starts after it
+            stop_text = self.tokenizer.decode([self.input_ids[-1]], skip_special_tokens=False)
+            if stop_text and text.startswith(stop_text):
+                text = text[len(stop_text):]
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        self.extend_context(ids)
+        return ids
 
     async def call_tool(self, tool: str, args: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
         """Run ``tool`` through the broker; failures come back as ``{"error": "..."}``."""
