@@ -93,3 +93,31 @@ def test_bundled_jobs_need_the_python_tool() -> None:
         cfg = load_job(root / name)
         assert arith.required_tools(cfg.env) == ["python"], name
         assert not dataclasses.asdict(cfg)["actors"]["allow_unisolated"], name
+
+
+def test_a_job_needing_a_user_tool_nobody_serves_is_refused_saying_how_to_offer_it() -> None:
+    env = SimpleNamespace(required_tools=lambda cfg: ["search"])
+    with pytest.raises(JobFailed) as exc:
+        asyncio.run(check_tools(FakeClient(WITH_SANDBOX), env, EnvConfig(), "search_job", wait_s=0.0))
+    msg = str(exc.value)
+    assert "needs the tool(s) 'search'" in msg and "search_job" in msg
+    assert "[actors] tools = [" in msg and "--tools" in msg and "libra.tools" in msg and "LIBRA_TOOLS" in msg
+    asyncio.run(check_tools(FakeClient([actor(["echo", "search"])]), env, EnvConfig(), "j", wait_s=0.0))
+
+
+def test_the_job_file_names_tool_modules_and_a_bad_one_fails_before_anything_starts(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from libra.config import ConfigError
+    from libra.rl import driver
+    from libra.rl.config import job_from_mapping
+
+    cfg = job_from_mapping({"actors": {"tools": ["ut_nowhere_tools_mod"]}, "job": {"run_dir": str(tmp_path)}})
+    assert cfg.actors.tools == ["ut_nowhere_tools_mod"] and job_from_mapping({}).actors.tools == []
+    with pytest.raises(ConfigError, match=r"\[actors\] tools must be module names"):
+        job_from_mapping({"actors": {"tools": ["pkg.mod:fn"]}})
+    monkeypatch.setattr(driver, "resolve_model", lambda name: tmp_path)
+    monkeypatch.setattr(driver, "host_gpus", lambda: (0, "no GPU"))
+    monkeypatch.setattr("libra.local.LocalCluster.start", lambda *a, **k: pytest.fail("a cluster was started"))
+    with pytest.raises(JobFailed, match=r"\[actors\] tools: module ut_nowhere_tools_mod: cannot be imported: "
+                                        r"ModuleNotFoundError"):
+        driver.run_job(cfg)
