@@ -19,14 +19,22 @@ Contracts:
   tensors directly; the broker never sees them.
 - Published trajectories are kept ``retain_s`` seconds (default 1 h) or until ``max_retained`` newer ones
   exist, whichever comes first; a step trained later than that fails with ``shard_fetch_failed``.
-- A failing episode (a turn that cannot be served, a bad row, an environment bug) fails the work with the
-  error; the broker's job then trains that group without it.
+- The environment is loaded through :mod:`libra.envs.loader` from the spec's ``env_config`` (``entry`` or
+  ``name``, and ``options``, validated again here; loaded once per runner and spec): a module, a class
+  (instantiated once) or an instance. A spec whose environment cannot be loaded, or a row ``from_row``
+  rejects, fails the work with ``bad_request``.
+- A failing episode (a turn that cannot be served, an exception inside the environment's ``episode``, a
+  reward that is not a finite number) fails the work with code ``episode_failed`` and the text of
+  :func:`libra.envs.contract.format_failure`: the error line, then the traceback (at most 8 KiB); the driver
+  writes it to ``RUN/failures.jsonl`` and the broker's job trains that group without it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import json
 import threading
 import time
 from collections import deque
@@ -65,6 +73,8 @@ class EpisodeRole:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="libra-episodes", daemon=True)
         self._thread.start()
+        self._envs: dict[str, tuple[Any, dict[str, Any]]] = {}  # env_config (JSON) -> (environment, options)
+        self._envs_lock = threading.Lock()
         self._client: Any = None
         self._client_lock: asyncio.Lock | None = None  # made on the loop thread
 
@@ -94,6 +104,24 @@ class EpisodeRole:
                 self._client = await AsyncClient(self.broker_url, client_id=cid).connect(30.0)
         return self._client
 
+    def _env(self, env_config: dict[str, Any]) -> tuple[Any, Any]:
+        """``(environment, EnvConfig with validated options)`` of a spec's ``env_config`` (cached)."""
+        from libra.config import ConfigError, from_mapping
+        from libra.envs.loader import load_env_config
+        from libra.rl.config import EnvConfig
+
+        key = json.dumps(env_config, sort_keys=True, default=str)
+        with self._envs_lock:
+            if key not in self._envs:
+                where = "episode env_config"
+                try:
+                    cfg = from_mapping(EnvConfig, dict(env_config), where)
+                    env, options = load_env_config(cfg, where)
+                except ConfigError as exc:
+                    raise ToolError("bad_request", str(exc)) from None
+                self._envs[key] = (env, dataclasses.replace(cfg, options=options))
+            return self._envs[key]
+
     def _tokenizer(self, wanted: Any) -> tuple[Any, list[int]]:
         d = wanted if isinstance(wanted, str) and (Path(wanted) / "config.json").is_file() else self.model_dir
         if d is None:
@@ -108,23 +136,25 @@ class EpisodeRole:
             return self._tok[d]
 
     async def _run(self, args: EpisodeArgs, ctx: WorkContext) -> dict[str, Any]:
-        from libra.config import ConfigError, from_mapping
-        from libra.envs import get_env
-        from libra.rl.config import EnvConfig
+        from libra.envs.contract import format_failure, prompt_messages
+        from libra.envs.loader import reward_outcome
         from libra.rl.episode import EpisodeSession
         from libra.rl.shards import encode_trajectory
 
         spec = args.episode
+        env, env_cfg = await asyncio.to_thread(self._env, spec.env_config)
         try:
-            env_cfg = from_mapping(EnvConfig, dict(spec.env_config), "episode env_config")
-            env = get_env(env_cfg.name)
             problem = env.from_row(args.row)
-        except (ConfigError, ValueError, TypeError, KeyError) as exc:
-            raise ToolError("bad_request", f"episode: {type(exc).__name__}: {exc}") from None
+            prompt = getattr(problem, "prompt", None)
+            if prompt is None and isinstance(problem, dict):
+                prompt = problem.get("prompt")
+            messages = prompt_messages(prompt)
+        except Exception as exc:  # noqa: BLE001  (a plug-in's from_row may raise anything)
+            raise ToolError("bad_request", f"episode: the environment's from_row: {type(exc).__name__}: {exc}") from None
         params = spec.sampling
         tok, stop_ids = await asyncio.to_thread(self._tokenizer, spec.model_dir)
         client = await self._client_ready()
-        text = tok.apply_chat_template(problem.prompt, add_generation_prompt=True, tokenize=False)
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         prompt_ids = tok.encode(text, add_special_tokens=False)
         traj_id = f"{ctx.trajectory or args.job}/{ctx.work_id}"
         # one id per prompt text, stable across steps and epochs: the GRPO group's samples share C-MLFQ's
@@ -133,10 +163,15 @@ class EpisodeRole:
         s = EpisodeSession(client, tok, traj_id, prompt_ids, params, lambda: None, stop_ids,
                            seed=args.seed, prompt_id=prompt_id, context_server=self.server)
         t0 = time.time()
+        ok = False
         try:
-            reward, info = await env.episode(s, problem, env_cfg)
+            reward, info = reward_outcome(await env.episode(s, problem, env_cfg))
+            ok = True
+        except Exception as exc:  # noqa: BLE001  (an episode's failure is recorded, with its traceback)
+            log.warning("episode_failed", job=args.job, group=args.group, index=args.index, error=repr(exc)[:300])
+            raise ToolError("episode_failed", format_failure(exc)) from None
         finally:
-            await s.finish()
+            await s.finish(ok)
         tensors, header = encode_trajectory(s.input_ids, s.loss_mask, s.logprobs,
                                             meta={"group": args.group, "index": args.index})
         name = f"traj/{args.job}/g{args.group}/{args.index}/{ctx.work_id}"

@@ -41,7 +41,10 @@ The flow, per the design's RL job:
   metrics, a few transcripts) is kept; ``JobPoll`` returns the records after a cursor.
 
 Failure semantics: an episode that fails (after the broker's retries) makes its group smaller (a group of
-fewer than 2 is dropped and re-admitted); a ``train`` work that fails fails the job with the rank's error
+fewer than 2 is dropped and re-admitted) and its error text (the runner's error line and traceback) is kept
+for ``JobPoll`` (``failures``: those after the client's newest record); as many failures in a row as
+``max(16, 2 x group_size x prompts_per_step)`` fail the job (an environment that fails every episode);
+a ``train`` work that fails fails the job with the rank's error
 (state ``failed``); a cancelled job cancels its outstanding work. Nothing is dropped silently: every
 dropped group is counted in ``dropped_groups``.
 """
@@ -187,6 +190,8 @@ class JobHost:
         self.finished_at: float | None = None
         self.gen_tokens = 0
         self.episodes_failed = 0
+        self.failures: list[dict[str, Any]] = []  # one per failed episode: seq, group, index, error
+        self._failed_in_a_row = 0
         self._outbox: list[JobWork] = []
         self._live: dict[str, tuple[int, int, float]] = {}  # episode tag -> (group, index, admitted at)
         self._train: dict[str, Any] | None = None
@@ -262,10 +267,19 @@ class JobHost:
         if gid < 0 or gid not in st.groups:
             return  # the group was dropped meanwhile
         t = self._trajectory(gid, idx, out) if ok else None
-        if t is None:
+        if t is None:  # recorded (bounded text) for the driver's RUN/failures.jsonl; the group goes on smaller
+            cap = 8192 if len(self.failures) < 1000 else 500
+            self.failures.append({"seq": self.episodes_failed, "group": gid, "index": idx,
+                                  "error": (error or "malformed episode result")[:cap]})
             self.episodes_failed += 1
+            self._failed_in_a_row += 1
             st.fail(gid)
+            if self._failed_in_a_row >= max(16, 2 * self.spec.group_size * self.spec.prompts_per_step):
+                self.phase, self.finished_at = FAILED, now
+                self.error = (f"{self._failed_in_a_row} episodes in a row failed (see failures.jsonl); the last: "
+                              + (error or "malformed episode result").partition("\n")[0][:500])
             return
+        self._failed_in_a_row = 0
         t.admitted_at, t.done_at = admitted, now
         self.gen_tokens += t.gen_tokens
         st.add(t)
@@ -453,8 +467,10 @@ class JobHost:
     # ------------------------------------------------------------------ views
     def poll(self, cursor: int) -> dict[str, Any]:
         """What ``JobPoll`` answers (see the message's docstring)."""
-        c = max(0, cursor)
-        return {"job": self.name, "state": self.phase, "error": self.error, "steps": self.spec.steps,
+        c = max(0, cursor)  # failures after the newest record the client has (at most 256 a poll)
+        f0 = next((int(r["episodes_failed"]) for r in reversed(self.records[:c]) if "episodes_failed" in r), 0)
+        return {"failures": self.failures[f0:f0 + 256],
+                "job": self.name, "state": self.phase, "error": self.error, "steps": self.spec.steps,
                 "steps_done": self.state.steps_done, "version": self.state.version, "weights": self.weights,
                 "records": self.records[c:], "next_cursor": len(self.records),
                 "dropped_groups": self.state.dropped_groups, "episodes_failed": self.episodes_failed,

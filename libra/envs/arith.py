@@ -24,10 +24,10 @@ The episode (:func:`episode`) is an async function over an :class:`~libra.rl.epi
    answer earns only the format reward). The info counts the episode's tool calls and the successful
    ones (``tool_ok``: no error and exit code 0).
 
-Writing your own environment: provide ``make_problems(n, seed, **options)`` returning objects with a
-``prompt`` (chat messages), and ``async def episode(session, problem, cfg) -> (reward, info)`` that
-calls ``session.generate()``, ``session.call_tool(...)`` and ``session.add_user(...)``; every one of
-those goes through the broker, so the rollout router and the action scheduler see every turn.
+The module is an environment plug-in like any other (:mod:`libra.envs.contract`): its options (the keys
+above, and ``format_reward``, ``digit_reward``, ``tool_timeout_s``) sit in the job's ``[env.options]``
+table and :func:`validate_options` checks them (:data:`OPTIONS` holds the defaults); ``max_turns`` is the
+generic ``[env]`` key.
 """
 
 from __future__ import annotations
@@ -35,10 +35,14 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
+
+from .contract import OptionsError, options_with_defaults
 
 __all__ = [
     "ANSWER_HINT",
+    "OPTIONS",
     "PROMPT_STYLES",
     "TOOL_SYSTEM_PROMPT",
     "SYSTEM_PROMPT",
@@ -48,10 +52,10 @@ __all__ = [
     "messages",
     "parse_answer",
     "parse_tool_call",
-    "problem_options",
     "required_tools",
     "score",
     "tool_succeeded",
+    "validate_options",
 ]
 
 SYSTEM_PROMPT = (
@@ -138,10 +142,35 @@ def make_problems(n: int, seed: int = 0, *, max_operand: int = 20, ops: list[str
     return out
 
 
-def problem_options(cfg: Any) -> dict[str, Any]:
-    """The :func:`make_problems` options of a job's ``[env]`` table."""
-    return {"max_operand": cfg.max_operand, "ops": cfg.ops, "min_operand": cfg.min_operand,
-            "second_operand": cfg.second_operand, "prompt_style": cfg.prompt_style, "tool_demos": cfg.tool_demos}
+OPTIONS: dict[str, Any] = {
+    "ops": ["+", "-"], "min_operand": 1, "max_operand": 20,
+    "second_operand": [],  # [lo, hi] of the second operand; []: as the first
+    "prompt_style": "plain",  # PROMPT_STYLES
+    "tool_demos": 2,  # tool_demo: how many demonstrated episodes (0 to 2)
+    "format_reward": 0.1, "digit_reward": 0.0,  # see score()
+    "tool_timeout_s": 5.0,  # one python call's limit
+}
+"""The options (``[env.options]``) and their defaults."""
+
+
+def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``[env.options]`` with the defaults of :data:`OPTIONS` filled in; :class:`OptionsError` names a bad key."""
+    o = options_with_defaults(options, OPTIONS)
+    if not o["ops"] or not set(o["ops"]) <= set(_TEMPLATES):
+        raise OptionsError("ops", f"must be a non-empty subset of {sorted(_TEMPLATES)}, got {o['ops']}")
+    if not 1 <= o["min_operand"] <= o["max_operand"]:
+        raise OptionsError("min_operand", f"needs 1 <= min_operand <= max_operand, got {o['min_operand']} "
+                                          f"and {o['max_operand']}")
+    so = o["second_operand"]
+    if so and (len(so) != 2 or not all(type(x) is int for x in so) or not 1 <= so[0] <= so[1]):
+        raise OptionsError("second_operand", f"must be [lo, hi] with 1 <= lo <= hi (or empty), got {so}")
+    if o["prompt_style"] not in PROMPT_STYLES:
+        raise OptionsError("prompt_style", f"must be one of {', '.join(PROMPT_STYLES)}, got {o['prompt_style']!r}")
+    if not 0 <= o["tool_demos"] <= len(_DEMOS):
+        raise OptionsError("tool_demos", f"must be within [0, {len(_DEMOS)}], got {o['tool_demos']}")
+    if not o["tool_timeout_s"] > 0:
+        raise OptionsError("tool_timeout_s", f"must be > 0, got {o['tool_timeout_s']}")
+    return o
 
 
 def required_tools(cfg: Any) -> list[str]:
@@ -228,18 +257,20 @@ def format_tool_output(out: dict[str, Any], limit: int = 300) -> str:
 
 
 async def episode(session: Any, problem: Problem, cfg: Any) -> tuple[float, dict[str, Any]]:
-    """Run one episode (see the module docstring); ``cfg`` is the job's ``[env]`` table."""
+    """Run one episode (see the module docstring); ``cfg`` is the job's ``[env]`` table (its ``options``
+    as :func:`validate_options` returns them)."""
+    o = validate_options(getattr(cfg, "options", {}) or {})
     text, ok = "", 0
     for turn in range(cfg.max_turns):
         text = await session.generate()
         code = parse_tool_call(text)
         if code is None or turn == cfg.max_turns - 1 or parse_answer(text) is not None:
             break
-        out = await session.call_tool("python", {"code": code, "timeout_s": cfg.tool_timeout_s},
-                                      timeout=cfg.tool_timeout_s + 30.0)
+        out = await session.call_tool("python", {"code": code, "timeout_s": o["tool_timeout_s"]},
+                                      timeout=o["tool_timeout_s"] + 30.0)
         ok += tool_succeeded(out)
         session.add_user(format_tool_output(out))
-    reward, info = score(text, problem, cfg.format_reward, cfg.digit_reward)
+    reward, info = score(text, problem, o["format_reward"], o["digit_reward"])
     info["turns"] = len(session.versions)
     info["tool_calls"] = session.tool_calls
     info["tool_ok"] = ok

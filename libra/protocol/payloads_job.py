@@ -49,7 +49,8 @@ class EpisodeSpec(Payload, frozen=True, kw_only=True):
     OMIT_DEFAULT = ("env_config", "sampling", "model_dir")  # the job file's settings, as written
 
     env_config: dict[str, Any] = msgspec.field(default_factory=dict)
-    """``libra.rl.config.EnvConfig`` fields (validated by the runner)."""
+    """``libra.rl.config.EnvConfig`` fields: the environment (``entry`` or ``name``), its ``options``
+    (``[env.options]``), ``reward``, ``max_turns``; loaded and validated by the runner (``libra.envs.loader``)."""
     sampling: EpisodeSampling = msgspec.field(default_factory=EpisodeSampling)
     """How turns sample."""
     model_dir: str | None = None
@@ -125,6 +126,10 @@ class JobPollReply(Payload, frozen=True, kw_only=True):
     """GRPO groups dropped (too few members, or beyond the policy-lag bound)."""
     episodes_failed: NonNeg = 0
     """Episodes that failed after the broker's retries."""
+    failures: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    """The failed episodes after the newest record the poll's cursor has seen (at most 256): ``seq`` (the
+    failure's number in the job, from 0), ``group``, ``index`` and ``error`` (the runner's error line, then
+    the traceback; at most 8 KiB). A client dedups them by ``seq`` (the driver: ``RUN/failures.jsonl``)."""
     episodes_running: NonNeg = 0
     """Episodes in flight now."""
     training: bool = False

@@ -93,22 +93,18 @@ class RolloutConfig:
 
 @dataclass(frozen=True, slots=True)
 class EnvConfig:
-    """``[env]``: the environment and how episodes sample."""
+    """``[env]``: the environment (a plug-in, ``libra.envs.loader``) and how episodes sample. The
+    environment's own settings go in the free-form ``[env.options]`` table, which the environment validates
+    (``validate_options``; the loaded job holds the validated options, defaults filled in)."""
 
-    name: str = "arith"
+    entry: str = ""  # "pkg.mod:Obj" (a module, class or instance), or a libra.envs entry point's name
+    name: str = ""  # a bundled environment ("arith", "single_turn") or entry point ("": see entry; else arith)
+    reward: str = ""  # "pkg.mod:fn": fn(completion, row) -> reward, for single-turn tasks (runs single_turn)
     max_turns: int = 2
     max_new_tokens: int = 48
     temperature: float = 1.0
     top_p: float = 1.0
-    max_operand: int = 20
-    min_operand: int = 1
-    second_operand: list[int] = field(default_factory=list)  # [lo, hi] of the second operand; []: as the first
-    ops: list[str] = field(default_factory=lambda: ["+", "-"])
-    prompt_style: str = "plain"  # "plain" or "tool_demo" (demonstrated tool calls; libra.envs.arith)
-    tool_demos: int = 2  # tool_demo: how many demonstrated episodes (0 to 2)
-    format_reward: float = 0.1
-    digit_reward: float = 0.0  # shaping for untrained test models (see libra.envs.arith.score)
-    tool_timeout_s: float = 5.0
+    options: dict[str, Any] = field(default_factory=dict)  # [env.options]: the environment's own settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,10 +206,33 @@ def job_from_mapping(data: dict[str, Any], where: str = "job") -> JobConfig:
         if not isinstance(body, dict):
             raise ConfigError(f"{where}: [{name}] must be a table")
         body = _ints_as_floats(cls, dict(body))
+        if cls is EnvConfig:
+            _env_keys(body, where)
         parts[name] = from_mapping(cls, body, f"{where} [{name}]")
     cfg = JobConfig(**parts)
     _check(cfg, where)
-    return cfg
+    return _with_env_options(cfg, where)
+
+
+def _env_keys(body: dict[str, Any], where: str) -> None:
+    """An unknown ``[env]`` key is most likely an environment's own option written in the wrong table."""
+    unknown = sorted(set(body) - {f.name for f in dataclasses.fields(EnvConfig)})
+    if unknown:
+        raise ConfigError(f"{where} [env]: unknown key(s) {', '.join(unknown)}: an environment's own settings go "
+                          f"in the [env.options] table (e.g. [env.options] {unknown[0]} = ...); [env] knows "
+                          f"{', '.join(f.name for f in dataclasses.fields(EnvConfig))}")
+    if not isinstance(body.get("options", {}), dict):
+        raise ConfigError(f"{where} [env] options: must be a table ([env.options])")
+
+
+def _with_env_options(cfg: JobConfig, where: str) -> JobConfig:
+    """Load the environment (a broken plug-in fails here, naming the file and key) and keep the options
+    it validated."""
+    from libra.envs.loader import env_key, load_env_config
+
+    _, options = load_env_config(cfg.env, where)
+    name = cfg.env.name or ("" if cfg.env.entry else env_key(cfg.env)[1])  # the resolved config names it
+    return dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, name=name, options=options))
 
 
 def _ints_as_floats(cls: type, body: dict[str, Any]) -> dict[str, Any]:
@@ -283,21 +302,15 @@ def _check(c: JobConfig, where: str) -> None:
         problems.append(f"[actors] tools must be module names such as 'my_pkg.tools', got {bad_tools!r}")
     if c.env.max_turns < 1 or c.env.max_new_tokens < 1:
         problems.append("[env] max_turns and max_new_tokens must be >= 1")
-    if not set(c.env.ops) <= {"+", "-", "*"} or not c.env.ops:
-        problems.append(f"[env] ops must be a non-empty subset of ['+', '-', '*'], got {c.env.ops}")
-    if not 1 <= c.env.min_operand <= c.env.max_operand:
-        problems.append(f"[env] needs 1 <= min_operand <= max_operand, got {c.env.min_operand} and {c.env.max_operand}")
-    so = c.env.second_operand
-    if so and (len(so) != 2 or not 1 <= so[0] <= so[1]):
-        problems.append(f"[env] second_operand must be [lo, hi] with 1 <= lo <= hi (or empty), got {so}")
-    if not 0 <= c.env.tool_demos <= 2:
-        problems.append(f"[env] tool_demos must be within [0, 2], got {c.env.tool_demos}")
-    if c.env.prompt_style not in ("plain", "tool_demo"):
-        problems.append(f"[env] prompt_style must be 'plain' or 'tool_demo', got {c.env.prompt_style!r}")
     if problems:
         raise ConfigError(f"{where}: " + "; ".join(problems))
 
 
 def load_job(path: str | Path) -> JobConfig:
-    """Read and validate a job file."""
-    return job_from_mapping(load_toml(path), str(path))
+    """Read and validate a job file. ``[data]`` paths that do not exist as written are taken from the job
+    file's directory when they exist there."""
+    cfg = job_from_mapping(load_toml(path), str(path))
+    here = Path(path).resolve().parent
+    moved = {k: str(here / v) for k in ("train", "eval") if (v := getattr(cfg.data, k))
+             and not Path(v).expanduser().exists() and (here / v).exists()}
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **moved)) if moved else cfg

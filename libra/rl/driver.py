@@ -7,7 +7,10 @@ rollout slots started with the same model and at least one ``episode`` slot).
 
 How the pieces meet:
 
-- This process builds the dataset rows (the environment's offline problem generator) and the job spec
+- This process first loads the environment (``[env] entry``/``name``, ``libra.envs.loader``) and has it
+  validate ``[env.options]``: a plug-in that does not import, lacks a required method or rejects an option
+  fails the job here with a ``ConfigError`` naming the key, before anything is submitted.
+- It builds the dataset rows (the environment's offline problem generator) and the job spec
   and sends them to the broker (``JobSubmit``). First it checks that every tool the environment needs
   (its ``required_tools(env_config)``) is offered by a connected actor (``StatusReply.actors[i]
   ["capabilities"]["action"]``); if not, :class:`JobFailed` names the tool and how to get it (for the
@@ -30,7 +33,10 @@ How the pieces meet:
   ``shard_sources``, and the weight sync of the version the previous step published, as the rollout
   actors report it in ``RUN/actors/``: ``weight_fetch_s``, ``weight_load_s``, ``sync_time_s``,
   ``weight_loads_dataplane``), ``RUN/samples.jsonl`` (a few transcripts per step) and at the end
-  ``reward.png``/``throughput.png`` and ``summary.json``. If this process stops, the job is cancelled.
+  ``reward.png``/``throughput.png`` and ``summary.json``. Every failed episode (an exception in the
+  environment, a turn nobody could serve) is a line of ``RUN/failures.jsonl`` (``job``, ``seq``, ``group``,
+  ``index``, ``error``, ``traceback``); the job goes on without it. If this process stops, the job is
+  cancelled.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from libra.envs.loader import env_key
 from libra.logging import get_logger
 from libra.protocol.payloads_job import EpisodeSpec, JobPollReply
 from libra.rl.config import JobConfig
@@ -153,7 +160,7 @@ def job_spec(cfg: JobConfig, model_dir: Path, run_dir: Path, master_port: int) -
     j, g, e = cfg.job, cfg.grpo, cfg.env
     return {
         "steps": j.steps, "prompts_per_step": j.prompts_per_step, "group_size": g.group_size,
-        "max_policy_lag": j.max_policy_lag, "world_size": cfg.actors.trainer, "env": e.name,
+        "max_policy_lag": j.max_policy_lag, "world_size": cfg.actors.trainer, "env": env_key(e)[1],
         "episode": EpisodeSpec.from_wire({  # validated here, before the broker hands it to every runner
             "model_dir": str(model_dir), "env_config": {f: getattr(e, f) for f in e.__dataclass_fields__},
             "sampling": {"max_new_tokens": e.max_new_tokens, "temperature": e.temperature, "top_p": e.top_p}}).to_wire(),
@@ -169,19 +176,24 @@ def job_spec(cfg: JobConfig, model_dir: Path, run_dir: Path, master_port: int) -
 
 class _Driver:
     def __init__(self, cfg: JobConfig, broker_url: str, run_dir: Path, model_dir: Path, progress: bool) -> None:
-        from libra.envs import get_env
+        import dataclasses
+
+        from libra.envs.loader import load_env_config, problem_rows
         from libra.local import free_port
 
+        # the plug-in is loaded and its options validated here, before anything is submitted (ConfigError)
+        self.env, options = load_env_config(cfg.env, "job")
+        cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, options=options))
         self.cfg = cfg
         self.url = broker_url
         self.run_dir = run_dir
         self.model_dir = model_dir
         self.progress = progress
-        self.env = get_env(cfg.env.name)
-        n = cfg.job.steps * cfg.job.prompts_per_step * 4 + 64
-        options = (self.env.problem_options(cfg.env) if hasattr(self.env, "problem_options")
-                   else {"max_operand": cfg.env.max_operand, "ops": cfg.env.ops})
-        self.rows = [self.env.to_row(p) for p in self.env.make_problems(n, cfg.job.seed, **options)]
+        # [data] train in its seeded order, else the env's problems; from the saved cursor when resuming
+        self.data = job_data(cfg, lambda k, seed: problem_rows(self.env, k, seed, options), cursor=resume)
+        self.rows = self.data.rows
+        self.failures = (run_dir / "failures.jsonl").open("a", encoding="utf-8")
+        self._failures_seen = -1  # the newest failure seq written
         self.spec = job_spec(cfg, model_dir, run_dir, free_port())
         self.expected_rollouts = cfg.actors.rollout
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
@@ -199,6 +211,7 @@ class _Driver:
             await client.close()
             self.metrics.close()
             self.samples.close()
+            self.failures.close()
             raise
         t_job = time.monotonic()
         bar = None
@@ -214,6 +227,7 @@ class _Driver:
                 raise JobFailed(f"the broker refused job {name!r}: {exc}") from exc
             while True:
                 st = JobPollReply.from_wire(await client.job_poll(name, cursor))
+                self._write_failures(st.failures)
                 for rec in st.records:
                     self._write(rec)
                     if bar is not None:
@@ -239,6 +253,7 @@ class _Driver:
             await client.close()
             self.metrics.close()
             self.samples.close()
+            self.failures.close()
         rollout_versions = await self._await_rollout_sync(st.version)
         recs = read_metrics(self.run_dir)
         summary = {**summarize(recs), "job": name, "total_wall_s": time.monotonic() - t_job,
@@ -252,6 +267,20 @@ class _Driver:
             log.warning("plots_skipped", error=str(exc))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
+
+    def _write_failures(self, failures: list[dict[str, Any]]) -> None:
+        """Append the failed episodes not written yet to ``RUN/failures.jsonl`` (job, group, index, error,
+        traceback; the broker sends each until a newer record, so they are deduplicated by ``seq``)."""
+        from libra.envs.contract import split_failure
+
+        for f in failures:
+            if int(f.get("seq", -1)) <= self._failures_seen:
+                continue
+            self._failures_seen = int(f["seq"])
+            error, tb = split_failure(str(f.get("error", "")))
+            self.failures.write(json.dumps({"job": self.cfg.job.name, "seq": f["seq"], "group": f.get("group"),
+                                            "index": f.get("index"), "error": error, "traceback": tb}) + "\n")
+        self.failures.flush()
 
     def _write(self, rec: dict[str, Any]) -> None:
         """Add what only this host sees (rollout actors' weight loads in RUN/actors/) and write the record."""
@@ -326,7 +355,7 @@ def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = T
     run.mkdir(parents=True, exist_ok=True)
     import shutil
 
-    for stale in ("metrics.jsonl", "samples.jsonl", "summary.json", "router_state.json"):
+    for stale in ("metrics.jsonl", "samples.jsonl", "summary.json", "router_state.json", "failures.jsonl"):
         (run / stale).unlink(missing_ok=True)
     for stale in ("actors", "weights", "batches"):  # a previous run's versions must not leak into this one
         shutil.rmtree(run / stale, ignore_errors=True)

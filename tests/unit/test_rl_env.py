@@ -112,7 +112,7 @@ def test_tool_errors_are_shown_to_the_model() -> None:
 
 def test_get_env_names_the_known_ones() -> None:
     assert get_env("arith") is arith
-    with pytest.raises(ValueError, match="known: 'arith'"):
+    with pytest.raises(ValueError, match="unknown environment 'chess'.*known: arith, .*single_turn"):
         get_env("chess")
 
 
@@ -130,7 +130,8 @@ def test_example_job_files_load() -> None:
     ({"grpo": {"lr": "0.1"}}, "lr"),
     ({"grpo": {"group_size": 1}}, "group_size must be >= 2"),
     ({"jobs": {}}, "unknown table"),
-    ({"env": {"ops": ["/"]}}, "ops"),
+    ({"env": {"options": {"ops": ["/"]}}}, r"x.toml \[env.options\] ops: must be a non-empty subset"),
+    ({"env": {"ops": ["*"]}}, r"x.toml \[env\]: unknown key\(s\) ops: .* go in the \[env.options\] table"),
     ({"job": {"max_policy_lag": -1}}, "max_policy_lag"),
     ({"job": {"dispatch": "random"}}, "dispatch must be one of lpt, round_robin, contiguous"),
     ({"actors": {"weights_transport": "nccl"}}, "weights_transport must be 'dataplane' or 'torch'"),
@@ -212,7 +213,7 @@ def test_tool_demo_prompt_demonstrates_a_tool_call_as_the_episode_shows_it() -> 
 
 def test_episode_counts_successful_tool_calls() -> None:
     p = arith.Problem("t", "q", 9716, "tool_demo")
-    cfg = EnvConfig(max_turns=2, format_reward=0.0, prompt_style="tool_demo")
+    cfg = EnvConfig(max_turns=2, options={"format_reward": 0.0, "prompt_style": "tool_demo"})
     ok = ScriptedSession(["```python\nprint(347 * 28)\n```", "Answer: 9716"], {"stdout": "9716\n", "exit_code": 0})
     reward, info = asyncio.run(arith.episode(ok, p, cfg))
     assert reward == 1.0 and info["tool_calls"] == 1 and info["tool_ok"] == 1
@@ -229,10 +230,10 @@ def test_episode_counts_successful_tool_calls() -> None:
 
 def test_bundled_smollm2_job_makes_the_tool_the_way_to_the_answer() -> None:
     smol = load_job(EXAMPLES / "arith_smollm2.toml")
-    e = smol.env
-    assert e.prompt_style == "tool_demo" and e.ops == ["*"] and e.format_reward == 0.0 and e.max_turns >= 2
-    assert e.min_operand >= 100 and e.second_operand[0] >= 10
-    rows = [arith.to_row(p) for p in arith.make_problems(4, smol.job.seed, **arith.problem_options(e))]
+    e, o = smol.env, smol.env.options
+    assert o["prompt_style"] == "tool_demo" and o["ops"] == ["*"] and o["format_reward"] == 0.0 and e.max_turns >= 2
+    assert o["min_operand"] >= 100 and o["second_operand"][0] >= 10
+    rows = [arith.to_row(p) for p in arith.make_problems(4, smol.job.seed, **o)]
     assert all(r["answer"] >= 1000 and r["style"] == "tool_demo" for r in rows)
 
 
@@ -241,8 +242,8 @@ def test_bundled_smollm2_job_makes_the_tool_the_way_to_the_answer() -> None:
     ({"prompt_style": "fancy"}, "prompt_style"),
 ])
 def test_bad_tool_task_options_say_what_is_wrong(env: dict, msg: str) -> None:
-    with pytest.raises(ConfigError, match=msg):
-        job_from_mapping({"env": env})
+    with pytest.raises(ConfigError, match=rf"\[env.options\] {msg}: "):
+        job_from_mapping({"env": {"options": env}})
 
 
 def test_tool_demos_sets_how_many_demonstrations_the_prompt_has() -> None:
@@ -255,5 +256,5 @@ def test_tool_demos_sets_how_many_demonstrations_the_prompt_has() -> None:
         arith.make_problems(1, **TOOL_TASK, tool_demos=3)
     with pytest.raises(ValueError, match="demos"):
         arith.from_row({**arith.to_row(one), "demos": 7})
-    with pytest.raises(ConfigError, match="tool_demos"):
-        job_from_mapping({"env": {"tool_demos": -1}})
+    with pytest.raises(ConfigError, match=r"\[env.options\] tool_demos: must be within \[0, 2\]"):
+        job_from_mapping({"env": {"options": {"tool_demos": -1}}})
