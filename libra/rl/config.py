@@ -146,6 +146,9 @@ class ActorsConfig:
     dtype: str = "auto"  # engines' dtype: auto (bf16 on a GPU, fp32 on the CPU), bf16, fp16, fp32
     gpu_memory_fraction: float = 0.0  # share of a GPU one engine may use (0: 0.9 split among its engines)
     tools: list[str] = field(default_factory=list)  # modules whose LIBRA_TOOLS action slots offer (libra.actors.tools)
+    # how the broker places tool calls: "auto" (Tangram when `tools` names user tools, so their declared cores
+    # are granted and held; else first come first served), "fcfs", or an action scheduler (tangram, fixed_dop, ...)
+    action_scheduler: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +303,11 @@ def _check(c: JobConfig, where: str) -> None:
     bad_tools = [t for t in c.actors.tools if not t.strip() or ":" in t or " " in t.strip()]
     if bad_tools:
         problems.append(f"[actors] tools must be module names such as 'my_pkg.tools', got {bad_tools!r}")
+    from libra.policies.actions.registry import ACTION_SCHEDULERS
+
+    if c.actors.action_scheduler not in ("auto", "fcfs", *ACTION_SCHEDULERS):
+        problems.append(f"[actors] action_scheduler must be auto, fcfs or one of {', '.join(ACTION_SCHEDULERS)}, "
+                        f"got {c.actors.action_scheduler!r}")
     if c.env.max_turns < 1 or c.env.max_new_tokens < 1:
         problems.append("[env] max_turns and max_new_tokens must be >= 1")
     if problems:

@@ -383,6 +383,10 @@ def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = T
         env["LIBRA_WEIGHTS_TRANSPORT"] = "torch"
     # the broker leaves its learned C-MLFQ tree in the run directory (python -m libra tree show ...)
     broker_args = ["--router-state", str(run / "router_state.json")]
+    scheduler = ("tangram" if a.tools else "fcfs") if a.action_scheduler == "auto" else a.action_scheduler
+    if scheduler != "fcfs":  # tool calls placed by their declared cores (libra.broker.actions)
+        (run / "broker.toml").write_text(f'[broker]\naction_scheduler = "{scheduler}"\n')
+        broker_args += ["--config", str(run / "broker.toml")]
     cluster = LocalCluster(cpu_slots=n, actor_args=actor_args, broker_args=broker_args, log_level=log_level,
                            env=env, gpu_slots="auto" if gpu_r + gpu_t else "0")
     # engine slots load their model (and, on a GPU, CUDA) before they say hello: up to 5 minutes, not 1

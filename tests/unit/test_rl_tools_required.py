@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -121,3 +122,42 @@ def test_the_job_file_names_tool_modules_and_a_bad_one_fails_before_anything_sta
     with pytest.raises(JobFailed, match=r"\[actors\] tools: module ut_nowhere_tools_mod: cannot be imported: "
                                         r"ModuleNotFoundError"):
         driver.run_job(cfg)
+
+
+def test_run_job_offers_the_tool_modules_and_places_their_calls_with_tangram(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from libra.config import ConfigError
+    from libra.rl import driver
+    from libra.rl.config import job_from_mapping
+
+    (tmp_path / "ut_ok_tools_mod.py").write_text("from libra.actors.tools import Tool\n"
+                                                 "LIBRA_TOOLS = [Tool('lookup', lambda a, c: a)]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(driver, "resolve_model", lambda name: tmp_path)
+    monkeypatch.setattr(driver, "host_gpus", lambda: (0, "no GPU"))
+    started: list[Any] = []
+
+    class Started(Exception):
+        pass
+
+    def start(self: Any, *a: Any, **k: Any) -> None:
+        started.append(self)
+        raise Started
+
+    monkeypatch.setattr("libra.local.LocalCluster.start", start)
+    for scheduler, tools, expect in (("auto", ["ut_ok_tools_mod"], "tangram"), ("auto", [], None),
+                                     ("fcfs", ["ut_ok_tools_mod"], None), ("fixed_dop", [], "fixed_dop")):
+        run = tmp_path / f"run-{scheduler}-{len(tools)}"
+        cfg = job_from_mapping({"actors": {"tools": tools, "action_scheduler": scheduler},
+                                "job": {"run_dir": str(run)}})
+        with pytest.raises(Started):
+            driver.run_job(cfg)
+        c = started.pop()
+        assert (c.actor_args.count("--tools"), "ut_ok_tools_mod" in c.actor_args) == (len(tools), bool(tools))
+        if expect is None:
+            assert "--config" not in c.broker_args
+        else:
+            conf = Path(c.broker_args[c.broker_args.index("--config") + 1]).read_text()
+            assert f'action_scheduler = "{expect}"' in conf
+    with pytest.raises(ConfigError, match=r"\[actors\] action_scheduler must be auto, fcfs or one of tangram"):
+        job_from_mapping({"actors": {"action_scheduler": "best"}})
