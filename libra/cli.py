@@ -242,6 +242,7 @@ DELEGATES: dict[str, tuple[str, str]] = {
     "bench": ("libra.bench.__main__", "run a benchmark against its baseline (python -m libra.bench)"),
 }
 
+    "serve": ("libra.commands.serve", "serve an OpenAI-compatible endpoint over a running cluster (see 'libra serve --help')"),
 
 def _delegate(module: str, argv: list[str]) -> int:
     import importlib

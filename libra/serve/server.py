@@ -65,13 +65,17 @@ class EndpointServer:
             await asyncio.sleep(0.01)
         return self.base_url
 
-    async def serve_forever(self) -> None:
-        """Serve on the running loop until the server is told to exit (SIGINT/SIGTERM in the main thread)."""
+    async def serve_forever(self, announce: Any = None) -> None:
+        """Serve on the running loop until the server is told to exit (SIGINT/SIGTERM in the main thread);
+        ``announce(base_url)`` is called once the port is bound."""
         import uvicorn
 
         self.loop = asyncio.get_running_loop()
         self._server = uvicorn.Server(self._config())
-        await self._server.serve(sockets=[self._bind()])
+        sock = self._bind()
+        if announce is not None:
+            announce(self.base_url)
+        await self._server.serve(sockets=[sock])
 
     async def stop(self) -> None:
         if self._server is not None:
