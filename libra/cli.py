@@ -240,9 +240,9 @@ DELEGATES: dict[str, tuple[str, str]] = {
     "actors": ("libra.actors.__main__", "run this host's actor supervisor (python -m libra.actors)"),
     "sim": ("libra.sim.__main__", "simulate a cluster in virtual time (python -m libra.sim)"),
     "bench": ("libra.bench.__main__", "run a benchmark against its baseline (python -m libra.bench)"),
+    "serve": ("libra.commands.serve", "serve an OpenAI-compatible endpoint over a running cluster (see 'libra serve --help')"),
 }
 
-    "serve": ("libra.commands.serve", "serve an OpenAI-compatible endpoint over a running cluster (see 'libra serve --help')"),
 
 def _delegate(module: str, argv: list[str]) -> int:
     import importlib
