@@ -4,8 +4,9 @@
 
 - an import path, ``"pkg.mod:Obj"`` (``Obj`` may be dotted: ``"pkg.mod:Outer.env"``) or ``"pkg.mod"`` (the
   module is the environment);
-- a plain name: a bundled environment (:data:`BUNDLED`: ``arith``, ``single_turn``) or an entry point of
-  the ``libra.envs`` group (``[project.entry-points."libra.envs"] my_env = "my_pkg.env:MyEnv"``).
+- a plain name: a bundled environment (:data:`BUNDLED`: ``arith``, ``single_turn``), an entry point of
+  the ``libra.envs`` group (``[project.entry-points."libra.envs"] my_env = "my_pkg.env:MyEnv"``), or else
+  a top-level module of that name.
 
 Whatever it names may be a module, an instance, or a class (instantiated once, with no arguments). With
 neither key, a job that names a ``reward`` runs ``single_turn`` and any other runs ``arith``.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
 import json
 import math
@@ -84,15 +86,17 @@ def load_env(spec: str, where: str = "job", key: str = "entry") -> Any:
         obj = _import(BUNDLED[spec], at)
     else:
         eps = _entry_points()
+        if spec not in eps and importlib.util.find_spec(spec) is not None:  # a top-level module
+            eps = {spec: None}
         if spec not in eps:
             known = sorted({*BUNDLED, *eps})
             raise ConfigError(f"{at}: unknown environment {spec!r}: not bundled and no {GROUP!r} entry point "
                               f"has that name (known: {', '.join(known)}; or give an import path "
                               "'package.module:Object')")
         try:
-            obj = eps[spec].load()
+            obj = eps[spec].load() if eps[spec] is not None else importlib.import_module(spec)
         except Exception as exc:  # noqa: BLE001
-            raise ConfigError(f"{at}: entry point {spec!r} ({eps[spec].value}) cannot be loaded: "
+            raise ConfigError(f"{at}: entry point {spec!r} ({getattr(eps[spec], 'value', spec)}) cannot be loaded: "
                               f"{type(exc).__name__}: {exc}") from exc
     if inspect.isclass(obj):
         try:
