@@ -138,8 +138,8 @@ def _run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        summary = run_job(cfg, args.broker, progress=not args.no_progress)
-    except JobFailed as exc:
+        summary = run_job(cfg, args.broker, progress=not args.no_progress, resume=args.resume)
+    except (JobFailed, ConfigError) as exc:
         print(f"libra run: {exc}", file=sys.stderr)
         return 1
     if args.json:
@@ -223,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--run-dir", default=None, help="override [job] run_dir")
     r.add_argument("--steps", type=int, default=None, help="override [job] steps")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--resume", action="store_true",
+                   help="continue the job in its run directory from its last checkpoint, in the same data order")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     r.set_defaults(fn=_run)
     from libra.commands.plan import add_parser as add_plan_parser

@@ -2,8 +2,9 @@
 
 A job file has the tables ``[job]``, ``[model]``, ``[env]``, ``[data]``, ``[eval]``, ``[rollout]``,
 ``[grpo]`` and ``[actors]`` (all optional, every key has a default; an integer is taken where a float is
-expected). ``docs/job-file.md`` is generated from these dataclasses (``python -m libra.rl.config_doc``). Unknown tables or keys and wrong types raise :class:`~libra.config.ConfigError`
-naming the file, the table and the key. ``load_job(path)`` is the only entry point; ``JobConfig.to_toml``
+expected). Unknown tables or keys and wrong types raise :class:`~libra.config.ConfigError` naming the
+file, the table and the key. ``docs/job-file.md`` is generated from these dataclasses (``python -m
+libra.rl.config_doc``). ``load_job(path)`` is the only entry point; ``JobConfig.to_toml``
 writes the resolved configuration back (the run directory's ``config.toml``).
 """
 
@@ -35,12 +36,12 @@ __all__ = [
 class JobSection:
     """``[job]``: how long and how asynchronous. A step trains on ``prompts_per_step`` GRPO groups."""
 
-    name: str = "job"
-    steps: int = 3
-    prompts_per_step: int = 2
+    name: str = "job"  # the job's name in the broker (one running job per name)
+    steps: int = 3  # optimisation steps (one weights version each)
+    prompts_per_step: int = 2  # GRPO groups (prompts) per step
     max_policy_lag: int = 1  # a turn generated with version v may train the step at version <= v + lag
-    seed: int = 0
-    run_dir: str = "runs/job"
+    seed: int = 0  # seeds the problems, the data order, episode sampling and the trainer
+    run_dir: str = "runs/job"  # metrics.jsonl, samples, plots, summary.json, checkpoints/ (libra run --run-dir)
     checkpoint_every: int = 0  # steps between checkpoints; 0: only the final one
     keep_checkpoints: int = 2  # keep the newest this many checkpoints in RUN/checkpoints (0: keep all)
     checkpoint_optimizer: bool = False  # also save the optimizer state (AdamW: 8 bytes a parameter)
@@ -100,10 +101,10 @@ class EnvConfig:
     entry: str = ""  # "pkg.mod:Obj" (a module, class or instance), or a libra.envs entry point's name
     name: str = ""  # a bundled environment ("arith", "single_turn") or entry point ("": see entry; else arith)
     reward: str = ""  # "pkg.mod:fn": fn(completion, row) -> reward, for single-turn tasks (runs single_turn)
-    max_turns: int = 2
-    max_new_tokens: int = 48
-    temperature: float = 1.0
-    top_p: float = 1.0
+    max_turns: int = 2  # model turns per episode at most
+    max_new_tokens: int = 48  # sampling: most tokens one model turn may generate
+    temperature: float = 1.0  # sampling temperature of training episodes (0: greedy)
+    top_p: float = 1.0  # sampling: nucleus mass, in (0, 1]
     options: dict[str, Any] = field(default_factory=dict)  # [env.options]: the environment's own settings
 
 
@@ -111,13 +112,13 @@ class EnvConfig:
 class GRPOParams:
     """``[grpo]``: the objective and optimiser (see ``libra.engines.grpo`` / ``trainer``)."""
 
-    group_size: int = 4
-    lr: float = 1e-5
-    clip: float = 0.2
-    kl_coef: float = 0.0
-    max_grad_norm: float = 1.0
-    micro_batch_tokens: int = 4096
-    scale_by_std: bool = True
+    group_size: int = 4  # episodes per prompt; advantages are relative to the group
+    lr: float = 1e-5  # AdamW learning rate
+    clip: float = 0.2  # PPO ratio clip: [1 - clip, 1 + clip] (see clip_high)
+    kl_coef: float = 0.0  # weight of the KL penalty to the initial policy (0: none, no reference model)
+    max_grad_norm: float = 1.0  # gradient clipping by global norm
+    micro_batch_tokens: int = 4096  # padded tokens of one forward/backward pass
+    scale_by_std: bool = True  # advantages (r - mean) / std of the group (false: r - mean, Dr. GRPO)
     parallel: str = "auto"  # trainer ranks: "ddp" (replicas), "fsdp" (FSDP2 shards), "auto" (libra.engines.fsdp)
     master_addr: str = ""  # the routable address of rank 0's host ("": the actors' LIBRA_ADVERTISE_ADDRESS or loopback)
     loss_agg: str = "token_mean"  # "token_mean" (DAPO: every token of the batch weighs the same) or "seq_mean_token_mean"
@@ -131,18 +132,18 @@ class ActorsConfig:
     """``[actors]``: slots started on loopback by ``python -m libra run`` (ignored with ``--broker``
     except ``trainer``, which must equal the number of trainer actors connected there)."""
 
-    rollout: int = 1
-    trainer: int = 1
-    action: int = 1
-    rollout_batch: int = 32
-    torch_threads: int = 1
-    episode_concurrency: int = 64
+    rollout: int = 1  # rollout slots (one engine each)
+    trainer: int = 1  # trainer ranks (data parallel)
+    action: int = 1  # action slots (tool calls)
+    rollout_batch: int = 32  # turns one rollout slot decodes together at most
+    torch_threads: int = 1  # torch CPU threads per engine slot
+    episode_concurrency: int = 64  # episodes the episode runner runs at once
     allow_unisolated: bool = False  # run python tool calls without bubblewrap (NOT safe)
     weights_transport: str = "dataplane"  # or "torch": torch.distributed (gloo; NCCL on GPUs), libra.weights.torch_dist
     # How many of the rollout / trainer slots run on GPUs: "auto" (all of them on a host with a GPU, none
     # without: the same job file runs on a laptop) or a count (0: the CPU).
     rollout_gpus: int | str = "auto"
-    trainer_gpus: int | str = "auto"
+    trainer_gpus: int | str = "auto"  # the same for the trainer slots
     dtype: str = "auto"  # engines' dtype: auto (bf16 on a GPU, fp32 on the CPU), bf16, fp16, fp32
     gpu_memory_fraction: float = 0.0  # share of a GPU one engine may use (0: 0.9 split among its engines)
     tools: list[str] = field(default_factory=list)  # modules whose LIBRA_TOOLS action slots offer (libra.actors.tools)

@@ -15,21 +15,24 @@ Contracts:
   position (rows consumed since the run began) to ``(epoch, index)`` and to the row; the same seed gives the
   same order in every process, so a resumed job continues from a saved position (:class:`Cursor`, written
   as ``RUN/data_cursor.json`` at each checkpoint) with exactly the rows that followed.
-- Rows go to the environment as they are (the env's ``from_row`` reads them); the prompt stays under its
-  field and ``answer_field``, when set, is kept as ``answer`` too.
+- Rows go to the environment's ``from_row`` as :func:`libra.envs.contract.dataset_row` makes them: every
+  field kept, the prompt copied to ``row["prompt"]``; ``answer_field``, when set, is copied to
+  ``row["answer"]`` (unless the record has an ``answer`` already).
 """
 
 from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from libra.config import ConfigError
+from libra.envs.contract import dataset_row
 
-__all__ = ["CURSOR_FILE", "Cursor", "DataOrder", "load_rows", "read_cursor", "write_cursor"]
+__all__ = ["CURSOR_FILE", "Cursor", "DataOrder", "JobData", "check_data", "job_data", "load_rows", "read_cursor", "write_cursor"]
 
 CURSOR_FILE = "data_cursor.json"
 
@@ -107,13 +110,16 @@ def load_rows(path: str | Path, *, prompt_field: str = "prompt", answer_field: s
     for k, f in (("prompt_field", prompt_field), ("answer_field", answer_field)):
         if f and f not in fields:
             raise ConfigError(f"[data] {k} = {f!r}: {str(p)!r} has no such field (fields: {', '.join(fields) or 'none'})")
-    rows = [dict(r) for r in ds]
-    if not rows:
+    records = [dict(r) for r in ds]
+    if not records:
         raise ConfigError(f"[data] {key} = {str(p)!r}: the dataset has no rows")
-    for n, r in enumerate(rows, 1):
+    rows = []
+    for n, r in enumerate(records, 1):
         _check_prompt(r.get(prompt_field), p, key, prompt_field, n)
-        if answer_field and answer_field != "answer":
-            r.setdefault("answer", r[answer_field])
+        row = dataset_row(r, prompt_field)
+        if answer_field:
+            row.setdefault("answer", r[answer_field])
+        rows.append(row)
     return rows
 
 
@@ -189,3 +195,80 @@ def read_cursor(run_dir: str | Path) -> Cursor | None:
         return Cursor(**json.loads(p.read_text()))
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{p}: not a data cursor ({exc})") from None
+
+
+@dataclass
+class JobData:
+    """What a job hands the broker: ``rows`` (the data order from ``row_offset`` on), the eval rows, and the
+    order itself (for the cursor saved at each checkpoint)."""
+
+    rows: list[dict[str, Any]]
+    order: DataOrder
+    row_offset: int = 0
+    step_offset: int = 0
+    steps: int = 1
+    eval_rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def cursor(self, position: int, step: int, checkpoint: str) -> Cursor:
+        return self.order.cursor(position, step, checkpoint)
+
+    def spec(self) -> dict[str, Any]:
+        """The ``JobSubmit.spec`` entries this data sets (``libra.broker.job.JobSpec``)."""
+        return {"steps": self.steps, "step_offset": self.step_offset, "row_offset": self.row_offset,
+                "eval_rows": self.eval_rows}
+
+
+def resume_point(run_dir: str | Path, steps: int) -> tuple[Cursor, Path]:
+    """Where ``libra run --resume`` continues a job of ``steps`` steps in ``run_dir``: the saved cursor and the
+    checkpoint it names (a transformers directory the rollout and trainer slots start from). A run without a
+    cursor, one already finished or a checkpoint that cannot be a starting model is a ConfigError."""
+    cur = read_cursor(run_dir)
+    if cur is None:
+        raise ConfigError(f"--resume: {Path(run_dir) / CURSOR_FILE} does not exist: the job saved no checkpoint "
+                          "to resume from ([job] checkpoint_every writes one every N steps)")
+    if cur.step >= steps:
+        raise ConfigError(f"--resume: the run in {run_dir} already trained step {cur.step} of [job] steps = {steps}; "
+                          "raise [job] steps to train on")
+    ck = Path(cur.checkpoint)
+    if not (ck / "config.json").is_file() or not (ck / "model.safetensors").is_file():
+        raise ConfigError(f"--resume: checkpoint {ck} is not a transformers directory (config.json and "
+                          "model.safetensors; a sharded fsdp checkpoint cannot start rollout engines)")
+    return cur, ck
+
+
+def check_data(cfg: Any) -> None:
+    """Read ``[data] train`` and ``eval`` once (ConfigError naming the file and key), before a job starts."""
+    d = cfg.data
+    for key in ("train", "eval"):
+        if getattr(d, key):
+            load_rows(getattr(d, key), prompt_field=d.prompt_field, answer_field=d.answer_field, key=key)
+
+
+def job_data(cfg: Any, env_rows: Callable[[int, int], list[dict[str, Any]]], *, base: str | Path | None = None,
+             cursor: Cursor | None = None) -> JobData:
+    """The rows of job ``cfg`` (a :class:`~libra.rl.config.JobConfig`): from ``[data] train`` in its seeded
+    order, or else ``env_rows(n, seed)`` (the environment's ``make_problems`` as rows); from ``cursor`` on for
+    a resumed job. The broker gets enough rows for the remaining steps plus a margin for dropped and filtered
+    groups (it reuses them in order only when drops exhaust them). Eval rows: ``[data] eval`` (the first
+    ``[eval] prompts`` when set), or ``[eval] prompts`` environment problems drawn with another seed, or none."""
+    j, d, e = cfg.job, cfg.data, cfg.eval
+    start, done = (cursor.position, cursor.step) if cursor else (0, 0)
+    steps = j.steps - done
+    need = steps * j.prompts_per_step
+    n = need * 4 + 64 + (steps * cfg.grpo.max_extra_groups if cfg.grpo.filter_zero_variance else 0)
+    if d.train:
+        order = DataOrder(load_rows(d.train, prompt_field=d.prompt_field, answer_field=d.answer_field, key="train",
+                                    base=base), seed=j.seed, shuffle=d.shuffle, epochs=d.epochs)
+        if len(order) - start < need:
+            raise ConfigError(f"[data] train = {d.train!r}: {len(order.rows)} rows x epochs {d.epochs} leave "
+                              f"{len(order) - start} from position {start}, the job needs {need} ([job] steps "
+                              f"{steps} x prompts_per_step {j.prompts_per_step}): raise [data] epochs")
+    else:
+        order = DataOrder(env_rows(start + n, j.seed), seed=j.seed, shuffle=False, epochs=1)
+    ev: list[dict[str, Any]] = []
+    if d.eval:
+        ev = load_rows(d.eval, prompt_field=d.prompt_field, answer_field=d.answer_field, key="eval", base=base)
+        ev = ev[: e.prompts] if e.prompts else ev
+    elif e.prompts:
+        ev = env_rows(e.prompts, j.seed * 1_000_003 + 7919)
+    return JobData(order.take(start, n), order, start, done, steps, ev)

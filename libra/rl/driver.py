@@ -48,10 +48,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from libra.config import ConfigError
 from libra.envs.loader import env_key
 from libra.logging import get_logger
 from libra.protocol.payloads_job import EpisodeSpec, JobPollReply
 from libra.rl.config import JobConfig
+from libra.rl.data import Cursor, check_data, job_data, resume_point
+from libra.rl.evals import eval_summary, handle_record
 from libra.rl.metrics import MetricsWriter, plot_run, read_metrics, summarize
 
 __all__ = ["JobFailed", "check_tools", "missing_tools", "resolve_model", "run_job", "run_job_async"]
@@ -152,6 +155,13 @@ def resolve_model(name: str) -> Path:
     if not (p / "config.json").is_file():
         raise JobFailed(f"[model] name {name!r} is neither 'tiny', 'smollm2' nor a checkpoint directory "
                         "with a config.json")
+    try:  # episodes render every prompt with the tokenizer's chat template
+        tok_cfg = json.loads((p / "tokenizer_config.json").read_text()) if (p / "tokenizer_config.json").is_file() else {}
+    except ValueError as exc:
+        raise JobFailed(f"[model] name {name!r}: tokenizer_config.json is not valid JSON ({exc})") from None
+    if not (tok_cfg.get("chat_template") or (p / "chat_template.jinja").is_file() or (p / "chat_template.json").is_file()):
+        raise JobFailed(f"[model] name {name!r}: the tokenizer has no chat template (no chat_template in "
+                        "tokenizer_config.json, no chat_template.jinja): use an instruct/chat checkpoint or add one")
     return p
 
 
@@ -163,19 +173,24 @@ def job_spec(cfg: JobConfig, model_dir: Path, run_dir: Path, master_port: int) -
         "max_policy_lag": j.max_policy_lag, "world_size": cfg.actors.trainer, "env": env_key(e)[1],
         "episode": EpisodeSpec.from_wire({  # validated here, before the broker hands it to every runner
             "model_dir": str(model_dir), "env_config": {f: getattr(e, f) for f in e.__dataclass_fields__},
-            "sampling": {"max_new_tokens": e.max_new_tokens, "temperature": e.temperature, "top_p": e.top_p}}).to_wire(),
+            "sampling": {"max_new_tokens": e.max_new_tokens, "temperature": e.temperature, "top_p": e.top_p,
+                         "max_total_tokens": cfg.rollout.max_total_tokens, "timeout_s": cfg.rollout.turn_timeout_s}}).to_wire(),
         "grpo": {"lr": g.lr, "clip_low": g.clip, "kl_coef": g.kl_coef, "max_grad_norm": g.max_grad_norm,
-                 "micro_batch_tokens": g.micro_batch_tokens, "parallel": g.parallel,
+                 "micro_batch_tokens": g.micro_batch_tokens, "parallel": g.parallel, "aggregation": g.loss_agg,
+                 **({"clip_high": g.clip_high} if g.clip_high > 0 else {}),
                  **({"master_addr": g.master_addr} if g.master_addr else {})},
         "dispatch": j.dispatch, "micro_batch_tokens": g.micro_batch_tokens, "scale_by_std": g.scale_by_std,
         "seed": j.seed, "master_port": master_port, "checkpoint_dir": str(run_dir / "checkpoints"),
         "checkpoint_every": j.checkpoint_every, "checkpoint_optimizer": j.checkpoint_optimizer,
-        "keep_checkpoints": j.keep_checkpoints,
+        "keep_checkpoints": j.keep_checkpoints, "filter_zero_variance": g.filter_zero_variance,
+        "max_extra_groups": g.max_extra_groups, "eval_every": cfg.eval.every, "eval_greedy": cfg.eval.greedy,
+        "eval_k": cfg.eval.k, "eval_temperature": cfg.eval.temperature,
     }
 
 
 class _Driver:
-    def __init__(self, cfg: JobConfig, broker_url: str, run_dir: Path, model_dir: Path, progress: bool) -> None:
+    def __init__(self, cfg: JobConfig, broker_url: str, run_dir: Path, model_dir: Path, progress: bool,
+                 resume: Cursor | None = None) -> None:
         import dataclasses
 
         from libra.envs.loader import load_env_config, problem_rows
@@ -194,7 +209,7 @@ class _Driver:
         self.rows = self.data.rows
         self.failures = (run_dir / "failures.jsonl").open("a", encoding="utf-8")
         self._failures_seen = -1  # the newest failure seq written
-        self.spec = job_spec(cfg, model_dir, run_dir, free_port())
+        self.spec = {**job_spec(cfg, model_dir, run_dir, free_port()), **self.data.spec()}
         self.expected_rollouts = cfg.actors.rollout
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
         self._publish_s: dict[int, float] = {}  # weights version -> rank 0's publish seconds
@@ -218,7 +233,7 @@ class _Driver:
         if self.progress:
             from tqdm import tqdm  # type: ignore[import-untyped]
 
-            bar = tqdm(total=self.cfg.job.steps, desc=f"libra run {name}", unit="step")
+            bar = tqdm(total=self.data.steps, desc=f"libra run {name}", unit="step")
         cursor, st, finished = 0, JobPollReply(job=name, state="running"), False
         try:
             try:
@@ -229,6 +244,9 @@ class _Driver:
                 st = JobPollReply.from_wire(await client.job_poll(name, cursor))
                 self._write_failures(st.failures)
                 for rec in st.records:
+                    if handle_record(rec, self.run_dir, self.data, self.metrics, bar.write if bar is not None
+                                     else lambda t: log.warning("job_note", note=t)):
+                        continue  # an eval record (libra.rl.evals)
                     self._write(rec)
                     if bar is not None:
                         bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", acc=f"{rec['accuracy']:.2f}",
@@ -259,7 +277,8 @@ class _Driver:
         summary = {**summarize(recs), "job": name, "total_wall_s": time.monotonic() - t_job,
                    "final_version": st.version, "dropped_groups": st.dropped_groups,
                    "episodes_failed": st.episodes_failed, "job_state_in": "broker",
-                   "rollout_versions": rollout_versions, "rollout_sync": self._rollout_sync_stats()}
+                   "rollout_versions": rollout_versions, "rollout_sync": self._rollout_sync_stats(),
+                   "eval": eval_summary(read_metrics(self.run_dir, "eval"))}
         try:
             summary["plots"] = [str(p) for p in plot_run(self.run_dir)]
         except ImportError as exc:  # matplotlib is in the 'train' extra
@@ -334,20 +353,38 @@ class _Driver:
         return out
 
 
-async def run_job_async(cfg: JobConfig, broker_url: str, *, progress: bool = True) -> dict[str, Any]:
-    """Run ``cfg`` against the cluster at ``broker_url`` (see the module docstring); returns the summary."""
+def start_point(cfg: JobConfig, run: Path, resume: bool) -> tuple[Cursor | None, Path]:
+    """``(data cursor, model directory)`` a job starts from: ``[model] name`` from the beginning, or with
+    ``resume`` the cursor and checkpoint the run saved last (:func:`libra.rl.data.resume_point`)."""
+    if not resume:
+        return None, resolve_model(cfg.model.name)
+    try:
+        return resume_point(run, cfg.job.steps)
+    except ConfigError as exc:
+        raise JobFailed(str(exc)) from None
+
+
+async def run_job_async(cfg: JobConfig, broker_url: str, *, progress: bool = True,
+                        resume: bool = False) -> dict[str, Any]:
+    """Run ``cfg`` against the cluster at ``broker_url`` (see the module docstring); returns the summary.
+    ``resume``: continue the run in ``[job] run_dir`` from its last checkpoint and data cursor."""
     run = Path(cfg.job.run_dir)
     run.mkdir(parents=True, exist_ok=True)
+    cursor, model_dir = start_point(cfg, run, resume)
     (run / "config.toml").write_text(cfg.to_toml())
-    model_dir = resolve_model(cfg.model.name)
-    return await _Driver(cfg, broker_url, run, model_dir, progress).run()
+    try:
+        driver = _Driver(cfg, broker_url, run, model_dir, progress, cursor)
+    except ConfigError as exc:  # the dataset or the environment: named by file and key
+        raise JobFailed(str(exc)) from None
+    return await driver.run()
 
 
 def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = True,
-            log_level: str = "warning") -> dict[str, Any]:
-    """Run the whole job; starts a loopback cluster unless ``broker_url`` is given."""
+            log_level: str = "warning", resume: bool = False) -> dict[str, Any]:
+    """Run the whole job; starts a loopback cluster unless ``broker_url`` is given. ``resume``: continue the
+    run in ``[job] run_dir`` (its metrics are kept) from its last checkpoint, in the same data order."""
     if broker_url is not None:
-        return asyncio.run(run_job_async(cfg, broker_url, progress=progress))
+        return asyncio.run(run_job_async(cfg, broker_url, progress=progress, resume=resume))
     from libra.local import LocalCluster
 
     run = Path(cfg.job.run_dir).resolve()
@@ -355,11 +392,16 @@ def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = T
     run.mkdir(parents=True, exist_ok=True)
     import shutil
 
-    for stale in ("metrics.jsonl", "samples.jsonl", "summary.json", "router_state.json", "failures.jsonl"):
+    for stale in ("summary.json", "router_state.json") + (() if resume else
+                                                           ("metrics.jsonl", "samples.jsonl", "failures.jsonl")):
         (run / stale).unlink(missing_ok=True)
     for stale in ("actors", "weights", "batches"):  # a previous run's versions must not leak into this one
         shutil.rmtree(run / stale, ignore_errors=True)
-    model_dir = resolve_model(cfg.model.name)
+    _, model_dir = start_point(cfg, run, resume)
+    try:  # a missing or malformed dataset fails here, before any process starts
+        check_data(cfg)
+    except ConfigError as exc:
+        raise JobFailed(str(exc)) from None
     a = cfg.actors
     gpu_r, gpu_t, why = engine_gpu_counts(a, host_gpus())
     (log.info if gpu_r + gpu_t else log.warning)("job_engine_placement", rollout_gpu_slots=gpu_r,
@@ -381,6 +423,7 @@ def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = T
     env = {"OMP_NUM_THREADS": str(max(1, a.torch_threads)), "TOKENIZERS_PARALLELISM": "false"}
     if a.weights_transport == "torch":
         env["LIBRA_WEIGHTS_TRANSPORT"] = "torch"
+    env["LIBRA_ROLLOUT_ENGINE"] = cfg.rollout.engine  # [rollout] engine, for every rollout slot started here
     # the broker leaves its learned C-MLFQ tree in the run directory (python -m libra tree show ...)
     broker_args = ["--router-state", str(run / "router_state.json")]
     scheduler = ("tangram" if a.tools else "fcfs") if a.action_scheduler == "auto" else a.action_scheduler
@@ -392,6 +435,6 @@ def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = T
     # engine slots load their model (and, on a GPU, CUDA) before they say hello: up to 5 minutes, not 1
     cluster.start(wait_actors=n, timeout=300.0)
     try:
-        return asyncio.run(run_job_async(cfg, cluster.url, progress=progress))
+        return asyncio.run(run_job_async(cfg, cluster.url, progress=progress, resume=resume))
     finally:
         cluster.stop()

@@ -1,5 +1,10 @@
 """Run-directory metrics: one JSON object per step in ``metrics.jsonl``, and PNG plots.
 
+``metrics.jsonl`` holds step records and, with ``[eval]``, eval records (``"kind": "eval"``, one per eval
+round: ``greedy_accuracy``, ``pass@1``, ``pass@k``; see ``libra.broker.job_eval``). ``read_metrics`` returns
+the step records (``kind="eval"``: the eval records; ``kind=None``: all); ``eval.png`` plots the eval
+records against the step they followed.
+
 ``MetricsWriter.write(record)`` appends and flushes a line (so a crashed run keeps its steps).
 ``plot_run(run_dir)`` reads ``metrics.jsonl`` and writes ``reward.png`` (reward per step: median with a
 10–90 % band, mean, accuracy, tool use) and ``throughput.png`` (generated tokens/s, and each step's
@@ -20,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MetricsWriter", "plot_run", "quarter_stats", "read_metrics", "reward_bands", "summarize"]
+__all__ = ["MetricsWriter", "plot_evals", "plot_run", "quarter_stats", "read_metrics", "reward_bands", "summarize"]
 
 
 class MetricsWriter:
@@ -37,11 +42,13 @@ class MetricsWriter:
         self._fh.close()
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+def read_metrics(run_dir: str | Path, kind: str | None = "step") -> list[dict[str, Any]]:
+    """The records of ``RUN/metrics.jsonl`` of ``kind`` (``"step"``: those without a ``kind``; None: all)."""
     p = Path(run_dir) / "metrics.jsonl"
     if not p.exists():
         return []
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    recs = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    return recs if kind is None else [r for r in recs if r.get("kind", "step") == kind]
 
 
 def _stats(xs: list[float]) -> dict[str, float]:
@@ -175,4 +182,27 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     out.append(run / "throughput.png")
     fig.savefig(out[-1], dpi=100)
     plt.close(fig)
+    evals = read_metrics(run, "eval")
+    if evals:
+        out.append(plot_evals(evals, run / "eval.png", plt))
     return out
+
+
+def plot_evals(evals: list[dict[str, Any]], path: Path, plt: Any) -> Path:
+    """``eval.png``: greedy accuracy, pass@1 and pass@k of each eval round against its step."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [r["step"] for r in evals]
+    keys = ["greedy_accuracy", "pass@1"] + sorted({k for r in evals for k in r if k.startswith("pass@")} - {"pass@1"})
+    for key in keys:
+        ys = [r.get(key) for r in evals]
+        if any(y is not None for y in ys):
+            ax.plot(xs, [math.nan if y is None else y for y in ys], marker="o", label=key)
+    ax.set_xlabel("step")
+    ax.set_ylabel("eval score")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(f"eval ({evals[-1].get('prompts', '?')} prompts)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
