@@ -383,6 +383,9 @@ def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = T
             log_level: str = "warning", resume: bool = False) -> dict[str, Any]:
     """Run the whole job; starts a loopback cluster unless ``broker_url`` is given. ``resume``: continue the
     run in ``[job] run_dir`` (its metrics are kept) from its last checkpoint, in the same data order."""
+    from libra.envs.loader import load_env_config
+
+    load_env_config(cfg.env, "job")  # a broken plug-in (ConfigError naming the key) fails before any process starts
     if broker_url is not None:
         return asyncio.run(run_job_async(cfg, broker_url, progress=progress, resume=resume))
     from libra.local import LocalCluster
