@@ -9,6 +9,7 @@ built once per process on first use (about 50 ms for 300 passages) and shared by
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ class Retriever:
     def __init__(self, docs: list[dict[str, str]]) -> None:
         import bm25s
 
+        logging.getLogger("bm25s").setLevel(logging.WARNING)  # its index build logs at debug level
         if not docs:
             raise ValueError("cannot index an empty corpus")
         self._bm25s = bm25s
