@@ -14,7 +14,11 @@ How the pieces meet:
   and sends them to the broker (``JobSubmit``). First it checks that every tool the environment needs
   (its ``required_tools(env_config)``) is offered by a connected actor (``StatusReply.actors[i]
   ["capabilities"]["action"]``); if not, :class:`JobFailed` names the tool and how to get it (for the
-  sandboxed code tools: ``sudo apt-get install bubblewrap``) and nothing is submitted. The **broker's job state** (``libra.broker.job``) turns
+  sandboxed code tools: ``sudo apt-get install bubblewrap``; for a user's tool: ``[actors] tools``) and nothing
+  is submitted. The loopback cluster's action slots offer the tools of ``[actors] tools`` (``--tools``,
+  loaded here first so a bad module fails before any process starts), and its broker places tool calls
+  with ``[actors] action_scheduler`` (``auto``: Tangram when user tools are named, granting their declared
+  cores). The **broker's job state** (``libra.broker.job``) turns
   rows into ``episode`` work under the policy-lag bound, collects GRPO groups, cuts batches and bumps the
   version after each step.
 - Episode runners (``--role episode`` slots, ``libra.actors.episode_role``) run the environment's agent
