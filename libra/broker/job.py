@@ -66,6 +66,7 @@ from .job_eval import EvalRounds
 from .job_state import Group, JobState, Trajectory, zero_variance
 
 __all__ = ["JobHost", "JobSpec", "JobWork", "group_advantages"]
+_RUNNER_INFO = ("texts", "question", "expected", "load_s", "start", "end")  # the runner's own info keys
 
 RUNNING, DONE, FAILED, CANCELLED = "running", "done", "failed", "cancelled"
 
@@ -432,13 +433,18 @@ class JobHost:
             "versions_seen": sorted({v for t in trajs for v in t.versions}), "turn_versions": [t.versions for t in trajs],
             "loss": m.get("loss"), "grad_norm": m.get("grad_norm"), "clip_frac": m.get("clip_frac"),
             "kl_mean": m.get("kl_mean"), "checksums": [o.get("checksum") for o in outs], "ranks": len(outs),
+            # pi_theta / pi_rollout over the trained tokens and how many: 1 and gen_tokens when the trainer saw
+            # exactly the sampled ids and log-probs at the weights that sampled them
+            "ratio_mean": m.get("ratio_mean"), "trained_tokens": m.get("num_tokens"),
             "train_attempts": [tr["attempts"].get(r) for r in range(len(outs))],
             "shard_sequences": [o.get("shard_sequences") for o in outs], **self._elastic_record(tr, outs),
             "dropped_groups": st.dropped_groups, "episodes_failed": self.episodes_failed,
             **self._signal_record(tr), "checkpoint": tr["checkpoint"],
             "data_position": self.spec.row_offset + st.admitted,
             "samples": [{"question": t.info.get("question"), "expected": t.info.get("expected"), "reward": t.reward,
-                         "versions": t.versions, "texts": t.info.get("texts")} for t in trajs[: self.spec.samples_per_step]],
+                         "versions": t.versions, "texts": t.info.get("texts"),
+                         "info": {k: v for k, v in t.info.items() if k not in _RUNNER_INFO}}
+                        for t in trajs[: self.spec.samples_per_step]],
         }
 
     @staticmethod
