@@ -2,12 +2,15 @@
 scheduler and ``python -m libra.actors --tools user_tools_mod``. A client calls the user's tools through the
 broker and gets their results; the broker grants the cores the tool declares (the handler sees them, with
 the exact CPU ids); a typed ToolError reaches the client; a job whose environment needs a tool that no actor
-offers is refused, naming the tool and how to offer it."""
+offers is refused, naming the tool and how to offer it; a sandboxed tool's code runs in the trajectory's
+bubblewrap sandbox (real bubblewrap), in the workspace the built-in ``python`` tool uses."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -67,3 +70,21 @@ def test_a_job_needing_a_tool_no_actor_offers_is_refused(cluster: LocalCluster) 
             assert "[actors] tools" in msg and "--tools" in msg
 
     asyncio.run(main())
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+def test_a_sandboxed_tool_runs_its_code_in_the_trajectorys_sandbox(tmp_path: Path) -> None:
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    with LocalCluster(cpu_slots=1, env={"PYTHONPATH": path},
+                      actor_args=["--no-restart", "--capacity", "2", "--tools", "user_tools_mod"]) as c, \
+            Client(c.url) as client:
+        (actor,) = c.status().actors
+        assert {"grade", "python"} <= set(actor["capabilities"]["action"])
+        probe = "import os, json; open('mark.txt', 'w').write('x'); print(json.dumps([os.getpid(), os.getcwd()]))"
+        r = client.call_tool("grade", {"code": probe}, trajectory="tg", timeout=120).output
+        pid, cwd = json.loads(r["stdout"])
+        assert r["exit_code"] == 0 and pid != r["handler_pid"]  # the code ran in a sandbox process, not the actor
+        # the same workspace the built-in python tool gives that trajectory
+        seen = client.call_tool("python", {"code": "import os; print(os.path.exists('mark.txt'), os.getcwd())"},
+                                trajectory="tg", timeout=120).output["stdout"].split()
+        assert seen == ["True", cwd]

@@ -1,6 +1,7 @@
 """A user's tool module for the integration tests (``--tools user_tools_mod``, importable with this directory on
 ``PYTHONPATH``): ``count_words`` declares 2 cores (1 on a one-core host) and reports what it was granted;
-``shout`` is a plain record whose handler raises a typed error on bad args."""
+``shout`` is a plain record whose handler raises a typed error on bad args; ``grade`` is sandboxed: its handler
+runs in the actor and sends the submitted code to the trajectory's bubblewrap sandbox (``ctx.sandbox``)."""
 
 from __future__ import annotations
 
@@ -24,4 +25,10 @@ def _shout(args: Any, ctx: Any) -> Any:
     return args["text"].upper()
 
 
-LIBRA_TOOLS = [count_words, Tool("shout", _shout, description="upper-case args['text']")]
+@tool(sandboxed=True, description="run args['code'] in the trajectory's sandbox and report where it ran")
+def grade(args: Any, ctx: Any) -> Any:
+    out = ctx.sandbox.run("python", {"code": args["code"]})
+    return {"stdout": out["stdout"], "exit_code": out["exit_code"], "handler_pid": os.getpid()}
+
+
+LIBRA_TOOLS = [count_words, grade, Tool("shout", _shout, description="upper-case args['text']")]
