@@ -157,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         slots = gpus + cpu
         # a tool module that fails, fails here, once (not in every action slot, restarted in a loop)
         if args.tools or "action" in (roles or ["action"]) or args.gpu_role == "action":
-            from .tools import load_tools
+            from .tools import host_memory_mb, load_tools, user_handlers
 
             user_tools = load_tools(args.tools)
+            user_handlers(user_tools, {}, host_cores=len(os.sched_getaffinity(0)), host_memory_mb=host_memory_mb())
             if user_tools:
                 log.info("user_tools", tools={n: t.source for n, t in user_tools.items()})
     except ValueError as exc:  # ToolLoadError is one

@@ -184,3 +184,11 @@ def test_the_commands_take_tools_and_the_supervisor_refuses_a_bad_module(
                           "--tools", "ut_missing_tools_mod"])
     assert rc == 2
     assert "module ut_missing_tools_mod: cannot be imported: ModuleNotFoundError" in capsys.readouterr().err
+
+
+def test_the_supervisor_refuses_a_tool_wanting_more_cores_than_the_host_has(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    mod = module(tmp_path, monkeypatch, "ut_greedy", "from libra.actors.tools import Tool\n"
+                                                     "LIBRA_TOOLS = [Tool('greedy', lambda a, c: 0, cores=100000)]\n")
+    rc = supervisor.main(["--broker", "tcp://127.0.0.1:1", "--cpu-slots", "1", "--gpu-slots", "0", "--tools", mod])
+    assert rc == 2 and "tool 'greedy' from module ut_greedy declares cores=100000, more than" in capsys.readouterr().err
