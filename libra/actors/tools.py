@@ -72,7 +72,7 @@ import importlib.util
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,16 +195,17 @@ class Tool:
                                 else f"tool {self.name!r}: {exc.detail}") from None
 
 
-def tool(name: str | None = None, **declared: Any) -> Callable[[Handler], Handler]:
-    """Decorator: ``@tool(cores=2, description=...)`` declares the function as a tool (named ``name`` or the
-    function's ``__name__``; keywords as :class:`Tool`'s). The function is returned unchanged, with its
-    :class:`Tool` in ``fn.libra_tool``; list it in the module's ``LIBRA_TOOLS``."""
+def tool(name: str | Handler | None = None, **declared: Any) -> Any:
+    """Decorator: ``@tool(cores=2, description=...)`` (or bare ``@tool``) declares the function as a tool (named
+    ``name`` or the function's ``__name__``; keywords as :class:`Tool`'s). The function is returned unchanged,
+    with its :class:`Tool` in ``fn.libra_tool``; list it in the module's ``LIBRA_TOOLS``."""
 
     def wrap(fn: Handler) -> Handler:
-        fn.libra_tool = Tool(name or getattr(fn, "__name__", ""), fn, **declared)  # type: ignore[attr-defined]
+        label = name if isinstance(name, str) else getattr(fn, "__name__", "")
+        fn.libra_tool = Tool(label, fn, **declared)  # type: ignore[attr-defined]
         return fn
 
-    return wrap
+    return wrap(name) if callable(name) else wrap
 
 
 @dataclass(frozen=True)

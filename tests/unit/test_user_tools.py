@@ -53,6 +53,16 @@ def test_a_module_declares_decorated_functions_and_records(tmp_path: Path, monke
     assert loaded["count"].tool.inline is True
 
 
+def test_the_decorator_works_bare_and_with_a_name() -> None:
+    @T.tool
+    def plain(args: Any, c: Any) -> Any:
+        return args
+
+    renamed = T.tool("web.search", cores=1)(lambda args, c: args)
+    assert plain.libra_tool.name == "plain" and plain({"a": 1}, None) == {"a": 1}
+    assert renamed.libra_tool.name == "web.search"
+
+
 def test_bad_declarations_name_the_tool_and_field() -> None:
     fn = lambda args, ctx: None  # noqa: E731
     with pytest.raises(T.ToolLoadError, match=r"tool 'x': `cores`"):
