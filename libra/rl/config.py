@@ -87,7 +87,9 @@ class EvalConfig:
 class RolloutConfig:
     """``[rollout]``: the rollout engine and the context limit (per-turn sampling is in ``[env]``)."""
 
-    engine: str = "hf"  # "hf" (transformers) or "vllm", for the rollout actors libra run starts
+    # "hf" (transformers) or "vllm": the rollout engine of the actors libra run starts (their LIBRA_ROLLOUT_ENGINE);
+    # with --broker the cluster's rollout actors run the engine they were started with
+    engine: str = "hf"
     max_total_tokens: int = 1024  # a trajectory's token budget (prompt, turns, tool output): each turn is capped to fit
     turn_timeout_s: float = 300.0  # how long one model turn may take, queueing included
 

@@ -141,3 +141,50 @@ def test_the_job_file_chooses_sampling_context_engine_and_grpo_variants(tmp_path
                         ({"grpo": {"loss_agg": "sum"}}, r"\[grpo\] loss_agg"), ({"data": {"epochs": 0}}, "epochs")):
         with pytest.raises(ConfigError, match=needle):
             job_from_mapping(bad)
+
+
+def test_rollout_engine_of_the_job_file_reaches_the_actors_libra_run_starts(tmp_path: Path, monkeypatch) -> None:
+    import libra.local
+    from libra.rl import driver
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    class FakeCluster:
+        def __init__(self, **kw: object) -> None:
+            seen.update(kw)
+
+        def start(self, **kw: object) -> None:
+            raise Stop
+
+    monkeypatch.setattr(libra.local, "LocalCluster", FakeCluster)
+    monkeypatch.setattr(driver, "host_gpus", lambda: (0, "no GPU"))
+    monkeypatch.delenv("LIBRA_ROLLOUT_ENGINE", raising=False)
+    with pytest.raises(Stop):
+        driver.run_job(cfg(tmp_path, rollout={"engine": "vllm"}), progress=False)
+    assert seen["env"]["LIBRA_ROLLOUT_ENGINE"] == "vllm"
+
+
+def test_a_dataset_error_fails_libra_run_before_any_process_starts(tmp_path: Path, monkeypatch) -> None:
+    import libra.local
+    from libra.rl import driver
+
+    monkeypatch.setattr(libra.local, "LocalCluster", None)  # never reached
+    monkeypatch.setattr(driver, "host_gpus", lambda: (0, "no GPU"))
+    bad = tmp_path / "t.jsonl"
+    bad.write_text('{"prompt": "x"}\nnot json\n')
+    with pytest.raises(driver.JobFailed, match=r"\[data\] train = .*t.jsonl.*line 2 is not valid JSON"):
+        driver.run_job(cfg(tmp_path, data={"train": str(bad)}), progress=False)
+
+
+def test_model_directory_without_a_chat_template_is_refused(tmp_path: Path) -> None:
+    from libra.rl.driver import JobFailed, resolve_model
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(JobFailed, match=r"\[model\] name .* has no chat template"):
+        resolve_model(str(tmp_path))
+    (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
+    assert resolve_model(str(tmp_path)) == tmp_path
