@@ -103,6 +103,7 @@ class JobPollReply(Payload, frozen=True, kw_only=True):
     """The output of the broker's Reply to ``JobPoll``."""
 
     WHAT = "job poll reply"
+    OMIT_DEFAULT = ("failures",)
 
     job: str
     """The job's name."""
