@@ -179,8 +179,21 @@ def format_summary(s: dict, run_dir: str) -> str:
         *_quarter_lines(s.get("quarters") or {}),
         f"max policy lag seen {s.get('max_policy_lag_seen')}, mean generated tokens/s "
         f"{s.get('tokens_per_s_mean', 0):.1f}, dropped groups {s.get('dropped_groups')}",
+        *_eval_lines(s.get("eval") or {}),
         f"run directory: {run_dir} (metrics.jsonl, reward.png, throughput.png, checkpoints/)",
     ])
+
+
+def _eval_lines(ev: dict) -> list[str]:
+    """The first and the last eval round of ``summary["eval"]`` (libra.rl.evals.eval_summary), if any."""
+    if not ev:
+        return []
+
+    def cell(d: dict) -> str:
+        return ", ".join(f"{k} {v:.3f}" for k, v in d.items() if k != "step" and isinstance(v, (int, float)))
+
+    return [f"eval ({ev.get('rounds')} rounds, {ev.get('prompts')} prompts, eval.png): step {ev['first']['step']}: "
+            f"{cell(ev['first'])}; step {ev['last']['step']}: {cell(ev['last'])}"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,7 +14,9 @@ Contracts:
   ``random.Random(seed * 1_000_003 + e)`` (``shuffle = true``) or the file order. :class:`DataOrder` maps a
   position (rows consumed since the run began) to ``(epoch, index)`` and to the row; the same seed gives the
   same order in every process, so a resumed job continues from a saved position (:class:`Cursor`, written
-  as ``RUN/data_cursor.json`` at each checkpoint) with exactly the rows that followed.
+  as ``RUN/data_cursor.json`` at each checkpoint) with exactly the rows that followed. The saved position
+  counts every row handed out when the checkpointed step was recorded, so with ``max_policy_lag > 0`` rows
+  that were in flight then (admitted for a later step) are not run again after a resume.
 - Rows go to the environment's ``from_row`` as :func:`libra.envs.contract.dataset_row` makes them: every
   field kept, the prompt copied to ``row["prompt"]``; ``answer_field``, when set, is copied to
   ``row["answer"]`` (unless the record has an ``answer`` already).

@@ -44,7 +44,8 @@ def signal_line(rec: dict[str, Any]) -> str | None:
     return (f"step {rec['step']} trained on no signal: all {rec.get('batch_zero_variance_groups', '?')} groups had "
             f"equal rewards (zero-variance share of the groups completed since the last step "
             f"{rec.get('zero_variance_share', 0.0):.2f}, {rec.get('filtered_groups', 0)} filtered); its gradient "
-            "is zero: check the reward, or set [grpo] filter_zero_variance / raise max_extra_groups")
+            "is zero: check the reward, " + ("or raise [grpo] max_extra_groups" if rec.get("filtered_groups")
+                                             else "or set [grpo] filter_zero_variance = true"))
 
 
 def eval_summary(evals: list[dict[str, Any]]) -> dict[str, Any]:

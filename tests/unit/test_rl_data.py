@@ -188,3 +188,25 @@ def test_model_directory_without_a_chat_template_is_refused(tmp_path: Path) -> N
         resolve_model(str(tmp_path))
     (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
     assert resolve_model(str(tmp_path)) == tmp_path
+
+
+def test_handle_record_writes_evals_says_no_signal_and_saves_the_cursor_at_checkpoints(tmp_path: Path) -> None:
+    from libra.rl.evals import eval_summary, handle_record
+    from libra.rl.metrics import MetricsWriter, read_metrics
+
+    data = job_data(cfg(tmp_path), env_rows)
+    said: list[str] = []
+    m = MetricsWriter(tmp_path / "metrics.jsonl")
+    ev = {"kind": "eval", "step": 2, "prompts": 3, "k": 2, "greedy_accuracy": 0.5, "pass@1": 0.25, "pass@2": 0.5}
+    assert handle_record(dict(ev), tmp_path, data, m, said.append) is True
+    step = {"step": 2, "no_signal": True, "batch_zero_variance_groups": 2, "filtered_groups": 8,
+            "zero_variance_share": 1.0, "checkpoint": "/ck/step2", "data_position": 7}
+    assert handle_record(step, tmp_path, data, m, said.append) is False  # the driver writes step records
+    m.close()
+    assert said[0].startswith("eval after step 2 (3 prompts): greedy_accuracy 0.500, pass@1 0.250, pass@2 0.500")
+    assert "step 2 trained on no signal" in said[1] and "max_extra_groups" in said[1]
+    assert read_metrics(tmp_path, "eval") == [ev] and read_metrics(tmp_path) == []
+    cur = read_cursor(tmp_path)
+    assert (cur.position, cur.step, cur.checkpoint) == (7, 2, "/ck/step2")
+    s = eval_summary([ev, {**ev, "step": 4, "pass@2": 1.0}])
+    assert s["rounds"] == 2 and s["first"]["pass@2"] == 0.5 and s["last"] == {**s["last"], "step": 4, "pass@2": 1.0}
