@@ -10,8 +10,9 @@ How the pieces meet:
 - This process first loads the environment (``[env] entry``/``name``, ``libra.envs.loader``) and has it
   validate ``[env.options]``: a plug-in that does not import, lacks a required method or rejects an option
   fails the job here with a ``ConfigError`` naming the key, before anything is submitted.
-- It builds the dataset rows (the environment's offline problem generator) and the job spec
-  and sends them to the broker (``JobSubmit``). First it checks that every tool the environment needs
+- It builds the dataset rows (``[data] train`` in its seeded epoch order, else the environment's offline
+  problem generator; from the saved data cursor with ``resume``; ``libra.rl.data``), the eval rows and the
+  job spec (``[rollout]`` sampling limits, ``[grpo]`` variants, ``[eval]``) and sends them to the broker (``JobSubmit``). First it checks that every tool the environment needs
   (its ``required_tools(env_config)``) is offered by a connected actor (``StatusReply.actors[i]
   ["capabilities"]["action"]``); if not, :class:`JobFailed` names the tool and how to get it (for the
   sandboxed code tools: ``sudo apt-get install bubblewrap``; for a user's tool: ``[actors] tools``) and nothing
@@ -40,7 +41,10 @@ How the pieces meet:
   ``reward.png``/``throughput.png`` and ``summary.json``. Every failed episode (an exception in the
   environment, a turn nobody could serve) is a line of ``RUN/failures.jsonl`` (``job``, ``seq``, ``group``,
   ``index``, ``error``, ``traceback``); the job goes on without it. If this process stops, the job is
-  cancelled.
+  cancelled. Eval rounds (``[eval]``) come back as ``"kind": "eval"`` records, written to ``metrics.jsonl``
+  as they come, summed up in ``summary.json`` (``eval``) and plotted (``eval.png``); a step that saved a
+  checkpoint leaves ``RUN/data_cursor.json`` for ``libra run --resume``; a step with no GRPO signal is
+  said (``libra.rl.evals``). ``[rollout] engine`` is the loopback actors' ``LIBRA_ROLLOUT_ENGINE``.
 """
 
 from __future__ import annotations
