@@ -11,6 +11,15 @@ The tool appends each call's actor id to ``$SEARCH_ENV_CALL_LOG``, which the act
 process: that file proves which slot ran every search. ``libra run`` starts its slots in the order of
 ``--roles`` (rollout, train, action, episode), so the action slot is ``cpu{rollout + trainer}``.
 
+The same task as agent code written with the ``openai`` client (``search_env/agent.py``, through
+``[env] entry = "libra.envs.openai_agent"``): every request is a turn on the runner's endpoint, the agent's
+``search`` calls run through its trajectory's session on the action slot, and what trains is what was
+sampled. The id-for-id proof has two halves: in every sampled episode the ids the client got back for each
+turn (``return_token_ids``) equal the loss-mask-1 runs of the trajectory the runner publishes for the
+trainer; and the trainer, at step 1 (trajectories sampled at version 0, trained at version 0), finds an
+importance ratio of 1 over exactly the sampled token count. On the tiny model a token's log-prob varies by
+about 1.6 nats over the vocabulary, so any shifted or re-tokenized id would move the ratio far from 1.
+
 Also here: a job whose environment needs a tool that no actor serves is refused before it is submitted.
 """
 
@@ -34,6 +43,7 @@ pytest.importorskip("bm25s", reason="the search example needs bm25s: pip install
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "search_env"
 JOB = EXAMPLE / "job_tiny.toml"
+AGENT_JOB = EXAMPLE / "job_agent_tiny.toml"
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +95,7 @@ def test_every_search_ran_on_the_action_slot_the_broker_chose(search_run: dict) 
     trained = sum(sum(r["episode_tool_calls"]) for r in recs)
     assert len(calls) >= trained > 0  # episodes beyond the trained ones (lag window) may have searched too
     a = cfg.actors
-    action_slots = {f"cpu{a.rollout + a.trainer + i}" for i in range(a.action)}
+    action_slots = _action_slots(cfg)
     episode_slot = f"cpu{a.rollout + a.trainer + a.action}"
     slots = {c["actor"].rsplit("/", 1)[-1] for c in calls}
     assert slots <= action_slots and episode_slot not in slots, (slots, action_slots)
@@ -103,3 +113,34 @@ def test_a_job_needing_a_tool_nobody_serves_is_refused(tmp_path: Path, example_i
     msg = str(ei.value)
     assert "'search'" in msg and "no connected actor offers" in msg and "[actors] tools" in msg, msg
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or not read_metrics(tmp_path / "run")
+
+
+def _action_slots(cfg) -> set[str]:
+    a = cfg.actors
+    return {f"cpu{a.rollout + a.trainer + i}" for i in range(a.action)}
+
+
+def test_openai_client_agent_trains_on_exactly_the_sampled_ids(tmp_path: Path, example_importable: None) -> None:
+    pytest.importorskip("openai", reason="the agent is written with the openai client: pip install openai")
+    calls = tmp_path / "search_calls.jsonl"
+    cfg = load_job(AGENT_JOB).with_run_dir(str(tmp_path / "run"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SEARCH_ENV_CALL_LOG", str(calls))
+        summary = run_job(cfg, progress=False)
+    assert summary["episodes_failed"] == 0 and summary["final_version"] == 2
+    recs = [r for r in read_metrics(tmp_path / "run") if r.get("kind") in (None, "train")]
+    assert [r["step"] for r in recs] == [1, 2]
+    for r in recs:  # retrieve fallback, three turns: the agent searched after each of the first two
+        assert r["episode_tool_calls"] == [2] * r["sequences"], r["episode_tool_calls"]
+    first = recs[0]
+    assert all(v == 0 for vs in first["turn_versions"] for v in vs)  # sampled at the weights step 1 trains
+    assert first["trained_tokens"] == first["gen_tokens"] > 0
+    assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
+    samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) >= 2
+    for smp in samples:
+        info = smp["info"]
+        assert info["endpoint_turns"] == 3 and len(info["turn_token_ids"]) == 3
+        assert all(info["turn_token_ids"]) and info["turn_token_ids"] == info["recorded_token_ids"]
+    slots = {json.loads(x)["actor"].rsplit("/", 1)[-1] for x in calls.read_text().splitlines()}
+    assert slots and slots <= _action_slots(cfg)
