@@ -30,6 +30,7 @@ BENCHMARKS = {
     "placement": ("libra.bench.placement", "broker action placement at 2/15/64 actors x 256 cores: placements/s, bitset core pools vs the scanning ones"),
     "payloads": ("libra.bench.payloads", "typed work payloads (msgspec) vs hand-built dicts: codec + validation per payload"),
     "vllm_weights": ("libra.bench.vllm_weights", "vLLM weights update in buckets of whole layers vs one call (run with .venv-vllm/bin/python)"),
+    "endpoint": ("libra.bench.endpoint", "a turn through the OpenAI-compatible endpoint vs session.generate directly, same cluster and run"),
     "gpu_checks": ("libra.bench.gpu_checks", "GPU-check programs: bf16 learning vs fp32, memory freed by a role switch, a trainer OOM (--device)"),
 }
 
