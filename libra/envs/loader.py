@@ -4,9 +4,9 @@
 
 - an import path, ``"pkg.mod:Obj"`` (``Obj`` may be dotted: ``"pkg.mod:Outer.env"``) or ``"pkg.mod"`` (the
   module is the environment);
-- a plain name: a bundled environment (:data:`BUNDLED`: ``arith``, ``single_turn``), an entry point of
-  the ``libra.envs`` group (``[project.entry-points."libra.envs"] my_env = "my_pkg.env:MyEnv"``), or else
-  a top-level module of that name.
+- a plain name: a bundled environment (:data:`BUNDLED`: ``arith``, ``single_turn``, ``openai_agent``), an
+  entry point of the ``libra.envs`` group (``[project.entry-points."libra.envs"] my_env =
+  "my_pkg.env:MyEnv"``), or else a top-level module of that name.
 
 Whatever it names may be a module, an instance, or a class (instantiated once, with no arguments). With
 neither key, a job that names a ``reward`` runs ``single_turn`` and any other runs ``arith``.
@@ -39,7 +39,8 @@ __all__ = ["BUNDLED", "GROUP", "env_key", "get_env", "load_env", "load_env_confi
 
 GROUP = "libra.envs"
 """The entry-point group plug-ins register environments under."""
-BUNDLED = {"arith": "libra.envs.arith", "single_turn": "libra.envs.single_turn"}
+BUNDLED = {"arith": "libra.envs.arith", "single_turn": "libra.envs.single_turn",
+           "openai_agent": "libra.envs.openai_agent"}
 """The environments shipped with Libra, by name (import paths)."""
 
 

@@ -98,6 +98,7 @@ def test_an_import_path_may_name_a_class_an_instance_or_a_module(plug: str) -> N
     assert loader.load_env(f"{plug}:env") is mod.env  # an instance as it is
     assert loader.load_env(plug) is mod  # a module whose functions are the methods
     assert loader.load_env("arith") is arith and loader.load_env("libra.envs.arith") is arith
+    assert loader.load_env("openai_agent").__name__ == "libra.envs.openai_agent"
     for env in (cls, mod, arith, single_turn):
         assert isinstance(env.from_row, object) and asyncio.iscoroutinefunction(env.episode)
 
@@ -113,7 +114,7 @@ def test_an_entry_point_of_the_libra_envs_group_is_found_by_name(plug: str, monk
     monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
     env = loader.load_env("fake_env")
     assert type(env).__name__ == "Env" and seen == ["libra.envs"]
-    with pytest.raises(ConfigError, match=r"unknown environment 'nope'.*known: arith, fake_env, single_turn"):
+    with pytest.raises(ConfigError, match=r"unknown environment 'nope'.*known: arith, fake_env, openai_agent, single_turn"):
         loader.load_env("nope")
     broken = importlib.metadata.EntryPoint(name="broken", value=f"{plug}_bad:Env", group="libra.envs")
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda *, group: [broken])
