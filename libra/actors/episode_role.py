@@ -166,6 +166,7 @@ class EpisodeRole:
         ok = False
         try:
             reward, info = reward_outcome(await env.episode(s, problem, env_cfg))
+            json.dumps(info)  # the info travels in the reply: a value that cannot is the episode's failure
             ok = True
         except Exception as exc:  # noqa: BLE001  (an episode's failure is recorded, with its traceback)
             log.warning("episode_failed", job=args.job, group=args.group, index=args.index, error=repr(exc)[:300])
