@@ -16,7 +16,8 @@ Each episode registers its :class:`~libra.rl.episode.EpisodeSession` on the epis
 endpoint (:func:`libra.serve.shared_endpoint`: one per runner process, a random port, started with the first
 episode), calls ``fn(base_url, api_key, row)`` with the trajectory id as the API key and the problem's
 dataset row (its ``prompt`` as chat messages under ``row["prompt"]``), and unregisters the session when the
-function returns. An ``async def`` agent runs on the runner's loop (use ``openai.AsyncOpenAI``); a plain
+function returns. The episode's info counts ``tool_calls`` (the calls the model made, parsed by the endpoint,
+plus broker tools called through the session), ``endpoint_turns`` and ``tool_call_turns``. An ``async def`` agent runs on the runner's loop (use ``openai.AsyncOpenAI``); a plain
 function runs in a worker thread (``openai.OpenAI`` is fine there). Every request the agent makes is one
 ``generate`` turn through the broker (C-MLFQ routes it), and the trajectory that trains is what the endpoint
 recorded: the sampled ids and their log-probs, the agent's messages through the chat template with loss
@@ -149,4 +150,8 @@ async def episode(session: Any, problem: AgentProblem, cfg: Any) -> tuple[float,
     info.setdefault("turns", len(session.versions))
     info.setdefault("endpoint_turns", len(entry.turns) if entry is not None else 0)
     info.setdefault("tool_call_turns", sum(bool(t.tool_calls) for t in entry.turns) if entry is not None else 0)
+    # the job's "tool calls per episode": the calls the model made (parsed into tool_calls) and the broker
+    # tools the agent called through the session
+    made = sum(len(t.tool_calls) for t in entry.turns) if entry is not None else 0
+    info.setdefault("tool_calls", made + session.tool_calls)
     return reward, info

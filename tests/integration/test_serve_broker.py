@@ -160,6 +160,7 @@ def test_the_openai_agent_environment_runs_a_users_agent_against_the_runners_end
 
     s, reward, info, left = asyncio.run(scenario())
     assert reward == 1.0 and info["endpoint_turns"] == len(info["sampled"]) == 2 and info["tool_call_turns"] == 1
+    assert info["tool_calls"] == 1  # the job's tool calls per episode count the calls the model made
     assert info["thread"] != "MainThread" and left == 0  # a sync agent ran in a thread; the session is gone
     assert [s.input_ids[a:b] for a, b in spans(s.loss_mask)] == info["sampled"]
     assert '{"hit": 42}' in tok.decode(s.input_ids, skip_special_tokens=False)

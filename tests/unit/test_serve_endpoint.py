@@ -227,3 +227,25 @@ def test_tool_parser_is_pluggable() -> None:
         get_tool_parser("libra.serve.toolcalls:Missing")
     reg = TrajectoryRegistry(tool_parser="none")
     assert reg.tool_parser.parse(CALL).content == CALL
+
+
+def test_openai_agent_options_name_the_bad_key() -> None:
+    from libra.envs import openai_agent
+    from libra.envs.contract import OptionsError
+
+    ok = openai_agent.validate_options({"agent": "libra.serve.toolcalls:tool_call"})
+    assert ok["tool_parser"] == "hermes" and ok["tools"] == [] and ok["timeout_s"] == 600.0
+    for opts, key, text in [({}, "agent", "required"),
+                            ({"agent": "no_such_pkg.mod:fn"}, "agent", "cannot load"),
+                            ({"agent": "libra.serve.toolcalls"}, "agent", "not an import path"),
+                            ({"agent": "libra.serve.toolcalls:tool_call", "tool_parser": "xml"}, "tool_parser",
+                             "unknown tool parser"),
+                            ({"agent": "libra.serve.toolcalls:tool_call", "tools": [3]}, "tools", "tool names"),
+                            ({"agent": "libra.serve.toolcalls:tool_call", "agnet": 1}, "agnet", "unknown option")]:
+        with pytest.raises(OptionsError, match=text) as e:
+            openai_agent.validate_options(opts)
+        assert e.value.key == key
+    with pytest.raises(ValueError, match=r"\[data\]"):
+        openai_agent.make_problems(2, 0, **ok)
+    p = openai_agent.from_row({"prompt": "hi", "answer": 1})
+    assert p.prompt == [{"role": "user", "content": "hi"}] and openai_agent.to_row(p) == {"prompt": "hi", "answer": 1}
