@@ -27,9 +27,11 @@ Sampling comes from the session (the job's ``[env]`` sampling, so the log-probs 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,8 +81,9 @@ class Entry:
         s = self.session
         if self.mode is None:
             self._first("chat")
-            text = s.tokenizer.apply_chat_template([for_template(m) for m in sent], tools=tools,
-                                                   add_generation_prompt=True, tokenize=False)
+            with _template_errors():
+                text = s.tokenizer.apply_chat_template([for_template(m) for m in sent], tools=tools,
+                                                       add_generation_prompt=True, tokenize=False)
             s.set_prompt(s.tokenizer.encode(text, add_special_tokens=False))
             self.recorded, self.tools_key = list(sent), tools_key
         else:
@@ -98,7 +101,8 @@ class Entry:
                 raise EndpointError(409, "history_mismatch", "no message after the recorded assistant turn: "
                                     "append the next user or tool message", "messages")
             if new:
-                s.add_messages([for_template(m) for m in new], tools=tools)
+                with _template_errors():
+                    s.add_messages([for_template(m) for m in new], tools=tools)
                 self.recorded += new
         turn = await self._turn(body)
         msg: dict[str, Any] = {"role": "assistant", "content": turn.content}
@@ -223,6 +227,18 @@ class Entry:
         return {"object": "trajectory", "id": s.trajectory, "mode": self.mode, "input_ids": list(s.input_ids),
                 "loss_mask": list(s.loss_mask), "logprobs": list(s.logprobs), "versions": list(s.versions),
                 "turns": len(self.turns), "finished": bool(s.finished)}
+
+
+@contextlib.contextmanager
+def _template_errors() -> Iterator[None]:
+    """A chat template that refuses the messages (Jinja's ``raise_exception``, a missing key) is a 400."""
+    try:
+        yield
+    except EndpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (jinja2's TemplateError and whatever a template raises)
+        raise EndpointError(400, "template_error", f"the model's chat template cannot render these messages: "
+                            f"{type(exc).__name__}: {exc}", "messages") from exc
 
 
 def _check_n(body: dict[str, Any]) -> None:

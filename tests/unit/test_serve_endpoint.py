@@ -249,3 +249,54 @@ def test_openai_agent_options_name_the_bad_key() -> None:
         openai_agent.make_problems(2, 0, **ok)
     p = openai_agent.from_row({"prompt": "hi", "answer": 1})
     assert p.prompt == [{"role": "user", "content": "hi"}] and openai_agent.to_row(p) == {"prompt": "hi", "answer": 1}
+
+
+# A template of our own in the style of tool-calling chat models: tools listed in the system turn, the
+# assistant's tool calls rendered after its content, tool results wrapped in a user turn, and a rule that
+# depends on position (only the last assistant turn gets an empty think block), which a whole re-render
+# would apply differently as the conversation grows.
+TOOL_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n{% endif %}"
+    "TOOLS:{% for t in tools %}\n{{ t | tojson }}{% endfor %}<|im_end|>\n"
+    "{% elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if m.role == 'system' %}"
+    "{% elif m.role == 'assistant' %}<|im_start|>assistant\n{% if loop.last %}<think></think>{% endif %}"
+    "{{ m.content }}{% for c in m.tool_calls or [] %}<tool_call>{{ {'name': c.function.name, "
+    "'arguments': c.function.arguments} | tojson }}</tool_call>{% endfor %}<|im_end|>\n"
+    "{% elif m.role == 'tool' %}{% if m.content == 'refuse' %}{{ raise_exception('no such tool result') }}"
+    "{% endif %}<|im_start|>user\n<tool_response>{{ m.content }}</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_a_tool_calling_template_renders_tools_once_and_continues_after_the_sampled_call(tok) -> None:
+    import copy
+
+    ttok = copy.deepcopy(tok)
+    ttok.chat_template = TOOL_TEMPLATE
+
+    async def scenario(ep, base):
+        s = make_session(ttok, [CALL, "Answer: 3", "x"])
+        key = ep.registry.register(s)
+        async with openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0) as c:
+            msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1 + 2?"}]
+            r1 = await c.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
+            call = r1.choices[0].message.tool_calls[0]
+            msgs += [r1.choices[0].message, {"role": "tool", "tool_call_id": call.id, "content": "3"}]
+            await c.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
+            with pytest.raises(openai.ConflictError, match="tools differ"):
+                await c.chat.completions.create(model="m", messages=msgs, tools=TOOLS[:0] or None)
+            msgs += [{"role": "assistant", "content": "Answer: 3"}, {"role": "tool", "tool_call_id": "z",
+                                                                     "content": "refuse"}]
+            with pytest.raises(openai.BadRequestError) as e:
+                await c.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
+        return s, e.value
+
+    s, err = run(scenario)
+    text = ttok.decode(s.input_ids, skip_special_tokens=False)
+    assert text.count("TOOLS:") == 1 and '"name": "add"' in text.split("<|im_start|>user")[0]
+    # the sampled call stays as sampled; the tool result follows through the template's own continuation
+    assert text.endswith(CALL + "<|im_end|>\n<|im_start|>user\n<tool_response>3</tool_response><|im_end|>\n"
+                                "<|im_start|>assistant\nAnswer: 3<|im_end|>")
+    assert "<think>" not in text
+    assert err.code == "template_error" and "no such tool result" in err.message
