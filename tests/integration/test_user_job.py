@@ -60,7 +60,6 @@ def search_run(tmp_path_factory: pytest.TempPathFactory, example_importable: Non
     tmp = tmp_path_factory.mktemp("search")
     calls = tmp / "search_calls.jsonl"
     cfg = load_job(JOB).with_run_dir(str(tmp / "run"))
-    cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, prompts=0, k=0, greedy=False))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SEARCH_ENV_CALL_LOG", str(calls))
         t0 = time.monotonic()
@@ -76,6 +75,8 @@ def test_search_example_trains_with_its_data_env_and_tool(search_run: dict) -> N
     recs = [r for r in read_metrics(run) if r.get("kind") in (None, "train")]
     assert [r["step"] for r in recs] == [1, 2] and summary["final_version"] == 2
     assert summary["episodes_failed"] == 0
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if r.get("kind") == "eval"] == [2]  # [data] eval, after the last step
     train_questions = {json.loads(x)["question"] for x in (EXAMPLE / "search_env/data/train.jsonl").read_text().splitlines()}
     samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
     assert samples and all(s["question"] in train_questions for s in samples)  # the rows came from [data] train
@@ -101,8 +102,9 @@ def test_every_search_ran_on_the_action_slot_the_broker_chose(search_run: dict) 
     assert slots <= action_slots and episode_slot not in slots, (slots, action_slots)
     assert len({c["pid"] for c in calls}) == 1  # one action process: the tool ran there, not in the runner
     assert all(c["cores"] == 1 and c["hits"] for c in calls)  # the declared core; BM25 found passages
-    train_questions = {json.loads(x)["question"] for x in (EXAMPLE / "search_env/data/train.jsonl").read_text().splitlines()}
-    assert {c["query"] for c in calls} <= train_questions  # the fallback searched the question itself
+    questions = {json.loads(x)["question"] for split in ("train", "eval")
+                 for x in (EXAMPLE / f"search_env/data/{split}.jsonl").read_text().splitlines()}
+    assert {c["query"] for c in calls} <= questions  # the fallback searched the question itself
 
 
 def test_a_job_needing_a_tool_nobody_serves_is_refused(tmp_path: Path, example_importable: None) -> None:
@@ -132,6 +134,7 @@ def test_openai_client_agent_trains_on_exactly_the_sampled_ids(tmp_path: Path, e
     assert [r["step"] for r in recs] == [1, 2]
     for r in recs:  # retrieve fallback, three turns: the agent searched after each of the first two
         assert r["episode_tool_calls"] == [2] * r["sequences"], r["episode_tool_calls"]
+        assert r["tool_success_rate"] == 1.0
     first = recs[0]
     assert all(v == 0 for vs in first["turn_versions"] for v in vs)  # sampled at the weights step 1 trains
     assert first["trained_tokens"] == first["gen_tokens"] > 0

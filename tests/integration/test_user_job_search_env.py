@@ -76,10 +76,12 @@ def test_search_tool_declares_its_resources_and_checks_its_args() -> None:
 
 def test_options_are_validated_and_errors_name_the_key() -> None:
     env = SearchEnv()
-    assert env.validate_options({}) == {"retrieve": "model", "topk": 3, "format_reward": 0.0, "split": "train"}
+    assert env.validate_options({}) == {"retrieve": "model", "topk": 3, "format_reward": 0.0,
+                                     "tool_timeout_s": 10.0, "split": "train"}
     assert env.validate_options(env.validate_options({"topk": 5})) == env.validate_options({"topk": 5})
     for opts, key in (({"retrieve": "always"}, "retrieve"), ({"topk": 11}, "topk"), ({"topk": "3"}, "topk"),
-                      ({"split": "test"}, "split"), ({"depth": 1}, "depth")):
+                      ({"split": "test"}, "split"), ({"depth": 1}, "depth"),
+                      ({"tool_timeout_s": 0}, "tool_timeout_s")):
         with pytest.raises(OptionsError) as ei:
             env.validate_options(opts)
         assert ei.value.key == key
@@ -123,7 +125,7 @@ def _episode(turns: list[str], retrieve: str, max_turns: int = 3) -> tuple[float
     env = SearchEnv()
     row = _rows("eval")[1]
     s = ScriptedSession(turns)
-    cfg = SimpleNamespace(max_turns=max_turns, tool_timeout_s=5.0, options=env.validate_options({"retrieve": retrieve}))
+    cfg = SimpleNamespace(max_turns=max_turns, options=env.validate_options({"retrieve": retrieve}))
     reward, info = asyncio.run(env.episode(s, env.from_row(row), cfg))
     return reward, info, s
 

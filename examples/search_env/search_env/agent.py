@@ -47,7 +47,7 @@ async def run_agent(client: Any, model: str, question: str, answer: str, call_to
     """One episode with ``client`` (an ``openai.AsyncOpenAI``); returns ``(reward, info)``."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT},
                                       {"role": "user", "content": f"Question: {question}"}]
-    content, searches, forced, turn_ids = "", 0, 0, []
+    content, searches, forced, ok, turn_ids = "", 0, 0, 0, []
     for turn in range(max_turns):
         resp = await client.chat.completions.create(model=model, messages=messages, tools=[SEARCH_TOOL],
                                                     extra_body={"return_token_ids": True})
@@ -65,12 +65,12 @@ async def run_agent(client: Any, model: str, question: str, answer: str, call_to
                 except (ValueError, AttributeError):
                     query = ""
                 out = await call_tool("search", {"query": query or question, "k": topk})
-                searches += 1
+                searches, ok = searches + 1, ok + (not out.get("error"))
                 messages.append({"role": "tool", "tool_call_id": tc.id,
                                  "content": str(out.get("text") or out.get("error") or "")})
         elif retrieve == "fallback" and parse_answer(content) is None:
             out = await call_tool("search", {"query": question, "k": topk})
-            searches, forced = searches + 1, forced + 1
+            searches, forced, ok = searches + 1, forced + 1, ok + (not out.get("error"))
             messages.append({"role": "user", "content": f"<information>\n{out.get('text') or out.get('error')}\n"
                                                         "</information>"})
         else:
@@ -78,7 +78,7 @@ async def run_agent(client: Any, model: str, question: str, answer: str, call_to
     got = parse_answer(content)
     correct = got is not None and normalize(got) == normalize(answer)
     return (1.0 if correct else 0.0), {"correct": correct, "formatted": got is not None, "answer": got,
-                                       "tool_calls": searches, "searches": searches, "forced_searches": forced,
+                                       "tool_calls": searches, "tool_ok": ok, "searches": searches, "forced_searches": forced,
                                        "turn_token_ids": turn_ids}
 
 

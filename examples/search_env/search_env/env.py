@@ -21,9 +21,9 @@ which actors (``search_actors``).
 
 Options (``[env.options]`` of a job file; validated by :meth:`SearchEnv.validate_options`, errors name
 the key): ``retrieve``, ``topk`` (passages per search, 1 to 10, default 3), ``format_reward`` (default
-0.0), ``split`` (the shipped question set :meth:`SearchEnv.make_problems` draws from without ``[data]``:
-``train`` or ``eval``). The number of turns is ``[env] max_turns`` and a search's time limit ``[env]
-tool_timeout_s``, as for every environment.
+0.0), ``tool_timeout_s`` (one search's limit, default 10.0), ``split`` (the shipped question set
+:meth:`SearchEnv.make_problems` draws from without ``[data]``: ``train`` or ``eval``). The number of
+turns is ``[env] max_turns``, as for every environment.
 
 Rows (``[data] train = ".../train.jsonl"``, or :meth:`SearchEnv.make_problems`): ``{"question", "answer"}``
 and optionally ``"id"``.
@@ -56,7 +56,8 @@ _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
-DEFAULTS: dict[str, Any] = {"retrieve": "model", "topk": 3, "format_reward": 0.0, "split": "train"}
+DEFAULTS: dict[str, Any] = {"retrieve": "model", "topk": 3, "format_reward": 0.0, "tool_timeout_s": 10.0,
+                            "split": "train"}
 """The environment's options (``[env.options]``) and their defaults."""
 
 
@@ -105,6 +106,7 @@ class SearchEnv:
         checks = (("retrieve", o["retrieve"] in RETRIEVE, f"must be one of {', '.join(RETRIEVE)}"),
                   ("topk", 1 <= o["topk"] <= 10, "must be within [1, 10]"),
                   ("format_reward", 0 <= o["format_reward"] <= 1, "must be within [0, 1]"),
+                  ("tool_timeout_s", o["tool_timeout_s"] > 0, "must be > 0"),
                   ("split", o["split"] in ("train", "eval"), "must be 'train' or 'eval'"))
         for key, ok, why in checks:
             if not ok:
@@ -143,7 +145,7 @@ class SearchEnv:
     async def episode(self, session: Any, problem: Problem, cfg: Any) -> tuple[float, dict[str, Any]]:
         """Turns until an answer or ``max_turns``; searches between turns (see the module docstring)."""
         o = self._opts(cfg)
-        max_turns, timeout = int(cfg.max_turns), float(getattr(cfg, "tool_timeout_s", 10.0))
+        max_turns, timeout = int(cfg.max_turns), float(o["tool_timeout_s"])
         text, actors, forced, ok = "", [], 0, 0
         for turn in range(max_turns):
             text = await session.generate()
