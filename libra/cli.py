@@ -1,7 +1,8 @@
 """``python -m libra COMMAND``: the operator's command line.
 
 Commands: ``status`` (actors and queues; ``--watch`` for a live view), ``keys`` (CurveZMQ key pairs), ``demo`` (start a local broker + actors and run a workload
-through them), ``run`` (an RL job file), ``tree`` (build, merge or show C-MLFQ prefix-tree files). Each has ``--help``.
+through them), ``run`` (an RL job file), ``tree`` (build, merge or show C-MLFQ prefix-tree files), ``serve`` (the
+OpenAI-compatible endpoint over a running cluster, ``libra.commands.serve``). Each has ``--help``.
 """
 
 from __future__ import annotations
