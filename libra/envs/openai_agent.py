@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -79,6 +80,9 @@ def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
     from libra.serve.toolcalls import get_tool_parser
 
     out = options_with_defaults(options, DEFAULTS)
+    for mod in ("starlette", "uvicorn"):
+        if importlib.util.find_spec(mod) is None:
+            raise OptionsError("agent", f"the endpoint needs {mod}: pip install 'libra[serve]'")
     if not out["agent"]:
         raise OptionsError("agent", "required: the agent function, 'package.module:function'")
     load_function(out["agent"], "agent")

@@ -112,18 +112,19 @@ class EndpointServer:
             self._thread = None
 
 
-_shared: dict[int, EndpointServer] = {}
-_shared_lock: dict[int, asyncio.Lock] = {}
+_shared: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Lock, list[EndpointServer]]] = {}
 
 
 async def shared_endpoint() -> EndpointServer:
     """This loop's loopback endpoint (random port), started on the first call."""
     loop = asyncio.get_running_loop()
-    lock = _shared_lock.setdefault(id(loop), asyncio.Lock())
+    got = _shared.get(id(loop))
+    if got is None or got[0] is not loop:  # (a closed loop's id may be reused)
+        got = _shared[id(loop)] = (loop, asyncio.Lock(), [])
+    _, lock, held = got
     async with lock:
-        ep = _shared.get(id(loop))
-        if ep is None or ep.loop is not loop:
+        if not held:
             ep = EndpointServer()
             await ep.start()
-            _shared[id(loop)] = ep
-    return ep
+            held.append(ep)
+    return held[0]

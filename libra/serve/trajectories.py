@@ -109,9 +109,8 @@ class Entry:
         if turn.tool_calls:
             msg["tool_calls"] = turn.tool_calls
         self.recorded.append(normalize(msg, "response"))
-        resp = self._response("chat.completion", body, turn, {"index": 0, "message": msg})
-        if body.get("logprobs"):
-            resp["choices"][0]["logprobs"] = {"content": self._token_logprobs(turn)}
+        logprobs = {"content": self._token_logprobs(turn)} if body.get("logprobs") else None
+        resp = self._response("chat.completion", body, turn, {"index": 0, "message": msg, "logprobs": logprobs})
         self.last = (key, resp)
         return resp, turn
 
