@@ -80,12 +80,12 @@ class Entry:
             return self.last[1], None
         s = self.session
         if self.mode is None:
-            self._first("chat")
+            self._first()
             with _template_errors():
                 text = s.tokenizer.apply_chat_template([for_template(m) for m in sent], tools=tools,
                                                        add_generation_prompt=True, tokenize=False)
             s.set_prompt(s.tokenizer.encode(text, add_special_tokens=False))
-            self.recorded, self.tools_key = list(sent), tools_key
+            self.mode, self.recorded, self.tools_key = "chat", list(sent), tools_key
         else:
             self._same_mode("chat")
             if tools_key != self.tools_key:
@@ -129,9 +129,9 @@ class Entry:
             return self.last[1], None
         s, tok = self.session, self.session.tokenizer
         if self.mode is None:
-            self._first("completion")
+            self._first()
             s.set_prompt(list(prompt) if is_ids else tok.encode(prompt))
-            self.text = prompt if isinstance(prompt, str) else tok.decode(prompt)
+            self.mode, self.text = "completion", prompt if isinstance(prompt, str) else tok.decode(prompt)
         else:
             self._same_mode("completion")
             if is_ids:
@@ -158,12 +158,10 @@ class Entry:
         return resp, turn
 
     # ------------------------------------------------------------------ shared
-    def _first(self, mode: str) -> None:
-        s = self.session
-        if s.versions:
+    def _first(self) -> None:
+        if self.session.versions:
             raise EndpointError(409, "history_mismatch", "this trajectory already has turns the endpoint did "
                                 "not produce; open a new one")
-        self.mode = mode
 
     def _same_mode(self, mode: str) -> None:
         if self.mode != mode:

@@ -280,7 +280,9 @@ def test_a_tool_calling_template_renders_tools_once_and_continues_after_the_samp
         key = ep.registry.register(s)
         async with openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0) as c:
             msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1 + 2?"}]
-            r1 = await c.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
+            with pytest.raises(openai.BadRequestError, match="template_error|cannot render"):  # refused first
+                await c.chat.completions.create(model="m", messages=[*msgs, {"role": "tool", "content": "refuse"}])
+            r1 = await c.chat.completions.create(model="m", messages=msgs, tools=TOOLS)  # ...and still fresh
             call = r1.choices[0].message.tool_calls[0]
             msgs += [r1.choices[0].message, {"role": "tool", "tool_call_id": call.id, "content": "3"}]
             await c.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
