@@ -18,8 +18,9 @@ Every turn goes through the broker's ``generate`` path (C-MLFQ routes it; ``prom
 per-prompt key, so the samples of one prompt share a prefix tree) to whatever rollout actors are connected;
 the ids and log-probs recorded are exactly what they sampled (:mod:`libra.serve`). The tokenizer and its
 chat template come from ``--model-dir`` (the rollout actors' model). CurveZMQ keys come from
-``LIBRA_CURVE_SECRET`` / ``LIBRA_BROKER_KEY`` as for every client. The trajectories live in this process:
-they are gone when it stops.
+``LIBRA_CURVE_SECRET`` / ``LIBRA_BROKER_KEY`` as for every client. The trajectories live in this process
+until they are deleted (each holds its ids in memory): they are gone when it stops. Sampling is the
+trajectory's (set when it is opened); a request's ``max_tokens`` may only lower a turn's cap.
 """
 
 from __future__ import annotations
