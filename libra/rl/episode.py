@@ -34,8 +34,9 @@ Each turn's args are a :class:`~libra.protocol.payloads_rollout.GenerateArgs` an
 Messages after a model turn (``add_user``, ``add_message``, ``add_messages``) are rendered once by the
 tokenizer's own chat template (:func:`template_continuation`: the text the template puts after an assistant
 turn, then the new messages and the generation prompt; ChatML when the tokenizer has no template), tokenized
-once and appended with loss mask 0. The ids the model sampled are never re-tokenized: a turn that ended on a
-stop token keeps it, and the template's turn close starts after it. ``set_prompt`` replaces the prompt before
+once and appended with loss mask 0. The ids the model sampled are never re-tokenized: the template's end-of-turn
+token is the turn's own (the stop token it sampled; for a turn cut by ``max_new_tokens``, the session's first stop
+token, as before), and the rest of the template's close follows it. ``set_prompt`` replaces the prompt before
 the first turn (the OpenAI-compatible endpoint of :mod:`libra.serve` renders the agent's first message list).
 
 Contracts: ``generate`` never runs after ``finish``; a turn's ``max_new_tokens`` is capped so the
@@ -226,13 +227,12 @@ class EpisodeSession:
     def add_messages(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> list[int]:
         """Append ``messages`` after the last turn through the chat template (:func:`template_continuation`),
         tokenized once, loss mask 0, ending on the generation prompt. Returns the appended ids."""
-        text = template_continuation(self.tokenizer, messages, tools)
-        sampled_stop = bool(self.input_ids) and self.loss_mask[-1] == 1 and self.input_ids[-1] in self.stop_token_ids
-        if sampled_stop:  # the model's own stop token closes its turn: the template's close starts after it
-            stop_text = self.tokenizer.decode([self.input_ids[-1]], skip_special_tokens=False)
-            if stop_text and text.startswith(stop_text):
-                text = text[len(stop_text):]
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        ids = self.tokenizer.encode(template_continuation(self.tokenizer, messages, tools), add_special_tokens=False)
+        if self.input_ids and self.loss_mask[-1] == 1:  # right after a model turn: the turn's own end token
+            if ids and ids[0] in set(self.tokenizer.all_special_ids):
+                ids = ids[1:]  # stands for the template's (its sampled stop token, kept as sampled) ...
+            if self.input_ids[-1] not in self.stop_token_ids:
+                ids = self.stop_token_ids[:1] + ids  # ... or, for a turn cut by max_new_tokens, the first stop token
         self.extend_context(ids)
         return ids
 
