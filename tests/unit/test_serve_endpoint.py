@@ -302,3 +302,22 @@ def test_a_tool_calling_template_renders_tools_once_and_continues_after_the_samp
                                 "<|im_start|>assistant\nAnswer: 3<|im_end|>")
     assert "<think>" not in text
     assert err.code == "template_error" and "no such tool result" in err.message
+
+
+@pytest.mark.parametrize("stops", [[3], [1], [1, 3]])
+@pytest.mark.parametrize("tail", [[], [3], [1]])  # a turn cut by max_new_tokens, or ended on a stop token
+def test_add_user_through_the_template_gives_the_ids_the_chatml_continuation_gave(tok, stops, tail) -> None:
+    from libra.rl.episode import chat_continuation
+
+    prompt = tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    s = EpisodeSession(None, tok, "t", prompt, EpisodeSampling(), lambda: None, stops)
+    turn = tok.encode("some words 42", add_special_tokens=False) + tail
+    s.input_ids += turn
+    s.loss_mask += [1] * len(turn)
+    s.logprobs += [0.0] * len(turn)
+    n = len(s.input_ids)
+    s.add_user("tool output: 7")
+    before = tok.encode(chat_continuation("user", "tool output: 7"), add_special_tokens=False)
+    if turn[-1] not in stops:
+        before = stops[:1] + before
+    assert s.input_ids[n:] == before and s.loss_mask[n:] == [0] * len(before)
