@@ -164,6 +164,13 @@ def test_the_openai_agent_environment_runs_a_users_agent_against_the_runners_end
     assert info["thread"] != "MainThread" and left == 0  # a sync agent ran in a thread; the session is gone
     assert [s.input_ids[a:b] for a, b in spans(s.loss_mask)] == info["sampled"]
     assert '{"hit": 42}' in tok.decode(s.input_ids, skip_special_tokens=False)
+    # what a trainer rank gets: the runner's published tensors (encode_trajectory) merged into a TrainBatch
+    from libra.rl.shards import encode_trajectory, merge_trajectories
+
+    batch = merge_trajectories([encode_trajectory(s.input_ids, s.loss_mask, s.logprobs)], [1.0])
+    ids, mask = batch.input_ids[0], batch.loss_mask[0]
+    assert [ids[a:b] for a, b in spans(mask)] == info["sampled"]  # byte for byte the ids the agent got back
+    assert batch.rollout_logprobs[0] == pytest.approx(s.logprobs, abs=1e-6)
 
 
 def test_libra_serve_opens_serves_and_returns_trajectories(rig) -> None:
