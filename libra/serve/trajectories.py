@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 import uuid
 from collections.abc import Iterator
@@ -151,7 +152,7 @@ class Entry:
         choice: dict[str, Any] = {"index": 0, "text": turn.text}
         if body.get("logprobs") is not None:
             toks = [tok.decode([t]) for t in turn.ids]
-            choice["logprobs"] = {"tokens": toks, "token_logprobs": list(turn.logprobs), "top_logprobs": None,
+            choice["logprobs"] = {"tokens": toks, "token_logprobs": [_finite(x) for x in turn.logprobs], "top_logprobs": None,
                                   "text_offset": _offsets(toks)}
         resp = self._response("text_completion", body, turn, choice)
         self.last = (key, resp)
@@ -204,7 +205,7 @@ class Entry:
         out = []
         for t, lp in zip(turn.ids, turn.logprobs):
             s = tok.decode([t], skip_special_tokens=False)
-            out.append({"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": []})
+            out.append({"token": s, "logprob": _finite(lp), "bytes": list(s.encode()), "top_logprobs": []})
         return out
 
     def _response(self, obj: str, body: dict[str, Any], turn: Turn, choice: dict[str, Any]) -> dict[str, Any]:
@@ -236,6 +237,11 @@ def _template_errors() -> Iterator[None]:
     except Exception as exc:  # noqa: BLE001  (jinja2's TemplateError and whatever a template raises)
         raise EndpointError(400, "template_error", f"the model's chat template cannot render these messages: "
                             f"{type(exc).__name__}: {exc}", "messages") from exc
+
+
+def _finite(lp: float) -> float:
+    """A log-prob as JSON can carry it (-inf, which JSON has no word for, as OpenAI's -9999.0)."""
+    return lp if math.isfinite(lp) else -9999.0
 
 
 def _check_n(body: dict[str, Any]) -> None:
