@@ -223,7 +223,7 @@ class Entry:
         """What training will use: the session's ids, loss mask, log-probs and per-turn weights versions."""
         s = self.session
         return {"object": "trajectory", "id": s.trajectory, "mode": self.mode, "input_ids": list(s.input_ids),
-                "loss_mask": list(s.loss_mask), "logprobs": list(s.logprobs), "versions": list(s.versions),
+                "loss_mask": list(s.loss_mask), "logprobs": [_finite(x) for x in s.logprobs], "versions": list(s.versions),
                 "turns": len(self.turns), "finished": bool(s.finished)}
 
 
