@@ -367,7 +367,9 @@ class RolloutRole(EngineKeeper):
         if best is None:
             return nothing
         if best.endpoint and (self._source is None or best.version >= self._source.version):
-            self._source = best
+            first, self._source = self._source is None, best
+            if first:
+                self._write_status()  # the record says the instance can now follow the trainer (knows_publisher)
         if best.version <= self.engine.weights_version:
             return nothing
         key = (best.source, best.version)
@@ -455,7 +457,8 @@ class RolloutRole(EngineKeeper):
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f".{self.slot}.json.tmp"
         tmp.write_text(json.dumps({**self.record, "slot": self.slot, "role": "rollout",
-                                   "weights_version": self._version, "pid": os.getpid(), **self.stats}))
+                                   "weights_version": self._version, "knows_publisher": self._source is not None,
+                                   "pid": os.getpid(), **self.stats}))
         os.replace(tmp, d / f"{self.slot}.json")
 
 

@@ -326,17 +326,25 @@ class _Driver:
 
     async def _await_rollout_sync(self, version: int, timeout: float = 30.0) -> dict[str, int]:
         """Wait until every rollout actor's status file reports ``version`` (idle instances load it on
-        their own); returns slot → version as last seen."""
+        their own); returns slot → version as last seen. An instance that was never sent a weights ref
+        (``knows_publisher`` false: every turn ran before the first publish) cannot follow, so it is not
+        waited for."""
         seen: dict[str, int] = {}
+        stuck: set[str] = set()
         deadline = time.monotonic() + timeout
         while True:
             for f in (self.run_dir / "actors").glob("*.json"):
                 try:
-                    seen[f.stem] = int(json.loads(f.read_text())["weights_version"])
+                    rec = json.loads(f.read_text())
+                    seen[f.stem] = int(rec["weights_version"])
                 except (OSError, ValueError, KeyError):
                     continue
-            if (len(seen) >= self.expected_rollouts and all(v >= version for v in seen.values())) \
-                    or time.monotonic() >= deadline:
+                if rec.get("knows_publisher") is False:
+                    stuck.add(f.stem)
+                else:
+                    stuck.discard(f.stem)
+            synced = all(v >= version or slot in stuck for slot, v in seen.items())
+            if (len(seen) >= self.expected_rollouts and synced) or time.monotonic() >= deadline:
                 return seen
             await asyncio.sleep(0.1)
 
