@@ -193,8 +193,11 @@ def _eval_lines(ev: dict) -> list[str]:
     def cell(d: dict) -> str:
         return ", ".join(f"{k} {v:.3f}" for k, v in d.items() if k != "step" and isinstance(v, (int, float)))
 
-    return [f"eval ({ev.get('rounds')} rounds, {ev.get('prompts')} prompts, eval.png): step {ev['first']['step']}: "
-            f"{cell(ev['first'])}; step {ev['last']['step']}: {cell(ev['last'])}"]
+    head = f"eval ({ev.get('rounds')} rounds, {ev.get('prompts')} prompts, eval.png): "
+    first, last = ev["first"], ev["last"]
+    if first.get("step") == last.get("step"):  # one round: say it once
+        return [f"{head}step {last['step']}: {cell(last)}"]
+    return [f"{head}step {first['step']}: {cell(first)}; step {last['step']}: {cell(last)}"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -41,9 +41,11 @@ def signal_line(rec: dict[str, Any]) -> str | None:
     """A warning for a step record whose batch has no signal (every group's rewards equal), else None."""
     if not rec.get("no_signal"):
         return None
+    window = (f"zero-variance share of the {rec['groups_completed']} groups completed since the last step "
+              f"{rec.get('zero_variance_share', 0.0):.2f}" if rec.get("groups_completed")
+              else "all of them completed before the last step")
     return (f"step {rec['step']} trained on no signal: all {rec.get('batch_zero_variance_groups', '?')} groups had "
-            f"equal rewards (zero-variance share of the groups completed since the last step "
-            f"{rec.get('zero_variance_share', 0.0):.2f}, {rec.get('filtered_groups', 0)} filtered); its gradient "
+            f"equal rewards ({window}, {rec.get('filtered_groups', 0)} filtered); its gradient "
             "is zero: check the reward, " + ("or raise [grpo] max_extra_groups" if rec.get("filtered_groups")
                                              else "or set [grpo] filter_zero_variance = true"))
 

@@ -163,3 +163,22 @@ def test_a_resumed_job_numbers_steps_and_checkpoints_on_and_reports_the_data_pos
     assert train.args["step"] == 5 and train.args["checkpoint"] == "/tmp/ck/step5"
     (rec,) = h.records
     assert rec["step"] == 5 and rec["checkpoint"] == "/tmp/ck/step5" and rec["data_position"] == 42
+
+
+def test_the_no_signal_line_and_the_eval_report_say_each_thing_once() -> None:
+    from libra.cli import _eval_lines
+    from libra.rl.evals import signal_line
+
+    rec = {"step": 2, "no_signal": True, "batch_zero_variance_groups": 2, "zero_variance_share": 0.0,
+           "groups_completed": 0, "filtered_groups": 0}
+    line = signal_line(rec)
+    assert line is not None and "completed before the last step" in line and "share" not in line
+    line = signal_line({**rec, "groups_completed": 4, "zero_variance_share": 0.5})
+    assert line is not None and "of the 4 groups completed since the last step 0.50" in line
+    assert signal_line({**rec, "no_signal": False}) is None
+    one = {"rounds": 1, "prompts": 2, "first": {"step": 2, "pass@1": 0.5}, "last": {"step": 2, "pass@1": 0.5}}
+    (text,) = _eval_lines(one)
+    assert text.count("step 2") == 1
+    two = {**one, "rounds": 2, "first": {"step": 1, "pass@1": 0.25}}
+    (text,) = _eval_lines(two)
+    assert "step 1: pass@1 0.250; step 2: pass@1 0.500" in text
