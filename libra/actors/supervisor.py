@@ -91,7 +91,10 @@ class Supervisor:
         c.proc = subprocess.Popen(c.argv, env=c.env)  # slot_environment, computed when the supervisor was built
         c.started_at = time.monotonic()
         c.restart_at = None
-        log.info("slot_started", slot=c.slot, pid=c.proc.pid, restarts=c.restarts)
+        if c.restarts:  # a slot that died and came back: worth an operator's attention
+            log.warning("slot_restarted", slot=c.slot, pid=c.proc.pid, restarts=c.restarts)
+        else:
+            log.info("slot_started", slot=c.slot, pid=c.proc.pid, restarts=c.restarts)
 
     def run(self) -> int:
         for c in self.children:

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow,
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "arith_tiny.toml"
 
 
-def test_a_rollout_slot_killed_mid_job_is_restarted_and_the_job_finishes(tmp_path: Path) -> None:
+def test_a_rollout_slot_killed_mid_job_is_restarted_and_the_job_finishes(tmp_path: Path, capfd) -> None:
     cfg = load_job(EXAMPLE).with_run_dir(str(tmp_path / "run"))
     cfg = dataclasses.replace(cfg, actors=dataclasses.replace(cfg.actors, allow_unisolated=False))
     run = tmp_path / "run"
@@ -51,5 +51,8 @@ def test_a_rollout_slot_killed_mid_job_is_restarted_and_the_job_finishes(tmp_pat
     assert summary["final_version"] == 3 and summary["dropped_groups"] == 0
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
     slot, pid = killed
-    restarted = json.loads((run / "actors" / f"{slot}.json").read_text())
-    assert restarted["pid"] != pid  # the supervisor started the slot again
+    # the supervisor started the slot again (its warning; the new process may not have written its record before
+    # the job ended: a restarted instance that was never sent a weights ref is not waited for at the end)
+    restarts = [json.loads(line) for line in capfd.readouterr().err.splitlines()
+                if line.startswith("{") and '"slot_restarted"' in line]
+    assert any(r["slot"] == slot and r["restarts"] >= 1 and r["pid"] != pid for r in restarts), restarts
