@@ -68,6 +68,51 @@ def fig3(cm: Any, n_gpus: int = 8, n_requests: int = 512) -> dict[str, Any]:
             "tp1_0_2k_vs_paper": b["0_2k"][1] / PAPER_FIG3["0_2k"][1]}
 
 
+def step_physics(cm: Any, tp: int, lo: float, hi: float, n_gpus: int = 8, n_requests: int = 512) -> dict[str, float]:
+    """The decode step one TP-``tp`` instance runs in a Fig. 3 bucket, split into the roofline's arms: its
+    requests (``n_requests * tp / n_gpus``), steady batch, resident KV, HBM time, FLOP time, TP all-reduce
+    time, engine CPU time, the step, and the decode steps it makes (``max(gen / batch, longest gen)``)."""
+    from libra.policies.cost.rollout import CALIBRATION_PROMPT_FRACTION as PF
+
+    hw, m, cal = cm.hardware, cm.model, cm.cal
+    n = n_requests * tp // n_gpus
+    mean = (lo + hi) / 2
+    ctx, reserve = cm.resident_context(PF * mean, (1 - PF) * mean)
+    b = float(cm.batch_for_reserve(tp, n, reserve))
+    kv = b * float(ctx)
+    mem = (cm.weight_bytes_per_gpu(tp) + kv * cm.kv_bytes_per_token(tp)) / (hw.mem_bw * cal.decode_bw_util)
+    flop = float(cm.decode_flops(b, kv)) / (tp * hw.flops_peak * cal.decode_mfu)
+    comm = max(0.0, float(cm.decode_step(tp, b, kv)) - max(mem, flop) - cal.per_step_overhead_s
+               - b * cal.per_seq_step_overhead_s)
+    cpu = cal.per_step_overhead_s + b * cal.per_seq_step_overhead_s
+    steps = max(n * (1 - PF) * mean / b, (1 - PF) * hi)
+    return {"requests": n, "batch": b, "kv_tokens": kv, "hbm_ms": mem * 1e3, "flop_ms": flop * 1e3,
+            "comm_ms": comm * 1e3, "cpu_ms": cpu * 1e3, "step_ms": float(cm.decode_step(tp, b, kv)) * 1e3,
+            "steps": steps}
+
+
+def fig3_why(f3: dict[str, Any], phys: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    """Why the model's Fig. 3 ratios are where they are, from the step physics (printed where a target
+    ratio is missed by more than 1.5x)."""
+    out = []
+    for bucket, key, hi_tp, lo_tp, paper in (("0_2k", "tp1_over_tp8_0_2k", 1, 8, PAPER_RATIOS["tp1_over_tp8_0_2k"]),
+                                            ("16k_32k", "tp8_over_tp1_16k_32k", 8, 1, PAPER_RATIOS["tp8_over_tp1_16k_32k"])):
+        got = f3[key]
+        if paper / 1.5 <= got <= paper * 1.5:
+            out.append(f"{bucket}: TP-{hi_tp} / TP-{lo_tp} = {got:.2f} is within 1.5x of the paper's {paper:.2f}")
+            continue
+        a, b = phys[bucket][str(hi_tp)], phys[bucket][str(lo_tp)]
+        need = paper / got
+        out.append(
+            f"{bucket}: TP-{hi_tp} / TP-{lo_tp} = {got:.2f}, outside 1.5x of the paper's {paper:.2f}. Per-GPU throughput "
+            f"ratio = (steps x step of TP-{lo_tp}) / (steps x step of TP-{hi_tp}): TP-{lo_tp} makes {b['steps']:.0f} "
+            f"steps of {b['step_ms']:.1f} ms at batch {b['batch']:.0f}, TP-{hi_tp} {a['steps']:.0f} of {a['step_ms']:.1f} ms "
+            f"at batch {a['batch']:.0f}. Matching the paper needs TP-{lo_tp}'s work {need:.1f}x what the datasheet "
+            f"bandwidth, FLOPs, NVLink and the measured engine overhead give; nothing in the hardware's physics "
+            f"produces it (the gap is an engine effect of the paper's setup we cannot source, so it is not fitted).")
+    return out
+
+
 def _best_train(tm: Any, n_gpus: int, lengths: list[int]) -> tuple[float, str]:
     from libra.policies.cost.training import TrainConfig
 
@@ -95,6 +140,23 @@ def fig2a(cm: Any, tm: Any, sequences: int = 512, n_gpus: int = 8) -> dict[str, 
         out[name] = {"rollout_s": roll, "train_s": train, "train_layout": layout}
     out["rollout_32k_over_1k"] = out["32k"]["rollout_s"] / out["1k"]["rollout_s"]
     out["train_32k_over_1k"] = out["32k"]["train_s"] / out["1k"]["train_s"]
+    m, why = cm.model, []
+    flops = {n: sequences * (6 * m.active_params * L + 6 * m.n_layers * m.q_dim * L * L) for n, L in (("1k", 1024), ("32k", 32768))}
+    out["train_flops_32k_over_1k"] = flops["32k"] / flops["1k"]
+    r = out["rollout_32k_over_1k"]
+    if not 95.0 / 1.5 <= r <= 95.0 * 1.5:
+        cap = cm.token_capacity(8)
+        why.append(f"rollout {r:.0f}x vs 95x: 32x the tokens per sequence, and at 32K a TP-8 instance's KV cache "
+                   f"({cap:.0f} tokens) holds {cap / 32768:.0f} sequences against {min(cm.cal.max_batch, cap / 1024):.0f} "
+                   f"at 1K, while each decode step reads ~32x the KV per sequence: tokens x steps grow together; "
+                   f"95x needs a 1K baseline dominated by costs that do not grow with length")
+    t = out["train_32k_over_1k"]
+    if not 3.9 / 1.5 <= t <= 3.9 * 1.5:
+        why.append(f"training {t:.1f}x vs 3.9x: the same {sequences} sequences at 32K are 32x the tokens and "
+                   f"{out['train_flops_32k_over_1k']:.0f}x the FLOPs (6 N per token plus the attention core); at a fixed MFU "
+                   f"no FLOP-based model grows only 3.9x unless fixed per-step costs dominate the 1K step. The paper's "
+                   f"3.9x is not reproducible like for like from FLOPs; it is not fitted")
+    out["why"] = why
     return out
 
 
@@ -129,7 +191,10 @@ def run(gpus: int = 48, steps: int = 20, prompts: int | None = None, seed: int =
 
     cm, tm = _models(hardware)
     prompts = prompts if prompts is not None else default_prompts(gpus)
-    out = {"fig3": fig3(cm), "fig2a": fig2a(cm, tm, sequences), "sim": sim_ratio(gpus, steps, prompts, seed, hardware),
+    f3 = fig3(cm)
+    f3["physics"] = {k: {str(tp): step_physics(cm, tp, lo, hi) for tp in TPS} for k, (lo, hi) in BUCKETS.items()}
+    f3["why"] = fig3_why(f3, f3["physics"])
+    out = {"fig3": f3, "fig2a": fig2a(cm, tm, sequences), "sim": sim_ratio(gpus, steps, prompts, seed, hardware),
            "stages": stage_ratio(gpus, steps, prompts, seed, hardware), "paper": dict(PAPER_RATIOS),
            "hardware": hardware}
     if oracle:
@@ -149,14 +214,25 @@ def _fmt(out: dict[str, Any]) -> str:
                          f"{'-' if p is None else format(p, '.0f'):>10}")
     lines += [f"TP-1 / TP-8 at 0-2K: {f3['tp1_over_tp8_0_2k']:.2f} (paper {paper['tp1_over_tp8_0_2k']:.2f}); "
               f"TP-8 / TP-1 at 16-32K: {f3['tp8_over_tp1_16k_32k']:.2f} (paper {paper['tp8_over_tp1_16k_32k']:.2f}); "
-              f"TP-1 at 0-2K = {f3['tp1_0_2k_vs_paper']:.3f} x the paper's per-GPU figure", "",
+              f"TP-1 at 0-2K = {f3['tp1_0_2k_vs_paper']:.3f} x the paper's per-GPU figure",
+              "Decode-step physics per instance (roofline: max(HBM, FLOP) + TP all-reduce + engine CPU):",
+              f"{'lengths':<9} {'TP':>3} {'reqs':>5} {'batch':>6} {'HBM ms':>7} {'FLOP ms':>8} {'comm ms':>8} "
+              f"{'CPU ms':>7} {'step ms':>8} {'steps':>6}"]
+    for name, rows in f3.get("physics", {}).items():
+        for tp, r in rows.items():
+            lines.append(f"{name:<9} {tp:>3} {r['requests']:>5.0f} {r['batch']:>6.0f} {r['hbm_ms']:>7.2f} "
+                         f"{r['flop_ms']:>8.2f} {r['comm_ms']:>8.2f} {r['cpu_ms']:>7.2f} {r['step_ms']:>8.2f} "
+                         f"{r['steps']:>6.0f}")
+    lines += [f"why: {w}" for w in f3.get("why", [])]
+    lines += ["",
               f"Fig. 2a, {f2['sequences']} sequences on {f2['n_gpus']} GPUs: 1K vs 32K tokens",
               f"{'':<9} {'1K s':>9} {'32K s':>10} {'32K/1K':>8} {'paper':>6}",
               f"{'rollout':<9} {f2['1k']['rollout_s']:>9.1f} {f2['32k']['rollout_s']:>10.1f} "
               f"{f2['rollout_32k_over_1k']:>8.1f} {paper['rollout_32k_over_1k']:>6.1f}",
               f"{'training':<9} {f2['1k']['train_s']:>9.1f} {f2['32k']['train_s']:>10.1f} "
               f"{f2['train_32k_over_1k']:>8.1f} {paper['train_32k_over_1k']:>6.1f}  "
-              f"(layouts {f2['1k']['train_layout']} / {f2['32k']['train_layout']})", "",
+              f"(layouts {f2['1k']['train_layout']} / {f2['32k']['train_layout']})",
+              *[f"why: {w}" for w in f2.get("why", [])], "",
               f"Simulator, R2E-like trace: {sim['gpus']} GPUs, {sim['steps']} steps, {sim['prompts']} groups x 16, "
               f"seed {sim['seed']}, router least_loaded",
               f"{'batching':<10} {'uniform tok/s':>13} {'coloc tok/s':>11} {'ratio':>6} {'paper':>6} "

@@ -21,6 +21,13 @@ def test_calibration_quick_json_has_every_figure(capsys: pytest.CaptureFixture[s
         assert set(f3["rows"][bucket]) == {"1", "2", "4", "8"}
         assert all(r["batch_tok_s_per_gpu"] > 0 for r in f3["rows"][bucket].values())
     assert math.isfinite(f3["tp1_over_tp8_0_2k"]) and math.isfinite(f3["tp8_over_tp1_16k_32k"])
+    # the roofline's arms per instance, and a reason printed wherever a ratio misses the paper by more than 1.5x
+    for bucket in ("0_2k", "16k_32k"):
+        for r in f3["physics"][bucket].values():
+            assert r["step_ms"] == pytest.approx(max(r["hbm_ms"], r["flop_ms"]) + r["comm_ms"] + r["cpu_ms"])
+    missed = [k for k in ("tp1_over_tp8_0_2k", "tp8_over_tp1_16k_32k")
+              if not out["paper"][k] / 1.5 <= f3[k] <= out["paper"][k] * 1.5]
+    assert len([w for w in f3["why"] if "outside 1.5x" in w]) == len(missed) and len(f3["why"]) == 2
     f2 = out["fig2a"]
     assert f2["sequences"] == 16 and f2["32k"]["rollout_s"] > f2["1k"]["rollout_s"] > 0
     assert f2["32k"]["train_s"] > f2["1k"]["train_s"] > 0

@@ -143,13 +143,33 @@ def test_decode_step_is_bytes_over_bandwidth_plus_allreduce_floor() -> None:
     cm = RolloutCostModel(A800, Q14)
     cal, bw = A800.rollout, A800.mem_bw * A800.rollout.decode_bw_util
     kv1 = 2 * 40 * 8 * 128 * 2
-    assert cm.decode_step(1, 64, 64 * 1000) == pytest.approx((28e9 + 64_000 * kv1) / bw)
+    cpu = cal.per_step_overhead_s + 64 * cal.per_seq_step_overhead_s  # engine CPU time, the same at any TP
+    assert cm.decode_step(1, 64, 64 * 1000) == pytest.approx((28e9 + 64_000 * kv1) / bw + cpu)
     ring = 2 * 7 / 8 * 64 * 5120 * 2 / A800.bw_intra
-    expect = (28e9 / 8 + 64_000 * kv1 / 8) / bw + 2 * 40 * (cal.tp_comm_overhead_s + ring)
+    expect = (28e9 / 8 + 64_000 * kv1 / 8) / bw + 2 * 40 * (cal.tp_comm_overhead_s + ring) + cpu
     assert cm.decode_step(8, 64, 64 * 1000) == pytest.approx(expect)
     # KV capacity from memory minus weights: about 240K tokens for TP-1 (the issue's ~250K), 8x that per 8 GPUs
     assert 2.2e5 < cm.token_capacity(1) < 2.6e5
     assert cm.token_capacity(8) > 8 * cm.token_capacity(1)
+
+
+def test_decode_step_is_a_roofline_large_short_batches_are_compute_bound() -> None:
+    # issue #27: Qwen3-14B at batch 256 needs 2 x 14e9 x 256 = 7.2 TFLOP a step, more time at decode_mfu than
+    # the 28 GB weight read at decode_bw_util: the step is priced by its FLOPs
+    cm = RolloutCostModel(A800, Q14)
+    cal = A800.rollout
+    b, ctx = 256, 100
+    flops = 2 * 14e9 * b + 4 * 40 * 40 * 128 * b * ctx
+    assert cm.decode_flops(b, b * ctx) == pytest.approx(flops)
+    mem = (28e9 + b * ctx * 2 * 40 * 8 * 128 * 2) / (A800.mem_bw * cal.decode_bw_util)
+    compute = flops / (A800.flops_peak * cal.decode_mfu)
+    assert compute > mem
+    cpu = cal.per_step_overhead_s + b * cal.per_seq_step_overhead_s
+    assert cm.decode_step(1, b, b * ctx) == pytest.approx(compute + cpu)
+    # batch 1 stays memory-bound
+    assert cm.decode_step(1, 1, ctx) == pytest.approx(
+        (28e9 + ctx * 2 * 40 * 8 * 128 * 2) / (A800.mem_bw * cal.decode_bw_util) + cal.per_step_overhead_s
+        + cal.per_seq_step_overhead_s)
 
 
 def test_calibration_report_compares_per_gpu_throughputs_with_the_paper() -> None:
@@ -191,7 +211,7 @@ def test_token_capacity_formula_by_hand() -> None:
 
 
 def test_weights_are_divided_by_tp_exactly_once() -> None:
-    cal = replace(A800.rollout, tp_comm_overhead_s=0.0, per_seq_step_overhead_s=0.0)
+    cal = replace(A800.rollout, tp_comm_overhead_s=0.0, per_step_overhead_s=0.0, per_seq_step_overhead_s=0.0)
     hw = replace(A800, bw_intra=1e30)
     cm = RolloutCostModel(hw, Q14, cal)
     assert cm.decode_step(1, 1, 0) / cm.decode_step(8, 1, 0) == pytest.approx(8.0, rel=1e-9)

@@ -250,9 +250,10 @@ def test_error_feedback_reports_clean_steps_to_the_replanner() -> None:
 
 
 def test_reconfig_feedback_reports_the_measured_cost_of_a_deployment() -> None:
-    # with the hardware-derived costs the throughput objective re-deploys after the initial plan on this trace,
-    # and 12 steps leave clean steps after the deployment to measure it
-    on = _sim("grp", gpus=24, steps=12, plan_interval=1)
+    # with the hardware-derived roofline costs the throughput objective re-deploys after the initial plan on this
+    # trace (48 GPUs, 3 groups a step; at 24 GPUs and 2 groups it no longer does), and 12 steps leave clean steps
+    # after the deployment to measure it
+    on = _sim("grp", gpus=48, steps=12, prompts=3, plan_interval=1)
     on.run()
     assert on.alloc is not None and on.alloc.applied  # this run deploys a new plan at least once
     costs = on.alloc.report()["reconfig_costs"]
@@ -260,6 +261,6 @@ def test_reconfig_feedback_reports_the_measured_cost_of_a_deployment() -> None:
     # their prediction); the Replanner charges it clamped at 0
     assert costs and all(c["deployments"] >= 1 and math.isfinite(c["cost_s"]) for c in costs)
     assert list(on.alloc.replanner.reconfigs) == pytest.approx([max(0.0, c["cost_s"]) for c in costs], abs=1e-3)
-    off = _sim("grp", gpus=24, steps=12, plan_interval=1, reconfig_feedback=False)
+    off = _sim("grp", gpus=48, steps=12, prompts=3, plan_interval=1, reconfig_feedback=False)
     off.run()
     assert off.alloc is not None and off.alloc.reconfig_costs == [] and not off.alloc.replanner.reconfigs

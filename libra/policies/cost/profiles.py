@@ -48,7 +48,9 @@ class RolloutCalibration:
 
     ``gpu_memory_utilization`` is the fraction of device memory the engine may use (weights + KV);
     ``kv_fragmentation`` the fraction of the KV pool lost to paging; ``prefill_mfu`` the prefill
-    model-FLOPs utilisation; ``decode_bw_util`` the fraction of HBM bandwidth a decode step achieves;
+    model-FLOPs utilisation; ``decode_bw_util`` the fraction of HBM bandwidth a decode step achieves; ``decode_mfu`` the
+    fraction of peak FLOP/s a compute-bound decode step achieves (the roofline's other arm);
+    ``per_step_overhead_s`` CPU time per decode step independent of the batch (launch, scheduler loop);
     ``tp_comm_overhead_s`` the latency of one TP all-reduce (two per layer per step);
     ``per_seq_step_overhead_s`` CPU time per running sequence per decode step (scheduler, sampler);
     ``per_request_overhead_s`` time an instance spends serially on each request outside the batched
@@ -65,7 +67,9 @@ class RolloutCalibration:
     activation_workspace_bytes: float = 1e9
     prefill_mfu: float = 0.55
     decode_bw_util: float = 0.85
+    decode_mfu: float = 0.5
     tp_comm_overhead_s: float = 8e-6
+    per_step_overhead_s: float = 0.0
     per_seq_step_overhead_s: float = 0.0
     per_request_overhead_s: float = 0.0
     per_turn_latency_s: float = 0.0
@@ -300,8 +304,10 @@ def load_hardware(name: str | Path) -> HardwareProfile:
     training = _section(path, data, "training", TrainingCalibration)
     if not 0 < rollout.gpu_memory_utilization <= 1:
         raise ProfileError(f"{path}: rollout.gpu_memory_utilization must be in (0, 1]")
-    if rollout.decode_bw_util <= 0 or rollout.prefill_mfu <= 0 or rollout.max_batch < 1:
-        raise ProfileError(f"{path}: rollout.decode_bw_util, prefill_mfu must be > 0 and max_batch >= 1")
+    if rollout.decode_bw_util <= 0 or rollout.prefill_mfu <= 0 or rollout.decode_mfu <= 0 or rollout.max_batch < 1:
+        raise ProfileError(f"{path}: rollout.decode_bw_util, prefill_mfu, decode_mfu must be > 0 and max_batch >= 1")
+    if rollout.per_step_overhead_s < 0 or rollout.per_seq_step_overhead_s < 0:
+        raise ProfileError(f"{path}: rollout.per_step_overhead_s, per_seq_step_overhead_s must be >= 0")
     if training.mfu <= 0 or training.attention_slowdown <= 0 or not 0 < training.mem_fraction <= 1:
         raise ProfileError(f"{path}: training.mfu, attention_slowdown must be > 0, mem_fraction in (0, 1]")
     desc = data.get("description", "")

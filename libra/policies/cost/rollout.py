@@ -12,10 +12,16 @@ The model (per instance of ``tp`` GPUs):
   A sequence longer than the capacity cannot run (OOM) and its cost is ``inf``.
 - Prefill: ``(2 * P_active * tokens + 2 * layers * q_dim * sum(prompt^2)) / (tp * peak * prefill_mfu)``
   plus the TP all-reduces. ``sum(prompt^2)`` is approximated by ``(sum prompt)^2 / n``.
-- Decode step with ``b`` running sequences holding ``T`` tokens of KV:
-  ``(weights_read / tp + T * kv) / (mem_bw * decode_bw_util) + [tp > 1] * 2 * layers * (latency +
-  ring bytes / bw_intra) + b * per_seq_step_overhead``. A dense model reads all weights; an MoE model
-  reads its dense part plus the experts the batch touches (``1 - (1 - k/E)^b`` of them).
+- Decode step with ``b`` running sequences holding ``T`` tokens of KV, a roofline:
+  ``max((weights_read / tp + T * kv) / (mem_bw * decode_bw_util), (2 * P_active * b + 4 * layers * q_dim
+  * T) / (tp * peak * decode_mfu)) + [tp > 1] * 2 * layers * (latency + ring bytes / bw_intra) +
+  per_step_overhead + b * per_seq_step_overhead``. A dense model reads all weights; an MoE model
+  reads its dense part plus the experts the batch touches (``1 - (1 - k/E)^b`` of them). Large
+  short-context batches are compute-bound (Qwen3-14B at batch 256: 7.2 TFLOP a step against a 28 GB
+  weight read), so TP-1 no longer loses to TP-8 by the bandwidth alone. The two overhead terms are the
+  engine's CPU time per step (scheduling, sampling, detokenisation), which does not shrink with TP
+  (docs/papers.md §1.7, "Per-step overhead").
+- Prefill: the larger of its FLOPs at ``prefill_mfu`` and one weight read per 8K-token chunk.
 - Steady batch ``b = clamp(min(n, max_batch, capacity / reserve), 1)`` and the batch's mean context:
   per request ``reserve = avg_prompt + f * avg_gen``, ``ctx = avg_prompt + avg_gen / 2``, or, given the
   residency sums of the requests, their generation-weighted means (:meth:`RolloutCostModel.resident_context`:
@@ -141,6 +147,8 @@ class RolloutCostModel:
         n = np.maximum(np.asarray(n, dtype=float), 1.0)
         flops = 2.0 * m.active_params * p + 2.0 * m.n_layers * m.q_dim * p * p / n
         t = flops / (tp * hw.flops_peak * cal.prefill_mfu)
+        weights = np.ceil(p / _PREFILL_CHUNK_TOKENS) * self._d.weight_bytes / tp / (hw.mem_bw * cal.decode_bw_util)
+        t = np.maximum(t, weights)
         if tp > 1:
             chunks = np.ceil(p / _PREFILL_CHUNK_TOKENS)
             ring = 2.0 * (tp - 1) / tp * p * m.hidden * m.dtype_bytes / hw.bw_intra
@@ -161,11 +169,19 @@ class RolloutCostModel:
             touched = 1.0 - (1.0 - m.experts_per_token / m.n_experts) ** b
             weights = weights + self._d.expert_bytes * touched
         mem = (weights / tp + tokens * self.kv_bytes_per_token(tp)) / (hw.mem_bw * cal.decode_bw_util)
-        t = mem + b * cal.per_seq_step_overhead_s
+        t = np.maximum(mem, self.decode_flops(b, tokens) / (tp * hw.flops_peak * cal.decode_mfu))
+        t = t + cal.per_step_overhead_s + b * cal.per_seq_step_overhead_s
         if tp > 1:
             ring = 2.0 * (tp - 1) / tp * b * m.hidden * m.dtype_bytes / hw.bw_intra
             t = t + 2.0 * m.n_layers * (cal.tp_comm_overhead_s + ring)
         return _out(t)
+
+    def decode_flops(self, active_seqs: Any, active_tokens: Any) -> Any:
+        """FLOPs of one decode step: ``2 * P_active`` per running sequence (the GEMMs) plus the attention
+        core, ``4 * layers * q_dim`` per resident KV token (QK^T and PV). Broadcasts over numpy arrays."""
+        m = self.model
+        b = np.maximum(np.asarray(active_seqs, dtype=float), 1.0)
+        return 2.0 * m.active_params * b + 4.0 * m.n_layers * m.q_dim * np.asarray(active_tokens, dtype=float)
 
     def steady_batch(self, tp: int, n: Any, avg_prompt: Any, avg_gen: Any) -> Any:
         """Running sequences in steady state: ``clamp(min(n, max_batch, capacity / reserve), 1)`` with
