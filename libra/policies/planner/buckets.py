@@ -184,42 +184,63 @@ class BucketTable:
         self.n = costs.sample.size
         self.n_h = 3 if self.het else 1
         self.n_c = (self.cap + 1) if self.cap is not None else 1
-        S, G1, n1 = self.n_h * self.n_c, budget + 1, self.n + 1
+        self._layers: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._dp = self._solve()
+        S = self.n_h * self.n_c
+        h = np.arange(S) // self.n_c
+        self._final = np.flatnonzero(h >= 2) if self.het else np.arange(S)
+
+    def _solve(self) -> np.ndarray:
+        """Fill :attr:`_layers` (one per TP: the DP before it and its choices) and return the final DP.
+
+        Same recurrence, order and ties as the dense update ``new[t, g, i] = min over (k, s, j) of
+        max(dp[s, g - k*tp, j], cost_k[j, i])`` (``k`` outer, ``s`` inner, strict improvement, first
+        ``j``), computed on less: (1) only the items ``j`` some budget of ``dp[s]`` reaches (the others
+        are ``inf`` in every row, and a first minimum that is finite is never one of them); (2) only the
+        items ``i`` that ``cost_k`` can end a bucket at (other columns are ``inf``: never an update);
+        (3) once per *distinct* row of ``dp[s]`` over budgets: ``dp[s, g]`` is piecewise constant in
+        ``g`` (before the first TP it is one row for every budget), so budgets sharing a row share the
+        candidate and its ``argmin``. Every value is a ``max``/``min`` of the same floats, so the table
+        is bit-identical to the dense one (``tests/unit/test_planner_buckets_fast.py``)."""
+        S, G1, n1 = self.n_h * self.n_c, self.budget + 1, self.n + 1
         dp = np.full((S, G1, n1), np.inf)
         dp[0, :, 0] = 0.0  # nothing served yet: any number of GPUs idle
-        self._layers: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         for tp in self.tps:
             new = dp.copy()
             ch_k = np.zeros((S, G1, n1), np.int32)
             ch_j = np.zeros((S, G1, n1), np.int32)
             ch_s = np.zeros((S, G1, n1), np.int32)
-            for k in range(1, budget // tp + 1):
+            rows = [_distinct_rows(dp[s]) for s in range(S)]
+            for k in range(1, self.budget // tp + 1):
                 if self.cap is not None and k > self.cap:
                     break
                 w = k * tp
-                c = costs.cost(tp, k)
+                c = self.costs.cost(tp, k)
                 for s in range(S):
                     t = self._next(s, k)
-                    if t < 0:
+                    if t < 0 or rows[s] is None:
                         continue
-                    prev = dp[s, : G1 - w]  # (G1 - w, n1) over j
-                    if not np.isfinite(prev).any():
+                    js, gid, uniq = rows[s]
+                    cj = c[js]
+                    cols = np.flatnonzero(np.isfinite(cj).any(axis=0))
+                    if cols.size == 0:
                         continue
-                    cand = np.maximum(prev[:, :, None], c[None, :, :])
+                    m = int(gid[G1 - w - 1]) + 1  # distinct rows among budgets 0..G1-w-1
+                    cand = np.maximum(uniq[:m, :, None], cj[:, cols][None, :, :])
                     arg = cand.argmin(axis=1)
-                    val = np.take_along_axis(cand, arg[:, None, :], axis=1)[:, 0, :]
-                    tgt = new[t, w:]
-                    upd = val < tgt
-                    if upd.any():
-                        tgt[upd] = val[upd]
-                        ch_k[t, w:][upd] = k
-                        ch_j[t, w:][upd] = arg[upd]
-                        ch_s[t, w:][upd] = s
+                    val = np.take_along_axis(cand, arg[:, None, :], axis=1)[:, 0, :][gid[: G1 - w]]
+                    sub = new[t, w:]
+                    cur = sub[:, cols]
+                    upd = val < cur
+                    if not upd.any():
+                        continue
+                    sub[:, cols] = np.where(upd, val, cur)
+                    for ch, v in ((ch_k, k), (ch_j, js[arg][gid[: G1 - w]]), (ch_s, s)):
+                        blk = ch[t, w:]
+                        blk[:, cols] = np.where(upd, v, blk[:, cols])
             self._layers.append((dp, ch_k, ch_j, ch_s))
             dp = new
-        self._dp = dp
-        h = np.arange(S) // self.n_c
-        self._final = np.flatnonzero(h >= 2) if self.het else np.arange(S)
+        return dp
 
     def _next(self, s: int, k: int) -> int:
         return next_state(s, k, self.n_c, self.het, self.cap)
@@ -254,6 +275,20 @@ class BucketTable:
         if i != 0:  # pragma: no cover - a finite value always tiles the sample
             raise RuntimeError("bucket DP back-tracking did not reach the first request")
         return out[::-1]
+
+
+
+def _distinct_rows(d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(js, gid, uniq)`` of a ``(budgets, items)`` DP slice: the items finite in some row, each
+    budget's distinct-row index (runs of equal consecutive rows share one) and those rows restricted
+    to ``js``; None when every entry is ``inf``."""
+    js = np.flatnonzero(np.isfinite(d).any(axis=0))
+    if js.size == 0:
+        return None
+    sub = d[:, js]
+    change = np.any(sub[1:] != sub[:-1], axis=1)
+    gid = np.concatenate(([0], np.cumsum(change)))
+    return js, gid, sub[np.concatenate(([0], np.flatnonzero(change) + 1))]
 
 
 def evaluate_buckets(costs: BucketCosts, tps: tuple[int, ...]) -> tuple[float, list[Bucket]]:
