@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from libra.policies.cost.rollout import RolloutCostModel
+from libra.policies.planner.chain import drained_time, solo_chain
 from libra.policies.planner.types import PlannerError, RolloutInstance, Workload
 
 __all__ = ["RolloutSample", "RolloutTable", "SegmentStats", "agentic_cost", "cost_matrices", "evaluate_layout",
@@ -204,7 +205,8 @@ def agentic_cost(cm: RolloutCostModel, tp: int, seg: SegmentStats, share: Any = 
     - ``cost = max(work, chain / L)`` (``inf`` if the longest request does not fit; 0 for no request).
       With no tool seconds this equals ``segment_cost``'s ``stall + max(gen / b0, gen_star / L) *
       step(b0)`` given the same residency sums. ``chain_bound=False`` (the throughput objective,
-      ``PlannerConfig.objective``, docs/papers.md §1.7): ``cost = work``; the chain is still returned.
+      ``PlannerConfig.objective``): ``cost = drained_time(work, chain / L, solo_chain / L)``, the busy
+      time or, when the longest trajectory outlasts it, that trajectory's drained tail at batch 1.
     """
     share = 1.0 if share is None else share
     share = np.maximum(np.asarray(share, dtype=float), 1e-12)
@@ -225,7 +227,11 @@ def agentic_cost(cm: RolloutCostModel, tp: int, seg: SegmentStats, share: Any = 
     stall = calls * float(cm.cal.per_request_overhead_s) + np.asarray(cm.prefill_time(tp, p, n), dtype=float)
     chain = overlap_steps * stall + (seg.max_seq * seg.gen / np.maximum(seg.prompt + seg.gen, 1e-12)
                                      if share_tail else seg.gen_star) * step + seg.tool_star
-    cost = np.maximum(stall + g / b * step, chain / overlap_steps) if chain_bound else stall + g / b * step
+    work = stall + g / b * step
+    if chain_bound:
+        cost = np.maximum(work, chain / overlap_steps)
+    else:  # the throughput objective: the busy time, never below the longest trajectory's drained tail
+        cost = drained_time(work, chain / overlap_steps, solo_chain(cm, tp, seg, p, n) / overlap_steps)
     zero = n <= 0
     if zero.any():
         cost[zero] = 0.0

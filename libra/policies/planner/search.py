@@ -1,8 +1,9 @@
 """The Global Resource Planner search ("Algorithm 1"): split N GPUs between training and rollout.
 
 Role: minimise ``max(T_train, T_rollout)`` (``PlannerConfig.objective = "throughput"``, the default,
-docs/papers.md §1.7: ``T_rollout`` is the busiest instance's work, no chain term, the rollout DP alone is
-exact; with ``"pipeline"``, the earlier objective, each bucket's cost includes its chain and with a policy
+docs/papers.md §1.7: ``T_rollout`` is the busiest instance's work, or where its longest trajectory
+outlasts that work, the work plus that trajectory's drained tail at batch 1, ``planner/chain.py``; the
+rollout DP alone is exact; with ``"pipeline"``, the earlier objective, each bucket's cost includes its chain and with a policy
 lag ``L > 1`` also the pipeline bound ``(T_chain + T_train) / L``,
 :func:`~libra.policies.planner.types.pipeline_objective`, as described below) over ``n_train``
 (outer loop), the training layout (decision tree, ``planner/training.py``) and the rollout TP multiset
@@ -111,6 +112,8 @@ class GlobalResourcePlanner:
     """GRP search over a fixed cluster. ``homogeneous_rollout=True`` allows one rollout TP degree
     per plan (the best one); ``memoize`` shares the rollout DP across the ``n_train`` loop."""
 
+    bucket_table: type[BucketTable] = BucketTable  # the pooled-bucket DP (a subclass in benchmarks' references)
+
     def __init__(
         self,
         rollout_model: RolloutCostModel,
@@ -168,7 +171,7 @@ class GlobalResourcePlanner:
         kw = {"require_heterogeneous": cfg.require_heterogeneous, "max_instances": cfg.max_instances}
         if cfg.routing != "by_length" or cfg.pooled_buckets:
             kind = (BlindTable if cfg.routing in BLIND_ROUTINGS
-                    else StartSmallTable if cfg.routing == "start_small" else BucketTable)
+                    else StartSmallTable if cfg.routing == "start_small" else self.bucket_table)
             sets = [(t,) for t in self.rollout_tps] if self.homogeneous else [self.rollout_tps]
             return [kind(costs, s, budget, **kw) for s in sets]
         groups = [{t: costs[t]} for t in self.rollout_tps] if self.homogeneous else [costs]
