@@ -100,6 +100,30 @@ def test_mean_p90_disagreement_stays() -> None:
     assert (d.instance_id, d.bucket, d.reason, d.migrated) == ("s0", "short", "mean_p90_disagree", False)
 
 
+def test_mode_rule_goes_to_the_modal_bucket_where_mean_and_p90_disagree() -> None:
+    # agree: 6 of 10 samples long, mean 16.2K and P90 25K both long -> both rules move up.
+    windows = {"agree": [3000] * 4 + [25_000] * 6, "bimodal": [3000] * 3 + [6000] * 5 + [25_000] * 2}
+    got = {}
+    for name, window in windows.items():
+        for rule in ("mean_p90", "mode"):
+            r = CMLFQRouter(tree=trained_tree({(LONG_FAIL,): window}), rule=rule)
+            r.start(info("t1"), cluster())
+            d = r.on_tool_return("t1", ret(LONG_FAIL, 100), cluster())
+            got[name, rule] = (d.bucket, d.reason)
+    assert got["agree", "mean_p90"] == got["agree", "mode"] == ("long", "migrate")
+    # bimodal: mean 8.9K (medium), P90 25K (long) disagree; 5 of 10 samples are medium, 3 short, 2 long.
+    assert got["bimodal", "mean_p90"] == ("short", "mean_p90_disagree")
+    assert got["bimodal", "mode"] == ("medium", "migrate")
+
+
+def test_mode_rule_keeps_the_current_bucket_on_a_tie_and_rejects_unknown_rules() -> None:
+    r = CMLFQRouter(tree=trained_tree({(LONG_FAIL,): [3000] * 5 + [25_000] * 5}), rule="mode")
+    r.start(info("t1"), cluster())
+    assert r.on_tool_return("t1", ret(LONG_FAIL, 100), cluster()).reason == "already_in_target_bucket"
+    with pytest.raises(ClusterViewError):
+        CMLFQRouter(rule="median")  # type: ignore[arg-type]
+
+
 def test_already_in_target_bucket_stays_on_its_instance() -> None:
     tree = trained_tree({(SMALL_OK,): [900, 1000, 1100]})
     r = CMLFQRouter(tree=tree)

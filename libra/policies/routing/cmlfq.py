@@ -8,9 +8,16 @@ Levels are rollout *buckets* (instances of one TP degree, each with a ``max_toke
 2. after each tool return, reduces the return to a tool-state key (:mod:`libra.policies.routing.tool_state`), appends it
    to the trajectory's sequence and looks the sequence up in the causal prefix tree
    (:mod:`libra.policies.routing.prefix_tree`, deepest-prefix fallback, prompt tree first);
-3. migrates **iff** ``bucket(mean) == bucket(p90) != current`` -- up or down -- and otherwise stays on its
-   instance. Reasons: ``no_stats`` (no node, or fewer than ``min_visits`` samples), ``mean_p90_disagree``,
-   ``already_in_target_bucket``, ``migrate`` (and ``target_bucket_full`` when the target has no room);
+3. with ``rule="mean_p90"`` (the paper's rule, the default) migrates **iff** ``bucket(mean) == bucket(p90) !=
+   current`` -- up or down -- and otherwise stays on its instance; with ``rule="mode"`` it moves to the bucket
+   holding the most samples of the node's window (ties keep the current bucket), the rule that maximises the
+   expected routing accuracy given the node. Reasons: ``no_stats`` (no node, or fewer than ``min_visits``
+   samples), ``mean_p90_disagree``, ``already_in_target_bucket``, ``migrate`` (and ``target_bucket_full``
+   when the target has no room). Why ``mode`` exists (issue #27): at the first tool return on search_r1,
+   65 % of the paper rule's decisions were ``mean_p90_disagree`` -- a global node's window mixes short and
+   long tails, so its mean and P90 almost never share a bucket -- and those stays were right only 62 % of
+   the time; the modal bucket uses the same node and is right more often (``python -m libra.bench routing``
+   prints both rules beside never migrating);
 4. on a migration picks KV transfer or re-prefill with ``choose_mode`` (default: Libra's heuristic, re-prefill
    up to 4096 tokens same-node / 2048 cross-node, else KV; :func:`libra.policies.routing.interface.mode_by_cost` builds
    a chooser from two cost functions);
@@ -24,8 +31,8 @@ Pure: no I/O, clocks or threads. The tree can be shared with (or loaded from) ot
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 from libra.policies.routing.prefix_tree import CausalPrefixTree, FinishedTrajectory, NodeEstimate
 from libra.policies.routing.sticky import StickyRouter, Track
@@ -53,6 +60,7 @@ from libra.policies.routing.tool_state import DEFAULT_THRESHOLDS, SizeThresholds
 
 __all__ = [
     "REASONS",
+    "RULES",
     "BucketSpec",
     "CMLFQRouter",
     "ClusterView",
@@ -65,6 +73,7 @@ __all__ = [
     "TrajectoryInfo",
     "bucket_for",
     "heuristic_migrate_mode",
+    "modal_bucket",
     "mode_by_cost",
     "tool_state_key",
 ]
@@ -79,6 +88,23 @@ REASONS = (
     "target_bucket_full",
     "reroute",
 )
+
+Rule = Literal["mean_p90", "mode"]
+RULES: tuple[Rule, ...] = ("mean_p90", "mode")
+"""The move rules by name (see the module docstring, step 3)."""
+
+
+def modal_bucket(window: Sequence[float], buckets: Sequence[BucketSpec], current: int) -> int:
+    """Index of the bucket holding the most of ``window``'s samples; ``current`` wins ties (and an empty
+    window)."""
+    counts = [0] * len(buckets)
+    for r in window:
+        counts[bucket_index_for(r, buckets)] += 1
+    best = current
+    for i, c in enumerate(counts):
+        if c > counts[best]:
+            best = i
+    return best
 
 
 def tool_state_key(ret: ToolReturn, thresholds: SizeThresholds = DEFAULT_THRESHOLDS) -> str:
@@ -98,7 +124,7 @@ class CMLFQRouter(StickyRouter):
 
     ``tree`` may be passed in (shared, pre-trained, or loaded from disk); otherwise one is built from
     ``window_size``, ``max_prompts``, ``history_size`` and ``rebuild_interval``. ``min_visits`` is the sample
-    count below which a node counts as unseen. Raises ``ClusterViewError``/``PrefixTreeError`` for bad
+    count below which a node counts as unseen; ``rule`` picks the move rule by name (:data:`RULES`). Raises ``ClusterViewError``/``PrefixTreeError`` for bad
     parameters.
     """
 
@@ -119,6 +145,7 @@ class CMLFQRouter(StickyRouter):
         cap_metric: CapMetric = "queued",
         when_full: WhenFull = "overflow",
         choose_mode: Callable[[MigrationQuery], MigrateMode] = heuristic_migrate_mode,
+        rule: Rule = "mean_p90",
     ) -> None:
         super().__init__(max_queue_length=max_queue_length, cap_metric=cap_metric, when_full=when_full,
                          choose_mode=choose_mode)
@@ -130,6 +157,9 @@ class CMLFQRouter(StickyRouter):
             window_size=window_size, max_prompts=max_prompts, history_size=history_size,
             rebuild_interval=rebuild_interval,
         )
+        if rule not in RULES:
+            raise ClusterViewError(f"rule must be one of {RULES}, got {rule!r}")
+        self.rule: Rule = rule
         self.thresholds = thresholds
         self.min_visits = min_visits
         #: The lookup behind the latest tool-return decision (for metrics and debugging), or ``None``.
@@ -142,10 +172,13 @@ class CMLFQRouter(StickyRouter):
         key = tool_state_key(ret, self.thresholds)
         track.states.append(key)
         current = view.bucket_index(track.bucket)
-        est = self.tree.lookup(track.info.prompt_id, track.states, min_visits=self.min_visits)
-        self.last_estimate = est
-        if est is None:
+        found = self.tree.lookup_window(track.info.prompt_id, track.states, min_visits=self.min_visits)
+        est = self.last_estimate = found[0] if found is not None else None
+        if found is None or est is None:
             return current, "no_stats"
+        if self.rule == "mode":
+            target = modal_bucket(found[1], view.buckets, current)
+            return (current, "already_in_target_bucket") if target == current else (target, "migrate")
         b_mean = bucket_index_for(est.mean, view.buckets)
         b_p90 = bucket_index_for(est.p90, view.buckets)
         if b_mean != b_p90:
