@@ -89,3 +89,15 @@ def test_oracle_check_says_where_a_router_beat_the_oracle() -> None:
               "stats": {"oracle": stats(3000, 50, 0.81), "length_aware": stats(3200, 60, 0.9)}}
     assert "behind length_aware before the last step too (3000 vs 3200 tok/s; rollout GPUs busy 0.81 vs 0.90" \
         in _why(steady)
+
+
+def test_sim_ratio_line_says_within_or_outside_the_paper() -> None:
+    from libra.bench.calibration import sim_why
+
+    def row(ratio: float) -> dict[str, object]:
+        return {"static_uniform_over_colocated": ratio, "static_uniform": {"step_time_s": 80.0, "staleness_max": 4},
+                "colocated": {"step_time_s": 200.0, "staleness_max": 0}}
+
+    lines = sim_why({"streaming": row(2.6), "barrier": row(1.9)}, 1.71)
+    assert "2.60, outside 1.5x" in lines[0] and "1.90, within 1.5x" in lines[1]
+    assert "mean step 80.0 s vs 200.0 s" in lines[0]
