@@ -35,6 +35,9 @@ from typing import Any
 
 __all__ = ["ROUTERS", "main", "run_one"]
 
+CEILING_FEATURES = ("none", "key", "key+payload", "key+latency", "key+first_gen")
+"""Printed order of the ceiling's feature sets (``libra.sim.workload_routing.CEILING_FEATURES``)."""
+
 RULE_LABEL = "cmlfq+mode"
 """The row of C-MLFQ with the modal-bucket rule."""
 
@@ -86,6 +89,18 @@ def run_one(job: tuple[str, str, int, int, int, int, float, dict[str, Any]]) -> 
     out["workload"] = workload
     out["router"] = label
     return out
+
+
+def _ceiling(workload: str, steps: int, prompts: int, seed: int) -> dict[str, float | int]:
+    """:func:`libra.sim.workload_routing.first_return_ceiling` of the workload's trace (the same trace the
+    routers run): how much the first return's key, payload, tool latency or first-turn length can tell."""
+    from libra.sim.workload_profiles import get_profile
+    from libra.sim.workload_routing import first_return_ceiling
+    from libra.sim.workloads import generate
+
+    prof = get_profile(workload)
+    return first_return_ceiling(generate(workload, steps, prompts, 16, seed), prof.bucket_thresholds,
+                                prof.size_thresholds)
 
 
 def _count_first_decisions(router: Any, trajs: Sequence[Any], thresholds: Sequence[int]) -> dict[str, list[int]]:
@@ -164,6 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         results = [run_one(j) for j in jobs]
     wall = time.perf_counter() - t0
+    ceilings = {w: _ceiling(w, args.steps, prompts, args.seed) for w in workloads}
     rows = []
     for w in workloads:
         mine = [r for r in results if r["workload"] == w]
@@ -181,7 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(row)
     if args.json:
         print(json.dumps({"rows": rows, "steps": args.steps, "prompts_per_step": prompts, "gpus": args.gpus,
-                          "layout": "hetero", "router_params": params, "wall_s": round(wall, 1)}))
+                          "layout": "hetero", "router_params": params, "first_return_ceiling": ceilings,
+                          "wall_s": round(wall, 1)}))
         return 0
     print(f"routers on the same traces, {args.gpus} GPUs (hetero: rollout nodes [TP1,TP1,TP2,TP4]), "
           f"{args.steps} steps x {prompts} prompts x 16 samples; every router with {params}")
@@ -195,6 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{r.get('tokens_per_s_vs_cmlfq', float('nan')):>12.3f} {r.get('step_time_vs_cmlfq', float('nan')):>11.3f}")
     print("never = accuracy of leaving every trajectory in the smallest bucket; gain = acc - never "
           "(issue #27 target >= +0.10)")
+    for w, c in ceilings.items():
+        print(f"  {w}: first-tool-return ceiling (modal bucket of the last 4 steps given the feature; "
+              f"{c['decisions']} decisions): " + ", ".join(
+                  f"{k} {c[k]:.3f} ({c[k] - c['none']:+.3f})" for k in CEILING_FEATURES))
     if args.breakdown:
         for r in rows:
             if r["first_return_breakdown"]:

@@ -9,7 +9,7 @@ Pure functions: no I/O, no randomness, no clocks.
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -180,4 +180,58 @@ def routing_accuracy(
         out[key] = n_hits / n if n else 0.0
     out["decisions"] = n_all
     out["single_shots"] = n_first
+    return out
+
+
+CEILING_FEATURES = ("none", "key", "key+payload", "key+latency", "key+first_gen")
+"""Feature sets of :func:`first_return_ceiling`: nothing (never migrate's prior), the first return's tool-state
+key, and the key with the payload size, the tool's latency or the first turn's generated length (log bins)."""
+
+
+def _log_bin(x: float, base: float = 1.5) -> int:
+    return int(np.log(max(float(x), 1.0)) / np.log(base))
+
+
+def first_return_ceiling(
+    trajs: Sequence[TrajectorySpec],
+    bucket_thresholds: Sequence[int],
+    size_thresholds: tuple[int, int] = (1000, 12000),
+    history_steps: int = 4,
+) -> dict[str, float | int]:
+    """Best single-shot accuracy a router can reach at the first tool return from each feature set of
+    :data:`CEILING_FEATURES`: for step ``s >= 1``, predict the most frequent true bucket among the first tool
+    returns of steps ``s - history_steps .. s - 1`` with the same feature value (the whole history's mode when
+    the value is unseen), scored on step ``s``. The modal bucket maximises expected accuracy given the feature,
+    so this bounds what any rule on that information can do, up to the drift inside the window. ``none`` is
+    the prior alone; ``decisions`` counts the scored first returns."""
+    rows = []
+    for t in trajs:
+        rem = t.remaining_response_after_returns
+        if not rem:
+            continue
+        call = t.tool_turns[0]
+        key = t.tool_states(*size_thresholds)[0]
+        rows.append((t.step, bucket_of(rem[0], bucket_thresholds), {
+            "none": 0, "key": key, "key+payload": (key, _log_bin(call.payload_tokens or 0)),
+            "key+latency": (key, _log_bin(call.tool_seconds or 0.0, 1.3)),
+            "key+first_gen": (key, _log_bin(t.turns[0].gen_tokens))}))
+    by_step: dict[int, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+    for step, truth, feats in rows:
+        by_step[step].append((truth, feats))
+    steps = sorted(by_step)
+    hits = dict.fromkeys(CEILING_FEATURES, 0)
+    n = 0
+    for k, step in enumerate(steps[1:], start=1):
+        train = [x for s in steps[max(0, k - history_steps):k] for x in by_step[s]]
+        prior = Counter(truth for truth, _ in train).most_common(1)[0][0]
+        for name in CEILING_FEATURES:
+            counts: dict[Any, Counter[int]] = defaultdict(Counter)
+            for truth, feats in train:
+                counts[feats[name]][truth] += 1
+            for truth, feats in by_step[step]:
+                c = counts.get(feats[name])
+                hits[name] += (c.most_common(1)[0][0] if c else prior) == truth
+        n += len(by_step[step])
+    out: dict[str, float | int] = {name: h / n if n else 0.0 for name, h in hits.items()}
+    out["decisions"] = n
     return out
