@@ -21,8 +21,9 @@ static uniform and to colocated; planner rungs add plans applied and the transit
 
 Part 2, EARL (docs/papers.md §3.2.1, §5.3): a context-growth run (the mean context rises geometrically
 from 1K to 32K tokens over ``--earl-points`` steps, at a fixed number of concurrent
-responses: 32 and 64) on 16 GPUs. At each point the selector (:func:`libra.policies.parallelism.selector.make_selector`,
-cost-model profile table, OOM guard) picks the rollout TP; every fixed TP is measured too. Throughput
+responses: 32 and 64) on 16 H200 GPUs with Qwen3-14B. At each point the broker's own selector loop
+(:class:`libra.broker.earl.EarlLoop`, default settings: cost-model profile table, OOM guard, hysteresis) sees a
+window of generate turns at that context and decides the rollout TP from the TP it holds; every fixed TP is measured too. Throughput
 (tokens per GPU per second) is measured by simulating the batch on :class:`~libra.sim.sim_instance.SimInstance`
 instances (continuous batching: prefill, then decode with growing KV; responses dealt round-robin); a TP
 is OOM when its share of the responses does not fit the instance's KV cache at once. "Never OOM" counts
@@ -208,10 +209,10 @@ def measure_tgs(costs: Any, tp: int, context: float, load: int, n_gpus: int,
 
 def earl_run(points: int = 12, min_context: float = 1024.0, max_context: float = 32768.0,
              loads: Sequence[int] = (32, 64), n_gpus: int = 16, configs: Sequence[int] = (1, 2, 4, 8),
-             hardware: str = "a800", model: str = "qwen3-14b") -> dict[str, Any]:
+             hardware: str = "h200", model: str = "qwen3-14b") -> dict[str, Any]:
     """The EARL context-growth comparison (see the module docstring). One row per (load, point)."""
     from libra.policies.cost import RolloutCostModel, load_hardware, load_model
-    from libra.policies.parallelism.selector import make_selector
+    from libra.broker.earl import EarlLoop, EarlSettings
     from libra.sim.sim_cluster import InstanceCosts
 
     cm = RolloutCostModel(load_hardware(hardware), load_model(model))
@@ -219,21 +220,26 @@ def earl_run(points: int = 12, min_context: float = 1024.0, max_context: float =
     contexts = np.geomspace(min_context, max_context, points)
     rows = []
     for load in loads:
-        sel = make_selector(cm, n_gpus, configs=tuple(configs))
+        loop = EarlLoop(EarlSettings(configs=list(configs)), cm)  # the broker's loop, as planning.Planning runs it
+        tp = 0  # no rollout TP yet: the first decision places it
         for step, ctx in enumerate(contexts):
-            pick = sel.select(float(ctx), load)
+            for _ in range(loop.settings.window):
+                loop.observe(int(ctx))
+            tp = loop.decide(30.0 * (step + 1), n_gpus=n_gpus, load=load, max_tp=None, current_tp=tp) or tp
+            pick = loop.decisions[-1]
             fixed = {tp: measure_tgs(costs, tp, float(ctx), load, n_gpus) for tp in configs}
             ok = {tp: v for tp, (v, oom) in fixed.items() if not oom}
             best_tp = max(ok, key=lambda t: (ok[t], -t)) if ok else None
-            chosen, chosen_oom = fixed[pick.tp]
-            rows.append({"load": load, "step": step, "context": round(float(ctx)), "selected_tp": pick.tp,
-                         "reason": pick.reason, "selected_tgs": chosen, "selected_oom": chosen_oom,
+            chosen, chosen_oom = fixed[tp]
+            rows.append({"load": load, "step": step, "context": round(float(ctx)), "selected_tp": tp,
+                         "reason": pick.get("why", pick["reason"]), "selected_tgs": chosen, "selected_oom": chosen_oom,
                          "best_fixed_tp": best_tp, "best_fixed_tgs": ok.get(best_tp, 0.0) if best_tp else 0.0,
                          "fixed": {str(tp): (None if oom else v) for tp, (v, oom) in fixed.items()}})
     never_oom = all(not r["selected_oom"] or r["best_fixed_tp"] is None for r in rows)
     as_good = all(r["selected_tgs"] >= r["best_fixed_tgs"] * (1 - 1e-9) for r in rows)
     worst = min((r["selected_tgs"] / r["best_fixed_tgs"] for r in rows if r["best_fixed_tgs"] > 0), default=1.0)
-    return {"n_gpus": n_gpus, "configs": list(configs), "rows": rows, "never_oom": never_oom,
+    return {"n_gpus": n_gpus, "hardware": hardware, "model": model, "selector": "broker EarlLoop",
+            "configs": list(configs), "rows": rows, "never_oom": never_oom,
             "as_good_as_best_fixed": as_good, "worst_ratio_to_best_fixed": worst}
 
 
@@ -328,7 +334,8 @@ def _fmt(out: dict[str, Any]) -> str:
                      f"{c['pred_train_s']:>10.1f} "
                      f"{c['sim_train_s']:>9.1f} {c['pred_step_s']:>9.1f} {c['sim_step_s']:>9.1f} {c['ratio_step']:>8.2f}")
     e = out["earl"]
-    lines += ["", f"EARL selector, context growth on {e['n_gpus']} GPUs (tokens/GPU/s; OOM = does not fit):",
+    lines += ["", f"EARL selector ({e.get('selector', 'EarlLoop')}), context growth on {e['n_gpus']} "
+              f"{e.get('hardware', '?')} GPUs, {e.get('model', '?')} (tokens/GPU/s; OOM = does not fit):",
               f"{'load':>5} {'context':>8} {'pick':>5} {'pick TGS':>9} {'best fixed':>11} " +
               " ".join(f"{'TP' + str(t):>8}" for t in e["configs"])]
     for r in e["rows"]:
