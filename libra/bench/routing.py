@@ -1,6 +1,6 @@
 """Benchmark: every rollout router on the same traces and the same heterogeneous buckets, in one run.
 
-What it runs: for each workload (default R2E-like and Search-R1-like, generated with the same seed), the
+What it runs: for each workload (default R2E-like, Search-R1-like and DAPO-Math-like, generated with the same seed), the
 discrete-event simulator (:mod:`libra.sim.engine`, the real ``BrokerState`` and real routers) once per
 router -- ``cmlfq``, ``cmlfq_cost`` (distribution- and cost-based C-MLFQ), ``round_robin``, ``least_loaded``, ``length_aware``, ``la_mlfq``, ``predictor``,
 ``noisy_predictor`` (the simulation's noisy T=0 length predictor, docs/papers.md §5.1) and ``oracle`` (``cmlfq_cost``'s
@@ -129,7 +129,7 @@ def _count_first_decisions(router: Any, trajs: Sequence[Any], thresholds: Sequen
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench routing", description=__doc__.splitlines()[0])
-    p.add_argument("--workloads", default="r2e,search_r1", help="comma-separated (default: %(default)s)")
+    p.add_argument("--workloads", default="r2e,search_r1,dapo_math", help="comma-separated (default: %(default)s)")
     p.add_argument("--routers", default=",".join(ROUTERS), help="comma-separated (default: all)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--prompts", type=int, default=None, help="GRPO groups per step (default gpus/3)")
