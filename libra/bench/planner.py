@@ -7,7 +7,12 @@ and once re-solving it per candidate (the baseline). It reports the best-of-``--
 each, their ratio, both plans' objectives (they must be equal: memoisation is exact), and the cost
 models' calibration targets next to the model's values.
 
-``python -m libra.bench planner [--gpus 16,48,128,512] [--repeat 3] [--json]``; with ``--json`` it
+``--reference`` also times, in the same run, the search on the dense pooled-bucket DP the planner used
+before issue #27 (a ``(budget - w) x (n + 1) x (n + 1)`` candidate array for every TP and instance
+count; :class:`DenseBucketTable` below), prints the ratio and whether both searches return the same
+plan (layout and objective; the fast table is bit-identical, ``tests/unit/test_planner_buckets_fast.py``).
+
+``python -m libra.bench planner [--gpus 16,48,128,512] [--repeat 3] [--reference] [--json]``; with ``--json`` it
 prints one JSON object. The paper reports 12.3 s -> 1.9 s at 128 GPUs; the target here is <= 0.2 s
 memoised at 128 GPUs.
 """
@@ -32,8 +37,45 @@ from libra.policies.cost import (
     training_time_ratio,
 )
 from libra.policies.planner.allocators import GlobalResourcePlanner, PlannerConfig, Workload
+from libra.policies.planner.buckets import BucketTable, next_state
 
-__all__ = ["build_parser", "long_tail_workload", "main", "run"]
+__all__ = ["DenseBucketTable", "build_parser", "long_tail_workload", "main", "run"]
+
+
+class DenseBucketTable(BucketTable):
+    """The pooled-bucket DP as computed before issue #27, for ``--reference``: for every TP, instance
+    count ``k`` and state, the full ``(budget - w) x (n + 1) x (n + 1)`` candidate array."""
+
+    def _solve(self) -> np.ndarray:
+        S, G1, n1 = self.n_h * self.n_c, self.budget + 1, self.n + 1
+        dp = np.full((S, G1, n1), np.inf)
+        dp[0, :, 0] = 0.0
+        for tp in self.tps:
+            new = dp.copy()
+            chs = [np.zeros((S, G1, n1), np.int32) for _ in range(3)]
+            for k in range(1, self.budget // tp + 1):
+                if self.cap is not None and k > self.cap:
+                    break
+                w, c = k * tp, self.costs.cost(tp, k)
+                for s in range(S):
+                    t = next_state(s, k, self.n_c, self.het, self.cap)
+                    prev = dp[s, : G1 - w]
+                    if t < 0 or not np.isfinite(prev).any():
+                        continue
+                    cand = np.maximum(prev[:, :, None], c[None, :, :])
+                    arg = cand.argmin(axis=1)
+                    val = np.take_along_axis(cand, arg[:, None, :], axis=1)[:, 0, :]
+                    upd = val < new[t, w:]
+                    new[t, w:][upd] = val[upd]
+                    for ch, v in zip(chs, (np.full_like(arg, k), arg, np.full_like(arg, s))):
+                        ch[t, w:][upd] = v[upd]
+            self._layers.append((dp, *chs))
+            dp = new
+        return dp
+
+
+class _ReferencePlanner(GlobalResourcePlanner):
+    bucket_table = DenseBucketTable
 
 MAX_TOKENS = 40960
 
@@ -57,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", default="a800")
     p.add_argument("--model", default="qwen3-14b")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reference", action="store_true",
+                   help="also time the search on the dense (pre-#27) bucket DP, same run, and compare the plans")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     return p
 
@@ -82,6 +126,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t_memo, r_memo = _time_search(GlobalResourcePlanner(rollout, train, cfg, memoize=True), workload, args.repeat)
         t_base, r_base = _time_search(GlobalResourcePlanner(rollout, train, cfg, memoize=False), workload, args.repeat)
         p_memo, p_base = r_memo.plan, r_base.plan
+        ref: dict[str, Any] = {}
+        if args.reference:
+            t_ref, r_ref = _time_search(_ReferencePlanner(rollout, train, cfg, memoize=True), workload, args.repeat)
+            ref = {"dense_s": t_ref, "dense_ratio": t_ref / t_memo,
+                   "same_plan_as_dense": p_memo.layout_key() == r_ref.plan.layout_key()
+                   and p_memo.objective == r_ref.plan.objective}
         rows.append(
             {
                 "gpus": n_gpus,
@@ -102,6 +152,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "dp_solves_memo": r_memo.stats.rollout_dp_solves,
                 "dp_solves_no_memo": r_base.stats.rollout_dp_solves,
                 "train_leaves": r_memo.stats.train_leaves,
+                **ref,
             }
         )
     cal = calibration_report(rollout)
@@ -134,6 +185,12 @@ def _print_table(result: dict[str, Any]) -> None:
             f"{r['gpus']:>5} {r['memo_s']:>9.3f} {r['no_memo_s']:>10.3f} {r['speedup']:>6.1f}x "
             f"{r['objective_memo_s']:>10.1f} {r['objective_no_memo_s']:>12.1f}  {plan}"
         )
+    if any("dense_s" in r for r in result["rows"]):
+        print("\nmemoised search on the fast bucket DP vs the dense (pre-#27) bucket DP, same run:")
+        for r in result["rows"]:
+            same = "same plan" if r["same_plan_as_dense"] else "DIFFERENT PLAN"
+            print(f"  {r['gpus']:>4} GPUs: dense {r['dense_s']:.3f} s -> fast {r['memo_s']:.3f} s "
+                  f"({r['dense_ratio']:.1f}x), {same}")
     print("\ncost-model calibration (target vs model):")
     for key, v in result["calibration"].items():
         print(f"  {key:<28} target {v['target']:>8.1f}  model {v['model']:>8.1f}  ({v['ratio']:.2f}x)")

@@ -200,12 +200,16 @@ class BucketTable:
         items ``i`` that ``cost_k`` can end a bucket at (other columns are ``inf``: never an update);
         (3) once per *distinct* row of ``dp[s]`` over budgets: ``dp[s, g]`` is piecewise constant in
         ``g`` (before the first TP it is one row for every budget), so budgets sharing a row share the
-        candidate and its ``argmin``. Every value is a ``max``/``min`` of the same floats, so the table
-        is bit-identical to the dense one (``tests/unit/test_planner_buckets_fast.py``)."""
+        candidate and its ``argmin``; (4) the last TP only for the whole sample (``i = n``), the one end
+        :meth:`time` and :meth:`buckets` read there (its other columns keep the previous layer's values
+        and no choices: never read). Every value is a ``max``/``min`` of the same floats, so what the
+        table answers is bit-identical to the dense DP (``tests/unit/test_planner_buckets_fast.py``)."""
         S, G1, n1 = self.n_h * self.n_c, self.budget + 1, self.n + 1
         dp = np.full((S, G1, n1), np.inf)
         dp[0, :, 0] = 0.0  # nothing served yet: any number of GPUs idle
-        for tp in self.tps:
+        all_ends = np.arange(n1)
+        for layer, tp in enumerate(self.tps):
+            ends = all_ends if layer < len(self.tps) - 1 else all_ends[-1:]
             new = dp.copy()
             ch_k = np.zeros((S, G1, n1), np.int32)
             ch_j = np.zeros((S, G1, n1), np.int32)
@@ -222,13 +226,12 @@ class BucketTable:
                         continue
                     js, gid, uniq = rows[s]
                     cj = c[js]
-                    cols = np.flatnonzero(np.isfinite(cj).any(axis=0))
+                    cols = ends[np.isfinite(cj[:, ends]).any(axis=0)]
                     if cols.size == 0:
                         continue
                     m = int(gid[G1 - w - 1]) + 1  # distinct rows among budgets 0..G1-w-1
-                    cand = np.maximum(uniq[:m, :, None], cj[:, cols][None, :, :])
-                    arg = cand.argmin(axis=1)
-                    val = np.take_along_axis(cand, arg[:, None, :], axis=1)[:, 0, :][gid[: G1 - w]]
+                    arg, val = _min_max(uniq[:m], cj[:, cols], np.searchsorted(js, cols))
+                    val = val[gid[: G1 - w]]
                     sub = new[t, w:]
                     cur = sub[:, cols]
                     upd = val < cur
@@ -289,6 +292,27 @@ def _distinct_rows(d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] |
     change = np.any(sub[1:] != sub[:-1], axis=1)
     gid = np.concatenate(([0], np.cumsum(change)))
     return js, gid, sub[np.concatenate(([0], np.flatnonzero(change) + 1))]
+
+
+
+def _min_max(rows: np.ndarray, c: np.ndarray, starts: np.ndarray, blocks: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """``(argmin, min)`` over ``j`` of ``max(rows[r, j], c[j, q])`` for every ``(r, q)``, first ``j`` on
+    ties, in ``blocks`` slices of the columns ``q`` (ascending bucket ends): ``starts[q]`` counts the
+    ``j`` below column ``q``'s end, past which ``c`` is ``inf`` (``j >= i``), so a slice scans only the
+    ``j`` below its last end. A column with no finite candidate gets ``(0, inf)``, as a full scan would."""
+    m, nq = rows.shape[0], c.shape[1]
+    arg = np.zeros((m, nq), np.intp)
+    val = np.full((m, nq), np.inf)
+    step = -(-nq // blocks)
+    for a in range(0, nq, step):
+        b = min(nq, a + step)
+        p = int(starts[b - 1])
+        if p == 0:
+            continue
+        cand = np.maximum(rows[:, :p, None], c[None, :p, a:b])
+        arg[:, a:b] = cand.argmin(axis=1)
+        val[:, a:b] = np.take_along_axis(cand, arg[:, None, a:b], axis=1)[:, 0, :]
+    return arg, val
 
 
 def evaluate_buckets(costs: BucketCosts, tps: tuple[int, ...]) -> tuple[float, list[Bucket]]:
