@@ -164,9 +164,18 @@ class PlannerLoop:
         elif self._replanner is not None:
             _feed(self._replanner, row)
 
+    oom_pending = False  # a training step ran out of memory since the last round (train_out_of_memory)
+
+    def train_out_of_memory(self) -> None:
+        """A training step's batch no longer fit the deployed layout: the next round is due at once and
+        re-plans (the ``train_oom`` trigger; its search sizes training with the grown lengths)."""
+        self.oom_pending = True
+
     def due(self, now: float) -> bool:
-        """Whether a planning round is due at ``now`` (the first one ``interval_s`` after start; never
-        while a round's search is in flight)."""
+        """Whether a planning round is due at ``now`` (the first one ``interval_s`` after start; at once after
+        :meth:`train_out_of_memory`; never while a round's search is in flight)."""
+        if self.oom_pending and self._job is None:
+            return True
         if self.last_round_t is None:
             self.last_round_t = now
             return False
@@ -184,11 +193,12 @@ class PlannerLoop:
 
     def start(self, n_gpus: int, now: float, *, queue_pressure: float = 0.0, active_pressure: float = 0.0,
               rejected_total: int = 0, rollout_time: float | None = None,
-              train_time: float | None = None, step: int | None = None) -> PlanJob | None:
+              train_time: float | None = None, step: int | None = None, train_oom: bool = False) -> PlanJob | None:
         """Begin a planning round on ``n_gpus`` connected GPU actors (``rollout_time`` / ``train_time``:
         the last measured stage seconds of an RL step, when the broker runs a job; they drive the
-        re-planner's stage-imbalance trigger; ``step``: the number the re-planner's interval, warm-up and
-        cooldown count in, default the round's own number). Returns the search to run (in flight until
+        re-planner's stage-imbalance trigger; ``train_oom`` (or :meth:`train_out_of_memory` since the last
+        round): a training step no longer fit its layout, so the round re-plans whatever the cooldown;
+        ``step``: the number the re-planner's interval, warm-up and cooldown count in, default the round's own number). Returns the search to run (in flight until
         :meth:`finish`), or None when the round ended at once (too few GPU actors, a
         configuration the planner refuses: the decision is recorded)."""
         self.last_round_t = now
@@ -205,7 +215,8 @@ class PlannerLoop:
                 return self._record(now, "planner_config_error", error=str(exc))
         assert self._replanner is not None
         snap = PressureSnapshot(self.rounds if step is None else step, queue_pressure, active_pressure, rejected_total,
-                                rollout_time, train_time)
+                                rollout_time, train_time, train_oom or self.oom_pending)
+        self.oom_pending = False
         self._job = PlanJob(self._replanner, snap, self.plan)
         return self._job
 

@@ -145,6 +145,12 @@ class Planning:
         if self.loop is not None:
             self.loop.observe(prompt_tokens, generated, turns, tool_seconds)
 
+    def train_out_of_memory(self) -> None:
+        """A training step's batch no longer fit the deployed layout (a trainer's ``oom`` failure): the next
+        round is due at once and re-plans (``PlannerLoop.train_out_of_memory``); ignored without a planner."""
+        if self.loop is not None:
+            self.loop.train_out_of_memory()
+
     def due(self, now: float) -> bool:
         """Whether a round of the broker's planner is due and no plan is still being applied."""
         return self.loop is not None and self.loop.due(now) and not self.applying

@@ -27,7 +27,10 @@ old role, then pays the transition, then answers ``DirectiveDone`` + ``Bid`` wit
 
 Every switch is logged as a :class:`Switch` (directed, drained, active times), so tests can check the
 charges. Invariant checks (:meth:`check`): no GPU holds two roles (a switching GPU holds none), and a
-training step never starts without a complete training replica (:class:`FleetError`).
+training step never starts without a complete training replica (:class:`FleetError`). A step whose batch
+outgrew the deployed layout (out of memory even at micro-batch 1) regroups the same GPUs to the fastest larger
+TP / PP that fits (:attr:`GpuFleet.regroups`; the allocation charges the regroup and re-plans at once) and
+raises :class:`FleetError` only if none does.
 
 Pure simulation state on the engine's virtual clock; the engine owns the event heap (``schedule``).
 """
@@ -147,6 +150,7 @@ class GpuFleet:
         self.step = _Step()
         self.train_gpu_seconds = 0.0
         self.train_steps: list[tuple[float, float, int, int]] = []  # (start, duration, gpus, replicas)
+        self.regroups: list[tuple[float, TrainConfig, TrainConfig]] = []  # (time, deployed, regrouped): OOM path back
         self._waiting_group: dict[str, list[GpuActor]] = defaultdict(list)  # old rollout group -> members
         self._waiting_step: list[GpuActor] = []
         self._polling: set[str] = set()
@@ -291,28 +295,55 @@ class GpuFleet:
             reps = {g: ms for g, ms in reps.items() if g in keep}
         if not reps:
             raise FleetError(f"training step at t={self.sim.now:.1f}s has no complete training replica")
+        t, cfg, groups, old = self._pick(reps, lengths, model, micro_batch)
+        if old is not None:
+            self.regroups.append((self.sim.now, old, cfg))
+        if not math.isfinite(t):
+            raise FleetError(f"training layout tp={cfg.tp} pp={cfg.pp} dp={cfg.dp} runs out of memory, and so does "
+                             "every regrouping of its GPUs and every other complete replica")
+        members = frozenset(a.id for g in groups for a in reps[g])
+        self.step = _Step(members, frozenset(groups), len(members))
+        self.train_gpu_seconds += t * len(members)
+        self.train_steps.append((self.sim.now, t, len(members), len(groups)))
+        return t, cfg, frozenset(groups)
+
+    def holds(self, lengths: Sequence[int], model: Any, replicas: Iterable[str] | None = None) -> bool:
+        """Whether the complete replicas (or the given subset) can train ``lengths`` now (regrouped if need be)."""
+        reps = self.replicas()
+        if replicas is not None:
+            keep = set(replicas)
+            reps = {g: ms for g, ms in reps.items() if g in keep}
+        return bool(reps) and math.isfinite(self._pick(reps, lengths, model, lambda tp, pp: 1)[0])
+
+    def _pick(self, reps: dict[str, list[GpuActor]], lengths: Sequence[int], model: Any,
+              micro_batch: Callable[[int, int], int]) -> tuple[float, TrainConfig, list[str], TrainConfig | None]:
+        """``(seconds, layout, replica groups, the layout it regrouped or None)`` of the step: the replicas of
+        the shape with the most GPUs as one ``dp`` group; if the batch outgrew it even at micro-batch 1, the
+        same GPUs regrouped to a larger TP / PP; then the other shapes. ``inf`` seconds if nothing holds it."""
         shapes: dict[tuple[int, int], list[str]] = defaultdict(list)
         for g, ms in reps.items():
             r = ms[0].role
             assert r is not None
             shapes[(r.tp, r.size // r.tp)].append(g)
-        (tp, pp), groups = max(shapes.items(), key=lambda kv: (len(kv[1]) * kv[0][0] * kv[0][1], kv[0]))
-        dp = len(groups)
-        padded = list(lengths) + [1] * ((-len(lengths)) % dp)
-        t, cfg = math.inf, TrainConfig(tp=tp, pp=pp, dp=dp, micro_batch=1)
-        for mb in dict.fromkeys((micro_batch(tp, pp), 1)):
-            c = TrainConfig(tp=tp, pp=pp, dp=dp, micro_batch=mb)
-            t = float(model.step_time(c, padded))
-            cfg = c
+        order = sorted(shapes.items(), key=lambda kv: (len(kv[1]) * kv[0][0] * kv[0][1], kv[0]), reverse=True)
+        per_node = int(getattr(model.hardware, "gpus_per_node", NODE_GPUS))
+        first: tuple[float, TrainConfig, list[str], TrainConfig | None] | None = None
+        for (tp, pp), groups in order:
+            dp = len(groups)
+            padded = list(lengths) + [1] * ((-len(lengths)) % dp)
+            t, cfg = math.inf, TrainConfig(tp=tp, pp=pp, dp=dp, micro_batch=1)
+            for mb in dict.fromkeys((micro_batch(tp, pp), 1)):
+                cfg = TrainConfig(tp=tp, pp=pp, dp=dp, micro_batch=mb)
+                t = float(model.step_time(cfg, padded))
+                if math.isfinite(t):
+                    return t, cfg, groups, None
+            old = TrainConfig(tp=tp, pp=pp, dp=dp, micro_batch=1)
+            t, cfg = _regrouped(model, lengths, tp, pp, dp, per_node)
             if math.isfinite(t):
-                break
-        if not math.isfinite(t):
-            raise FleetError(f"training layout tp={tp} pp={pp} dp={dp} runs out of memory")
-        members = frozenset(a.id for g in groups for a in reps[g])
-        self.step = _Step(members, frozenset(groups), len(members))
-        self.train_gpu_seconds += t * len(members)
-        self.train_steps.append((self.sim.now, t, len(members), dp))
-        return t, cfg, frozenset(groups)
+                return t, cfg, groups, old
+            first = first or (math.inf, old, groups, None)
+        assert first is not None
+        return first
 
     def step_done(self) -> None:
         """The running training step ended: members waiting to leave training drain now."""
@@ -325,3 +356,23 @@ class GpuFleet:
     def rollout_gpu_seconds(self) -> float:
         """Σ busy seconds × TP over every instance that ever ran (live and retired)."""
         return sum(i.busy_s * i.tp for i in [*self.sim.instances.values(), *self.retired])
+
+
+def _regrouped(model: Any, lengths: Sequence[int], tp: int, pp: int, dp: int,
+               gpus_per_node: int) -> tuple[float, TrainConfig]:
+    """The fastest layout of the same ``tp * pp * dp`` training GPUs with a larger model-parallel group
+    (TP up to a node, then PP) that fits ``lengths`` at micro-batch 1: the path back when a step's batch
+    outgrew the deployed layout (the caller charges the regroup and re-plans). ``(inf, the old layout)`` if none fits."""
+    n = tp * pp * dp
+    best: tuple[float, TrainConfig] = (math.inf, TrainConfig(tp=tp, pp=pp, dp=dp, micro_batch=1))
+    for t2 in (x for x in (1, 2, 4, 8, 16) if tp <= x <= gpus_per_node):
+        layers = int(getattr(getattr(model, "model", None), "n_layers", 0)) or n
+        for p2 in (x for x in range(pp, n + 1) if n % (t2 * x) == 0 and layers % x == 0):
+            if t2 * p2 <= tp * pp:
+                continue
+            d2 = n // (t2 * p2)
+            c = TrainConfig(tp=t2, pp=p2, dp=d2, micro_batch=1)
+            secs = float(model.step_time(c, list(lengths) + [1] * ((-len(lengths)) % d2)))
+            if secs < best[0]:
+                best = (secs, c)
+    return best

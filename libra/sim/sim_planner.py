@@ -108,8 +108,7 @@ __all__ = ["PLANNER_ALLOCATIONS", "ROUTER_ROUTING", "PlannerAllocation", "Planne
            "planner_routing"]
 
 def _group_size(trajs: Sequence[TrajectorySpec]) -> int:
-    sizes = Counter(t.group for t in trajs)
-    return min(sizes.values()) if sizes else 1
+    return min(Counter(t.group for t in trajs).values(), default=1)
 
 
 def _slots(gpus: int) -> list[GpuSlot]:
@@ -153,6 +152,7 @@ class PlannerAllocation:
         self._last_replicas: frozenset[str] | None = None
         self.regroup_pauses = 0
         self.train_waits = 0
+        self.oom_regroups = 0  # training steps that outgrew their layout and ran regrouped (GpuFleet.regroups)
         self.core_swaps = 0
         self.hybrids: dict[str, HybridReplica] = {}
         self.n_hybrid = 0
@@ -232,8 +232,13 @@ class PlannerAllocation:
                 use = list(live)
         micro = self.plan.train.micro_batch if self.plan.train is not None else 1
         shape = (self.plan.train.tp, self.plan.train.pp) if self.plan.train is not None else (0, 0)
+        regroups = len(self.fleet.regroups)
         t, cfg, groups = self.fleet.train_step(lengths, self.train_model, lambda tp, pp: micro if (tp, pp) == shape else 1,
                                                use)
+        if len(self.fleet.regroups) > regroups:  # the batch outgrew the layout: regrouped, and re-plan at once
+            t += self.params.regroup_s
+            self.fleet.train_gpu_seconds += self.params.regroup_s * len(self.fleet.step.members)
+            self.oom_regroups, _ = self.oom_regroups + 1, self.loop.train_out_of_memory()
         self.train_layouts.append(cfg)
         if not self.ehp and self._last_replicas is not None and groups != self._last_replicas:
             t += self.params.regroup_s
@@ -243,9 +248,12 @@ class PlannerAllocation:
         return t
 
     def can_train(self) -> bool:
-        """Whether a training step can start now (some complete training replica is active)."""
-        assert self.fleet is not None
-        if self.fleet.replicas():
+        """Whether a training step can start now: some complete training replica is active and, while a plan is
+        being applied, the replicas left can hold the longest sequence seen (else wait for the new layout)."""
+        assert self.fleet is not None and self.sim is not None
+        applier, longest = self.sim.broker.plan_applier, max((int(r[0] + r[1]) for r in self.loop.history), default=1)
+        if self.fleet.replicas() and (applier is None or applier.done
+                                      or self.fleet.holds([longest] * self.batch, self.train_model)):
             return True
         self.train_waits += 1
         return False
@@ -337,7 +345,7 @@ class PlannerAllocation:
             "searches": len(self.search_seconds),
             "regroup_pauses": self.regroup_pauses,
             "core_swaps": self.core_swaps,
-            "train_waits": self.train_waits,
+            "train_waits": self.train_waits, "oom_regroups": self.oom_regroups,
             "ehp_signals": Counter(s["reason"] for s in self.ehp_signals),
             "final_plan": _plan_dict(self.plan),
             "step_errors": list(self.step_errors),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import replace
 
 import pytest
@@ -160,7 +162,31 @@ def test_replanner_with_the_real_grp_reacts_to_drift() -> None:
     d = rp.step(PressureSnapshot(step=5), first.plan)
     assert d.trigger == "interval" and d.current_time is not None and d.candidate_time is not None
     assert d.candidate_time <= d.current_time
-    assert d.apply == (d.net_gain > 0 and d.raw_gain / d.current_time >= 0.05 and not d.plan.same_layout(first.plan))
+    if math.isinf(d.current_time):  # the deployed training layout no longer holds the grown batch: re-plan
+        assert d.apply and not d.plan.same_layout(first.plan) and math.isfinite(d.candidate_time)
+    else:
+        assert d.apply == (d.net_gain > 0 and d.raw_gain / d.current_time >= 0.05
+                           and not d.plan.same_layout(first.plan))
+
+
+def test_training_layouts_keep_headroom_for_the_observed_growth_and_an_oom_replans_at_once() -> None:
+    from libra.policies.planner.training import fits
+
+    alloc = make_allocator("grp", hardware="a800", model="qwen3-14b", n_gpus=64, global_batch=128, group_size=16)
+    rp = Replanner(alloc, plan_interval=100, cooldown_steps=5, online=False, min_history=8)
+    rp.observe_many([(2000, 5000)] * 128)
+    first = rp.step(PressureSnapshot(step=1), None)
+    assert rp.headroom == 1.0 and first.plan is not None
+    rp.observe_many([(4000, 10000)] * 128)  # the longest sequence doubled in one round
+    d = rp.step(PressureSnapshot(step=2), first.plan)
+    assert rp.headroom == pytest.approx(2.0)
+    lengths = rp.workload().training_lengths(128)
+    plan = d.plan if d.apply else first.plan
+    assert plan is not None and plan.train is not None
+    assert fits(alloc.planner.train_model, plan.train, lengths, 2.0)  # it fits the next doubling too
+    # a training step that ran out of memory re-plans at once, whatever the cooldown and interval
+    oom = rp.step(PressureSnapshot(step=3, train_oom=True), plan)
+    assert oom.trigger == "train_oom"
 
 
 # -- EHP ------------------------------------------------------------------------------------------
@@ -340,3 +366,16 @@ def test_measured_reconfiguration_cost_replaces_the_configured_one_when_larger()
     assert rp.reconfig_estimate() == pytest.approx(50.0)
     with pytest.raises(PlannerError):
         rp.observe_reconfig(float("inf"))
+
+
+def test_the_broker_planner_loop_starts_a_round_at_once_after_a_training_oom() -> None:
+    from libra.broker.planner_loop import PlannerLoop, PlannerSettings
+
+    loop = PlannerLoop(PlannerSettings.from_dict({"allocation": "grp", "interval_s": 300.0}))
+    assert not loop.due(0.0) and not loop.due(10.0)  # the timer: the first round 300 s after start
+    loop.train_out_of_memory()
+    assert loop.due(10.0)
+    for _ in range(64):
+        loop.observe(2000, 5000, 1)
+    job = loop.start(48, 10.0)
+    assert job is not None and job.snapshot.train_oom and not loop.oom_pending

@@ -5,13 +5,16 @@ training replicas the EHP should hold. Pure: steps and observations come in as a
 no clocks, threads or sockets.
 
 :class:`Replanner` keeps a sliding window of completed requests (``max_history`` = 4096) and, each
-step, checks in order: enough history (``min_history`` = 8) and warm-up (``warmup_steps`` = 1); the
+step, checks in order: enough history (``min_history`` = 8) and warm-up (``warmup_steps`` = 1); a training
+step that did not fit its layout (``PressureSnapshot.train_oom``: re-plan now, before any cooldown); the
 cooldown (``step - last_replan < cooldown_steps``); the interval (``step % plan_interval == 0``); then,
 if ``online``, queue pressure >= 0.75, active rollout pressure >= 0.85, >= 8 newly rejected
 rollouts, or rollout/train time >= 1.25. On a trigger it evaluates the deployed plan and the
 allocator's candidate with the same evaluator and applies the candidate iff the layout differs, the
 net gain ``(T_cur - T_cand) - reconfig_cost_s`` is positive and ``(T_cur - T_cand) / T_cur >=
-min_gain_ratio``. Every decision carries a reason.
+min_gain_ratio``. Every decision carries a reason. Memory headroom: each step the search's training layouts
+must fit the longest sequence times :attr:`Replanner.headroom`, the largest round-to-round growth of the
+longest sequence observed lately (at most 2x), so a layout is not chosen with no room for the next growth.
 
 Prediction-error feedback: the runtime reports each measured step time with the plan that was
 deployed for the whole step (:meth:`Replanner.observe_step`). The Replanner keeps, per layout class
@@ -43,6 +46,8 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
+from libra.policies.planner.training import fits
 from libra.policies.planner.types import Allocator, Plan, PlannerError, Workload
 
 __all__ = ["EhpSignal", "PressureSnapshot", "ReplanDecision", "Replanner", "ehp_signal", "layout_class"]
@@ -64,6 +69,7 @@ class PressureSnapshot:
     rejected_total: int = 0
     rollout_time: float | None = None
     train_time: float | None = None
+    train_oom: bool = False  # the last training step did not fit its layout: re-plan now (no cooldown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +151,21 @@ class Replanner:
         self.error_window = error_window
         self.errors: dict[str, deque[tuple[float, float]]] = {}
         self.reconfigs: deque[float] = deque(maxlen=error_window)
+        self.longest: deque[float] = deque(maxlen=4)  # the longest sequence of each round's new requests
+        self._longest_new = 0.0
+
+    #: the largest training headroom :attr:`headroom` asks for (the growth of one round, at most doubling)
+    max_headroom = 2.0
+
+    @property
+    def headroom(self) -> float:
+        """The margin training layouts are chosen with (``TrainingSearch`` headroom): the largest growth of the
+        longest sequence from one round to the next over the last rounds, in ``[1, max_headroom]``; 1 before
+        two rounds have seen requests. The next round may grow as much, so the layout must fit the longest
+        sequence seen times this."""
+        seq = list(self.longest)
+        growth = max((b / a for a, b in zip(seq, seq[1:]) if a > 0), default=1.0)
+        return min(self.max_headroom, max(1.0, growth))
 
     def observe(self, prompt_len: float, output_len: float, turns: int | None = None,
                 tool_seconds: float | None = None) -> None:
@@ -153,6 +174,7 @@ class Replanner:
         ``tool_seconds`` only with ``turns``). Raises :class:`PlannerError` if invalid."""
         if not (prompt_len >= 0 and output_len >= 0 and prompt_len + output_len > 0):
             raise PlannerError(f"observe: invalid lengths prompt_len={prompt_len!r} output_len={output_len!r}")
+        self._longest_new = max(self._longest_new, float(prompt_len) + float(output_len))
         if turns is None:
             if tool_seconds is not None:
                 raise PlannerError("observe: tool_seconds needs turns")
@@ -223,7 +245,33 @@ class Replanner:
         plans = list(offer(workload, current))
         return min(plans, key=self.corrected)
 
+    def _with_headroom(self, propose: Any) -> Plan:
+        """``propose()`` with the search's training layouts sized for the longest sequence times :attr:`headroom`
+        (``GlobalResourcePlanner.train_headroom``); without the margin when no plan fits with it."""
+        planner = getattr(self.allocator, "planner", None)
+        if planner is None or self.headroom <= 1.0:
+            return propose()
+        planner.train_headroom = self.headroom
+        try:
+            return propose()
+        except PlannerError:
+            planner.train_headroom = 1.0
+            return propose()
+        finally:
+            planner.train_headroom = 1.0
+
+    def _fits(self, plan: Plan, workload: Workload) -> bool:
+        """Whether ``plan``'s training layout holds the window's batch with :attr:`headroom` (True without
+        a training layout or a GRP planner to ask)."""
+        planner = getattr(self.allocator, "planner", None)
+        if plan.train is None or planner is None:
+            return True
+        lengths = workload.training_lengths(planner.config.global_batch)
+        return fits(planner.train_model, plan.train, lengths, self.headroom)
+
     def _trigger(self, snap: PressureSnapshot) -> tuple[str | None, str]:
+        if snap.train_oom:
+            return "train_oom", "train_oom"
         if self.last_replan is not None and snap.step - self.last_replan < self.cooldown_steps:
             return None, "cooldown"
         if snap.step % self.plan_interval == 0:
@@ -251,21 +299,29 @@ class Replanner:
         unconditionally (``reason="initial_plan"``).
         """
         step = snapshot.step
+        if self._longest_new > 0:
+            self.longest.append(self._longest_new)
+            self._longest_new = 0.0
         if len(self.history) < self.min_history:
             return ReplanDecision(step, False, "insufficient_history")
         if step < self.warmup_steps:
             return ReplanDecision(step, False, "warmup")
         workload = self.workload()
         if current is None:
-            plan = self.allocator.propose(workload, None)
+            plan = self._with_headroom(lambda: self.allocator.propose(workload, None))
             self.last_replan, self.last_rejected = step, snapshot.rejected_total
             return ReplanDecision(step, True, "initial_plan", "initial", plan, None, plan.objective)
+        # the deployed training layout no longer fits (it ran out of memory, or leaves no headroom for the
+        # observed growth): re-plan now and deploy the candidate whatever the predicted gain
+        outgrown = snapshot.train_oom or not self._fits(current, workload)
         trigger, reason = self._trigger(snapshot)
+        if trigger is None and outgrown:
+            trigger = reason = "headroom"
         if trigger is None:
             return ReplanDecision(step, False, reason)
         self.last_replan, self.last_rejected = step, snapshot.rejected_total
         now = self.allocator.evaluate(current, workload)
-        cand = self._candidate(workload, current)
+        cand = self._with_headroom(lambda: self._candidate(workload, current))
         c_now, c_cand = self.correction(now), self.correction(cand)
         t_now, t_cand = now.objective * c_now, cand.objective * c_cand
         raw = t_now - t_cand
@@ -273,6 +329,8 @@ class Replanner:
         net = raw - reconfig
         if cand.same_layout(current):
             reason = "same_layout"
+        elif outgrown and self._fits(cand, workload):
+            reason = "applied"
         elif not net > 0:
             reason = "gain_below_reconfig_cost"
         elif not (t_now > 0 and raw / t_now >= self.min_gain_ratio):

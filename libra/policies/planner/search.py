@@ -113,6 +113,7 @@ class GlobalResourcePlanner:
     per plan (the best one); ``memoize`` shares the rollout DP across the ``n_train`` loop."""
 
     bucket_table: type[BucketTable] = BucketTable  # the pooled-bucket DP (a subclass in benchmarks' references)
+    train_headroom: float = 1.0  # training layouts must fit the longest sequence times this (Replanner.headroom)
 
     def __init__(
         self,
@@ -151,7 +152,7 @@ class GlobalResourcePlanner:
             costs = BucketCosts(self.rollout_model, sample, cfg.overlap_steps, chain_bound=cb)
         else:
             costs = cost_matrices(self.rollout_model, sample, self.rollout_tps, cfg.overlap_steps, chains, cb)
-        train = TrainingSearch(self.train_model, cfg, workload.training_lengths(cfg.global_batch))
+        train = TrainingSearch(self.train_model, cfg, workload.training_lengths(cfg.global_batch), self.train_headroom)
         return _Context(workload, sample, costs, train, chains)
 
     def _shifted(self, ctx: _Context, t_train: float) -> Any:

@@ -16,7 +16,9 @@ with the same rules gives the same optimum):
 5. ``global_batch % dp == 0`` and GRPO groups are not split: ``(global_batch / dp) % group_size == 0``;
 6. ``micro`` divides ``global_batch / dp`` and ``micro <= max_micro_batch``;
 7. pipeline bubble ``(pp - 1) / (pp + n_micro - 1) <= max_bubble``;
-8. the memory model does not report OOM.
+8. the memory model does not report OOM, with the longest micro-batch sequence times ``headroom`` (>= 1:
+   the margin for the growth the planner has observed, ``Replanner.headroom``; a layout chosen with none
+   runs out of memory as soon as the longest sequence grows).
 
 Pruning: a failed rule 1-3 cuts the whole subtree; along the micro-batch axis the bubble and the
 memory only grow, so the first failure ends the branch; a leaf whose cheap lower bound already
@@ -33,7 +35,17 @@ import numpy as np
 from libra.policies.cost.training import TrainConfig, TrainEstimate, TrainingCostModel
 from libra.policies.planner.types import PlannerConfig
 
-__all__ = ["TrainChoice", "TrainingSearch", "divisors"]
+__all__ = ["TrainChoice", "TrainingSearch", "divisors", "fits"]
+
+
+def fits(cm: TrainingCostModel, cfg: TrainConfig, lengths: np.ndarray, headroom: float = 1.0,
+         micro_lengths: np.ndarray | None = None) -> bool:
+    """Whether layout ``cfg`` holds the batch ``lengths`` with its longest micro-batch sequence times
+    ``headroom`` (rule 8; the Replanner also asks it of the deployed layout)."""
+    if micro_lengths is None:
+        micro_lengths = cm.micro_batch_lengths(np.sort(np.asarray(lengths, dtype=float)), cfg.dp, cfg.micro_batch)
+    longest = float(micro_lengths.max()) * headroom
+    return bool(cm.memory_bytes(cfg, longest, micro_lengths.size) <= cm.usable_memory())
 
 
 def divisors(n: int) -> list[int]:
@@ -60,9 +72,11 @@ class TrainingSearch:
     ``leaves_evaluated`` counts pipeline simulations (a statistic for benchmarks).
     """
 
-    def __init__(self, model: TrainingCostModel, config: PlannerConfig, lengths: np.ndarray) -> None:
+    def __init__(self, model: TrainingCostModel, config: PlannerConfig, lengths: np.ndarray,
+                 headroom: float = 1.0) -> None:
         self.cm = model
         self.cfg = config
+        self.headroom = max(1.0, float(headroom)) if math.isfinite(headroom) else 1.0
         self.lengths = np.sort(np.asarray(lengths, dtype=float))
         self.batch = int(self.lengths.size)
         self.mean_len = float(self.lengths.mean())
@@ -150,7 +164,7 @@ class TrainingSearch:
             for micro in self._micros(pp, dp):
                 cfg = TrainConfig(tp, pp, dp, micro, ep=ep, zero_stage=self.cfg.zero_stage)
                 micro_lengths = self.cm.micro_batch_lengths(self.lengths, dp, micro)
-                if self.cm.memory_bytes(cfg, float(micro_lengths.max()), micro_lengths.size) > self.cm.usable_memory():
+                if not fits(self.cm, cfg, self.lengths, self.headroom, micro_lengths):
                     break  # memory only grows with the micro-batch size
                 if self.cm.lower_bound(cfg, micro_lengths) >= limit:
                     continue
