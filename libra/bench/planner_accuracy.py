@@ -18,7 +18,7 @@ whether the layout it ranks fastest is the simulator's fastest (``regret``: the 
 pick over the best simulated time). The summary line gives both models' mean errors and their ratio.
 
 ``python -m libra.bench planner_accuracy [--cases 16:2,16:10,64:3,64:10] [--gpus 48] [--train 16]
-[--seed 0] [--json]``. All times are virtual seconds: the numbers do not depend on the machine.
+[--seed 0] [--trace FILE] [--json]`` (``--trace``: a held-out trace file instead of the generated one). All times are virtual seconds: the numbers do not depend on the machine.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ TPS = (1, 2, 4, 8)
 MODELS = ("residency", "mean")
 
 
-def run_case(groups: int, step: int, gpus: int, train: int, seed: int) -> dict[str, Any]:
-    """One case: per homogeneous layout, the simulated and both predicted rollout times."""
+def run_case(groups: int, step: int, gpus: int, train: int, seed: int, trace: str | None = None) -> dict[str, Any]:
+    """One case: per homogeneous layout, the simulated and both predicted rollout times (``trace``: the
+    step's first ``groups`` groups of a trace file, docs/trace-format.md, instead of the generated trace)."""
     from dataclasses import replace
 
     from libra.policies.cost import RolloutCostModel, TrainingCostModel, load_hardware, load_model
@@ -50,7 +51,15 @@ def run_case(groups: int, step: int, gpus: int, train: int, seed: int) -> dict[s
     from libra.sim.workloads import generate
 
     prof = get_profile("r2e")
-    trajs = [t for t in generate("r2e", step + 1, groups, 16, seed) if t.step == step]
+    if trace is not None:
+        from libra.traces import read_trace
+        at = [t for t in read_trace(trace) if t.step == step]
+        keep = list(dict.fromkeys(t.group for t in at))[:groups]
+        trajs = [t for t in at if t.group in set(keep)]
+    else:
+        trajs = [t for t in generate("r2e", step + 1, groups, 16, seed) if t.step == step]
+    if not trajs:
+        raise ValueError(f"no trajectories at step {step}")
     hw, model = load_hardware("a800"), load_model("qwen3-14b")
     rm, tm = RolloutCostModel(hw, model), TrainingCostModel(hw, model)
     base = PlannerConfig(n_gpus=gpus, global_batch=len(trajs), group_size=16, overlap_steps=1, routing="length_blind")
@@ -85,9 +94,9 @@ def _score(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run(cases: Sequence[tuple[int, int]], gpus: int, train: int, seed: int) -> dict[str, Any]:
+def run(cases: Sequence[tuple[int, int]], gpus: int, train: int, seed: int, trace: str | None = None) -> dict[str, Any]:
     """Every case, then the summary over all layouts of all cases."""
-    results = [run_case(g, s, gpus, train, seed) for g, s in cases]
+    results = [run_case(g, s, gpus, train, seed, trace) for g, s in cases]
     summary: dict[str, Any] = {}
     for name in MODELS:
         errs = [abs(math.log(r[f"{name}_s"] / r["sim_s"])) for c in results for r in c["rows"]
@@ -97,11 +106,11 @@ def run(cases: Sequence[tuple[int, int]], gpus: int, train: int, seed: int) -> d
                          "worst_regret": max(c[name]["regret"] for c in results)}
     summary["error_ratio_mean_over_residency"] = round(
         summary["mean"]["mean_abs_log_error"] / max(summary["residency"]["mean_abs_log_error"], 1e-12), 3)
-    return {"gpus": gpus, "train_gpus": train, "seed": seed, "cases": results, "summary": summary}
+    return {"gpus": gpus, "train_gpus": train, "seed": seed, "trace": trace, "cases": results, "summary": summary}
 
 
 def _fmt(out: dict[str, Any]) -> str:
-    lines = [f"Planner rollout model vs simulator, R2E-like trace: {out['gpus']} GPUs, {out['train_gpus']} training, "
+    lines = [f"Planner rollout model vs simulator, {out.get('trace') or 'R2E-like'} trace: {out['gpus']} GPUs, {out['train_gpus']} training, "
              f"one step alone (policy lag 1, least_loaded), seed {out['seed']}",
              "pred / sim per layout; residency = the default model, mean = sized by the mean request (baseline)", ""]
     lines.append(f"{'case':<16}{'layout':<10}{'sim s':>9}{'resid s':>10}{'x sim':>7}{'mean s':>10}{'x sim':>7}")
@@ -143,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, default=48, help="cluster GPUs (default 48)")
     p.add_argument("--train", type=int, default=16, help="training GPUs; the rest roll out (default 16)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", help="score a trace file (docs/trace-format.md; a held-out workload) instead of the "
+                                   "generated R2E-like one: each case takes GROUPS groups of step STEP")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -153,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("--train must leave at least one rollout GPU and be >= 1")
         return 2
     t0 = time.perf_counter()
-    out = run(args.cases, args.gpus, args.train, args.seed)
+    out = run(args.cases, args.gpus, args.train, args.seed, args.trace)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     emit(out, args.json, _fmt)
     return 0

@@ -4,6 +4,7 @@ resident longest), and ``PlannerConfig(residency=False)`` keeps the earlier mean
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -98,3 +99,19 @@ def test_planner_accuracy_bench_measures_both_models_on_the_simulator(capsys: py
         assert case[name]["regret"] >= 1.0 and out["summary"][name]["mean_abs_log_error"] >= 0
     with pytest.raises(SystemExit):
         planner_accuracy.main(["--cases", "2-1"])
+
+
+def test_planner_accuracy_bench_scores_a_trace_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from libra.sim.workloads import generate
+    from libra.traces import write_trace
+
+    path = tmp_path / "held_out.jsonl"
+    write_trace(path, generate("search_r1", 2, 2, 16, 3))
+    assert planner_accuracy.main(["--cases", "2:1", "--gpus", "16", "--train", "8", "--trace", str(path),
+                                  "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (case,) = out["cases"]
+    assert out["trace"] == str(path) and case["trajectories"] == 32
+    assert all(r["sim_s"] > 0 and math.isfinite(r["residency_s"]) for r in case["rows"])
