@@ -328,9 +328,13 @@ class _Driver:
         """Wait until every rollout actor's status file reports ``version`` (idle instances load it on
         their own); returns slot → version as last seen. An instance that was never sent a weights ref
         (``knows_publisher`` false: every turn ran before the first publish) cannot follow, so it is not
-        waited for."""
+        waited for; a record whose process is gone (the slot died and its supervisor is restarting it) is
+        stale, so its slot is waited for until the new process writes its own."""
+        import psutil
+
         seen: dict[str, int] = {}
-        stuck: set[str] = set()
+        stuck: set[str] = set()  # never sent a ref: cannot follow
+        dead: set[str] = set()  # the record's process is gone: its restart has not written one yet
         deadline = time.monotonic() + timeout
         while True:
             for f in (self.run_dir / "actors").glob("*.json"):
@@ -339,11 +343,10 @@ class _Driver:
                     seen[f.stem] = int(rec["weights_version"])
                 except (OSError, ValueError, KeyError):
                     continue
-                if rec.get("knows_publisher") is False:
-                    stuck.add(f.stem)
-                else:
-                    stuck.discard(f.stem)
-            synced = all(v >= version or slot in stuck for slot, v in seen.items())
+                gone = isinstance(rec.get("pid"), int) and not psutil.pid_exists(rec["pid"])
+                (dead.add if gone else dead.discard)(f.stem)
+                (stuck.add if rec.get("knows_publisher") is False else stuck.discard)(f.stem)
+            synced = all((v >= version or slot in stuck) and slot not in dead for slot, v in seen.items())
             if (len(seen) >= self.expected_rollouts and synced) or time.monotonic() >= deadline:
                 return seen
             await asyncio.sleep(0.1)

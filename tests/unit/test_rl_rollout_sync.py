@@ -8,6 +8,7 @@ for."""
 from __future__ import annotations
 
 import asyncio
+import os
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -47,3 +48,28 @@ def test_an_instance_that_knows_the_publisher_is_waited_for(tmp_path: Path) -> N
         return await wait
 
     assert asyncio.run(main()) == {"cpu0": 2}
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_processs_record_is_waited_for_until_its_restart_writes_one(tmp_path: Path) -> None:
+    """A slot killed mid-job leaves its old record; until the restarted process writes its own, the slot counts as
+    not synced (the old record's ``knows_publisher`` says nothing about the new process)."""
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (tmp_path / "actors").mkdir()
+    (tmp_path / "actors" / "cpu0.json").write_text(json.dumps({"weights_version": 0, "knows_publisher": False,
+                                                               "pid": gone.pid}))
+    fake = SimpleNamespace(run_dir=tmp_path, expected_rollouts=1)
+
+    async def main() -> dict[str, int]:
+        wait = asyncio.create_task(_Driver._await_rollout_sync(fake, 2, timeout=3600.0))  # type: ignore[arg-type]
+        await asyncio.sleep(0.5)
+        assert not wait.done()  # the dead process's record is not taken as "cannot follow"
+        (tmp_path / "actors" / "cpu0.json").write_text(json.dumps({"weights_version": 0, "knows_publisher": False,
+                                                                   "pid": os.getpid()}))
+        return await wait
+
+    assert asyncio.run(main()) == {"cpu0": 0}
