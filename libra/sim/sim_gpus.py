@@ -330,7 +330,7 @@ class GpuFleet:
         first: tuple[float, TrainConfig, list[str], TrainConfig | None] | None = None
         for (tp, pp), groups in order:
             dp = len(groups)
-            padded = list(lengths) + [1] * ((-len(lengths)) % dp)
+            padded = _padded(lengths, dp)
             t, cfg = math.inf, TrainConfig(tp=tp, pp=pp, dp=dp, micro_batch=1)
             for mb in dict.fromkeys((micro_batch(tp, pp), 1)):
                 cfg = TrainConfig(tp=tp, pp=pp, dp=dp, micro_batch=mb)
@@ -364,15 +364,20 @@ def _regrouped(model: Any, lengths: Sequence[int], tp: int, pp: int, dp: int,
     (TP up to a node, then PP) that fits ``lengths`` at micro-batch 1: the path back when a step's batch
     outgrew the deployed layout (the caller charges the regroup and re-plans). ``(inf, the old layout)`` if none fits."""
     n = tp * pp * dp
+    layers = int(getattr(getattr(model, "model", None), "n_layers", 0)) or n
     best: tuple[float, TrainConfig] = (math.inf, TrainConfig(tp=tp, pp=pp, dp=dp, micro_batch=1))
     for t2 in (x for x in (1, 2, 4, 8, 16) if tp <= x <= gpus_per_node):
-        layers = int(getattr(getattr(model, "model", None), "n_layers", 0)) or n
         for p2 in (x for x in range(pp, n + 1) if n % (t2 * x) == 0 and layers % x == 0):
             if t2 * p2 <= tp * pp:
                 continue
             d2 = n // (t2 * p2)
             c = TrainConfig(tp=t2, pp=p2, dp=d2, micro_batch=1)
-            secs = float(model.step_time(c, list(lengths) + [1] * ((-len(lengths)) % d2)))
+            secs = float(model.step_time(c, _padded(lengths, d2)))
             if secs < best[0]:
                 best = (secs, c)
     return best
+
+
+def _padded(lengths: Sequence[int], dp: int) -> list[int]:
+    """``lengths`` padded with 1-token sequences to a multiple of ``dp`` (every data-parallel rank a share)."""
+    return list(lengths) + [1] * ((-len(lengths)) % dp)
