@@ -180,9 +180,8 @@ class JobHost:
         self.rows = rows
         self.state = JobState(spec.steps, spec.prompts_per_step, spec.group_size, spec.max_policy_lag,
                               filter_zero_variance=spec.filter_zero_variance, max_extra_groups=spec.max_extra_groups)
-        self.evals = EvalRounds(name, spec.env, spec.eval_rows, self._episode, greedy=spec.eval_greedy,
-                                k=spec.eval_k, temperature=spec.eval_temperature, seed=spec.seed,
-                                timeout_s=spec.episode_timeout_s)
+        self.evals = EvalRounds(name, spec.eval_rows, self._episode, greedy=spec.eval_greedy, k=spec.eval_k,
+                                temperature=spec.eval_temperature, seed=spec.seed)
         self.phase = RUNNING
         self.error = ""
         self.records: list[dict[str, Any]] = []

@@ -41,10 +41,10 @@ class EvalRounds:
     """The eval rounds of one job: :meth:`start` hands out the works of a round, :meth:`on_reply` takes their
     results back and returns the round's record once its last episode is in."""
 
-    def __init__(self, job: str, env: str, rows: list[dict[str, Any]], episode: EpisodeSpec, *, greedy: bool,
-                 k: int, temperature: float, seed: int, timeout_s: float) -> None:
-        self.job, self.env, self.rows = job, env, rows
-        self.k, self.greedy, self.seed, self.timeout_s = k, greedy, seed, timeout_s
+    def __init__(self, job: str, rows: list[dict[str, Any]], episode: EpisodeSpec, *, greedy: bool, k: int,
+                 temperature: float, seed: int) -> None:
+        self.job, self.rows = job, rows
+        self.k, self.greedy, self.seed = k, greedy, seed
         self._greedy_spec = msgspec.structs.replace(
             episode, sampling=msgspec.structs.replace(episode.sampling, temperature=0.0))
         self._sampled_spec = msgspec.structs.replace(
