@@ -20,14 +20,23 @@ import torch
 
 from libra.dataplane.errors import DataPlaneError, TransferCorrupted
 
-__all__ = ["DeviceNotVisible", "device_index_for_uuid", "ipc_handle", "ipc_open", "local_device_uuids",
-           "normalize_uuid"]
+__all__ = ["DeviceNotVisible", "device_index_for_uuid", "dtype_named", "ipc_handle", "ipc_open",
+           "local_device_uuids", "normalize_uuid"]
 
 _DEVICE_ARG = 6  # reduce_tensor's args: (cls, size, stride, offset, storage_cls, dtype, device, handle, ...)
 
 
 class DeviceNotVisible(DataPlaneError):
     """The publisher's GPU (named by UUID) is not one of the devices this process can see."""
+
+
+def dtype_named(name: str, what: str) -> torch.dtype:
+    """The torch dtype spelled ``name`` (``"float32"`` or ``"torch.float32"``); :class:`TransferCorrupted`
+    saying that ``what`` names an unknown dtype otherwise."""
+    dt = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise TransferCorrupted(f"{what} names an unknown dtype {name!r}")
+    return dt
 
 
 def normalize_uuid(uuid: str) -> str:
@@ -81,11 +90,8 @@ def ipc_open(handle: list[Any], device_index: int) -> torch.Tensor:
     :func:`device_index_for_uuid`, not the index the publisher wrote)."""
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-    dt = getattr(torch, str(handle[5]).removeprefix("torch."), None)
-    if not isinstance(dt, torch.dtype):
-        raise TransferCorrupted(f"a CUDA IPC handle names an unknown dtype {handle[5]!r}")
     args = list(handle)
-    args[0], args[4], args[5] = _resolve(args[0]), _resolve(args[4]), dt
+    args[0], args[4], args[5] = _resolve(args[0]), _resolve(args[4]), dtype_named(args[5], "a CUDA IPC handle")
     args[1], args[2] = torch.Size(args[1]), tuple(args[2])
     args[_DEVICE_ARG] = int(device_index)
     return rebuild_cuda_tensor(*args)

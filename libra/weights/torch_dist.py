@@ -66,7 +66,7 @@ import torch.distributed as dist
 from libra.dataplane import DataPlaneError, FetchStats, PeerLost, TransferCorrupted
 from libra.logging import get_logger
 from libra.weights.backend import DEFAULT_BUCKET_BYTES, DeviceEnd, choose_backend, local_end, plan_buckets
-from libra.weights.cuda_ipc import device_index_for_uuid, ipc_handle, ipc_open, local_device_uuids
+from libra.weights.cuda_ipc import device_index_for_uuid, dtype_named, ipc_handle, ipc_open, local_device_uuids
 from libra.weights.pairs import PairGroups, make_pair_group
 
 __all__ = ["TorchWeightFetcher", "TorchWeightPublisher", "latest_ref"]
@@ -81,13 +81,6 @@ def _broadcast(pg: Any, tensor: torch.Tensor) -> None:
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
     pg.broadcast([tensor], opts).wait()
-
-
-def _dtype(name: str) -> torch.dtype:
-    dt = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dt, torch.dtype):
-        raise TransferCorrupted(f"torch weights manifest names an unknown dtype {name!r}")
-    return dt
 
 
 def _pair_prefix(peer: str, backend: str, gen: int) -> str:
@@ -324,7 +317,8 @@ class TorchWeightFetcher:
                 flats = []
                 with self.pairs.use(key, gen, store, _pair_prefix(self.peer, backend, gen), backend) as pg:
                     for b in meta["buffers"]:
-                        flat = torch.empty(int(b["numel"]), dtype=_dtype(b["dtype"]), device=recv_on)
+                        dt = dtype_named(b["dtype"], "torch weights manifest")
+                        flat = torch.empty(int(b["numel"]), dtype=dt, device=recv_on)
                         _broadcast(pg, flat)
                         flats.append(flat.to(self.device))
             sd, nbytes = self._unflatten(endpoint, meta["buffers"], flats)
