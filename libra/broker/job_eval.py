@@ -67,11 +67,10 @@ class EvalRounds:
         """The works of the round after step ``step``: ``(tag, episode args, trajectory id)`` each."""
         out = []
         rnd = {"live": set(), "results": {}, "t0": now, "version": version}
+        modes = ([("g", 0, self._greedy_spec)] if self.greedy else []) + [
+            (f"s{j}", 1 + j, self._sampled_spec) for j in range(self.k)]  # (mode, episode index, spec)
         for p, row in enumerate(self.rows):
-            modes = (["g"] if self.greedy else []) + [f"s{j}" for j in range(self.k)]
-            for m in modes:
-                j = 0 if m == "g" else 1 + int(m[1:])
-                spec = self._greedy_spec if m == "g" else self._sampled_spec
+            for m, j, spec in modes:
                 args = EpisodeArgs(job=self.job, row=row, index=j, seed=self.seed * 1_000_003 + 7_000_000 + p * 1000 + j,
                                    episode=spec)
                 tag = f"ev:{step}:{p}:{m}"
