@@ -199,13 +199,44 @@ def _wait_dead(ref: weakref.ref, timeout_s: float) -> bool:
     return ref() is None
 
 
+def _switch_without_gc(role: Any, kinds: list[str], to: str, refs: dict[str, weakref.ref], wait_s: float
+                       ) -> dict[str, bool]:
+    """Switch ``role`` to ``to`` with the collector off, and whether each of ``refs`` was freed by reference
+    counting (the first waited for up to ``wait_s``, the rest then not at all); the collector runs afterwards,
+    so that what the switch left to it does not count against the next stage."""
+    was = gc.isenabled()
+    gc.disable()  # what follows must be freed by reference counting, as the issue asks
+    try:
+        role.reconfigure(kinds, {"role": to})
+        freed = {name: _wait_dead(ref, wait_s if i == 0 else 0.0) for i, (name, ref) in enumerate(refs.items())}
+    finally:
+        if was:
+            gc.enable()
+    gc.collect()
+    return freed
+
+
+def _train_step(role: Any) -> int:
+    """One GRPO step on ``role`` from a four-sequence shard published on a local data plane: its weights version."""
+    from libra.dataplane import DataPlaneServer
+    from libra.rl.shards import encode_shard
+
+    seqs = [[5, 6, 7, 8, 9, 10, 11, 12], [5, 6, 7, 13, 14, 15], [5, 6, 16, 17, 18, 19, 20], [5, 6, 21, 3, 4]]
+    tensors, meta = encode_shard(seqs, [[0, 0, 0] + [1] * (len(s) - 3) for s in seqs],
+                                 [[0.0] * 3 + [-3.0] * (len(s) - 3) for s in seqs], [1.0, -1.0, 0.5, -0.5],
+                                 traj_index=list(range(4)), micro_batches=[[0, 1, 2, 3]], step=1, rank=0)
+    with DataPlaneServer() as driver:
+        ref = driver.publish_state_dict("batch/step1/rank0", tensors, version=1, metadata=meta).to_wire()
+        out = role.train({"shards": [ref], "world_size": 1, "rank": 0, "master_port": 1, "grpo": {"lr": 1e-5},
+                          "checkpoint": None}, _ctx())
+    return out["weights_version"]
+
+
 def switch_memory(*, shape: str | None = None, device: str = "cpu", scratch: Path | None = None,
                   wait_s: float = 10.0) -> dict[str, Any]:
     """Check 2 (see the module docstring)."""
     from libra.actors.roles import HybridRole
-    from libra.dataplane import DataPlaneServer
     from libra.engines.device import choose_placement
-    from libra.rl.shards import encode_shard
 
     t0 = time.perf_counter()
     scratch = scratch or Path(tempfile.mkdtemp(prefix="libra-gpu-checks-"))
@@ -222,40 +253,16 @@ def switch_memory(*, shape: str | None = None, device: str = "cpu", scratch: Pat
     role.generate(gen, _ctx())
     mem["rollout"] = memory_now(device)
     engine = role.rollout.engine  # type: ignore[union-attr]
-    refs = {"rollout_engine": weakref.ref(engine), "rollout_model": weakref.ref(engine.model)}
+    refs = {"rollout_model": weakref.ref(engine.model), "rollout_engine": weakref.ref(engine)}
     del engine
-    was = gc.isenabled()
-    gc.disable()  # what follows must be freed by reference counting, as the issue asks
-    try:
-        role.reconfigure(["train", "sync"], {"role": "train"})
-        freed["rollout_model"] = _wait_dead(refs["rollout_model"], wait_s)
-        freed["rollout_engine"] = _wait_dead(refs["rollout_engine"], 0.0)
-    finally:
-        if was:
-            gc.enable()
-    gc.collect()  # whatever the switch left to the collector does not count against the next stage
+    freed.update(_switch_without_gc(role, ["train", "sync"], "train", refs, wait_s))
     mem["rollout_closed"] = memory_now(device)
-    seqs = [[5, 6, 7, 8, 9, 10, 11, 12], [5, 6, 7, 13, 14, 15], [5, 6, 16, 17, 18, 19, 20], [5, 6, 21, 3, 4]]
-    tensors, meta = encode_shard(seqs, [[0, 0, 0] + [1] * (len(s) - 3) for s in seqs],
-                                 [[0.0] * 3 + [-3.0] * (len(s) - 3) for s in seqs], [1.0, -1.0, 0.5, -0.5],
-                                 traj_index=list(range(4)), micro_batches=[[0, 1, 2, 3]], step=1, rank=0)
-    with DataPlaneServer() as driver:
-        ref = driver.publish_state_dict("batch/step1/rank0", tensors, version=1, metadata=meta).to_wire()
-        out = role.train({"shards": [ref], "world_size": 1, "rank": 0, "master_port": 1, "grpo": {"lr": 1e-5},
-                          "checkpoint": None}, _ctx())
-    train_version = out["weights_version"]
+    train_version = _train_step(role)
     mem["train"] = memory_now(device)
     model = role.trainer.trainer.model  # type: ignore[union-attr]
-    refs["trainer_model"] = weakref.ref(model)
-    del model, out
-    gc.disable()
-    try:
-        role.reconfigure(["generate"], {"role": "rollout"})
-        freed["trainer_model"] = _wait_dead(refs["trainer_model"], wait_s)
-    finally:
-        if was:
-            gc.enable()
-    gc.collect()
+    refs = {"trainer_model": weakref.ref(model)}
+    del model
+    freed.update(_switch_without_gc(role, ["generate"], "rollout", refs, wait_s))
     mem["train_closed"] = memory_now(device)
     role.generate(gen, _ctx())
     mem["rollout_again"] = memory_now(device)
