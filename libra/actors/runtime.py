@@ -40,7 +40,7 @@ from .state import (ActorIdentity, ActorState, CancelWork, Connect, Note, Receiv
                     Reconfigured, SendMsg, Start, StartWork, Stop, Tick, WorkDone)
 from .direct import DirectLeaseTable, bind_direct
 from .slots import runtime_cuda_env
-from .tools import Handler, ToolError, ToolLoadError, WorkContext, action_slot_tools
+from .tools import Handler, ToolError, ToolLoadError, WorkContext, action_slot_tools, handlers_for_tools
 from .topology import action_labels
 
 log = get_logger("libra.actor")
@@ -365,10 +365,6 @@ def encode_sendable(msgs: list[Any]) -> list[bytes]:
         return encode_batch(enc)
 
 
-def handlers_for_tools(tools: dict[str, Handler]) -> dict[tuple[str, str], Handler]:
-    return {("action", name): fn for name, fn in tools.items()}
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m libra.actors.runtime",
                                 description="Run ONE Libra actor slot (normally started by python -m libra.actors).")
@@ -402,6 +398,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bind no direct socket: clients' calls of inline tools (echo) always go through the broker")
     p.add_argument("--log-level", default=None)
     return p
+
+
+def _attach_reports(args: argparse.Namespace, handlers: dict, rt: ActorRuntime) -> bool:
+    """The slot's readings sent to the broker; False (the reason printed) if the engine's cannot be attached."""
+    if args.role in ("rollout", "hybrid"):  # the engine's KV reading after each batch: re-bid when the credit moves
+        from .rollout_role import attach_kv_reports
+
+        try:
+            attach_kv_reports(handlers, rt._post, rt.state)
+        except ValueError as exc:
+            print(f"libra.actors.runtime: {exc}", file=sys.stderr)
+            return False
+    if args.slot.startswith("gpu"):  # NVML memory and utilisation of this slot's GPU, sent to the broker
+        from .gpu_stats import GpuSampler
+        from .state import GpuSampled
+
+        GpuSampler(slot_gpu_index(args.slot), rt._post, GpuSampled).start()
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -470,19 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     rt = ActorRuntime(args.broker, ident, kinds, capacity, handlers, heartbeat_s=args.heartbeat_s,
                       reconfigure=hybrid.reconfigure if args.role == "hybrid" else None,
                       direct=args.role == "action" and not args.no_direct)
-    if args.role in ("rollout", "hybrid"):  # the engine's KV reading after each batch: re-bid when the credit moves
-        from .rollout_role import attach_kv_reports
-
-        try:
-            attach_kv_reports(handlers, rt._post, rt.state)
-        except ValueError as exc:
-            print(f"libra.actors.runtime: {exc}", file=sys.stderr)
-            return 2
-    if args.slot.startswith("gpu"):  # NVML memory and utilisation of this slot's GPU, sent to the broker
-        from .gpu_stats import GpuSampler
-        from .state import GpuSampled
-
-        GpuSampler(slot_gpu_index(args.slot), rt._post, GpuSampled).start()
+    if not _attach_reports(args, handlers, rt):
+        return 2
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: rt.stop())
     log.info("actor_starting", actor=actor_id, broker=args.broker, role=args.role, tools=sorted(tools),

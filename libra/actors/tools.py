@@ -372,3 +372,7 @@ def action_slot_tools(modules: Sequence[str], *, enable_sandbox: bool, allow_uni
         get_logger("libra.actor").warning("user_tools_unavailable", tools=skipped,
                                           reason="sandboxed tools need the sandbox (bubblewrap or --allow-unisolated)")
     return {**tools, **mine}, decls
+
+
+def handlers_for_tools(tools: dict[str, Handler]) -> dict[tuple[str, str], Handler]:
+    return {("action", name): fn for name, fn in tools.items()}
