@@ -149,13 +149,12 @@ async def episode(session: Any, problem: AgentProblem, cfg: Any) -> tuple[float,
             out = await asyncio.wait_for(out, opts["timeout_s"])
     finally:
         entry = ep.registry.unregister(key)
-    reward, info = reward_outcome(out)
-    info = dict(info)
+    reward, info = reward_outcome(out)  # info: a fresh dict
+    turns = entry.turns if entry is not None else []
     info.setdefault("turns", len(session.versions))
-    info.setdefault("endpoint_turns", len(entry.turns) if entry is not None else 0)
-    info.setdefault("tool_call_turns", sum(bool(t.tool_calls) for t in entry.turns) if entry is not None else 0)
+    info.setdefault("endpoint_turns", len(turns))
+    info.setdefault("tool_call_turns", sum(bool(t.tool_calls) for t in turns))
     # the job's "tool calls per episode": the calls the model made (parsed into tool_calls) and the broker
     # tools the agent called through the session
-    made = sum(len(t.tool_calls) for t in entry.turns) if entry is not None else 0
-    info.setdefault("tool_calls", made + session.tool_calls)
+    info.setdefault("tool_calls", sum(len(t.tool_calls) for t in turns) + session.tool_calls)
     return reward, info
