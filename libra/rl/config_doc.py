@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 import io
 import sys
@@ -31,12 +32,18 @@ def _comments(src: str) -> dict[int, str]:
     return out
 
 
+@functools.cache
+def _source() -> tuple[list[str], dict[int, str], list[ast.ClassDef]]:
+    """``libra.rl.config``'s lines, comments and classes, read and parsed once."""
+    src = inspect.getsource(job_config)
+    classes = [n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.ClassDef)]
+    return src.splitlines(), _comments(src), classes
+
+
 def field_docs(cls: type) -> dict[str, str]:
     """Each field of dataclass ``cls`` → its documentation (see the module docstring)."""
-    src = inspect.getsource(job_config)
-    lines = src.splitlines()
-    comments = _comments(src)
-    (node,) = [n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
+    lines, comments, classes = _source()
+    (node,) = [n for n in classes if n.name == cls.__name__]
     docs: dict[str, str] = {}
     for item in node.body:
         if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)):
