@@ -33,6 +33,7 @@ from libra.logging import bind_context, configure, get_logger
 from libra.protocol import ProtocolError, decode_many, encode, encode_batch, encode_many
 from libra.protocol import messages as m
 from libra.protocol.errors import ErrorCode, ProtocolCode
+from libra.protocol.payloads_actions import TOOL_DECLS_LABEL
 from libra.security import CurveClient, apply_client
 from libra.zmqio import NOBLOCK, recv_ready, send_frames
 
@@ -444,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
             tools, decls = action_slot_tools(args.tools, enable_sandbox=not args.no_sandbox,
                                              service_gpus=labels["gpus"], allow_unisolated=args.allow_unisolated,
                                              host_cores=labels["cores"])
-            labels.update({"tool_decls": decls} if decls else {})
+            labels.update({TOOL_DECLS_LABEL: decls} if decls else {})
         except ToolLoadError as exc:
             print(f"libra.actors.runtime: {exc}", file=sys.stderr)
             return 2

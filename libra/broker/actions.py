@@ -52,7 +52,7 @@ from libra.policies.actions.registry import (
     RunningView,
     make_action_scheduler,
 )
-from libra.protocol.payloads_actions import ActionRoute, tool_declarations
+from libra.protocol.payloads_actions import TOOL_DECLS_LABEL, ActionRoute, tool_declarations
 from libra.protocol.payloads_base import PayloadError
 
 from .core_pools import CorePools
@@ -122,7 +122,7 @@ class ActionPlacement:
     def learn_declarations(self, actors: Sequence[ActorSession]) -> None:
         """Read the user-tool declarations of every session not read yet (see the module docstring)."""
         for s in actors:
-            if "tool_decls" not in s.labels or self._declared_by.get(s.peer) is s:
+            if TOOL_DECLS_LABEL not in s.labels or self._declared_by.get(s.peer) is s:
                 continue
             self._declared_by[s.peer] = s
             try:
