@@ -54,10 +54,8 @@ log = get_logger("libra.roles")
 
 def _ensure_trainer(role: Any, ta: TrainArgs, rank: int) -> Any:
     """The role's trainer (created on the first elastic work, with no fixed group); rank 0 also serves."""
-    from libra.dataplane import DataPlaneServer
     from libra.engines.elastic_dp import ElasticGroup
     from libra.engines.trainer import GRPOConfig, GRPOTrainer
-    from libra.weights.transport import make_publisher, transport_from_env
 
     if role.trainer is None:
         opts: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in ta.grpo.items()}
@@ -74,13 +72,7 @@ def _ensure_trainer(role: Any, ta: TrainArgs, rank: int) -> Any:
             raise ToolError("bad_request", f"train config: {exc}") from None
         role.elastic = ElasticGroup()  # gloo: CUDA gradients are staged through the CPU (engines.collectives)
     if rank == 0 and role.server is None:  # core rank 0 never changes: it serves weights and state
-        role.server = DataPlaneServer(keys=role.keys)
-        placement = getattr(role, "placement", None)  # snapshots stay where the trainer lives
-        try:
-            role.publisher = make_publisher(transport_from_env(), server=role.server, keep=2,
-                                            device=placement.device if placement is not None else None)
-        except ValueError as exc:  # an unknown $LIBRA_WEIGHTS_TRANSPORT
-            raise ToolError("bad_request", str(exc)) from None
+        role.serve_weights()
     return role.trainer
 
 

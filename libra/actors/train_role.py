@@ -93,7 +93,6 @@ class TrainRole:
         return trainer_backend(self.placement) if self.placement is not None else None
 
     def _ensure(self, args: TrainArgs) -> Any:
-        from libra.dataplane import DataPlaneServer
         from libra.engines.trainer import DistConfig, GRPOConfig, GRPOTrainer
 
         if self.trainer is not None:
@@ -114,15 +113,7 @@ class TrainRole:
         except (TypeError, ValueError) as exc:
             raise ToolError("bad_request", f"train config: {exc}") from None
         if rank == 0:  # before the (slow) model load, so a refused bind fails fast with its own message
-            self.server = DataPlaneServer(keys=self.keys)
-            from libra.weights.transport import make_publisher, transport_from_env
-
-            # snapshots stay where the trainer lives: a GPU trainer serves GPU rollouts by NCCL or CUDA IPC
-            on = self.placement.device if self.placement is not None else None
-            try:
-                self.publisher = make_publisher(transport_from_env(), server=self.server, device=on, keep=2)
-            except ValueError as exc:  # an unknown $LIBRA_WEIGHTS_TRANSPORT
-                raise ToolError("bad_request", str(exc)) from None
+            self.serve_weights()
         try:
             self.trainer = GRPOTrainer(self.model_dir, cfg, dist_config=dist, parallel=parallel,
                                        **self.trainer_placement())
@@ -242,6 +233,19 @@ class TrainRole:
     def checksum(self) -> str:
         """The fingerprint of the trainer's master weights (a collective under fsdp)."""
         return str(self.trainer.weights_fingerprint())
+
+    def serve_weights(self) -> None:
+        """Rank 0's data-plane server and weights publisher (``$LIBRA_WEIGHTS_TRANSPORT``); snapshots stay where
+        the trainer lives: a GPU trainer serves GPU rollouts by NCCL or CUDA IPC."""
+        from libra.dataplane import DataPlaneServer
+        from libra.weights.transport import make_publisher, transport_from_env
+
+        self.server = DataPlaneServer(keys=self.keys)
+        on = self.placement.device if self.placement is not None else None
+        try:
+            self.publisher = make_publisher(transport_from_env(), server=self.server, device=on, keep=2)
+        except ValueError as exc:  # an unknown $LIBRA_WEIGHTS_TRANSPORT
+            raise ToolError("bad_request", str(exc)) from None
 
     def trainer_placement(self) -> dict[str, Any]:
         """The trainer's ``device``, compute ``dtype`` and ``memory_fraction`` from the placement (none: CPU
