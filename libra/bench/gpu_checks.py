@@ -129,12 +129,17 @@ def _moved_share(before: list[torch.Tensor], trainer: GRPOTrainer) -> float:
     return changed / max(total, 1)
 
 
-def _drop(trainer: Any, device: str) -> None:
-    trainer.close()
-    del trainer
+def _collect(device: str) -> None:
+    """Free what the collector can, and on CUDA give the caching allocator's free blocks back."""
     gc.collect()
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
+
+
+def _drop(trainer: Any, device: str) -> None:
+    trainer.close()
+    del trainer
+    _collect(device)
 
 
 def _first_step_share(model_dir: str, random_init: bool, device: str, dtype: torch.dtype, lr: float,
@@ -270,9 +275,7 @@ def switch_memory(*, shape: str | None = None, device: str = "cpu", scratch: Pat
     record = json.loads(record_path.read_text()) if record_path.is_file() else None
     role.reconfigure(["sync"], {"role": "none"})  # neither role: both engines released
     del role
-    gc.collect()
-    if cuda:
-        torch.cuda.empty_cache()
+    _collect(device)
     mem["end"] = memory_now(device)
     res: dict[str, Any] = {"check": "switch", "device": device, "card": card(device), "model": shape or "tiny",
                            "slot": slot, "train_weights_version": train_version, "memory_mib": mem,
@@ -366,9 +369,7 @@ def trainer_oom(*, shape: str | None = None, device: str = "cpu", scratch: Path 
     del error, large, held
     if restore is not None:
         trainer.model.forward = restore
-    gc.collect()
-    if cuda:
-        torch.cuda.empty_cache()
+    _collect(device)
     after_fail = memory_now(device)
     unchanged = trainer.weights_version == version
     recovered = trainer.train_step(small)["weights_version"] == version + 1
