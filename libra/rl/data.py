@@ -54,6 +54,27 @@ def _read_jsonl(path: Path, key: str) -> None:
                 raise ConfigError(f"[data] {key} = {str(path)!r}: line {n} is not a JSON object")
 
 
+def _starts_with(path: Path, char: str) -> bool:
+    """Whether the file's first non-blank character is ``char``."""
+    with path.open("r", encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                return line.lstrip().startswith(char)
+    return False
+
+
+def _read_json_array(path: Path, key: str) -> list[dict[str, Any]]:
+    """The objects of a ``.json`` file holding one JSON array; the error names the element that is not one."""
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"[data] {key} = {str(path)!r}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    for n, obj in enumerate(rows):
+        if not isinstance(obj, dict):
+            raise ConfigError(f"[data] {key} = {str(path)!r}: element {n} of the array is not a JSON object")
+    return rows
+
+
 def _open(path: Path, key: str) -> Any:
     """The file or directory at ``path`` as a ``datasets.Dataset``."""
     try:
@@ -75,6 +96,8 @@ def _open(path: Path, key: str) -> Any:
                                       "point at one split's directory")
             return ds
         suffix = path.suffix.lower()
+        if suffix == ".json" and _starts_with(path, "["):  # one JSON array of objects, not JSON Lines
+            return datasets.Dataset.from_list(_read_json_array(path, key))
         if suffix in (".jsonl", ".json"):
             _read_jsonl(path, key)
             return datasets.Dataset.from_json(str(path), keep_in_memory=True)

@@ -44,6 +44,20 @@ def test_rows_load_from_every_format_with_the_prompt_under_prompt(tmp_path: Path
     assert rows[3]["prompt"] == "what is 3+1?" and rows[3]["question"] == rows[3]["prompt"] and rows[3]["answer"] == "4"
 
 
+def test_a_json_file_may_hold_one_array_of_records(tmp_path: Path) -> None:
+    """A ``.json`` file is JSON Lines or one JSON array of objects (the array was refused as "line 1 is not a
+    JSON object"); an element that is not an object is named."""
+    arr = tmp_path / "d.json"
+    arr.write_text(json.dumps(RECORDS, indent=1))
+    rows = load_rows(arr, prompt_field="question", answer_field="answer")
+    assert [r["id"] for r in rows] == list(range(10)) and rows[3]["prompt"] == "what is 3+1?"
+    lines = write_jsonl(tmp_path / "l.json", RECORDS)
+    assert [r["id"] for r in load_rows(lines, prompt_field="question")] == list(range(10))
+    (tmp_path / "bad.json").write_text(json.dumps([{"question": "a"}, 7]))
+    with pytest.raises(ConfigError, match=r"\[data\] train = '.*bad.json': element 1 of the array is not a JSON object"):
+        load_rows(tmp_path / "bad.json", key="train", prompt_field="question")
+
+
 def test_chat_message_prompts_are_kept(tmp_path: Path) -> None:
     recs = [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"q{i}"}]}
             for i in range(3)]
