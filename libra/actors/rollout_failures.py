@@ -33,7 +33,7 @@ log = get_logger("libra.roles")
 class EngineKeeper:
     """Mixin of :class:`~libra.actors.rollout_role.RolloutRole` (see the module docstring)."""
 
-    BACKOFF_S = (2.0, 30.0)  # first retry delay, and its cap (doubling in between)
+    BACKOFF_S = (2.0, 30.0)  # first retry delay after a failed rebuild or fetch, and its cap (doubling in between)
     engine: Any
     contexts: Any
     stats: dict[str, Any]

@@ -194,8 +194,6 @@ class RolloutRole(EngineKeeper):
     """A rollout engine (HF by default, see :func:`make_rollout_engine`) with a turn batcher (see the module
     contracts; its engine's failures and releases: :class:`~libra.actors.rollout_failures.EngineKeeper`)."""
 
-    BACKOFF_S = (2.0, 30.0)  # first retry delay after a failed fetch or rebuild, and its cap (doubling in between)
-
     def __init__(self, model_dir: str, run_dir: str | None, slot: str, *, max_batch: int = 32,
                  window_s: float = 0.02, torch_threads: int = 0, fetch_timeout_s: float = 10.0,
                  fetcher: Any = None, placement: Any = None, tp: int = 1, devices: tuple[int, ...] = (),
