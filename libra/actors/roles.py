@@ -17,7 +17,8 @@ from typing import Any
 
 from libra.logging import get_logger
 
-from .rollout_role import ROLLOUT_ENGINE_ENV, RolloutRole, make_rollout_engine, read_weights_file, write_weights_file
+from .rollout_role import (ROLLOUT_ENGINE_ENV, RolloutRole, make_rollout_engine, read_weights_file, write_slot_record,
+                           write_weights_file)
 from .tools import Handler, ToolError, WorkContext
 from .train_role import TrainRole
 
@@ -167,10 +168,8 @@ class HybridRole:
 
     def _note_switch(self, kinds: list[str], role: Any, released: dict[str, Any]) -> None:
         """Add this switch to the slot's record and write it (through the rollout role when there is one)."""
-        import json
         import os
         import time
-        from pathlib import Path
 
         entry = {"switch": self.switches, "kinds": list(kinds), "role": role, "at": time.time(),
                  "released": released["released"], "memory_before": released["before"],
@@ -183,12 +182,8 @@ class HybridRole:
             return
         if self.run_dir is None:
             return
-        d = Path(self.run_dir) / "actors"
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".{self.slot}.json.tmp"
         now = "rollout" if "generate" in kinds else "train" if "train" in kinds else "hybrid"
-        tmp.write_text(json.dumps({**self.record, "slot": self.slot, "role": now, "pid": os.getpid()}))
-        os.replace(tmp, d / f"{self.slot}.json")
+        write_slot_record(self.run_dir, self.slot, {**self.record, "slot": self.slot, "role": now, "pid": os.getpid()})
 
 
 def role_handlers(role: str, model_dir: str | None, run_dir: str | None, slot: str, *, max_batch: int = 32,

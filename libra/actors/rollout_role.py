@@ -83,11 +83,20 @@ from .rollout_failures import EngineKeeper
 from .tools import ToolError, WorkContext
 
 __all__ = ["KV_REBID_ENV", "ROLLOUT_ENGINE_ENV", "RolloutRole", "attach_kv_reports", "make_rollout_engine",
-           "read_weights_file", "set_torch_threads", "write_weights_file"]
+           "read_weights_file", "set_torch_threads", "write_slot_record", "write_weights_file"]
 
 log = get_logger("libra.roles")
 
 ROLLOUT_ENGINE_ENV = "LIBRA_ROLLOUT_ENGINE"
+
+
+def write_slot_record(run_dir: str | Path, slot: str, record: dict[str, Any]) -> None:
+    """Write ``record`` as the slot's record file ``RUN/actors/<slot>.json``, atomically."""
+    d = Path(run_dir) / "actors"
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{slot}.json.tmp"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, d / f"{slot}.json")
 
 
 def write_weights_file(path: Path, state_dict: Any, version: int) -> Path:
@@ -451,12 +460,9 @@ class RolloutRole(EngineKeeper):
             self._version = int(self.engine.weights_version)
         if self.run_dir is None:
             return
-        d = self.run_dir / "actors"
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".{self.slot}.json.tmp"
-        tmp.write_text(json.dumps({**self.record, "slot": self.slot, "role": "rollout",
-                                   "weights_version": self._version, "knows_publisher": self._source is not None,
-                                   "pid": os.getpid(), **self.stats}))
-        os.replace(tmp, d / f"{self.slot}.json")
+        write_slot_record(self.run_dir, self.slot, {**self.record, "slot": self.slot, "role": "rollout",
+                                                    "weights_version": self._version,
+                                                    "knows_publisher": self._source is not None,
+                                                    "pid": os.getpid(), **self.stats})
 
 
