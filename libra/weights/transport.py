@@ -100,21 +100,21 @@ def make_fetcher(name: str, *, keys: Any = None, device: Any = None, timeout_s: 
 
 class Fetchers:
     """A rollout actor's fetchers, one per transport, each made on first use by :func:`make_fetcher` (with
-    ``keys``, ``device``, ``timeout_s``) unless given in ``given``. ``fetch(ref)`` uses the ref's transport
+    ``keys``, ``device``, ``timeout_s``). ``fetch(ref)`` uses the ref's transport
     and also returns its name. Holds no reference to its owner (a role), so it adds no cycle to it."""
 
-    def __init__(self, *, keys: Any = None, device: Any = None, timeout_s: float = 10.0,
-                 given: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, *, keys: Any = None, device: Any = None, timeout_s: float = 10.0) -> None:
         self.keys, self.device, self.timeout_s = keys, device, timeout_s
-        self._by_name: dict[str, Any] = {k: v for k, v in (given or {}).items() if v is not None}
+        self._by_name: dict[str, Any] = {}
         self.made: list[str] = []  # the transports whose fetcher this object made, in order
 
     def get(self, name: str, override: Mapping[str, Any] | None = None) -> WeightFetcher:
         """The fetcher of transport ``name``: ``override[name]`` if given (an owner's current, swappable
         fetcher), else the one held, made now if none is."""
-        if override is not None and override.get(_check(name)) is not None:
+        _check(name)
+        if override is not None and override.get(name) is not None:
             return override[name]
-        if _check(name) not in self._by_name:
+        if name not in self._by_name:
             self._by_name[name] = make_fetcher(name, keys=self.keys, device=self.device, timeout_s=self.timeout_s)
             self.made.append(name)
         return self._by_name[name]
