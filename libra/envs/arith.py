@@ -24,6 +24,13 @@ The episode (:func:`episode`) is an async function over an :class:`~libra.rl.epi
    answer earns only the format reward). The info counts the episode's tool calls and the successful
    ones (``tool_ok``: no error and exit code 0).
 
+A **shifting workload** (``max_new_tokens_ramp = [start, end]`` with ``ramp_rows = R``): problem ``i`` (in the
+order the job hands rows out: step ``~ i // prompts_per_step + 1``) caps every model turn of its episodes at
+``start + (end - start) * min(i, R - 1) / (R - 1)`` tokens (rounded), so a job's episodes grow from ``start``
+to ``end`` tokens per turn over its first ``R`` rows and stay at ``end`` after them. The job's ``[env]
+max_new_tokens`` still caps every turn: give it at least ``end``. A random model generates to the cap, so
+rollout is cheap in the first steps and costly in the last (``examples/arith_shift.toml``).
+
 The module is an environment plug-in like any other (:mod:`libra.envs.contract`): its options (the keys
 above, and ``format_reward``, ``digit_reward``, ``tool_timeout_s``) sit in the job's ``[env.options]``
 table and :func:`validate_options` checks them (:data:`OPTIONS` holds the defaults); ``max_turns`` is the
@@ -52,6 +59,7 @@ __all__ = [
     "messages",
     "parse_answer",
     "parse_tool_call",
+    "ramp_tokens",
     "required_tools",
     "score",
     "tool_succeeded",
@@ -89,6 +97,7 @@ class Problem:
     answer: int
     style: str = "plain"  # the prompt style (PROMPT_STYLES)
     demos: int = 2  # tool_demo: how many demonstrated episodes the prompt starts with
+    max_new_tokens: int = 0  # the turn cap of this problem's episodes (max_new_tokens_ramp); 0: the job's
 
     @property
     def prompt(self) -> list[dict[str, str]]:
@@ -113,10 +122,12 @@ def messages(question: str, style: str = "plain", demos: int = 2) -> list[dict[s
 
 def make_problems(n: int, seed: int = 0, *, max_operand: int = 20, ops: list[str] | tuple[str, ...] = ("+", "-"),
                   min_operand: int = 1, second_operand: list[int] | tuple[int, ...] = (),
-                  prompt_style: str = "plain", tool_demos: int = 2, **_: Any) -> list[Problem]:
+                  prompt_style: str = "plain", tool_demos: int = 2,
+                  max_new_tokens_ramp: list[int] | tuple[int, ...] = (), ramp_rows: int = 0,
+                  **_: Any) -> list[Problem]:
     """``n`` problems from a private ``random.Random(seed)``; deterministic, no global state touched.
     Operands are drawn from ``[min_operand, max_operand]``, the second from ``second_operand`` (``[lo, hi]``)
-    when given."""
+    when given; with ``max_new_tokens_ramp`` each problem carries its turn cap (:func:`ramp_tokens`)."""
     if not 1 <= min_operand <= max_operand:
         raise ValueError(f"need 1 <= min_operand <= max_operand, got {min_operand} and {max_operand}")
     if second_operand and (len(second_operand) != 2 or not 1 <= second_operand[0] <= second_operand[1]):
@@ -128,6 +139,9 @@ def make_problems(n: int, seed: int = 0, *, max_operand: int = 20, ops: list[str
         raise ValueError(f"prompt_style must be one of {', '.join(PROMPT_STYLES)}, got {prompt_style!r}")
     if not 0 <= tool_demos <= len(_DEMOS):
         raise ValueError(f"tool_demos must be within [0, {len(_DEMOS)}], got {tool_demos}")
+    ramp_error = _ramp_problem(max_new_tokens_ramp, ramp_rows)
+    if ramp_error:
+        raise ValueError(f"{ramp_error[0]} {ramp_error[1]}")
     lo2, hi2 = (second_operand[0], second_operand[1]) if second_operand else (min_operand, max_operand)
     rng = random.Random(seed)
     out = []
@@ -138,8 +152,33 @@ def make_problems(n: int, seed: int = 0, *, max_operand: int = 20, ops: list[str
             a, b = b, a
         ans = a + b if op == "+" else a - b if op == "-" else a * b
         q = _TEMPLATES[op].format(n=rng.choice(_NAMES), a=a, b=b, it=rng.choice(_ITEMS))
-        out.append(Problem(f"arith-{seed}-{i}", q, ans, prompt_style, tool_demos))
+        cap = ramp_tokens(i, max_new_tokens_ramp, ramp_rows) if max_new_tokens_ramp else 0
+        out.append(Problem(f"arith-{seed}-{i}", q, ans, prompt_style, tool_demos, cap))
     return out
+
+
+def ramp_tokens(index: int, ramp: list[int] | tuple[int, ...], rows: int) -> int:
+    """The turn cap of row ``index`` under ``max_new_tokens_ramp = ramp`` (``[start, end]``) over ``rows``
+    rows: linear from ``start`` at row 0 to ``end`` at row ``rows - 1``, ``end`` after it."""
+    start, end = int(ramp[0]), int(ramp[1])
+    if rows <= 1:
+        return end
+    return round(start + (end - start) * min(max(index, 0), rows - 1) / (rows - 1))
+
+
+def _ramp_problem(ramp: Any, rows: Any) -> tuple[str, str] | None:
+    """``(key, what is wrong)`` with ``max_new_tokens_ramp`` / ``ramp_rows``, or None when they are valid."""
+    if not isinstance(ramp, (list, tuple)) or (ramp and (len(ramp) != 2 or not all(type(x) is int and x >= 1
+                                                                                     for x in ramp))):
+        return "max_new_tokens_ramp", f"must be [start, end] with integers >= 1 (or empty), got {ramp!r}"
+    if type(rows) is not int or rows < 0:
+        return "ramp_rows", f"must be an integer >= 0, got {rows!r}"
+    if ramp and rows < 2:
+        return "ramp_rows", (f"must be >= 2 with max_new_tokens_ramp = {list(ramp)} (the rows over which the turn "
+                             f"cap grows: e.g. [job] steps x prompts_per_step), got {rows}")
+    if rows and not ramp:
+        return "ramp_rows", f"is {rows} but max_new_tokens_ramp is not set: give both or neither"
+    return None
 
 
 OPTIONS: dict[str, Any] = {
@@ -149,6 +188,8 @@ OPTIONS: dict[str, Any] = {
     "tool_demos": 2,  # tool_demo: how many demonstrated episodes (0 to 2)
     "format_reward": 0.1, "digit_reward": 0.0,  # see score()
     "tool_timeout_s": 5.0,  # one python call's limit
+    "max_new_tokens_ramp": [],  # [start, end]: each turn's cap grows over the rows (a shifting workload); []: off
+    "ramp_rows": 0,  # the rows over which the ramp grows (>= 2 with a ramp; the job's steps x prompts_per_step)
 }
 """The options (``[env.options]``) and their defaults."""
 
@@ -170,6 +211,9 @@ def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
         raise OptionsError("tool_demos", f"must be within [0, {len(_DEMOS)}], got {o['tool_demos']}")
     if not o["tool_timeout_s"] > 0:
         raise OptionsError("tool_timeout_s", f"must be > 0, got {o['tool_timeout_s']}")
+    ramp_error = _ramp_problem(o["max_new_tokens_ramp"], o["ramp_rows"])
+    if ramp_error:
+        raise OptionsError(*ramp_error)
     return o
 
 
@@ -186,6 +230,8 @@ def to_row(problem: Problem) -> dict[str, Any]:
         row["style"] = problem.style
     if problem.demos != 2:
         row["demos"] = problem.demos
+    if problem.max_new_tokens:
+        row["max_new_tokens"] = problem.max_new_tokens
     return row
 
 
@@ -193,12 +239,12 @@ def from_row(row: Any) -> Problem:
     """The problem of a dataset row; raises ValueError naming what is wrong."""
     try:
         p = Problem(str(row["pid"]), str(row["question"]), int(row["answer"]), str(row.get("style", "plain")),
-                    int(row.get("demos", 2)))
+                    int(row.get("demos", 2)), int(row.get("max_new_tokens", 0)))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"arith row needs pid, question and an int answer: {exc!r}") from None
-    if p.style not in PROMPT_STYLES or not 0 <= p.demos <= len(_DEMOS):
+    if p.style not in PROMPT_STYLES or not 0 <= p.demos <= len(_DEMOS) or p.max_new_tokens < 0:
         raise ValueError(f"arith row style must be one of {', '.join(PROMPT_STYLES)} with 0 to {len(_DEMOS)} "
-                         f"demos, got {p.style!r} with {p.demos}")
+                         f"demos and max_new_tokens >= 0, got {p.style!r} with {p.demos} and {p.max_new_tokens}")
     return p
 
 
@@ -262,7 +308,8 @@ async def episode(session: Any, problem: Problem, cfg: Any) -> tuple[float, dict
     o = validate_options(getattr(cfg, "options", {}) or {})
     text, ok = "", 0
     for turn in range(cfg.max_turns):
-        text = await session.generate()
+        # a ramped problem caps its turns itself (the session keeps the job's cap as the ceiling)
+        text = await (session.generate(problem.max_new_tokens) if problem.max_new_tokens else session.generate())
         code = parse_tool_call(text)
         if code is None or turn == cfg.max_turns - 1 or parse_answer(text) is not None:
             break
