@@ -1,7 +1,7 @@
 """RL job files: TOML → validated frozen dataclasses (through :func:`libra.config.from_mapping`).
 
 A job file has the tables ``[job]``, ``[model]``, ``[env]``, ``[data]``, ``[eval]``, ``[rollout]``,
-``[grpo]`` and ``[actors]`` (all optional, every key has a default; an integer is taken where a float is
+``[grpo]``, ``[actors]`` and ``[broker]`` (all optional, every key has a default; an integer is taken where a float is
 expected). Unknown tables or keys and wrong types raise :class:`~libra.config.ConfigError` naming the
 file, the table and the key. ``docs/job-file.md`` is generated from these dataclasses (``python -m
 libra.rl.config_doc``). ``load_job(path)`` is the only entry point; ``JobConfig.to_toml``
@@ -19,6 +19,7 @@ from libra.config import ConfigError, from_mapping, load_toml
 
 __all__ = [
     "ActorsConfig",
+    "BrokerTable",
     "DataConfig",
     "EnvConfig",
     "EvalConfig",
@@ -149,9 +150,48 @@ class ActorsConfig:
     dtype: str = "auto"  # engines' dtype: auto (bf16 on a GPU, fp32 on the CPU), bf16, fp16, fp32
     gpu_memory_fraction: float = 0.0  # share of a GPU one engine may use (0: 0.9 split among its engines)
     tools: list[str] = field(default_factory=list)  # modules whose LIBRA_TOOLS action slots offer (libra.actors.tools)
-    # how the broker places tool calls: "auto" (Tangram when `tools` names user tools, so their declared cores
-    # are granted and held; else first come first served), "fcfs", or an action scheduler (tangram, fixed_dop, ...)
+    # deprecated: write [broker] action_scheduler. How the broker places tool calls: "auto" (see [broker]
+    # action_scheduler), "fcfs", or an action scheduler (tangram, fixed_dop, ...); used when [broker] says "auto"
     action_scheduler: str = "auto"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerTable:
+    """``[broker]``: the policies of the broker that ``python -m libra run`` starts (``libra.rl.broker_table``).
+
+    ``policy = "libra"`` (the default) runs Libra: the ``[actors] rollout`` slots are **hybrid** slots that serve
+    rollout until the Elastic Hybrid Pool (``[broker.planner] allocation = "grp_ehp"``) borrows one as one more
+    data-parallel trainer replica and releases it again; the ``[actors] trainer`` slots are the core trainer ranks,
+    which never move. The pool keeps ``[broker.planner.ehp] min_rollout`` (default 1) slots serving rollout, so a
+    job with one rollout slot never moves it. The broker's planner rounds (GRP) plan GPU slots only (two or more
+    ``gpuN`` slots); on a CPU-only host they decide nothing and the pool is what moves slots. C-MLFQ routes every
+    turn and Tangram places every tool call. ``policy = "static"`` is the named baseline: fixed rollout/trainer
+    roles, no planner, first come first served tool calls (Tangram when ``[actors] tools`` names user tools).
+
+    ``[broker.planner]`` keys (checked at load time by the broker's own ``PlannerSettings``/``EhpSettings``):
+    ``allocation`` (default ``"grp_ehp"``; or ``grp``, ``grp_homogeneous``, ``static_uniform``, ``static_best``,
+    ``greedy``), ``hardware`` (default ``"auto"``: the ``cpu`` profile on a host without a GPU, else the
+    detected GPU's profile: ``h100``, ``h200``, ``a800``), ``model`` (default ``"auto"``: the ``[model] name``'s
+    cost profile when one is bundled, e.g. ``tiny``, else the broker's default), ``interval_s`` (default 300:
+    seconds between GRP rounds), ``objective`` (``"throughput"`` or ``"pipeline"``: the planner's
+    ``PlannerConfig.objective``, put in ``params``), ``group_size`` / ``batch`` (default: ``[grpo] group_size``
+    and one step's trajectories), ``params``, ``replanner``, ``parallelism``, ``earl`` and the
+    ``[broker.planner.ehp]`` table (``min_rollout``, ``borrow_ratio``, ``release_ratio``, ``protect_pressure``,
+    ``ttl_steps``, ``zero_steps``, ``force``). The resolved table is written to ``RUN/broker.toml``.
+    """
+
+    # "libra" (hybrid slots under the Elastic Hybrid Pool, GRP planner, C-MLFQ, Tangram) or "static" (the baseline)
+    policy: str = "libra"
+    router: str = "cmlfq"  # the rollout router of every generate turn (libra.policies.routing.baselines)
+    router_params: dict[str, Any] = field(default_factory=dict)  # the router's own keyword arguments
+    # C-MLFQ buckets [{name, tp, max_tokens}], ascending by max_tokens ([]: one bucket). Without GPU slots no
+    # plan assigns rollout slots to buckets (they all serve the first one), so more buckets route nowhere else
+    buckets: list[dict[str, Any]] = field(default_factory=list)
+    # how tool calls are placed: "auto" ([actors] action_scheduler if set there, else tangram under libra; under
+    # static first come first served, or tangram when [actors] tools names user tools), "fcfs", or a scheduler
+    action_scheduler: str = "auto"
+    planner: dict[str, Any] = field(default_factory=dict)  # [broker.planner]: see above (an unknown key is an error)
+    engines: dict[str, Any] = field(default_factory=dict)  # [broker.engines]: {dtype, gpu_memory_fraction} of directed GPU engines
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +204,7 @@ class JobConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     grpo: GRPOParams = field(default_factory=GRPOParams)
     actors: ActorsConfig = field(default_factory=ActorsConfig)
+    broker: BrokerTable = field(default_factory=BrokerTable)
 
     def to_mapping(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -198,7 +239,8 @@ def toml_value(v: Any) -> str:
 
 
 _TABLES: dict[str, type] = {"job": JobSection, "model": ModelConfig, "env": EnvConfig, "data": DataConfig,
-                            "eval": EvalConfig, "rollout": RolloutConfig, "grpo": GRPOParams, "actors": ActorsConfig}
+                            "eval": EvalConfig, "rollout": RolloutConfig, "grpo": GRPOParams, "actors": ActorsConfig,
+                            "broker": BrokerTable}
 
 
 def job_from_mapping(data: dict[str, Any], where: str = "job") -> JobConfig:
@@ -315,6 +357,9 @@ def _check(c: JobConfig, where: str) -> None:
         problems.append("[env] max_turns and max_new_tokens must be >= 1")
     if problems:
         raise ConfigError(f"{where}: " + "; ".join(problems))
+    from libra.rl.broker_table import check_broker_table
+
+    check_broker_table(c, where)  # the broker core's own validators: a bad [broker] fails before any process
 
 
 def load_job(path: str | Path) -> JobConfig:
