@@ -2,8 +2,10 @@
 
 New training replicas join as whole DP replicas through the hybrid join protocol
 (:class:`~libra.broker.hybrid.HybridReplica`): :func:`register_joins` starts a join for every training
-group that a plan application adds (and cancels the joins of groups it drops), :func:`advance_joins`
-moves the joins on at a training-step boundary (fetched -> zero-gradient step -> active), and
+group that a plan application adds (and cancels the joins of groups it drops), :func:`start_step` and
+:func:`end_step` move the joins on at each training step's start and end as the broker's pool does
+(``ElasticPool.plan_step`` / ``step_done``: a replica whose GPUs have switched when a step starts is that
+step's zero-gradient member and fetches the state meanwhile; it trains from the next step on), and
 :func:`ehp_decision` turns the step's pressures into the number of hybrid replicas the pool should hold
 (:func:`~libra.policies.planner.online.ehp_signal`) and the plan that realises it. Pure apart from the
 join state machines they are handed.
@@ -21,7 +23,7 @@ from libra.policies.planner.allocators import EhpSignal, Plan, PressureSnapshot,
 from libra.policies.planner.search import GlobalResourcePlanner
 from libra.sim.sim_planner_params import PlannerSimParams
 
-__all__ = ["advance_joins", "ehp_decision", "register_joins"]
+__all__ = ["ehp_decision", "end_step", "register_joins", "start_step"]
 
 
 def register_joins(hybrids: dict[str, HybridReplica], roles: Mapping[str, Role], live: Collection[str]) -> None:
@@ -43,17 +45,36 @@ def register_joins(hybrids: dict[str, HybridReplica], roles: Mapping[str, Role],
             rep.cancel(rep.generation, "released")
 
 
-def advance_joins(hybrids: Mapping[str, HybridReplica], live: Iterable[str], k: int) -> None:
-    """At the boundary after step ``k``: fetched replicas (now ``live``) zero-sync, zero-synced ones activate."""
-    live = list(live)
+def start_step(hybrids: Mapping[str, HybridReplica], live: Iterable[str], k: int) -> list[tuple[str, int]]:
+    """At the start of training step ``k``, as the broker's ``ElasticPool.plan_step`` does at that boundary:
+    a zero-synced replica with >= 1 zero-gradient step activates and trains from step ``k`` on, and a
+    fetching replica whose GPUs are ``live`` (switched to training) is a zero-gradient member of step ``k``
+    (it fetches the state during the step). Returns those zero members as ``(group, generation)``, for
+    :func:`end_step`."""
+    live = set(live)
+    zero = []
     for g, rep in hybrids.items():
         gen = rep.generation
-        if rep.state is JoinState.FETCHING_STATE and g in live:
-            rep.state_fetched(gen, k)
-        elif rep.state is JoinState.ZERO_SYNC:
-            rep.zero_step(gen, k)
+        if rep.state is JoinState.ZERO_SYNC and rep.zero_steps >= 1:
             rep.activate(gen)
-            rep.activated(gen, k + 1, k + 1)
+            rep.activated(gen, k, k - 1)
+        elif rep.state is JoinState.FETCHING_STATE and g in live:
+            zero.append((g, gen))
+        elif rep.state is JoinState.ZERO_SYNC:
+            zero.append((g, gen))
+    return zero
+
+
+def end_step(hybrids: Mapping[str, HybridReplica], zero: Iterable[tuple[str, int]], k: int) -> None:
+    """Training step ``k`` ended (``ElasticPool.step_done``): its zero members hold the fetched state and count
+    one zero-gradient step. A join cancelled meanwhile (dropped, or a newer generation) is skipped."""
+    for g, gen in zero:
+        rep = hybrids.get(g)
+        if rep is None or rep.generation != gen:
+            continue
+        if rep.state is JoinState.FETCHING_STATE:
+            rep.state_fetched(gen, k)
+        rep.zero_step(gen, k)
 
 
 def ehp_decision(step: int, snap: PressureSnapshot, core: Plan, n_hybrid: int, replanner: Replanner,

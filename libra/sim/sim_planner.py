@@ -92,7 +92,7 @@ from libra.sim.sim_config import SimConfig
 from libra.sim.sim_gpus import GpuFleet, TransitionCosts, gpu_id
 from libra.sim.sim_host import SimHost
 from libra.sim.sim_metrics import SimResult, summarize
-from libra.sim.sim_ehp import advance_joins, ehp_decision, register_joins
+from libra.sim.sim_ehp import ehp_decision, end_step, register_joins, start_step
 from libra.sim.sim_planner_params import (
     PLANNER_ALLOCATIONS,
     ROUTER_ROUTING,
@@ -155,6 +155,7 @@ class PlannerAllocation:
         self.oom_regroups = 0  # training steps that outgrew their layout and ran regrouped (GpuFleet.regroups)
         self.core_swaps = 0
         self.hybrids: dict[str, HybridReplica] = {}
+        self._zero: list[tuple[str, int]] = []  # the running step's zero-gradient members (group, generation)
         self.n_hybrid = 0
         self.ehp_signals: list[dict[str, Any]] = []
         self.train_layouts: list[TrainConfig] = []
@@ -224,6 +225,7 @@ class PlannerAllocation:
         use = None
         if self.ehp:
             live = self.fleet.replicas()
+            self._zero = start_step(self.hybrids, live, self.sim.trained)  # joins move on as the step starts
             use = [g for g in live if g not in self.hybrids or self.hybrids[g].state is JoinState.ACTIVE]
             if not use:  # the whole core was replaced: the joined replicas are the core now (cluster swap)
                 for g in live:
@@ -264,7 +266,8 @@ class PlannerAllocation:
         self.fleet.step_done()
         self._observe()
         if self.ehp:
-            self._advance_joins(k)
+            end_step(self.hybrids, self._zero, k)
+            self._zero = []
         busy = (self._pending_apply or self.loop.searching
                 or (self.sim.broker.plan_applier is not None and not self.sim.broker.plan_applier.done))
         if self.params.error_feedback or self.params.reconfig_feedback:
@@ -473,11 +476,6 @@ class PlannerAllocation:
         """Training replicas that are new in this application join through the hybrid protocol."""
         assert self.fleet is not None
         register_joins(self.hybrids, self.roles, set(self.fleet.replicas()))
-
-    def _advance_joins(self, k: int) -> None:
-        """At the boundary after step ``k``: fetched replicas zero-sync, zero-synced ones activate."""
-        assert self.fleet is not None
-        advance_joins(self.hybrids, self.fleet.replicas(), k)
 
     def _ehp_step(self, step: int, snap: PressureSnapshot) -> None:
         sig, target = ehp_decision(step, snap, self.core, self.n_hybrid, self.replanner, self.allocator.planner,
