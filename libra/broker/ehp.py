@@ -11,7 +11,12 @@ At every training-step boundary the job host asks :meth:`ElasticPool.plan_step` 
    from that step on; for tests and operators) or the borrow/release hysteresis of §1.3.4
    (:func:`~libra.policies.planner.online.ehp_signal`: the last step's training and rollout seconds, the
    rollout queue and active pressure, ``min_rollout`` rollout actors kept). Without a finished step the
-   pool holds.
+   pool holds. When the job hands in its measured costs (:class:`~libra.policies.planner.measured.
+   MeasuredCosts`: rollout tokens/s per instance, training tokens/s per rank), a borrow the hysteresis asks
+   for is kept only if the costs predict the step faster with one more training replica and one fewer
+   rollout instance, and a release only if they predict it faster the other way (the reason then ends in
+   ``_measured_gain`` or ``_but_measured_no_gain``; :attr:`ElasticPool.prediction` keeps the comparison).
+   A forced schedule is never gated.
 2. **Reconcile**: borrowing a replica starts its join (a new generation of its ``HybridReplica``) and
    moves the actor to ``train`` with a directive; releasing one cancels its join or membership (so a
    release can cancel an in-flight join) and moves it back to ``generate``.
@@ -133,6 +138,7 @@ class ElasticPool:
         self.decisions: list[dict[str, Any]] = []
         self.actors: list[ActorView] = []
         self.pressure = (0.0, 0.0)  # (queue, active) pressure of the rollout pool, set by the core
+        self.prediction: dict[str, Any] | None = None  # the measured-cost comparison behind the last move
         self._members: tuple[str, ...] = ()
         self._moves: list[tuple[str, list[str], dict[str, Any]]] = []
         self._order: list[str] = []  # borrowed replicas, oldest first (released newest first)
@@ -162,15 +168,19 @@ class ElasticPool:
 
     # ------------------------------------------------------------------ the step boundary
     def plan_step(self, step: int, world_size: int, source_known: bool, rollout_s: float | None,
-                  train_s: float | None) -> StepGroup:
+                  train_s: float | None, *, costs: Any = None, instances: int = 0) -> StepGroup:
         """The group of training step ``step`` (see the module docstring). ``source_known``: the job has
-        published weights, so rank 0's data plane (the joiners' state source) is known."""
+        published weights, so rank 0's data plane (the joiners' state source) is known. ``costs``: the job's
+        :class:`~libra.policies.planner.measured.MeasuredCosts` (a borrow or release needs its prediction to
+        agree, :meth:`_measured_gate`); ``instances``: rollout instances serving now (0: count the actors)."""
         if not self.core:
             cands = self._core_candidates()
             if len(cands) < world_size:
                 raise RuntimeError(f"ehp: {len(cands)} core train actors connected, the job needs {world_size}")
             self.core = tuple(cands[:world_size])
         desired, reason = self._desired(step, rollout_s, train_s)
+        if reason != "forced" and costs is not None:
+            desired, reason = self._measured_gate(desired, reason, costs, instances)
         self._reconcile(step, desired, reason)
         snapshot = None
         joining = []
@@ -214,6 +224,28 @@ class ElasticPool:
                                  protect_pressure=s.protect_pressure, ttl_steps=s.ttl_steps)
         return self.signal.desired_replicas, self.signal.reason
 
+    def _measured_gate(self, desired: int, reason: str, costs: Any, instances: int) -> tuple[int, str]:
+        """Keep a borrow (release) the hysteresis asked for only if the measured costs predict the step
+        faster with one more (fewer) training replica and one fewer (more) rollout instance; without a
+        prediction (fewer than one measured step) the hysteresis decides alone. ``self.prediction`` keeps the
+        comparison for the step record."""
+        held = len(self._order)
+        if desired == held:
+            return desired, reason
+        serving = sum(1 for a in self.actors if "generate" in a.kinds and a.actor_id not in self._order) or instances
+        ranks = len(self.core) + held
+        move = 1 if desired > held else -1
+        gain = costs.move_gain(serving, ranks, move)
+        now, then = costs.predict(serving, ranks), costs.predict(serving - move, ranks + move)
+        self.prediction = None if gain is None else {
+            "move": "borrow" if move > 0 else "release", "instances": serving, "ranks": ranks,
+            "step_s_now": now.step_s, "step_s_after": then.step_s, "gain_s": gain}
+        if gain is None:
+            return desired, reason
+        if gain <= 0:
+            return held, f"{reason}_but_measured_no_gain"
+        return desired, f"{reason}_measured_gain"
+
     def _reconcile(self, step: int, desired: int, reason: str) -> None:
         free = sorted(a.actor_id for a in self.actors
                       if a.hybrid and a.actor_id not in self._order and a.actor_id not in self.core)
@@ -249,6 +281,8 @@ class ElasticPool:
         """The step failed: every replica that was joining in it goes back to rollout (its join failed), and
         the step's generation is spent: the next step forms a new group even with the same members."""
         for aid in group.zero:
+            if aid in self._order:
+                self._decide(group.step, "release", aid, "step_failed")
             self._fail(aid, "step_failed")
         if group.generation == self.generation:
             self._members = ()
@@ -277,4 +311,4 @@ class ElasticPool:
         return {"generation": self.generation, "core": list(self.core),
                 "replicas": {a: {"state": r.state.value, "generation": r.generation, "history": list(r.history)}
                              for a, r in self.replicas.items()},
-                "signal": None if self.signal is None else self.signal.reason}
+                "signal": None if self.signal is None else self.signal.reason, "prediction": self.prediction}

@@ -38,35 +38,40 @@ The flow, per the design's RL job:
   ``data_position`` = ``row_offset`` + rows handed out so far, and a step record names its ``checkpoint``
   (""): the client saves both so a resumed job (``step_offset``, ``row_offset``) continues the data order.
 - **Progress.** One record per trained step (rewards, throughput, lag, dispatch balance, trainer
-  metrics, a few transcripts) is kept; ``JobPoll`` returns the records after a cursor.
+  metrics, a few transcripts, measured costs and the predicted step time) is kept, and one decision record
+  (``"kind": "decision"``) per plan, role switch, bucket change, EHP join or leave and out-of-memory re-plan
+  (:mod:`libra.broker.job_records`); ``JobPoll`` returns the records after a cursor (all kinds share one
+  list, so none is lost or repeated) and the job's totals: ``oom_retries``, ``decisions`` ({what: count})
+  and ``prediction_error`` (mean |log(predicted / measured)| step seconds).
+- **Training** (steps, elastic groups, out-of-memory retries, measured costs) lives in
+  :mod:`libra.broker.job_train`.
 
 Failure semantics: an episode that fails (after the broker's retries) makes its group smaller (a group of
 fewer than 2 is dropped and re-admitted) and its error text (the runner's error line and traceback) is kept
 for ``JobPoll`` (``failures``: those after the client's newest record); as many failures in a row as
 ``max(16, 2 x group_size x prompts_per_step)`` fail the job (an environment that fails every episode);
 a ``train`` work that fails fails the job with the rank's error
-(state ``failed``); a cancelled job cancels its outstanding work. Nothing is dropped silently: every
+(state ``failed``), except a trainer's out-of-memory failure, which retries the step with smaller micro-batches
+and makes the broker's planner re-plan (:mod:`libra.broker.job_train`); a cancelled job cancels its outstanding work. Nothing is dropped silently: every
 dropped group is counted in ``dropped_groups``.
 """
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from libra.config import ConfigError, from_mapping
-from libra.policies.parallelism.dispatch import STRATEGIES, plan_dispatch
+from libra.policies.parallelism.dispatch import STRATEGIES
 from libra.protocol.payloads_base import PayloadError
 from libra.protocol.payloads_job import EpisodeArgs, EpisodeResult, EpisodeSpec
-from libra.protocol.payloads_refs import DataRef
-from libra.protocol.payloads_train import ElasticArgs, TrainArgs, TrainPart
 
 from .job_eval import EvalRounds
-from .job_state import Group, JobState, Trajectory, zero_variance
+from .job_records import job_totals
+from .job_state import JobState, Trajectory
+from .job_train import JobWork, TrainSteps, group_advantages
 
 __all__ = ["JobHost", "JobSpec", "JobWork", "group_advantages"]
-_RUNNER_INFO = ("texts", "question", "expected", "load_s", "start", "end")  # the runner's own info keys
 
 RUNNING, DONE, FAILED, CANCELLED = "running", "done", "failed", "cancelled"
 
@@ -132,39 +137,7 @@ class JobSpec:
         return spec
 
 
-@dataclass(frozen=True, slots=True)
-class JobWork:
-    """One piece of work the host wants submitted. ``tag`` comes back with its reply. ``pin``: the only
-    actor id that may take it (an elastic step's train work is pinned to its member)."""
-
-    tag: str
-    kind: str
-    name: str
-    args: dict[str, Any]
-    trajectory: str | None
-    timeout_s: float
-    pin: str = ""
-
-
-def group_advantages(rewards: list[float], groups: list[int], *, scale_by_std: bool = True,
-                     eps: float = 1e-6) -> list[float]:
-    """``(r - mean_g) / (std_g + eps)`` (unbiased std) per group, or ``r - mean_g``; 0 for a group whose
-    rewards are all equal or that has one member. Same contract as ``libra.engines.grpo.group_advantages``."""
-    by: dict[int, list[float]] = {}
-    for r, g in zip(rewards, groups):
-        by.setdefault(g, []).append(float(r))
-    stats = {}
-    for g, rs in by.items():
-        flat = len(rs) < 2 or len(set(rs)) == 1
-        stats[g] = (statistics.fmean(rs), 0.0 if flat else statistics.stdev(rs), flat)
-    out = []
-    for r, g in zip(rewards, groups):
-        mean, std, flat = stats[g]
-        out.append(0.0 if flat else (r - mean) / (std + eps) if scale_by_std else r - mean)
-    return out
-
-
-class JobHost:
+class JobHost(TrainSteps):
     """One running job. The broker calls :meth:`take_work`, :meth:`on_reply`, :meth:`cancel`, :meth:`poll`."""
 
     def __init__(self, name: str, spec: JobSpec, rows: list[Any], now: float) -> None:
@@ -199,6 +172,7 @@ class JobHost:
         self._tokens_last = 0
         self._n = 0
         self.elastic: Any = None  # the broker's ElasticPool (libra.broker.ehp) under allocation grp_ehp
+        self._init_training()
 
     # ------------------------------------------------------------------ driving
     @property
@@ -226,9 +200,10 @@ class JobHost:
         out, self._outbox = self._outbox, []
         return out
 
-    def on_reply(self, tag: str, ok: bool, output: Any, error: str, now: float, attempts: int = 1) -> None:
+    def on_reply(self, tag: str, ok: bool, output: Any, error: str, now: float, attempts: int = 1,
+                 code: str = "") -> None:
         """The one reply of work ``tag`` (its output if ``ok``, else the error text; ``attempts``: the
-        broker's count of starts of that work)."""
+        broker's count of starts of that work; ``code``: a failed tool's own code, e.g. ``oom``)."""
         if tag.startswith("ep:"):
             self._on_episode(tag, ok, output, error, now)
         elif tag.startswith("ev:"):
@@ -236,7 +211,7 @@ class JobHost:
             if rec is not None:
                 self.records.append({**rec, "data_position": self.spec.row_offset + self.state.admitted})
         elif tag.startswith("train:"):
-            self._on_train(tag, ok, output, error, now, attempts)
+            self._on_train(tag, ok, output, error, now, attempts, code)
         if self.active and self.state.finished and not self.evals.live:
             self.phase = DONE
             self.finished_at = now
@@ -295,180 +270,6 @@ class JobHost:
         t = Trajectory(gid, idx, res.tokens, res.gen_tokens, res.reward, res.versions, res.ref.to_wire(), res.info)
         return t if t.tokens > 0 else None
 
-    # ------------------------------------------------------------------ training
-    def _start_train(self, batch: list[Group], now: float) -> None:
-        s, st = self.spec, self.state
-        trajs = [t for g in batch for t in g.trajs]
-        adv = group_advantages([t.reward for t in trajs], [t.group for t in trajs], scale_by_std=s.scale_by_std)
-        lengths = [t.tokens for t in trajs]
-        step = s.step_offset + st.steps_done + 1
-        group = None
-        if self.elastic is not None:  # the EHP's group for this step: core ranks, then hybrid replicas
-            w = self.weights or {}
-            roll, train = (self.records[-1].get("rollout_time_s"), self.records[-1].get("train_time_s")) \
-                if self.records else (None, None)
-            group = self.elastic.plan_step(step, s.world_size, bool(w.get("endpoint")) and w.get("transport") is None,
-                                           roll or None, train or None)
-        n_train = len(group.trainers) if group else s.world_size
-        plan = plan_dispatch(lengths, n_train, micro_batch_tokens=s.micro_batch_tokens, strategy=s.dispatch)
-        naive = plan_dispatch(lengths, n_train, strategy="round_robin")
-        parts = [[TrainPart(ref=DataRef.from_wire(trajs[i].ref), advantage=adv[i], index=i) for i in idx]
-                 for idx in plan.assignment]
-        micro = [[list(mb) for mb in mbs] for mbs in plan.micro_batches]
-        elastic = None
-        if group is not None:  # zero-gradient members get no trajectories
-            by = dict(zip(group.trainers, zip(parts, micro)))
-            parts = [by[a][0] if a in by else [] for a in group.members]
-            micro = [by[a][1] if a in by else [] for a in group.members]
-            src = None
-            if group.joining:
-                w = self.weights or {}
-                src = DataRef(endpoint=w["endpoint"], name=group.snapshot, server_key=w.get("server_key"))
-            elastic = ElasticArgs(generation=group.generation, members=list(group.members), zero=list(group.zero),
-                                  joining=list(group.joining), join_from=src, snapshot=group.snapshot if src else None)
-        world = len(parts) if group else s.world_size
-        ckpt = ""
-        if s.checkpoint_dir and (step == s.step_offset + s.steps or (s.checkpoint_every and step % s.checkpoint_every == 0)):
-            ckpt = f"{s.checkpoint_dir.rstrip('/')}/step{step}"
-        self._train = {"step": step, "trajs": trajs, "plan": plan, "naive": naive, "t0": now, "outs": {},
-                       "group": group, "world": world, "attempts": {}, "checkpoint": ckpt,
-                       "zero_groups": sum(1 for g in batch if zero_variance(g)), "groups": len(batch),
-                       "window": dict(st.window)}
-        for r in range(world):
-            args = TrainArgs(parts=parts, micro_batches=micro, world_size=world, rank=r, step=step,
-                             master_port=s.master_port, grpo=s.grpo, checkpoint=ckpt or None,
-                             checkpoint_optimizer=s.checkpoint_optimizer, keep_checkpoints=s.keep_checkpoints,
-                             elastic=elastic)
-            pin = group.members[r] if group is not None else ""  # only that member may take its rank's work
-            self._outbox.append(JobWork(f"train:{step}:{r}", "train", "grpo", args.to_wire(), None, s.train_timeout_s,
-                                        pin))
-
-    def _on_train(self, tag: str, ok: bool, out: Any, error: str, now: float, attempts: int = 1) -> None:
-        tr = self._train
-        if tr is None or not tag.startswith(f"train:{tr['step']}:"):
-            return
-        group = tr["group"]
-        if not ok or not isinstance(out, dict):
-            if group is not None:
-                self.elastic.step_failed(group)
-            self._train = None
-            self.phase = FAILED
-            self.error = f"train step {tr['step']} failed on rank {tag.rsplit(':', 1)[1]}: {error or 'bad reply'}"
-            self.finished_at = now
-            return
-        rank = int(tag.rsplit(":", 1)[1])  # an elastic step's work of rank r is pinned to members[r]
-        tr["outs"][rank] = out
-        tr["attempts"][rank] = attempts
-        if len(tr["outs"]) < tr["world"]:
-            return
-        self._train = None
-        outs = [tr["outs"].get(r, {}) for r in range(tr["world"])]
-        if group is not None:
-            self.elastic.step_done(group, {group.members[r]: o for r, o in enumerate(outs)})
-        try:
-            new_v = int(outs[0]["weights_version"])
-            rec = self._record(tr, outs, now)
-            self.state.step_done(new_v)
-        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            self.phase, self.error, self.finished_at = FAILED, f"train step {tr['step']}: {exc}", now
-            return
-        if isinstance(outs[0].get("weights"), dict):
-            self.weights = outs[0]["weights"]
-        self.records.append(rec)
-        self._maybe_eval(now)
-
-    def _record(self, tr: dict[str, Any], outs: list[dict[str, Any]], now: float) -> dict[str, Any]:
-        trajs: list[Trajectory] = tr["trajs"]
-        plan, naive = tr["plan"], tr["naive"]
-        st = self.state
-        rewards = [t.reward for t in trajs]
-        lag = [st.version - t.min_version for t in trajs]
-        step_s = now - self._t_last
-        window_tokens = self.gen_tokens - self._tokens_last
-        self._t_last, self._tokens_last = now, self.gen_tokens
-        m = outs[0].get("metrics") or {}
-        info = [t.info for t in trajs]
-        starts = [float(i["start"]) for i in info if "start" in i]
-        ends = [float(i["end"]) for i in info if "end" in i]
-        waits = [float(x) for i in info for x in i.get("load_s", [])]
-        rollout_s = (max(ends) - min(starts)) if starts and ends else 0.0
-        t0 = self.started_at  # spans on the broker's clock, from the job's start: they overlap across steps
-        rollout_span = [round(min(t.admitted_at for t in trajs) - t0, 3), round(max(t.done_at for t in trajs) - t0, 3)]
-        train_span = [round(tr["t0"] - t0, 3), round(now - t0, 3)]
-        tokens = sum(t.gen_tokens for t in trajs)
-        calls = sum(int(i.get("tool_calls", 0)) for i in info)
-        return {
-            "step": tr["step"], "weights_version": int(outs[0]["weights_version"]),
-            "reward_mean": statistics.fmean(rewards),
-            "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0, "rewards": rewards,
-            "accuracy": statistics.fmean(1.0 if i.get("correct") else 0.0 for i in info),
-            "format_rate": statistics.fmean(1.0 if i.get("formatted") else 0.0 for i in info),
-            "tool_calls_per_episode": statistics.fmean(float(i.get("tool_calls", 0)) for i in info),
-            # successful calls (no error, exit code 0) over all calls of the step; None when none was made
-            "tool_success_rate": (sum(int(i.get("tool_ok", 0)) for i in info) / calls) if calls else None,
-            # per episode, in trajectory order: what summarize pools into per-quarter means, spreads and n
-            "episode_tool_calls": [int(i.get("tool_calls", 0)) for i in info],
-            "episode_tool_ok": [int(i.get("tool_ok", 0)) for i in info],
-            "episode_correct": [1 if i.get("correct") else 0 for i in info],
-            "turns_per_episode": statistics.fmean(len(t.versions) for t in trajs),
-            # This step's own trajectories over their rollout window (windows of consecutive steps overlap
-            # under the asynchronous pipeline) ...
-            "sequences": len(trajs), "gen_tokens": tokens, "tokens_per_s": tokens / rollout_s if rollout_s > 0 else 0.0,
-            # ... and everything the job generated between this step's record and the previous one.
-            "window_gen_tokens": window_tokens, "window_tokens_per_s": window_tokens / step_s if step_s > 0 else 0.0,
-            "step_time_s": step_s, "rollout_time_s": rollout_s,
-            "rollout_span_s": rollout_span, "train_span_s": train_span,
-            "train_time_s": now - tr["t0"],
-            "weight_publish_s": float(outs[0].get("publish_s", 0.0)), "weight_sync_version": st.version,
-            "turn_weight_wait_s": max((0.0, *waits)),
-            "weights_bytes": int((outs[0].get("weights") or {}).get("bytes", 0)),
-            "dispatch": plan.strategy, "dispatch_decided_by": "broker", "rank_tokens": list(plan.rank_tokens),
-            "dispatch_imbalance": plan.imbalance, "dispatch_imbalance_round_robin": naive.imbalance,
-            "rank_padded_tokens": list(plan.rank_padded_tokens), "micro_batches": [len(x) for x in plan.micro_batches],
-            "shard_fetch_s": max(float(o.get("shard_fetch_s", 0.0)) for o in outs),
-            "shard_bytes": sum(int(o.get("shard_bytes", 0)) for o in outs),
-            "shard_sources": max(int(o.get("shard_sources", 0)) for o in outs),
-            "policy_lag_mean": statistics.fmean(lag), "policy_lag_max": max(lag),
-            "versions_seen": sorted({v for t in trajs for v in t.versions}), "turn_versions": [t.versions for t in trajs],
-            "loss": m.get("loss"), "grad_norm": m.get("grad_norm"), "clip_frac": m.get("clip_frac"),
-            "kl_mean": m.get("kl_mean"), "checksums": [o.get("checksum") for o in outs], "ranks": len(outs),
-            # pi_theta / pi_rollout over the trained tokens and how many: 1 and gen_tokens when the trainer saw
-            # exactly the sampled ids and log-probs at the weights that sampled them
-            "ratio_mean": m.get("ratio_mean"), "trained_tokens": m.get("num_tokens"),
-            "train_attempts": [tr["attempts"].get(r) for r in range(len(outs))],
-            "shard_sequences": [o.get("shard_sequences") for o in outs], **self._elastic_record(tr, outs),
-            "dropped_groups": st.dropped_groups, "episodes_failed": self.episodes_failed,
-            **self._signal_record(tr), "checkpoint": tr["checkpoint"],
-            "data_position": self.spec.row_offset + st.admitted,
-            "samples": [{"question": t.info.get("question"), "expected": t.info.get("expected"), "reward": t.reward,
-                         "versions": t.versions, "texts": t.info.get("texts"),
-                         "info": {k: v for k, v in t.info.items() if k not in _RUNNER_INFO}}
-                        for t in trajs[: self.spec.samples_per_step]],
-        }
-
-    @staticmethod
-    def _signal_record(tr: dict[str, Any]) -> dict[str, Any]:
-        """Zero-variance groups: the share among the groups completed since the previous step (filtered ones
-        included), how many the filter dropped, and whether the trained batch has no signal at all."""
-        w = tr["window"]
-        return {"zero_variance_groups": w["zero_variance"], "groups_completed": w["completed"],
-                "zero_variance_share": w["zero_variance"] / w["completed"] if w["completed"] else 0.0,
-                "filtered_groups": w["filtered"], "batch_zero_variance_groups": tr["zero_groups"],
-                "no_signal": tr["zero_groups"] == tr["groups"]}
-
-    def _elastic_record(self, tr: dict[str, Any], outs: list[dict[str, Any]]) -> dict[str, Any]:
-        """An elastic step's group: members in rank order, who contributed zeros, who joined from what."""
-        g = tr["group"]
-        if g is None:
-            return {}
-        return {"members": list(g.members), "generation": g.generation, "zero_members": list(g.zero),
-                "joining": list(g.joining), "trained_by": [o.get("member") for o in outs],
-                "restored_versions": [o.get("restored_version") for o in outs], "ehp": self.elastic.view(),
-                # seconds each member spent loading the core's state, forming the group (on a thread, beside
-                # its passes) and waiting for that formation
-                **{k: [(o.get("metrics") or {}).get(k) for o in outs]
-                   for k in ("state_fetch_s", "group_form_s", "group_wait_s")}}
-
     # ------------------------------------------------------------------ views
     def poll(self, cursor: int) -> dict[str, Any]:
         """What ``JobPoll`` answers (see the message's docstring)."""
@@ -479,10 +280,11 @@ class JobHost:
                 "steps_done": self.state.steps_done, "version": self.state.version, "weights": self.weights,
                 "records": self.records[c:], "next_cursor": len(self.records),
                 "dropped_groups": self.state.dropped_groups, "episodes_failed": self.episodes_failed,
-                "episodes_running": len(self._live) + self.evals.live, "training": self._train is not None}
+                "episodes_running": len(self._live) + self.evals.live, "training": self._train is not None,
+                **job_totals(self.records)}
 
     def summary(self) -> dict[str, Any]:
         """One line for ``python -m libra status``."""
         return {"state": self.phase, "steps_done": self.state.steps_done, "steps": self.spec.steps,
                 "version": self.state.version, "episodes_running": len(self._live),
-                "training": self._train is not None, "error": self.error}
+                "training": self._train is not None, "error": self.error, **job_totals(self.records)}

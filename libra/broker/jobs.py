@@ -33,6 +33,8 @@ class JobBoard:
         self.weights: dict[str, Any] | None = None  # newest weights a job published (generate turns load them)
         self.published = 0  # weights versions published by all jobs (the router's drift clock)
         self.ehp: Any = None  # the Elastic Hybrid Pool (libra.broker.ehp.ElasticPool) under grp_ehp, else None
+        self.train_ooms = 0  # train steps of any job that ran out of memory (the core tells its planner)
+        self.rollout_instances = 0  # actors accepting generate now (set by the core before each pump)
         self._replies: list[tuple[str, str, m.Reply]] = []
 
     @staticmethod
@@ -106,13 +108,16 @@ class JobBoard:
             for name, tag, r in replies:
                 host = self.hosts.get(name)
                 if host is not None:
-                    before = host.weights
-                    host.on_reply(tag, r.ok, r.output, r.error, now, r.attempts)
+                    before, ooms = host.weights, host.train_ooms
+                    host.rollout_instances = self.rollout_instances
+                    host.on_reply(tag, r.ok, r.output, r.error, now, r.attempts, r.tool_code)
+                    self.train_ooms += host.train_ooms - ooms
                     if host.weights is not before:  # a step published a version: later turns load it
                         self.weights = host.weights
                         self.published += 1
             for host in list(self.hosts.values()):
                 if host.active:
+                    host.rollout_instances = self.rollout_instances
                     for jw in host.take_work(now):
                         submit(self.owner(host.name), jw, f"job:{host.name}")
                 if not host.active and host.outstanding():
@@ -125,8 +130,21 @@ class JobBoard:
         for name, tag, r in replies:
             h = self.hosts.get(name)
             if h is not None:
-                h.on_reply(tag, r.ok, r.output, r.error, now, r.attempts)
+                h.on_reply(tag, r.ok, r.output, r.error, now, r.attempts, r.tool_code)
         self.dirty = False
+
+    def note(self, decisions: list[tuple[str, str, dict[str, Any]]], now: float) -> None:
+        """Decisions the broker core made (``(what, text, detail)``: plans, role switches, bucket changes) as
+        decision records of every active job (``JobHost.decide``); nothing without one."""
+        for host in self.hosts.values():
+            if getattr(host, "active", False):
+                for what, text, detail in decisions:
+                    host.decide(what, text, detail, now)
+
+    def measured_costs(self) -> Any:
+        """The measured costs (``MeasuredCosts``) of the newest active job, None without one."""
+        active = [h for h in self.hosts.values() if getattr(h, "active", False)]
+        return getattr(active[-1], "costs", None) if active else None
 
     # ------------------------------------------------------------------ views
     def any_active(self) -> bool:
@@ -135,10 +153,10 @@ class JobBoard:
     def last_step_times(self) -> tuple[float | None, float | None]:
         """``(rollout s, training s)`` of the newest RL step recorded by a job (None, None without one)."""
         newest: dict[str, Any] | None = None
-        for host in self.hosts.values():
-            recs = getattr(host, "records", None)
-            if recs and (newest is None or recs[-1].get("step", 0) >= newest.get("step", 0)):
-                newest = recs[-1]
+        for host in self.hosts.values():  # each job's newest step record (not an eval or decision record)
+            last = next((r for r in reversed(getattr(host, "records", None) or []) if "kind" not in r), None)
+            if last and (newest is None or last.get("step", 0) >= newest.get("step", 0)):
+                newest = last
         if newest is None:
             return None, None
         roll, train = newest.get("rollout_time_s"), newest.get("train_time_s")

@@ -171,6 +171,16 @@ class PlannerLoop:
         re-plans (the ``train_oom`` trigger; its search sizes training with the grown lengths)."""
         self.oom_pending = True
 
+    measured_costs: Any = None  # the running job's MeasuredCosts (measured), shown in the summary
+
+    def measured(self, costs: Any) -> None:
+        """The running job's measured costs (:class:`~libra.policies.planner.measured.MeasuredCosts`: rollout
+        tokens/s per instance, training tokens/s per rank, from its step records). Kept and shown in
+        :meth:`summary`; the Elastic Hybrid Pool decides its borrows and releases with them. Not used yet:
+        the GRP search still prices plans with the datasheet profile (``hardware`` / ``model``); on GPUs the
+        measured rates would replace that profile's per-instance and per-rank throughput."""
+        self.measured_costs = costs
+
     def due(self, now: float) -> bool:
         """Whether a planning round is due at ``now`` (the first one ``interval_s`` after start; at once after
         :meth:`train_out_of_memory`; never while a round's search is in flight)."""
@@ -313,7 +323,8 @@ class PlannerLoop:
                 "model": self.settings.model, "interval_s": self.settings.interval_s, "rounds": self.rounds,
                 "plans_applied": self.applied, "history": len(self.history),
                 "plan": _plan_summary(self.plan) if self.plan is not None else None,
-                "decisions": list(self.decisions), **({"earl": self.earl.summary()} if self.earl is not None else {})}
+                "decisions": list(self.decisions), **({"earl": self.earl.summary()} if self.earl is not None else {}),
+                "measured_costs": None if self.measured_costs is None else self.measured_costs.summary()}
 
     # -- internals -------------------------------------------------------------------------------
     def _make(self, n_gpus: int, batch: int) -> Replanner:

@@ -60,6 +60,7 @@ class Planning:
         self.loop = loop
         self.offload = offload
         self.applier: PlanApplier | None = None  # the plan being applied (or the last one)
+        self.notes: list[tuple[str, str, dict[str, Any]]] = []  # decisions for the jobs' records (take_notes)
         self._generation = 0
         self._sessions = sessions
         self._rollout = rollout
@@ -111,7 +112,16 @@ class Planning:
                 raise PlanError(f"plan puts {aid} in a TP-{role.tp} rollout group but its {engine} engine serves "
                                 f"TP <= {cap}")
         self.applier = PlanApplier(current, target)
+        summary = {"n_gpus": plan.n_gpus, "n_train": plan.n_train, "rollout_tps": list(plan.rollout_tps),
+                   "t_rollout_s": plan.t_rollout, "t_train_s": plan.t_train, "generation": self._generation}
+        self.notes.append(("plan", f"plan {self._generation} applied: {plan.n_train} of {plan.n_gpus} GPUs train, "
+                           f"rollout TPs {list(plan.rollout_tps)}", summary))
+        before = [(b.name, b.tp, b.max_tokens) for b in self._rollout.buckets]
         self._rollout.set_buckets(bucket_specs(plan))
+        after = [(b.name, b.tp, b.max_tokens) for b in self._rollout.buckets]
+        if after != before:
+            self.notes.append(("buckets", "C-MLFQ buckets: " + ", ".join(f"{n} <= {t} tokens" for n, _, t in after),
+                               {"before": [list(b) for b in before], "after": [list(b) for b in after]}))
         return self._direct(self.applier.start(), now)
 
     def switched(self, actor_id: str, now: float) -> list[Command]:
@@ -136,8 +146,26 @@ class Planning:
         return out
 
     def _direct(self, moves: list[tuple[str, Role]], now: float) -> list[Command]:
+        for aid, role in moves:
+            self.notes.append(("role_switch", f"{aid} -> {role.kind} (tp {role.tp})",
+                               {"actor": aid, "kinds": role.kinds, **role.config(), "by": "plan"}))
         return [self._sessions.direct(aid, role.kinds, now, "finish", {**role.config(), **self.engines})
                 for aid, role in moves]
+
+    def take_notes(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """The decisions made since the last call (``(what, text, detail)``: ``plan``, ``buckets``,
+        ``role_switch``), for the running jobs' decision records (``JobBoard.note``)."""
+        out, self.notes = self.notes, []
+        return out
+
+    def job_feedback(self, train_ooms: int, costs: Any) -> None:
+        """What the jobs measured since the last pump: ``train_ooms`` training steps that ran out of memory
+        (each makes the next round due at once: :meth:`train_out_of_memory`) and the newest job's measured
+        costs (``MeasuredCosts`` or None), handed to the planner loop (:meth:`PlannerLoop.measured`)."""
+        for _ in range(train_ooms):
+            self.train_out_of_memory()
+        if self.loop is not None and costs is not None:
+            self.loop.measured(costs)
 
     # ------------------------------------------------------------------ the planner's rounds
     def observe(self, prompt_tokens: int, generated: int, turns: int, tool_seconds: float) -> None:

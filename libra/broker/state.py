@@ -154,14 +154,18 @@ class BrokerState:
                 handler(peer, msg, now, out)
             if self._jobs.dirty:
                 self._pump_jobs(now, out)
+            self._note_decisions(now)
             return out
         if t is Tick:
             out = self._on_tick(now)
             if self._jobs.dirty:
                 self._pump_jobs(now, out)
+            self._note_decisions(now)
             return out
         if t is PlannerDone:
-            return self._planning.done(event.job, now)
+            out = self._planning.done(event.job, now)
+            self._note_decisions(now)
+            return out
         if t is BadFrame:
             self.stats["bad_frames"] += 1
             if self._sessions.known(event.peer):
@@ -170,7 +174,9 @@ class BrokerState:
         if t is Direct:
             return [self._sessions.direct(event.actor_id, event.kinds, now, event.mode, event.config)]
         if t is ApplyPlan:
-            return self._planning.apply(event.plan, now)
+            out = self._planning.apply(event.plan, now)
+            self._note_decisions(now)
+            return out
         if t is Restore:
             n = journal.restore(self._table, self.rollout, event.accepted, event.done, self.config.reply_cache, now)
             if n:
@@ -424,6 +430,8 @@ class BrokerState:
             for aid, kinds, cfg in ehp.take_moves() if ehp is not None else ():
                 if self._sessions.actor_by_id(aid) is not None:
                     out.append(self._sessions.direct(aid, kinds, now, "finish", cfg))
+                    self._jobs.note([("role_switch", f"{aid} -> {cfg.get('role')} (EHP)",
+                                      {"actor": aid, "kinds": kinds, **cfg, "by": "ehp"})], now)
 
         def submit(owner: str, jw: JobWork, why: str) -> None:
             directives()  # a released hybrid actor must not take a train work of the step that leaves it out
@@ -435,14 +443,21 @@ class BrokerState:
         def cancel(owner: str, why: str) -> None:
             self._dispatch.cancel_owned(owner, now, out, why)
 
-        published = self._jobs.published
+        published, ooms = self._jobs.published, self._jobs.train_ooms
         if ehp is not None:
             ehp.observe_sessions(self._sessions.actors.values(), self._table.queued("generate"))
+        self._jobs.rollout_instances = sum(1 for x in self._sessions.actors.values() if "generate" in x.accepting)
         self._jobs.pump(now, submit, cancel)
         directives()
+        # a step that ran out of memory makes the planner re-plan; the jobs' measured costs reach it
+        self._planning.job_feedback(self._jobs.train_ooms - ooms, self._jobs.measured_costs())
         for _ in range(self._jobs.published - published):  # a weights version: the router's drift clock
             self.rollout.advance()
             self._last_router_step = now
+
+    def _note_decisions(self, now: float) -> None:
+        """The plans, bucket changes and role switches just decided, as the running jobs' decision records."""
+        self._jobs.note(self._planning.take_notes(), now)
 
     # ------------------------------------------------------------------ timers
     def _on_tick(self, now: float) -> list[Command]:
