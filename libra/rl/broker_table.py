@@ -208,7 +208,7 @@ def broker_mapping(cfg: Any, gpu_names: tuple[str, ...] | list[str] = ()) -> tup
 
 def broker_toml(table: dict[str, Any]) -> str:
     """``table`` as a TOML ``[broker]`` table, its sub-tables as ``[broker.X]`` sections."""
-    from libra.rl.config import toml_value
+    from libra.rl.toml_out import toml_value
 
     lines: list[str] = []
 

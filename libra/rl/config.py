@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from libra.config import ConfigError, from_mapping, load_toml
+from libra.rl.broker_table import check_broker_table
+from libra.rl.toml_out import toml_value
 
 __all__ = [
     "ActorsConfig",
@@ -30,6 +32,7 @@ __all__ = [
     "RolloutConfig",
     "job_from_mapping",
     "load_job",
+    "toml_value",
 ]
 
 
@@ -223,21 +226,6 @@ class JobConfig:
         return dataclasses.replace(self, job=dataclasses.replace(self.job, run_dir=run_dir))
 
 
-def toml_value(v: Any) -> str:
-    """``v`` (bool, number, string, list or table) as a TOML value."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, list):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f'"{k}" = {toml_value(x)}' for k, x in v.items()) + "}"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
 _TABLES: dict[str, type] = {"job": JobSection, "model": ModelConfig, "env": EnvConfig, "data": DataConfig,
                             "eval": EvalConfig, "rollout": RolloutConfig, "grpo": GRPOParams, "actors": ActorsConfig,
                             "broker": BrokerTable}
@@ -357,8 +345,6 @@ def _check(c: JobConfig, where: str) -> None:
         problems.append("[env] max_turns and max_new_tokens must be >= 1")
     if problems:
         raise ConfigError(f"{where}: " + "; ".join(problems))
-    from libra.rl.broker_table import check_broker_table
-
     check_broker_table(c, where)  # the broker core's own validators: a bad [broker] fails before any process
 
 

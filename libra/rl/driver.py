@@ -1,9 +1,12 @@
 """The RL job client: ``python -m libra run JOB.toml`` hands a job to the broker and follows it.
 
 ``run_job(cfg)`` runs a whole job. Without ``broker_url`` it starts a broker and actors on loopback
-(:class:`~libra.local.LocalCluster`: ``rollout``, ``trainer``, ``action`` and ``episode`` slots from
-``[actors]``); with one it joins a running cluster (which must have ``[actors] trainer`` trainer slots,
-rollout slots started with the same model and at least one ``episode`` slot).
+(:func:`libra.rl.cluster.start_cluster`: engine, ``action`` and ``episode`` slots from ``[actors]``, the
+broker's policies from ``[broker]``: by default Libra's, hybrid rollout slots under the Elastic Hybrid Pool,
+C-MLFQ routing and Tangram tool placement, written to ``RUN/broker.toml``; ``policy = "static"`` is the fixed
+split); with one it joins a running cluster (which must have ``[actors] trainer`` trainer slots, rollout
+slots started with the same model and at least one ``episode`` slot; there the running broker's own
+configuration holds and ``[broker]`` is not applied).
 
 How the pieces meet:
 
@@ -18,8 +21,7 @@ How the pieces meet:
   sandboxed code tools: ``sudo apt-get install bubblewrap``; for a user's tool: ``[actors] tools``) and nothing
   is submitted. The loopback cluster's action slots offer the tools of ``[actors] tools`` (``--tools``,
   loaded here first so a bad module fails before any process starts), and its broker places tool calls
-  with ``[actors] action_scheduler`` (``auto``: Tangram when user tools are named, granting their declared
-  cores). The **broker's job state** (``libra.broker.job``) turns
+  with ``[broker] action_scheduler`` (``libra.rl.broker_table.action_scheduler``). The **broker's job state** (``libra.broker.job``) turns
   rows into ``episode`` work under the policy-lag bound, collects GRPO groups, cuts batches and bumps the
   version after each step.
 - Episode runners (``--role episode`` slots, ``libra.actors.episode_role``) run the environment's agent
@@ -44,7 +46,10 @@ How the pieces meet:
   cancelled. Eval rounds (``[eval]``) come back as ``"kind": "eval"`` records, written to ``metrics.jsonl``
   as they come, summed up in ``summary.json`` (``eval``) and plotted (``eval.png``); a step that saved a
   checkpoint leaves ``RUN/data_cursor.json`` for ``libra run --resume``; a step with no GRPO signal is
-  said (``libra.rl.evals``). ``[rollout] engine`` is the loopback actors' ``LIBRA_ROLLOUT_ENGINE``.
+  said (``libra.rl.evals``). The broker's decisions (``"kind": "decision"`` records: plans, role switches,
+  bucket changes, EHP joins and leaves, out-of-memory re-plans) are terminal lines and ``metrics.jsonl`` rows,
+  marked on ``throughput.png`` and counted in ``summary.json`` (``decisions``, ``prediction_error`` of the
+  broker's predicted step seconds, ``policy``). ``[rollout] engine`` is the loopback actors' ``LIBRA_ROLLOUT_ENGINE``.
 """
 
 from __future__ import annotations
@@ -60,12 +65,14 @@ from libra.config import ConfigError
 from libra.envs.loader import env_key
 from libra.logging import get_logger
 from libra.protocol.payloads_job import EpisodeSpec, JobPollReply
+from libra.rl.cluster import check_user_tools, engine_gpu_counts, host_gpus, start_cluster
 from libra.rl.config import JobConfig
 from libra.rl.data import Cursor, check_data, job_data, resume_point
 from libra.rl.evals import eval_summary, handle_record
-from libra.rl.metrics import MetricsWriter, plot_run, read_metrics, summarize
+from libra.rl.metrics import MetricsWriter, decision_summary, plot_run, read_metrics, summarize
 
-__all__ = ["JobFailed", "check_tools", "missing_tools", "resolve_model", "run_job", "run_job_async"]
+__all__ = ["JobFailed", "check_tools", "engine_gpu_counts", "host_gpus", "missing_tools", "resolve_model", "run_job",
+           "run_job_async"]
 
 log = get_logger("libra.rl")
 
@@ -86,26 +93,6 @@ def user_tool_hint(tool: str) -> str:
     return (f"{tool!r} is not built in: declare it in a module's LIBRA_TOOLS (libra.actors.tools) and offer it "
             f"with [actors] tools = [\"your_pkg.tools\"] in the job file, a `libra.tools` entry point of an "
             f"installed package, or actors started with `python -m libra.actors --tools your_pkg.tools`")
-
-
-def host_gpus() -> tuple[int, str]:
-    """``(GPUs on this host, why)`` by NVML (no torch import)."""
-    from libra.actors.slots import discover_gpus
-
-    d = discover_gpus()
-    return d.count, d.reason
-
-
-def engine_gpu_counts(a: Any, gpus: tuple[int, str]) -> tuple[int, int, str]:
-    """How many rollout and trainer slots of ``[actors]`` ``a`` go on GPUs on a host with ``gpus`` =
-    ``(count, why)``: ``auto`` puts all of a role's slots on GPUs when there is one, none when there is none;
-    a count is taken as given (the actors run slots without a GPU to go to on the CPU, and say so)."""
-    n, why = gpus
-    r = (a.rollout if n else 0) if a.rollout_gpus == "auto" else int(a.rollout_gpus)
-    t = (a.trainer if n else 0) if a.trainer_gpus == "auto" else int(a.trainer_gpus)
-    if not n:
-        why = f"{why}: rollout and training run on the CPU" if not r + t else f"{why}: GPU slots fall back to the CPU"
-    return r, t, why
 
 
 def missing_tools(required: list[str], actors: list[dict[str, Any]]) -> list[str]:
@@ -139,12 +126,11 @@ async def check_tools(client: Any, env: Any, env_cfg: Any, job: str, wait_s: flo
 
 
 def _check_user_tools(modules: list[str]) -> None:
-    """Load ``[actors] tools`` (and the ``libra.tools`` entry points) here first: a module that does not import,
-    a tool declared twice or named like a built-in fails the job before any process starts."""
-    from libra.actors.tools import ToolLoadError, load_tools
+    """:func:`libra.rl.cluster.check_user_tools`, its error as :class:`JobFailed` naming ``[actors] tools``."""
+    from libra.actors.tools import ToolLoadError
 
     try:
-        load_tools(modules)
+        check_user_tools(modules)
     except ToolLoadError as exc:
         raise JobFailed(f"[actors] tools: {exc}") from None
 
@@ -254,7 +240,7 @@ class _Driver:
                 for rec in st.records:
                     if handle_record(rec, self.run_dir, self.data, self.metrics, bar.write if bar is not None
                                      else lambda t: log.warning("job_note", note=t)):
-                        continue  # an eval record (libra.rl.evals)
+                        continue  # an eval or decision record (libra.rl.evals)
                     self._write(rec)
                     if bar is not None:
                         bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", acc=f"{rec['accuracy']:.2f}",
@@ -282,7 +268,10 @@ class _Driver:
             self.failures.close()
         rollout_versions = await self._await_rollout_sync(st.version)
         recs = read_metrics(self.run_dir)
-        summary = {**summarize(recs), "job": name, "total_wall_s": time.monotonic() - t_job,
+        summary = {**summarize(recs), "job": name, "policy": self.cfg.broker.policy,
+                   "broker_config": str(self.run_dir / "broker.toml") if (self.run_dir / "broker.toml").is_file() else None,
+                   **decision_summary(recs, read_metrics(self.run_dir, "decision")),
+                   "total_wall_s": time.monotonic() - t_job,
                    "final_version": st.version, "dropped_groups": st.dropped_groups,
                    "episodes_failed": st.episodes_failed, "job_state_in": "broker",
                    "rollout_versions": rollout_versions, "rollout_sync": self._rollout_sync_stats(),
@@ -337,9 +326,14 @@ class _Driver:
         dead: set[str] = set()  # the record's process is gone: its restart has not written one yet
         deadline = time.monotonic() + timeout
         while True:
+            training: set[str] = set()  # hybrid slots the pool holds in training: not rollout instances now
             for f in (self.run_dir / "actors").glob("*.json"):
                 try:
                     rec = json.loads(f.read_text())
+                    if rec.get("role") == "train":
+                        training.add(f.stem)
+                        seen.pop(f.stem, None)
+                        continue
                     seen[f.stem] = int(rec["weights_version"])
                 except (OSError, ValueError, KeyError):
                     continue
@@ -347,7 +341,7 @@ class _Driver:
                 (dead.add if gone else dead.discard)(f.stem)
                 (stuck.add if rec.get("knows_publisher") is False else stuck.discard)(f.stem)
             synced = all((v >= version or slot in stuck) and slot not in dead for slot, v in seen.items())
-            if (len(seen) >= self.expected_rollouts and synced) or time.monotonic() >= deadline:
+            if (len(seen) + len(training) >= self.expected_rollouts and synced) or time.monotonic() >= deadline:
                 return seen
             await asyncio.sleep(0.1)
 
@@ -407,14 +401,12 @@ def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = T
     load_env_config(cfg.env, "job")  # a broken plug-in (ConfigError naming the key) fails before any process starts
     if broker_url is not None:
         return asyncio.run(run_job_async(cfg, broker_url, progress=progress, resume=resume))
-    from libra.local import LocalCluster
-
     run = Path(cfg.job.run_dir).resolve()
     cfg = cfg.with_run_dir(str(run))
     run.mkdir(parents=True, exist_ok=True)
     import shutil
 
-    for stale in ("summary.json", "router_state.json") + (() if resume else
+    for stale in ("summary.json", "router_state.json", "broker.toml") + (() if resume else
                                                            ("metrics.jsonl", "samples.jsonl", "failures.jsonl")):
         (run / stale).unlink(missing_ok=True)
     for stale in ("actors", "weights", "batches"):  # a previous run's versions must not leak into this one
@@ -424,38 +416,8 @@ def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = T
         check_data(cfg)
     except ConfigError as exc:
         raise JobFailed(str(exc)) from None
-    a = cfg.actors
-    gpu_r, gpu_t, why = engine_gpu_counts(a, host_gpus())
-    (log.info if gpu_r + gpu_t else log.warning)("job_engine_placement", rollout_gpu_slots=gpu_r,
-                                                 trainer_gpu_slots=gpu_t, reason=why)
-    actor_args = ["--roles", f"rollout={a.rollout - gpu_r},train={a.trainer - gpu_t},action={a.action},episode=1",
-                  "--model-dir", str(model_dir), "--run-dir", str(run), "--torch-threads", str(a.torch_threads),
-                  "--rollout-batch", str(a.rollout_batch), "--episode-concurrency", str(a.episode_concurrency),
-                  "--dtype", a.dtype, "--gpu-memory-fraction", str(a.gpu_memory_fraction)]
-    # a slot that dies (a native crash, the OOM killer) is restarted with back-off, as on a cluster: a job
-    # whose only rollout instance died would otherwise wait for turns nobody serves
-    if gpu_r + gpu_t:
-        actor_args += ["--gpu-roles", f"rollout={gpu_r},train={gpu_t}"]
-    if a.allow_unisolated:
-        actor_args.append("--allow-unisolated")
-    _check_user_tools(a.tools)
-    for module in a.tools:  # the action slots offer the user's tools (libra.actors.tools)
-        actor_args += ["--tools", module]
-    n = a.rollout + a.trainer + a.action + 1  # + one episode runner
-    env = {"OMP_NUM_THREADS": str(max(1, a.torch_threads)), "TOKENIZERS_PARALLELISM": "false"}
-    if a.weights_transport == "torch":
-        env["LIBRA_WEIGHTS_TRANSPORT"] = "torch"
-    env["LIBRA_ROLLOUT_ENGINE"] = cfg.rollout.engine  # [rollout] engine, for every rollout slot started here
-    # the broker leaves its learned C-MLFQ tree in the run directory (python -m libra tree show ...)
-    broker_args = ["--router-state", str(run / "router_state.json")]
-    scheduler = ("tangram" if a.tools else "fcfs") if a.action_scheduler == "auto" else a.action_scheduler
-    if scheduler != "fcfs":  # tool calls placed by their declared cores (libra.broker.actions)
-        (run / "broker.toml").write_text(f'[broker]\naction_scheduler = "{scheduler}"\n')
-        broker_args += ["--config", str(run / "broker.toml")]
-    cluster = LocalCluster(cpu_slots=n, actor_args=actor_args, broker_args=broker_args, log_level=log_level,
-                           env=env, gpu_slots="auto" if gpu_r + gpu_t else "0")
-    # engine slots load their model (and, on a GPU, CUDA) before they say hello: up to 5 minutes, not 1
-    cluster.start(wait_actors=n, timeout=300.0)
+    _check_user_tools(cfg.actors.tools)
+    cluster = start_cluster(cfg, run, model_dir, host_gpus(), log_level)
     try:
         return asyncio.run(run_job_async(cfg, cluster.url, progress=progress, resume=resume))
     finally:

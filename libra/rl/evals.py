@@ -8,8 +8,11 @@ writes to ``metrics.jsonl`` as they come (:func:`eval_line` is the terminal/log 
 scores. :func:`signal_line` is the warning a step gets when every group it trained on had all rewards equal
 (no GRPO signal: with ``[grpo] filter_zero_variance`` the filter's bound was spent, without it every group
 was flat). :func:`handle_record` is what the driver does with every polled record before its own step
-bookkeeping: eval records are written and said, a step without signal is said, and a step that saved a
-checkpoint leaves the data cursor beside it (``RUN/data_cursor.json``, :mod:`libra.rl.data`).
+bookkeeping: eval records are written and said, decision records (``"kind": "decision"``: a plan, a role
+switch, a bucket change, an Elastic Hybrid Pool join or leave, an out-of-memory re-plan; ``what``, ``step``,
+``t``, ``text``, ``detail``) are written to ``metrics.jsonl`` and their ``text`` said (:func:`decision_line`),
+a step without signal is said, and a step that saved a checkpoint leaves the data cursor beside it
+(``RUN/data_cursor.json``, :mod:`libra.rl.data`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 from .data import JobData, write_cursor
 
-__all__ = ["SCORES", "eval_line", "eval_summary", "handle_record", "scores", "signal_line"]
+__all__ = ["SCORES", "decision_line", "eval_line", "eval_summary", "handle_record", "scores", "signal_line"]
 
 SCORES = ("greedy_accuracy", "greedy_reward_mean", "sampled_reward_mean")
 
@@ -35,6 +38,15 @@ def eval_line(rec: dict[str, Any]) -> str:
     body = ", ".join(f"{k} {v:.3f}" for k, v in scores(rec).items() if isinstance(v, (int, float)))
     failed = f", {rec['episodes_failed']} episode(s) failed" if rec.get("episodes_failed") else ""
     return f"eval after step {rec['step']} ({rec.get('prompts', '?')} prompts): {body}{failed}"
+
+
+def decision_line(rec: dict[str, Any]) -> str:
+    """``[libra] step 3, 41.2 s: borrowed hybrid slot cpu1 for training (training_bottleneck)``: the record's
+    ``text``, or its ``what`` and ``detail`` when it has none."""
+    text = rec.get("text") or f"{rec.get('what', 'decision')} {rec.get('detail', {})}"
+    t = rec.get("t")
+    when = f", {float(t):.1f} s" if isinstance(t, (int, float)) else ""
+    return f"[libra] step {rec.get('step', '?')}{when}: {text}"
 
 
 def signal_line(rec: dict[str, Any]) -> str | None:
@@ -61,10 +73,13 @@ def eval_summary(evals: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def handle_record(rec: dict[str, Any], run_dir: Path, data: JobData, metrics: Any, say: Callable[[str], None]) -> bool:
-    """See the module docstring; True when ``rec`` was an eval record (written here, nothing more to do)."""
-    if rec.get("kind") == "eval":
+    """See the module docstring; True when ``rec`` was an eval or decision record (written here, nothing more
+    to do)."""
+    kind = rec.get("kind", "step")
+    if kind != "step":  # eval, decision (a kind this client does not know yet is kept, unsaid)
         metrics.write(rec)
-        say(eval_line(rec))
+        if kind in ("eval", "decision"):
+            say(eval_line(rec) if kind == "eval" else decision_line(rec))
         return True
     warn = signal_line(rec)
     if warn:

@@ -1,14 +1,20 @@
 """Run-directory metrics: one JSON object per step in ``metrics.jsonl``, and PNG plots.
 
 ``metrics.jsonl`` holds step records and, with ``[eval]``, eval records (``"kind": "eval"``, one per eval
-round: ``greedy_accuracy``, ``pass@1``, ``pass@k``; see ``libra.broker.job_eval``). ``read_metrics`` returns
-the step records (``kind="eval"``: the eval records; ``kind=None``: all); ``eval.png`` plots the eval
-records against the step they followed.
+round: ``greedy_accuracy``, ``pass@1``, ``pass@k``; see ``libra.broker.job_eval``), and the broker's decision
+records (``"kind": "decision"``: ``what`` is ``plan``, ``role_switch``, ``buckets``, ``ehp_join``,
+``ehp_leave`` or ``oom_replan``; ``step``, ``t`` seconds since the job started, ``text``, ``detail``).
+``read_metrics`` returns the step records (``kind="eval"``: the eval records; ``kind="decision"``: the
+decisions; ``kind=None``: all), so every reader of steps (summaries, plots, ``--resume``) skips the others;
+``eval.png`` plots the eval records against the step they followed. :func:`decision_summary` is what
+``summary.json`` says of the decisions and of the broker's predicted step times (``prediction_error``: the
+mean ``|log(predicted_step_s / step_time_s)|`` over the steps that had a prediction).
 
 ``MetricsWriter.write(record)`` appends and flushes a line (so a crashed run keeps its steps).
 ``plot_run(run_dir)`` reads ``metrics.jsonl`` and writes ``reward.png`` (reward per step: median with a
 10–90 % band, mean, accuracy, tool use) and ``throughput.png`` (generated tokens/s, and each step's
-rollout and training spans on one time axis),
+rollout and training spans on one time axis, with every decision marked and each Elastic Hybrid Pool
+borrow shaded from its join to its leave),
 with matplotlib's Agg backend (the ``train`` extra). ``summarize(records)`` gives the first/last
 quarter statistics reported at the end of a run; its ``quarters`` entry has, for the first and the last
 quarter of the steps, tool calls per episode, tool success rate, accuracy and reward, each pooled over
@@ -25,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MetricsWriter", "plot_evals", "plot_run", "quarter_stats", "read_metrics", "reward_bands", "summarize"]
+__all__ = ["MetricsWriter", "decision_summary", "plot_evals", "plot_run", "prediction_error", "quarter_stats",
+           "read_metrics", "reward_bands", "summarize"]
 
 
 class MetricsWriter:
@@ -98,6 +105,62 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "gen_tokens_total": sum(r.get("gen_tokens", 0) for r in records),
         "wall_s": sum(r["step_time_s"] for r in records),
     }
+
+
+def prediction_error(steps: list[dict[str, Any]]) -> float | None:
+    """Mean ``|log(predicted_step_s / step_time_s)|`` over the step records with a positive prediction and
+    measurement; None when no step had one."""
+    errs = [abs(math.log(float(r["predicted_step_s"]) / float(r["step_time_s"]))) for r in steps
+            if (r.get("predicted_step_s") or 0) > 0 and (r.get("step_time_s") or 0) > 0]
+    return statistics.fmean(errs) if errs else None
+
+
+def decision_summary(steps: list[dict[str, Any]], decisions: list[dict[str, Any]]) -> dict[str, Any]:
+    """``summary.json``'s view of the broker's decisions: ``decisions`` ({what: count}),
+    ``prediction_error`` (:func:`prediction_error`) and ``steps_predicted``."""
+    counts: dict[str, int] = {}
+    for d in decisions:
+        counts[str(d.get("what"))] = counts.get(str(d.get("what")), 0) + 1
+    return {"decisions": counts, "prediction_error": prediction_error(steps),
+            "steps_predicted": sum(1 for r in steps if (r.get("predicted_step_s") or 0) > 0)}
+
+
+_DECISION_COLOURS = {"plan": "tab:purple", "role_switch": "tab:red", "buckets": "tab:olive", "ehp_join": "tab:green",
+                     "ehp_leave": "tab:brown", "oom_replan": "black"}
+
+
+def mark_decisions(a1: Any, a2: Any, decisions: list[dict[str, Any]]) -> None:
+    """Mark ``decisions`` on the throughput axes: a dotted line at each decision's step (``a1``) and a line at
+    its time (``a2``, seconds since the job started); each ``ehp_join`` is shaded on ``a2`` until its
+    ``ehp_leave`` (the same ``detail.actor`` when given) or the end of the axis."""
+    seen: set[str] = set()
+    for d in decisions:
+        what = str(d.get("what"))
+        colour = _DECISION_COLOURS.get(what, "tab:gray")
+        label = what if what not in seen else None
+        seen.add(what)
+        if isinstance(d.get("step"), (int, float)):
+            a1.axvline(d["step"], color=colour, linestyle=":", alpha=0.7, label=label)
+        if isinstance(d.get("t"), (int, float)):
+            a2.axvline(d["t"], color=colour, linestyle=":", alpha=0.7, label=label)
+    for lo, hi in ehp_bands(decisions):
+        a2.axvspan(lo, hi if hi is not None else a2.get_xlim()[1], color="tab:green", alpha=0.1)
+
+
+def ehp_bands(decisions: list[dict[str, Any]]) -> list[tuple[float, float | None]]:
+    """``(join t, leave t or None)`` of every Elastic Hybrid Pool borrow in ``decisions``."""
+    open_: dict[Any, float] = {}
+    out: list[tuple[float, float | None]] = []
+    for d in decisions:
+        key = (d.get("detail") or {}).get("actor")
+        if d.get("what") == "ehp_join" and isinstance(d.get("t"), (int, float)):
+            open_[key] = float(d["t"])
+        elif d.get("what") == "ehp_leave" and isinstance(d.get("t"), (int, float)):
+            if key not in open_ and open_:
+                key = next(iter(open_))  # no actor named: the oldest borrow still open
+            if key in open_:
+                out.append((open_.pop(key), float(d["t"])))
+    return out + [(t, None) for t in open_.values()]
 
 
 def reward_bands(records: list[dict[str, Any]], lo: float = 0.1, hi: float = 0.9) -> list[tuple[float, float, float]]:
@@ -176,7 +239,11 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     a2.set_xlabel("seconds since the job started")
     a2.set_ylabel("step")
     a2.set_title("when each step rolled out and trained")
-    if any(r.get("rollout_span_s") for r in recs):
+    decisions = read_metrics(run, "decision")
+    mark_decisions(a1, a2, decisions)
+    if decisions:
+        a1.legend(fontsize=7)
+    if any(r.get("rollout_span_s") for r in recs) or decisions:
         a2.legend(fontsize=8)
     fig.tight_layout()
     out.append(run / "throughput.png")
