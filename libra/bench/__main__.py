@@ -31,6 +31,7 @@ BENCHMARKS = {
     "payloads": ("libra.bench.payloads", "typed work payloads (msgspec) vs hand-built dicts: codec + validation per payload"),
     "vllm_weights": ("libra.bench.vllm_weights", "vLLM weights update in buckets of whole layers vs one call (run with .venv-vllm/bin/python)"),
     "endpoint": ("libra.bench.endpoint", "a turn through the OpenAI-compatible endpoint vs session.generate directly, same cluster and run"),
+    "job": ("libra.bench.job", "one RL job under policy static vs the default libra, same seed: time per step, tokens/s, idle share, reward vs wall"),
     "gpu_checks": ("libra.bench.gpu_checks", "GPU-check programs: bf16 learning vs fp32, memory freed by a role switch, a trainer OOM (--device)"),
 }
 

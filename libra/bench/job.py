@@ -1,0 +1,247 @@
+"""``python -m libra bench job --job FILE [--seed N] [--steps N]``: one RL job under ``[broker] policy = "static"``
+(the fixed rollout/trainer split: the baseline) and under the default ``"libra"`` (hybrid slots under the
+Elastic Hybrid Pool, the planner, C-MLFQ, Tangram), from the same seed, one after the other in this run, each
+on its own loopback cluster and in its own run directory (``--out``/<job>/<policy>).
+
+Per policy, from what the run wrote (``RUN/metrics.jsonl`` step and decision records, ``RUN/summary.json``,
+``RUN/actors/*.json``):
+
+- **time per step**: the mean of the step records' ``step_time_s`` (the broker's seconds between one step's
+  end and the next's; step 1 from the job's start), over all steps and over steps 2..n (step 1 carries the
+  engines' warm-up); **steps wall**: their sum (job start to the last step's end); **total wall**: this
+  process's seconds for the whole run, the cluster's start and stop included;
+- **generated tokens/s**: the steps' ``gen_tokens`` over the steps wall;
+- **idle share per role**: over the steps wall, the share of time during which no step was training
+  (``train``: the union of the steps' ``train_span_s``) and during which no episode of any step was in
+  flight (``rollout``: the union of ``rollout_span_s``). That is the role's idle share as a whole; the idle
+  share of one slot (one rollout instance, one rank) is **not measured**: no record says how long a slot
+  was busy, and it is not guessed here;
+- **reward against wall time**: each step's end (seconds from the job's start) and its mean reward;
+- **decisions**: the decision records counted by ``what``, the hybrid slots' role switches (their
+  ``switches`` in ``RUN/actors/<slot>.json``) and the Elastic Hybrid Pool's most members in a step;
+- **prediction error**: the mean ``|log(predicted_step_s / step_time_s)|`` over the steps with a
+  prediction (``libra.rl.metrics.prediction_error``; none under ``static``, which has no planner).
+
+Printed last: libra/static of the mean time per step (all steps and steps 2..n): < 1 means Libra was
+faster. The result object goes to ``--out``/<job>/bench_job.json (and to stdout with ``--json``).
+Under ``static`` the job file's ``[broker.planner]`` table is dropped (a static job has no planner).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from libra.bench.output import emit, finite
+
+__all__ = ["POLICIES", "covered", "figures", "main", "policy_config", "ratios", "table"]
+
+POLICIES = ("static", "libra")
+
+
+def covered(spans: Iterable[Any], lo: float, hi: float) -> float:
+    """Seconds of ``[lo, hi]`` covered by the union of ``spans`` (``[start, end]`` pairs; others skipped)."""
+    ivs = sorted((max(lo, float(s[0])), min(hi, float(s[1]))) for s in spans
+                 if isinstance(s, (list, tuple)) and len(s) == 2)
+    total, end = 0.0, lo
+    for a, b in ivs:
+        a = max(a, end)
+        if b > a:
+            total += b - a
+            end = b
+    return total
+
+
+def _mean(xs: list[float]) -> float | None:
+    return statistics.fmean(xs) if xs else None
+
+
+def figures(steps: list[dict[str, Any]], decisions: list[dict[str, Any]], slots: dict[str, dict[str, Any]],
+            summary: dict[str, Any]) -> dict[str, Any]:
+    """One policy's figures (see the module docstring) from its step records, decision records, slot records
+    (``RUN/actors/<slot>.json`` by slot) and ``summary.json``."""
+    from libra.rl.metrics import prediction_error
+
+    times = [float(r["step_time_s"]) for r in steps]
+    wall = sum(times)
+    tokens = sum(int(r.get("gen_tokens", 0)) for r in steps)
+    idle: dict[str, float | None] = {"train": None, "rollout": None}
+    if wall > 0:
+        for role in idle:
+            spans = [r.get(f"{role}_span_s") for r in steps]
+            if any(spans):
+                idle[role] = round(1.0 - covered(spans, 0.0, wall) / wall, 4)
+    rewards = [r["reward_mean"] for r in steps]
+    return {
+        "steps": len(steps), "step_s_mean": _mean(times), "step_s_mean_2n": _mean(times[1:]),
+        "step_s": [round(t, 3) for t in times], "steps_wall_s": round(wall, 3),
+        "gen_tokens": tokens, "gen_tokens_per_s": tokens / wall if wall > 0 else None,
+        "rollout_time_s": [round(float(r.get("rollout_time_s", 0.0)), 3) for r in steps],
+        "train_time_s": [round(float(r.get("train_time_s", 0.0)), 3) for r in steps],
+        "idle_share": idle,
+        "reward_vs_wall": [{"step": r["step"], "wall_s": round(float((r.get("train_span_s") or [0, t_end])[1]), 3),
+                            "reward_mean": round(float(r["reward_mean"]), 4)}
+                           for r, t_end in zip(steps, _cumsum(times))],
+        "reward_mean": _mean(rewards),
+        "members": [len(r["members"]) if isinstance(r.get("members"), list) else r.get("ranks") for r in steps],
+        "decisions": dict(Counter(str(d.get("what")) for d in decisions)),
+        "role_switches": {slot: int(rec.get("switches", 0)) for slot, rec in sorted(slots.items())
+                          if rec.get("switches")},
+        "prediction_error": prediction_error(steps),
+        "steps_predicted": sum(1 for r in steps if (r.get("predicted_step_s") or 0) > 0),
+        "episodes_failed": summary.get("episodes_failed"), "dropped_groups": summary.get("dropped_groups"),
+    }
+
+
+def _cumsum(xs: list[float]) -> list[float]:
+    out, acc = [], 0.0
+    for x in xs:
+        acc += x
+        out.append(acc)
+    return out
+
+
+def ratios(static: dict[str, Any], libra: dict[str, Any]) -> dict[str, float | None]:
+    """libra/static of the mean time per step (all steps, steps 2..n) and of the generated tokens/s."""
+    def ratio(key: str) -> float | None:
+        a, b = libra.get(key), static.get(key)
+        return a / b if a is not None and b else None
+
+    return {"step_s": ratio("step_s_mean"), "step_s_2n": ratio("step_s_mean_2n"),
+            "gen_tokens_per_s": ratio("gen_tokens_per_s")}
+
+
+def policy_config(cfg: Any, policy: str, run_dir: Path, *, seed: int | None = None, steps: int | None = None) -> Any:
+    """Job ``cfg`` under ``[broker] policy = policy`` in ``run_dir``, with ``seed``/``steps`` when given (checked
+    as at load time). ``static`` drops ``[broker.planner]`` (a static job has no planner)."""
+    from libra.rl.broker_table import check_broker_table
+
+    b = dataclasses.replace(cfg.broker, policy=policy, **({"planner": {}} if policy == "static" else {}))
+    job = dataclasses.replace(cfg.job, run_dir=str(run_dir), **({"seed": seed} if seed is not None else {}),
+                              **({"steps": steps} if steps is not None else {}))
+    out = dataclasses.replace(cfg, broker=b, job=job)
+    check_broker_table(out, "bench job")
+    return out
+
+
+def _slots(run: Path) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for f in sorted((run / "actors").glob("*.json")):
+        try:
+            out[f.stem] = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def run_policy(cfg: Any, policy: str, run: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Run the job under ``policy`` in ``run`` on its own loopback cluster; its figures."""
+    from libra.rl.driver import run_job
+    from libra.rl.metrics import read_metrics
+
+    pc = policy_config(cfg, policy, run, seed=args.seed, steps=args.steps)
+    t0 = time.perf_counter()
+    summary = run_job(pc, progress=False, log_level=args.log_level)
+    total = time.perf_counter() - t0
+    fig = figures(read_metrics(run), read_metrics(run, "decision"), _slots(run), summary)
+    return {"policy": policy, "run_dir": str(run), "total_wall_s": round(total, 2),
+            "job_wall_s": round(float(summary.get("total_wall_s", 0.0)), 2), **fig}
+
+
+def _f(x: Any, nd: int = 3) -> str:
+    return "-" if x is None else f"{x:.{nd}f}" if isinstance(x, float) else str(x)
+
+
+def table(out: dict[str, Any]) -> str:
+    """The result object as text."""
+    res = out["policies"]
+    lines = [f"bench job: {out['job']} ({out['steps']} steps, seed {out['seed']}), policies run in the order "
+             f"{', '.join(res)} on this host ({out['cpus']} CPUs, load before {out['load_before']})", "",
+             f"{'':28s}" + "".join(f"{p:>14s}" for p in res)]
+
+    def row(label: str, fn: Any) -> None:
+        lines.append(f"{label:28s}" + "".join(f"{fn(r):>14s}" for r in res.values()))
+
+    row("time per step (s)", lambda r: _f(r["step_s_mean"]))
+    row("time per step 2..n (s)", lambda r: _f(r["step_s_mean_2n"]))
+    row("steps wall (s)", lambda r: _f(r["steps_wall_s"], 2))
+    row("total wall (s)", lambda r: _f(r["total_wall_s"], 1))
+    row("generated tokens/s", lambda r: _f(r["gen_tokens_per_s"], 0))
+    row("idle share: training", lambda r: _f(r["idle_share"]["train"], 2))
+    row("idle share: rollout", lambda r: _f(r["idle_share"]["rollout"], 2))
+    row("mean reward", lambda r: _f(r["reward_mean"]))
+    row("prediction error", lambda r: _f(r["prediction_error"]))
+    row("episodes failed", lambda r: _f(r["episodes_failed"]))
+    for p, r in res.items():
+        lines.append(f"{p}: step s {r['step_s']}; rollout s {r['rollout_time_s']}; train s {r['train_time_s']}; "
+                     f"trainer members {r['members']}")
+        lines.append(f"{p}: decisions {r['decisions'] or 'none'}; role switches {r['role_switches'] or 'none'}")
+    lines.append("")
+    lines.append("reward against wall time (s from the job's start: a step's end, its mean reward)")
+    lines.append("step" + "".join(f"{p + ' wall':>14s}{p + ' reward':>16s}" for p in res))
+    for i in range(max(len(r["reward_vs_wall"]) for r in res.values())):
+        cells = ""
+        for r in res.values():
+            rv = r["reward_vs_wall"][i] if i < len(r["reward_vs_wall"]) else None
+            cells += f"{_f(rv['wall_s'], 2) if rv else '-':>14s}{_f(rv['reward_mean'], 4) if rv else '-':>16s}"
+        lines.append(f"{i + 1:4d}{cells}")
+    lines.append("")
+    lines.append("idle share: share of the steps wall with no step training / no episode in flight (a role as a "
+                 "whole; a slot's own idle share is not measured: no record holds its busy time)")
+    q = out["ratios"]
+    lines.append(f"libra/static time per step: {_f(q['step_s'])} (steps 2..n: {_f(q['step_s_2n'])}); generated "
+                 f"tokens/s libra/static: {_f(q['gen_tokens_per_s'])}  (< 1 time per step: Libra faster); "
+                 f"load after {out['load_after']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from libra.rl.config import load_job
+
+    cfg = load_job(args.job)
+    root = Path(args.out) / cfg.job.name
+    order = [args.first, *[p for p in POLICIES if p != args.first]]
+    res = {"job": str(args.job), "name": cfg.job.name, "seed": cfg.job.seed if args.seed is None else args.seed,
+           "steps": cfg.job.steps if args.steps is None else args.steps, "cpus": os.cpu_count(),
+           "load_before": [round(x, 2) for x in os.getloadavg()], "policies": {}}
+    for p in order:
+        res["policies"][p] = run_policy(cfg, p, (root / p).resolve(), args)
+    res["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    res["ratios"] = ratios(res["policies"]["static"], res["policies"]["libra"])
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "bench_job.json").write_text(json.dumps(finite(res), indent=1))
+    res["result_file"] = str(root / "bench_job.json")
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m libra bench job", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p.add_argument("--job", required=True, help="the job file (e.g. examples/arith_shift.toml)")
+    p.add_argument("--seed", type=int, help="[job] seed for both runs (default: the file's)")
+    p.add_argument("--steps", type=int, help="[job] steps for both runs (default: the file's)")
+    p.add_argument("--out", default="runs/bench_job", help="run directories go to OUT/<job name>/<policy>")
+    p.add_argument("--first", choices=POLICIES, default="static", help="the policy run first")
+    p.add_argument("--log-level", default="warning", help="the cluster's log level")
+    p.add_argument("--json", action="store_true", help="print the result object as JSON")
+    args = p.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        p.error("--steps must be >= 1")
+    t0 = time.perf_counter()
+    res = run(args)
+    res["wall_s"] = round(time.perf_counter() - t0, 1)
+    emit(res, args.json, table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
