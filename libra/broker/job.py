@@ -52,7 +52,8 @@ for ``JobPoll`` (``failures``: those after the client's newest record); as many 
 ``max(16, 2 x group_size x prompts_per_step)`` fail the job (an environment that fails every episode);
 a ``train`` work that fails fails the job with the rank's error
 (state ``failed``), except a trainer's out-of-memory failure, which retries the step with smaller micro-batches
-and makes the broker's planner re-plan (:mod:`libra.broker.job_train`); a cancelled job cancels its outstanding work. Nothing is dropped silently: every
+and makes the broker's planner re-plan (:mod:`libra.broker.job_train`); a cancelled job cancels its
+outstanding work. Nothing is dropped silently: every
 dropped group is counted in ``dropped_groups``.
 """
 

@@ -130,7 +130,8 @@ class TrainSteps:
         adv = group_advantages([t.reward for t in trajs], [t.group for t in trajs], scale_by_std=s.scale_by_std)
         step = s.step_offset + st.steps_done + 1
         ckpt = ""
-        if s.checkpoint_dir and (step == s.step_offset + s.steps or (s.checkpoint_every and step % s.checkpoint_every == 0)):
+        last = step == s.step_offset + s.steps
+        if s.checkpoint_dir and (last or (s.checkpoint_every and step % s.checkpoint_every == 0)):
             ckpt = f"{s.checkpoint_dir.rstrip('/')}/step{step}"
         self._train = {"step": step, "trajs": trajs, "adv": adv, "t0": now, "checkpoint": ckpt, "attempt": 0,
                        "oom_retries": 0, "mbt": s.micro_batch_tokens, "prediction": None,
@@ -143,7 +144,8 @@ class TrainSteps:
         if self.elastic is None:
             return None
         w, last = self.weights or {}, self._last_step or {}
-        return self.elastic.plan_step(step, self.spec.world_size, bool(w.get("endpoint")) and w.get("transport") is None,
+        known = bool(w.get("endpoint")) and w.get("transport") is None  # the joiners' state source
+        return self.elastic.plan_step(step, self.spec.world_size, known,
                                       last.get("rollout_time_s") or None, last.get("train_time_s") or None,
                                       costs=self.costs, instances=self.rollout_instances)
 

@@ -103,7 +103,7 @@ class JobPollReply(Payload, frozen=True, kw_only=True):
     """The output of the broker's Reply to ``JobPoll``."""
 
     WHAT = "job poll reply"
-    OMIT_DEFAULT = ("failures",)
+    OMIT_DEFAULT = ("failures", "oom_retries", "decisions", "prediction_error")
 
     job: str
     """The job's name."""
@@ -120,7 +120,8 @@ class JobPollReply(Payload, frozen=True, kw_only=True):
     weights: dict[str, Any] | None = None
     """The newest weights ref (see :class:`~libra.protocol.payloads_refs.WeightsRef`), None before step 1."""
     records: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    """One record per trained step from the poll's cursor on."""
+    """From the poll's cursor on: one record per trained step (no ``kind``), eval records (``"kind": "eval"``)
+    and decision records (``"kind": "decision"``, ``libra.broker.job_records``), in the order they were made."""
     next_cursor: NonNeg = 0
     """The cursor of the next poll."""
     dropped_groups: NonNeg = 0
@@ -135,3 +136,9 @@ class JobPollReply(Payload, frozen=True, kw_only=True):
     """Episodes in flight now."""
     training: bool = False
     """Whether a step is being trained now."""
+    oom_retries: NonNeg = 0
+    """Training attempts retried with smaller micro-batches after a trainer ran out of memory (all steps)."""
+    decisions: dict[str, int] = msgspec.field(default_factory=dict)
+    """The job's decision records (``"kind": "decision"``) by ``what``: how many."""
+    prediction_error: float | None = None
+    """Mean |log(predicted / measured)| step seconds over the steps that had a prediction (None: none yet)."""

@@ -38,8 +38,8 @@ def largest_micro_batch(works: list) -> int:
 def reply_ok(h: JobHost, works: list, now: float) -> None:
     for w in works:
         r = w.args["rank"]
-        h.on_reply(w.tag, True, {"rank": r, "weights_version": 1, "metrics": {}, "checksum": "c",
-                                 "weights": {"endpoint": "tcp://t:1", "name": "w/v1", "version": 1} if r == 0 else None},
+        weights = {"endpoint": "tcp://t:1", "name": "w/v1", "version": 1} if r == 0 else None
+        h.on_reply(w.tag, True, {"rank": r, "weights_version": 1, "metrics": {}, "checksum": "c", "weights": weights},
                    "", now)
 
 
