@@ -113,6 +113,7 @@ class TrainSteps:
         self.rollout_instances = 0  # actors accepting generate, as the broker last counted them
         self.train_ooms = 0  # out-of-memory failures of train steps (the broker forwards them to its planner)
         self._last_step: dict[str, Any] | None = None  # the newest step record
+        self._pool_seen: int | None = None  # the pool's decisions already recorded (None: none looked at yet)
 
     def decide(self, what: str, text: str, detail: dict[str, Any] | None, now: float) -> None:
         """Add a decision record (``libra.broker.job_records.decision_record``) for the step being prepared."""
@@ -153,10 +154,11 @@ class TrainSteps:
         s, tr = self.spec, self._train
         assert tr is not None
         step, trajs, adv = tr["step"], tr["trajs"], tr["adv"]
-        n_decisions = len(self.elastic.decisions) if self.elastic is not None else 0
+        if self.elastic is not None and self._pool_seen is None:  # an earlier job's decisions are not ours
+            self._pool_seen = len(self.elastic.decisions)
         group = self._plan_group(step)
         if group is not None:
-            self._pool_decisions(n_decisions, now)
+            self._pool_decisions(now)
         n_train = len(group.trainers) if group else s.world_size
         lengths = [t.tokens for t in trajs]
         plan = plan_dispatch(lengths, n_train, micro_batch_tokens=tr["mbt"], strategy=s.dispatch)
@@ -190,9 +192,11 @@ class TrainSteps:
             self._outbox.append(JobWork(f"train:{step}:{r}{suffix}", "train", "grpo", args.to_wire(), None,
                                         s.train_timeout_s, pin))
 
-    def _pool_decisions(self, since: int, now: float) -> None:
-        """The pool's borrows and releases since ``since`` as ``ehp_join`` / ``ehp_leave`` decision records."""
-        for d in self.elastic.decisions[since:]:
+    def _pool_decisions(self, now: float) -> None:
+        """The pool's borrows and releases not recorded yet (a failed step's releases included) as
+        ``ehp_join`` / ``ehp_leave`` decision records."""
+        seen, self._pool_seen = self._pool_seen or 0, len(self.elastic.decisions)
+        for d in self.elastic.decisions[seen:]:
             what = "ehp_join" if d["action"] == "borrow" else "ehp_leave"
             verb = "joins training" if what == "ehp_join" else "goes back to rollout"
             self.decide(what, f"EHP: hybrid actor {d['actor']} {verb} ({d['reason']})", dict(d), now)

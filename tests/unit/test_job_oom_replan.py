@@ -116,3 +116,20 @@ def test_the_broker_core_forwards_a_train_oom_to_its_planner() -> None:
     assert h.active and h.train_ooms == 1 and board.train_ooms == 1
     assert s.planner.oom_pending and s.planner.due(5.0)  # the next round re-plans at once
     assert s._table.owned_by("job:j")  # the retry's works were submitted
+
+
+def test_an_elastic_step_that_runs_out_of_memory_retries_in_a_new_group_generation() -> None:
+    from libra.broker.ehp import ActorView, EhpSettings, ElasticPool
+
+    pool = ElasticPool(EhpSettings())
+    pool.observe([ActorView("h/t0", False, ("train",)), ActorView("h/t1", False, ("train",))], 0.0, 0.0)
+    h = JobHost("j", JobSpec.from_mapping(SPEC), ROWS, 0.0)
+    h.elastic = pool
+    for i, w in enumerate(h.take_work(0.0)):
+        h.on_reply(w.tag, True, episode(40 + 10 * i, float(i % 2)), "", 1.0)
+    train = h.take_work(2.0)
+    assert [w.pin for w in train] == ["h/t0", "h/t1"] and train[0].args["elastic"]["generation"] == 1
+    h.on_reply(train[1].tag, False, None, OOM, 3.0, code="oom")
+    retry = h.take_work(3.0)
+    assert h.active and [w.tag for w in retry] == ["train:1:0:a1", "train:1:1:a1"]
+    assert [w.pin for w in retry] == ["h/t0", "h/t1"] and retry[0].args["elastic"]["generation"] == 2
