@@ -50,8 +50,10 @@ from typing import Any
 import numpy as np
 
 from libra.bench.ablation_seeds import LADDER, LADDER_COST, format_seeds, summarize_seeds
+from libra.bench.ablation_why import ehp_why, tp_why
 from libra.bench.output import emit
 from libra.sim.sim_config import default_prompts
+from libra.sim.workload_profiles import MAX_MODEL_LEN
 
 __all__ = ["RUNGS", "earl_run", "main", "measure_tgs", "run", "run_rung"]
 
@@ -96,7 +98,7 @@ def run_rung(job: tuple[str, str, str, int, int, int, int, dict[str, Any], str])
         rep = sim.alloc.report()
         res["planner"] = {k: rep[k] for k in ("initial_plan", "final_plan", "plans_applied", "switches",
                                                "transition_s", "search_s", "regroup_pauses", "core_swaps",
-                                               "reconfig_costs", "step_errors")}
+                                               "reconfig_costs", "step_errors", "ehp_joins")}
         res["planner"]["decisions"] = dict(rep["decisions"])
         res["planner"]["ehp_signals"] = dict(rep["ehp_signals"])
     return res
@@ -246,12 +248,18 @@ def earl_run(points: int = 12, min_context: float = 1024.0, max_context: float =
 # ---------------------------------------------------------------------------------------------- run
 def run(steps: int = 20, gpus: int = 48, prompts: int | None = None, seed: int = 0, base_router: str = "least_loaded",
         jobs: int = 1, earl_points: int = 12, allocation_params: dict[str, Any] | None = None,
-        batching: str = "streaming", objective: str | None = None) -> dict[str, Any]:
-    """Run both parts; returns the JSON-ready result (rows, ratios, target checks, EARL rows).
+        batching: str = "streaming", objective: str | None = None,
+        max_seq_len: int | None = MAX_MODEL_LEN) -> dict[str, Any]:
+    """Run both parts; returns the JSON-ready result (rows, ratios, target checks, EARL rows, and ``why``: the
+    measured reasons the mixed-TP and EHP rungs move the number or not, :mod:`libra.bench.ablation_why`).
     ``batching``: the simulator's ``SimConfig.batching``; ``objective``: the planner rungs'
-    ``PlannerConfig.objective`` (None: the allocation's default)."""
+    ``PlannerConfig.objective`` (None: the allocation's default); ``max_seq_len``: the serving engine's
+    ``max_model_len`` the planner is told (the generated trace's cap, 40,960 tokens, docs/papers.md; the
+    training-layout headroom asks no margin past it; None: not told)."""
     prompts = prompts if prompts is not None else default_prompts(gpus)
     params = dict(allocation_params or {})
+    if max_seq_len is not None:
+        params.setdefault("max_seq_len", max_seq_len)
     if objective is not None:
         params["objective"] = objective
     jobs_list = [(key, alloc, router or base_router, steps, prompts, gpus, seed, params, batching)
@@ -285,7 +293,10 @@ def run(steps: int = 20, gpus: int = 48, prompts: int | None = None, seed: int =
     earl = earl_run(points=earl_points)
     targets["earl_as_good_as_best_fixed"] = earl["as_good_as_best_fixed"]
     targets["earl_never_oom"] = earl["never_oom"]
+    why = {"tp": tp_why(by, steps, prompts, seed), "ehp": ehp_why(by),
+           "ehp_cost": ehp_why({"ehp": by["ehp_cost"], "cmlfq": by["cmlfq_cost"]})}
     return {"workload": "r2e", "gpus": gpus, "steps": steps, "prompts": prompts, "group_size": 16, "seed": seed,
+            "max_seq_len": params.get("max_seq_len"), "why": why,
             "base_router": base_router, "batching": batching, "objective": objective or "throughput", "rows": rows, "libra_vs_static_uniform": libra / su if su else math.nan,
             "libra_vs_colocated": libra / co if co else math.nan,
             "libra_cost_vs_static_uniform": libra_cost / su if su else math.nan,
@@ -307,6 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="simulator batch formation (docs/papers.md §1.7; default streaming)")
     p.add_argument("--objective", default=None, choices=("throughput", "pipeline"),
                    help="planner rungs' objective (default throughput; pipeline: the earlier chain-aware one)")
+    p.add_argument("--max-seq-len", type=int, default=MAX_MODEL_LEN,
+                   help="the serving max_model_len the planner is told (default %(default)s, the trace's cap; 0: not told)")
     p.add_argument("--quick", action="store_true", help="a tiny configuration (16 GPUs, 3 steps) for smoke tests")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
@@ -315,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _fmt(out: dict[str, Any]) -> str:
     lines = [f"Libra ablation, R2E-like trace: {out['gpus']} GPUs, {out['steps']} steps, {out['prompts']} groups x 16 "
              f"per step, seed {out['seed']} (base router {out['base_router']}; batching {out['batching']}, planner "
-             f"objective {out['objective']})", "",
+             f"objective {out['objective']}; planner told max_model_len {out.get('max_seq_len')})", "",
              f"{'rung':<32} {'allocation / router':<28} {'tok/s':>8} {'step s':>8} {'idle':>6} {'x uniform':>9} "
              f"{'x coloc':>8} {'plans':>5} {'switch s':>8}"]
     for r in out["rows"]:
@@ -323,6 +336,7 @@ def _fmt(out: dict[str, Any]) -> str:
         lines.append(f"{r['label']:<32} {r['allocation'] + ' / ' + r['router']:<28} {r['tokens_per_s']:>8.1f} "
                      f"{r['step_time_s']:>8.1f} {r['gpu_idle_fraction']:>6.3f} {r['vs_static_uniform']:>9.3f} "
                      f"{r['vs_colocated']:>8.3f} {pl.get('plans_applied', '-')!s:>5} {pl.get('transition_s', '-')!s:>8}")
+    lines += ["", "Why (measured):"] + _why_lines(out["why"])
     lines += ["", "Planner prediction vs simulator (means over steps; the deployed plan re-scored on each step's "
                   "trajectories; pred chain = predicted release-to-last-end rollout latency, compare with sim roll; "
                   "sim rollout overlaps the previous step's when lag > 1):",
@@ -351,6 +365,20 @@ def _fmt(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _why_lines(why: dict[str, Any]) -> list[str]:
+    tp = why["tp"]
+    head = " ".join(f"{'TP' + str(t):>7}" for t in (1, 2, 4, 8))
+    lines = [f"mixed TP: {tp['verdict']} (the cost model the planner scores with, per-GPU tok/s at "
+             f"{tp['concurrency_per_8_gpus']} requests per 8 GPUs; the heterogeneous rung's router "
+             f"{tp['heterogeneous_router']} is also scored length-blind); TPs deployed: "
+             + ", ".join(f"{k} {v}" for k, v in tp["deployed_tps"].items()),
+             f"  {'length bin':<14} {'tokens':>6} {head}"]
+    for b in tp["bins"]:
+        lines.append(f"  {str(b['lo']) + '-' + str(b['hi']):<14} {b['token_share']:>6.0%} "
+                     + " ".join(f"{b['per_gpu'][t]:>7.0f}" for t in (1, 2, 4, 8)))
+    return lines + [why["ehp"]["line"], "cost-based: " + why["ehp_cost"]["line"]]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     steps = args.steps if args.steps is not None else (3 if args.quick else 20)
@@ -365,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     runs = [run(steps, gpus, prompts, args.seed + i, args.base_router, args.jobs, points, batching=args.batching,
-                objective=args.objective) for i in range(args.seeds)]
+                objective=args.objective, max_seq_len=args.max_seq_len or None) for i in range(args.seeds)]
     if len(runs) == 1:
         out = runs[0]
         out["wall_s"] = round(time.perf_counter() - t0, 1)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from libra.broker.hybrid import HybridReplica, JoinState
 from libra.broker.pools import Role
@@ -23,7 +24,7 @@ from libra.policies.planner.allocators import EhpSignal, Plan, PressureSnapshot,
 from libra.policies.planner.search import GlobalResourcePlanner
 from libra.sim.sim_planner_params import PlannerSimParams
 
-__all__ = ["ehp_decision", "end_step", "register_joins", "start_step"]
+__all__ = ["JoinLedger", "ehp_decision", "end_step", "register_joins", "start_step"]
 
 
 def register_joins(hybrids: dict[str, HybridReplica], roles: Mapping[str, Role], live: Collection[str]) -> None:
@@ -106,3 +107,58 @@ def ehp_decision(step: int, snap: PressureSnapshot, core: Plan, n_hybrid: int, r
     if not math.isfinite(target.objective):
         return sig, None
     return sig, target
+
+
+@dataclass
+class JoinLedger:
+    """The joins of one ``grp_ehp`` run and what they cost: the hybrid replicas, the running step's zero-gradient
+    members, each step that had some (their GPUs, the step's seconds on the training replicas and the seconds
+    it would have taken with the joiners training at once), the EHP's borrow/release moves and the regroup
+    pauses the joins avoided (a non-elastic allocation pauses ``regroup_s`` whenever its replica set changes)."""
+
+    hybrids: dict[str, HybridReplica] = field(default_factory=dict)
+    zero: list[tuple[str, int]] = field(default_factory=list)
+    zero_steps: list[dict[str, Any]] = field(default_factory=list)
+    moves: list[tuple[int, int, int]] = field(default_factory=list)  # (step, replicas before, after)
+    regroups_avoided: int = 0
+    core_swaps: int = 0
+
+    def start(self, live: Collection[str], k: int) -> list[str]:
+        """Training step ``k`` starts on the ``live`` replica groups: joins move on (:func:`start_step`); returns
+        the groups that train (the core and the active joiners; every live group when the whole core was
+        replaced: the joined replicas are the core now, a cluster swap)."""
+        self.zero = start_step(self.hybrids, live, k)
+        use = [g for g in live if g not in self.hybrids or self.hybrids[g].state is JoinState.ACTIVE]
+        if not use:
+            for g in live:
+                self.hybrids.pop(g, None)
+            self.core_swaps += 1
+            use, self.zero = list(live), []
+        return use
+
+    @property
+    def zero_gpus(self) -> int:
+        """GPUs holding zero gradients in the running step."""
+        return sum(len(self.hybrids[g].members) for g, _ in self.zero if g in self.hybrids)
+
+    def record(self, k: int, step_s: float, all_active_s: float, regrouped: bool) -> None:
+        """Step ``k`` took ``step_s`` (``all_active_s`` with its zero members training too); ``regrouped``: its
+        replica set differs from the last step's (a pause the joins avoided)."""
+        if self.zero:
+            self.zero_steps.append({"step": k, "zero_gpus": self.zero_gpus, "step_s": round(step_s, 3),
+                                    "all_active_s": round(all_active_s, 3)})
+        self.regroups_avoided += regrouped
+
+    def end(self, k: int) -> None:
+        """Training step ``k`` ended (:func:`end_step`)."""
+        end_step(self.hybrids, self.zero, k)
+        self.zero = []
+
+    def report(self, regroup_s: float) -> dict[str, Any]:
+        """JSON-ready: borrows, releases, zero-gradient steps and their GPU-steps, ``extra_core_s`` (the seconds
+        those steps took beyond what they would have with the joiners active) and the regroup seconds avoided."""
+        extra = sum(z["step_s"] - z["all_active_s"] for z in self.zero_steps)
+        return {"borrows": sum(b > a for _, a, b in self.moves), "releases": sum(b < a for _, a, b in self.moves),
+                "zero_steps": len(self.zero_steps), "zero_gpu_steps": sum(z["zero_gpus"] for z in self.zero_steps),
+                "extra_core_s": round(extra, 3), "regroups_avoided": self.regroups_avoided,
+                "regroup_s_avoided": round(self.regroups_avoided * regroup_s, 3), "steps": list(self.zero_steps)}

@@ -307,6 +307,14 @@ class GpuFleet:
         self.train_steps.append((self.sim.now, t, len(members), len(groups)))
         return t, cfg, frozenset(groups)
 
+    def step_seconds(self, lengths: Sequence[int], model: Any, micro_batch: Callable[[int, int], int],
+                     replicas: Iterable[str]) -> float:
+        """Seconds a training step on the given complete replicas would take (as :meth:`train_step` would run it,
+        recording nothing); ``inf`` when none of them is complete or nothing holds the batch."""
+        keep = set(replicas)
+        reps = {g: ms for g, ms in self.replicas().items() if g in keep}
+        return self._pick(reps, lengths, model, micro_batch)[0] if reps else math.inf
+
     def holds(self, lengths: Sequence[int], model: Any, replicas: Iterable[str] | None = None) -> bool:
         """Whether the complete replicas (or the given subset) can train ``lengths`` now (regrouped if need be)."""
         reps = self.replicas()

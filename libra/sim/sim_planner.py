@@ -78,7 +78,6 @@ from dataclasses import replace
 from typing import Any
 
 from libra.broker.events import Rehome
-from libra.broker.hybrid import HybridReplica, JoinState
 from libra.broker.planner_loop import PlanJob, PlannerLoop
 from libra.broker.pools import GpuSlot, Role, bucket_specs, layout_roles
 from libra.policies.cost import TrainingCostModel, load_hardware, load_model
@@ -92,7 +91,7 @@ from libra.sim.sim_config import SimConfig
 from libra.sim.sim_gpus import GpuFleet, TransitionCosts, gpu_id
 from libra.sim.sim_host import SimHost
 from libra.sim.sim_metrics import SimResult, summarize
-from libra.sim.sim_ehp import ehp_decision, end_step, register_joins, start_step
+from libra.sim.sim_ehp import JoinLedger, ehp_decision, register_joins
 from libra.sim.sim_planner_params import (
     PLANNER_ALLOCATIONS,
     ROUTER_ROUTING,
@@ -153,9 +152,8 @@ class PlannerAllocation:
         self.regroup_pauses = 0
         self.train_waits = 0
         self.oom_regroups = 0  # training steps that outgrew their layout and ran regrouped (GpuFleet.regroups)
-        self.core_swaps = 0
-        self.hybrids: dict[str, HybridReplica] = {}
-        self._zero: list[tuple[str, int]] = []  # the running step's zero-gradient members (group, generation)
+        self.joins = JoinLedger()  # EHP: the hybrid replicas' joins and what they cost
+        self.hybrids = self.joins.hybrids
         self.n_hybrid = 0
         self.ehp_signals: list[dict[str, Any]] = []
         self.train_layouts: list[TrainConfig] = []
@@ -224,24 +222,24 @@ class PlannerAllocation:
         assert self.fleet is not None and self.sim is not None
         use = None
         if self.ehp:
-            live = self.fleet.replicas()
-            self._zero = start_step(self.hybrids, live, self.sim.trained)  # joins move on as the step starts
-            use = [g for g in live if g not in self.hybrids or self.hybrids[g].state is JoinState.ACTIVE]
-            if not use:  # the whole core was replaced: the joined replicas are the core now (cluster swap)
-                for g in live:
-                    self.hybrids.pop(g, None)
-                self.core_swaps += 1
-                use = list(live)
+            use = self.joins.start(self.fleet.replicas(), self.sim.trained)  # joins move on as the step starts
         micro = self.plan.train.micro_batch if self.plan.train is not None else 1
         shape = (self.plan.train.tp, self.plan.train.pp) if self.plan.train is not None else (0, 0)
         regroups = len(self.fleet.regroups)
-        t, cfg, groups = self.fleet.train_step(lengths, self.train_model, lambda tp, pp: micro if (tp, pp) == shape else 1,
-                                               use)
+
+        def micro_of(tp: int, pp: int) -> int:
+            return micro if (tp, pp) == shape else 1
+
+        t_all = (self.fleet.step_seconds(lengths, self.train_model, micro_of, [*(use or []), *(g for g, _ in self.joins.zero)])
+                 if self.joins.zero else 0.0)  # the step with its zero-gradient joiners training at once
+        t, cfg, groups = self.fleet.train_step(lengths, self.train_model, micro_of, use)
         if len(self.fleet.regroups) > regroups:  # the batch outgrew the layout: regrouped, and re-plan at once
             t += self.params.regroup_s
             self.fleet.train_gpu_seconds += self.params.regroup_s * len(self.fleet.step.members)
             self.oom_regroups, _ = self.oom_regroups + 1, self.loop.train_out_of_memory()
         self.train_layouts.append(cfg)
+        if self.ehp:
+            self.joins.record(self.sim.trained, t, t_all, self._last_replicas is not None and groups != self._last_replicas)
         if not self.ehp and self._last_replicas is not None and groups != self._last_replicas:
             t += self.params.regroup_s
             self.fleet.train_gpu_seconds += self.params.regroup_s * len(self.fleet.step.members)
@@ -266,8 +264,7 @@ class PlannerAllocation:
         self.fleet.step_done()
         self._observe()
         if self.ehp:
-            end_step(self.hybrids, self._zero, k)
-            self._zero = []
+            self.joins.end(k)
         busy = (self._pending_apply or self.loop.searching
                 or (self.sim.broker.plan_applier is not None and not self.sim.broker.plan_applier.done))
         if self.params.error_feedback or self.params.reconfig_feedback:
@@ -347,9 +344,10 @@ class PlannerAllocation:
             "search_s": round(sum(self.search_seconds), 3),
             "searches": len(self.search_seconds),
             "regroup_pauses": self.regroup_pauses,
-            "core_swaps": self.core_swaps,
+            "core_swaps": self.joins.core_swaps,
             "train_waits": self.train_waits, "oom_regroups": self.oom_regroups,
             "ehp_signals": Counter(s["reason"] for s in self.ehp_signals),
+            "ehp_joins": self.joins.report(self.params.regroup_s),
             "final_plan": _plan_dict(self.plan),
             "step_errors": list(self.step_errors),
             "reconfig_costs": list(self.reconfig_costs),
@@ -483,6 +481,7 @@ class PlannerAllocation:
         if sig is not None:
             self.ehp_signals.append({"step": step, "desired": sig.desired_replicas, "reason": sig.reason})
         if sig is not None and target is not None:
+            self.joins.moves.append((step, self.n_hybrid, sig.desired_replicas))
             self.n_hybrid = sig.desired_replicas
             self._schedule(target, 0.0, f"ehp_{sig.reason}")
 

@@ -64,7 +64,9 @@ class PlannerSimParams:
     router); ``exact_pipeline``: ``PlannerConfig.exact_pipeline`` (off by default here: measured slower
     on the ablation, BENCHMARKS.md "the planner models C-MLFQ's start-small routing"); ``residency``:
     ``PlannerConfig.residency``; ``objective``: ``PlannerConfig.objective`` (``"throughput"``, the
-    default, or the earlier ``"pipeline"``)."""
+    default, or the earlier ``"pipeline"``); ``max_seq_len``: ``Replanner(max_seq_len=...)``, the serving
+    engine's ``max_model_len`` past which the training-layout headroom asks no margin (None: unknown, the
+    margin is the observed growth alone; give it only when the trace respects that cap)."""
 
     plan_interval: int = 5
     cooldown_steps: int = 1
@@ -95,6 +97,7 @@ class PlannerSimParams:
     exact_pipeline: bool = False
     residency: bool = True
     objective: str = "throughput"
+    max_seq_len: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PlannerSimParams:
@@ -127,7 +130,8 @@ def planner_settings(allocator: str, cfg: SimConfig, p: PlannerSimParams, batch:
                         "exact_pipeline": p.exact_pipeline, "residency": p.residency, "objective": p.objective},
              "replanner": {"plan_interval": p.plan_interval, "cooldown_steps": p.cooldown_steps, "online": p.online,
                            "reconfig_cost_s": p.reconfig_cost_s, "min_gain_ratio": p.min_gain_ratio,
-                           "max_history": p.history_steps * batch, "error_window": p.error_window}}
+                           "max_history": p.history_steps * batch, "error_window": p.error_window,
+                           **({} if p.max_seq_len is None else {"max_seq_len": p.max_seq_len})}}
     try:
         return PlannerSettings.from_dict(table)
     except ValueError as exc:

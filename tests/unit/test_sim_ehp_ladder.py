@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from libra.broker.hybrid import JoinState
 from libra.broker.pools import Role
 from libra.policies.planner.allocators import Replanner, make_allocator
@@ -62,3 +64,64 @@ def test_headroom_is_the_growth_of_the_longest_sequence_seen_not_a_dip_and_back(
     rp.longest.clear()
     rp.longest.extend([20000.0, 5000.0, 30000.0])  # a dip, then beyond the longest seen: 1.5x growth
     assert rp.headroom == 1.5
+
+
+def _forced_ehp_run(seed: int = 0):
+    """A 24-GPU grp_ehp run whose plan is forced, once training step 0 has ended, to one with more training GPUs."""
+    from libra.policies.planner.allocators import Workload
+    from libra.sim.engine import SimConfig, Simulator
+    from libra.sim.workloads import generate
+
+    trajs = generate("r2e", 5, 2, 16, seed)
+    sim = Simulator(trajs, SimConfig(router="least_loaded", allocation="grp_ehp", gpus=24, seed=seed,
+                                     allocation_params={"plan_interval": 1000, "online": False}))
+    alloc = sim.alloc
+    assert alloc is not None and alloc.plan.n_train == 8
+    target = alloc.allocator.planner.plan_fixed(Workload.from_pairs([(1000.0, 3000.0)] * 64), 16, None,
+                                                allocator="forced")
+    on_trained = alloc.on_trained
+
+    def after_step(k: int) -> None:
+        on_trained(k)
+        if k == 0:
+            sim._push(sim.now + 1.0, "call", lambda: alloc.apply(target, "forced"))
+
+    alloc.on_trained = after_step  # type: ignore[method-assign]
+    sim.run()
+    return sim, alloc
+
+
+def test_the_sim_charges_a_join_one_zero_gradient_step_and_reports_what_it_cost() -> None:
+    sim, alloc = _forced_ehp_run()
+    rep = alloc.report()
+    joins = rep["ehp_joins"]
+    assert rep["regroup_pauses"] == 0 and joins["regroups_avoided"] >= 1  # the joins replaced the regroup pause
+    assert joins["borrows"] == 0 and joins["zero_steps"] >= 1 and joins["zero_gpu_steps"] >= 8
+    for z in joins["steps"]:  # the joiners would have made each zero step no slower
+        assert z["all_active_s"] <= z["step_s"] + 1e-9
+    assert joins["extra_core_s"] == pytest.approx(sum(z["step_s"] - z["all_active_s"] for z in joins["steps"]), abs=1e-2)
+    # exactly one zero step per join, and the next step trains on the joined replica too
+    zero_at = joins["steps"][0]["step"]
+    replicas = [dp for _, _, _, dp in alloc.fleet.train_steps]
+    assert [z["step"] for z in joins["steps"]] == [zero_at]
+    assert replicas[zero_at + 1] > replicas[zero_at]
+    start = sim.train_start[zero_at]
+    switched = [s.active for s in alloc.fleet.switches if s.new == "train" and s.old != "train"]
+    assert switched and max(switched) <= start  # it was live when that step started: a member at once
+    assert zero_at == 0 or sim.train_start[zero_at - 1] < max(switched)  # and not live at the step before
+
+
+def test_the_ablation_bench_prints_why_mixed_tp_and_ehp_move_the_number_or_not(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from libra.bench import ablation
+
+    assert ablation.main(["--quick", "--earl-points", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "Why (measured):" in text and "mixed TP: " in text and "EHP vs C-MLFQ" in text
+    assert "zero-gradient step(s)" in text and "regroup pause(s) avoided" in text
+    out = ablation.run(3, 16, 2, 0, earl_points=2)
+    tp = out["why"]["tp"]
+    assert [b["lo"] for b in tp["bins"]][0] == 0 and abs(sum(b["token_share"] for b in tp["bins"]) - 1.0) < 1e-9
+    for b in tp["bins"]:  # the verdict follows the numbers printed
+        assert b["best_tp"] == max(b["per_gpu"], key=lambda t: (b["per_gpu"][t], -t))
+    assert out["max_seq_len"] == 40960

@@ -14,7 +14,8 @@ allocator's candidate with the same evaluator and applies the candidate iff the 
 net gain ``(T_cur - T_cand) - reconfig_cost_s`` is positive and ``(T_cur - T_cand) / T_cur >=
 min_gain_ratio``. Every decision carries a reason. Memory headroom: each step the search's training layouts
 must fit the longest sequence times :attr:`Replanner.headroom`, the largest growth of the longest sequence
-seen over the last rounds (at most 2x), so a layout is not chosen with no room for the next growth.
+seen over the last rounds (at most 2x, and never past ``max_seq_len``, the serving engine's length cap, when
+given), so a layout is not chosen with no room for the next growth.
 
 Prediction-error feedback: the runtime reports each measured step time with the plan that was
 deployed for the whole step (:meth:`Replanner.observe_step`). The Replanner keeps, per layout class
@@ -121,7 +122,10 @@ class Replanner:
         min_history: int = 8,
         warmup_steps: int = 1,
         error_window: int = 4,
+        max_seq_len: float | None = None,
     ) -> None:
+        if max_seq_len is not None and not (math.isfinite(max_seq_len) and max_seq_len > 0):
+            raise PlannerError(f"Replanner: max_seq_len must be a positive number or None, got {max_seq_len!r}")
         if error_window < 1:
             raise PlannerError(f"Replanner: error_window must be >= 1, got {error_window}")
         if plan_interval < 1 or cooldown_steps < 0 or max_history < 1 or min_history < 1:
@@ -149,6 +153,7 @@ class Replanner:
         self.last_replan: int | None = None
         self.last_rejected = 0
         self.error_window = error_window
+        self.max_seq_len = max_seq_len  # the serving engine's max_model_len: no sequence grows past it
         self.errors: dict[str, deque[tuple[float, float]]] = {}
         self.reconfigs: deque[float] = deque(maxlen=error_window)
         self.longest: deque[float] = deque(maxlen=4)  # the longest sequence of each round's new requests
@@ -165,9 +170,13 @@ class Replanner:
         may grow as much, so the layout must fit the longest sequence seen times this. Against the running
         longest, not the previous round's: a round in which only a few short requests finished is no growth
         when the next round is back at the usual longest (measured on the ablation: per-round maxima 40,484 ->
-        3,607 -> 35,213 tokens read as 2x growth and forced a worse layout)."""
+        3,607 -> 35,213 tokens read as 2x growth and forced a worse layout). With ``max_seq_len`` (the rollout
+        engine's ``max_model_len``) the margin stops there: the longest sequence in the window times the
+        headroom is at most ``max_seq_len`` (no sequence can grow past the serving cap)."""
         seq = list(self.longest)
         growth = max((b / max(seq[:i]) for i, b in enumerate(seq) if i and max(seq[:i]) > 0), default=1.0)
+        if self.max_seq_len is not None and self.history:  # no margin past the serving engine's length cap
+            growth = min(growth, self.max_seq_len / max(r[0] + r[1] for r in self.history))
         return min(self.max_headroom, max(1.0, growth))
 
     def observe(self, prompt_len: float, output_len: float, turns: int | None = None,
