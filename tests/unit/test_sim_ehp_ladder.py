@@ -125,3 +125,18 @@ def test_the_ablation_bench_prints_why_mixed_tp_and_ehp_move_the_number_or_not(
     for b in tp["bins"]:  # the verdict follows the numbers printed
         assert b["best_tp"] == max(b["per_gpu"], key=lambda t: (b["per_gpu"][t], -t))
     assert out["max_seq_len"] == 40960
+
+
+def test_the_headroom_asks_no_margin_past_the_serving_length_cap() -> None:
+    from libra.policies.planner.types import PlannerError
+
+    alloc = make_allocator("grp", hardware="a800", model="qwen3-14b", n_gpus=16, global_batch=16, group_size=16)
+    rp = Replanner(alloc, max_seq_len=40960)
+    rp.observe_many([(2000.0, 28000.0)] * 8)
+    rp.longest.extend([22153.0, 40960.0])  # 1.85x growth of the longest seen
+    assert rp.headroom == pytest.approx(40960 / 30000.0)  # capped: 30,000 tokens seen, at most 40,960 possible
+    rp.observe_many([(2000.0, 38960.0)])
+    assert rp.headroom == 1.0  # the longest seen is at the cap: no sequence can grow past it
+    assert Replanner(alloc).max_seq_len is None
+    with pytest.raises(PlannerError, match="max_seq_len"):
+        Replanner(alloc, max_seq_len=0)
