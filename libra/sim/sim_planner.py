@@ -56,8 +56,10 @@ Contract of one run:
    application at a time: a decision while one is in flight is skipped (``reason="busy"``).
 5. **EHP** (``grp_ehp``; the broker runs it too, ``broker/ehp.py``, but its join differs from this model:
    the runtime's core ranks wait for a joiner at its join step, and the report says so): new training replicas join as whole DP replicas through the hybrid join
-   protocol (:class:`~libra.broker.hybrid.HybridReplica`: fetch the snapshot in the background, one
-   zero-gradient core step, activation at a step boundary) and core training never pauses; after each
+   protocol (:class:`~libra.broker.hybrid.HybridReplica`: a replica whose GPUs have switched when a step
+   starts is that step's zero-gradient member and fetches the snapshot meanwhile, then trains from the next
+   step, as ``ElasticPool.plan_step``; :class:`~libra.sim.sim_ehp.JoinLedger` reports what each zero step
+   cost) and core training never pauses; after each
    step :func:`~libra.policies.planner.online.ehp_signal` sets the number of hybrid replicas (whole
    ``tp × pp`` replicas borrowed from the rollout pool when training is the bottleneck, released when
    rollout is) and the rollout pool is re-planned by the GRP DP for the GPUs left.
