@@ -7,7 +7,8 @@ training seconds, which is rollout being the bottleneck), the planner's predicte
 of the deployed plan, the plans deployed (seed by seed: initial rollout TPs and training GPUs, then the final
 ones when a re-plan changed them), and the routing accuracy and migrated-token ratio (the C-MLFQ targets:
 >= 91%, <= 8%; "n/a" when the C-MLFQ rung deployed a single TP degree, i.e. one bucket, where both hold
-trivially). Targets are checked on the means. Pure: formats what it is given.
+trivially), and per seed the measured reasons of the mixed-TP and EHP rungs (:mod:`libra.bench.ablation_why`).
+Targets are checked on the means. Pure: formats what it is given.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ def summarize_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     first = runs[0]
     return {"seeds": [r["seed"] for r in runs], "gpus": first["gpus"], "steps": first["steps"],
             "prompts": first["prompts"], "rows": rows,
+            "why": [{"seed": r["seed"], "tp": r["why"]["tp"]["verdict"], "ehp": r["why"]["ehp"]["line"]}
+                    for r in runs if "why" in r],
             "libra_vs_static_uniform": by["ehp"]["tokens_per_s_mean"] / su,
             "libra_vs_colocated": by["ehp"]["tokens_per_s_mean"] / co, "targets": targets}
 
@@ -100,6 +103,8 @@ def format_seeds(s: dict[str, Any]) -> str:
                      f"{r['vs_colocated']:>6.2f} {r['step_time_s']:>6.1f} {r['sim_train_s']:>6.1f} "
                      f"{r['wait_for_data_s']:>6.1f} {r['pred_rollout_s']:>6.1f} {r['pred_train_s']:>6.1f} "
                      f"{r['routing_accuracy']:>5.2f} {r['migrated_token_ratio']:>5.3f}  {'; '.join(r['plans'])}")
+    for w in s.get("why", []):
+        lines.append(f"why, seed {w['seed']}: mixed TP: {w['tp']}; {w['ehp']}")
     lines += [f"Libra / static uniform = {s['libra_vs_static_uniform']:.3f}x (target >= 1.8); Libra / colocated = "
               f"{s['libra_vs_colocated']:.3f}x (target >= 3)",
               "targets (means): " + ", ".join(f"{k}={_verdict(v)}" for k, v in s["targets"].items())]
