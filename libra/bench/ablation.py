@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from libra.bench.ablation_seeds import LADDER, LADDER_COST, format_seeds, summarize_seeds
-from libra.bench.ablation_why import ehp_why, tp_why
+from libra.bench.ablation_why import ehp_why, ratio_why, tp_why
 from libra.bench.output import emit
 from libra.sim.sim_config import default_prompts
 from libra.sim.workload_profiles import MAX_MODEL_LEN
@@ -294,7 +294,7 @@ def run(steps: int = 20, gpus: int = 48, prompts: int | None = None, seed: int =
     targets["earl_as_good_as_best_fixed"] = earl["as_good_as_best_fixed"]
     targets["earl_never_oom"] = earl["never_oom"]
     why = {"tp": tp_why(by, steps, prompts, seed), "ehp": ehp_why(by),
-           "ehp_cost": ehp_why({"ehp": by["ehp_cost"], "cmlfq": by["cmlfq_cost"]})}
+           "ehp_cost": ehp_why({"ehp": by["ehp_cost"], "cmlfq": by["cmlfq_cost"]}), "ratio": ratio_why(by)}
     return {"workload": "r2e", "gpus": gpus, "steps": steps, "prompts": prompts, "group_size": 16, "seed": seed,
             "max_seq_len": params.get("max_seq_len"), "why": why,
             "base_router": base_router, "batching": batching, "objective": objective or "throughput", "rows": rows, "libra_vs_static_uniform": libra / su if su else math.nan,
@@ -376,7 +376,7 @@ def _why_lines(why: dict[str, Any]) -> list[str]:
     for b in tp["bins"]:
         lines.append(f"  {str(b['lo']) + '-' + str(b['hi']):<14} {b['token_share']:>6.0%} "
                      + " ".join(f"{b['per_gpu'][t]:>7.0f}" for t in (1, 2, 4, 8)))
-    return lines + [why["ehp"]["line"], "cost-based: " + why["ehp_cost"]["line"]]
+    return lines + [why["ehp"]["line"], "cost-based: " + why["ehp_cost"]["line"], why["ratio"]]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,7 +7,9 @@ the run measured (issue #27: "the heterogeneous, C-MLFQ and EHP rungs each move 
   the trace's tokens, and the TP degrees the planner rungs deployed;
 - :func:`ehp_why`: what the elastic pool did (borrows and releases, the signals it saw) and what its joins cost
   (zero-gradient steps, the core seconds beyond the same steps with the joiners active, the regroup pauses
-  the joins avoided), beside the difference to the C-MLFQ rung.
+  the joins avoided), beside the difference to the C-MLFQ rung;
+- :func:`ratio_why`: where full Libra's step time goes against static uniform's (training seconds, the trainer's
+  wait for rollout data) and the step time the 1.8x target needs.
 
 Pure apart from :func:`tp_why` regenerating the trace (deterministic for the seed).
 """
@@ -18,7 +20,7 @@ import math
 from collections import Counter
 from typing import Any
 
-__all__ = ["ehp_why", "tp_why"]
+__all__ = ["ehp_why", "ratio_why", "tp_why"]
 
 TPS = (1, 2, 4, 8)
 
@@ -75,3 +77,20 @@ def ehp_why(rows: dict[str, dict[str, Any]], regroup_s: float = 4.4) -> dict[str
                  f"time beyond the same steps with the joiners active, against {joins.get('regroups_avoided', 0)} "
                  f"regroup pause(s) avoided ({joins.get('regroup_s_avoided', 0.0):.1f} s at {regroup_s:g} s each)")
     return {"delta_tokens_per_s": delta, "joins": joins, "signals": dict(signals), "line": "; ".join(parts)}
+
+
+def ratio_why(rows: dict[str, dict[str, Any]], target: float = 1.8) -> str:
+    """Full Libra (the EHP rung) against static uniform: each one's mean step split into training and the
+    trainer's wait for data (rollout-bound when > 0), and the step the ``target`` ratio would need."""
+    def split(key: str) -> tuple[float, float, float]:
+        step = float(rows[key]["step_time_s"]["mean"] if isinstance(rows[key]["step_time_s"], dict)
+                     else rows[key]["step_time_s"])
+        train = float(rows[key]["model_check"]["sim_train_s"])
+        return step, train, step - train
+
+    su, libra = rows["static_uniform"]["tokens_per_s"], rows["ehp"]["tokens_per_s"]
+    (s_step, s_train, s_wait), (l_step, l_train, l_wait) = split("static_uniform"), split("ehp")
+    ratio = libra / su if su else math.nan
+    verdict = "met" if ratio >= target else f"missed; {target:g}x needs a {l_step * ratio / target:.1f} s step"
+    return (f"Libra / static uniform {ratio:.3f}x ({verdict}): Libra's step {l_step:.1f} s = train {l_train:.1f} s + "
+            f"waiting for rollout data {l_wait:.1f} s; static uniform {s_step:.1f} s = {s_train:.1f} + {s_wait:.1f} s")
