@@ -24,10 +24,10 @@ The episode (:func:`episode`) is an async function over an :class:`~libra.rl.epi
    answer earns only the format reward). The info counts the episode's tool calls and the successful
    ones (``tool_ok``: no error and exit code 0).
 
-A **shifting workload** (``max_new_tokens_ramp = [start, end]`` with ``ramp_rows = R``): problem ``i`` (in the
-order the job hands rows out: step ``~ i // prompts_per_step + 1``) caps every model turn of its episodes at
-``start + (end - start) * min(i, R - 1) / (R - 1)`` tokens (rounded), so a job's episodes grow from ``start``
-to ``end`` tokens per turn over its first ``R`` rows and stay at ``end`` after them. The job's ``[env]
+A **shifting workload** (``max_new_tokens_ramp = [start, end]`` with ``ramp_rows = R`` and optionally
+``ramp_from_row = F``): problem ``i`` (in the order the job hands rows out: step ``~ i // prompts_per_step + 1``)
+caps every model turn of its episodes at ``start`` up to row ``F``, then linearly more up to ``end`` at row
+``R - 1`` (rounded), and ``end`` after it. The job's ``[env]
 max_new_tokens`` still caps every turn: give it at least ``end``. A random model generates to the cap, so
 rollout is cheap in the first steps and costly in the last (``examples/arith_shift.toml``).
 
@@ -124,7 +124,7 @@ def make_problems(n: int, seed: int = 0, *, max_operand: int = 20, ops: list[str
                   min_operand: int = 1, second_operand: list[int] | tuple[int, ...] = (),
                   prompt_style: str = "plain", tool_demos: int = 2,
                   max_new_tokens_ramp: list[int] | tuple[int, ...] = (), ramp_rows: int = 0,
-                  **_: Any) -> list[Problem]:
+                  ramp_from_row: int = 0, **_: Any) -> list[Problem]:
     """``n`` problems from a private ``random.Random(seed)``; deterministic, no global state touched.
     Operands are drawn from ``[min_operand, max_operand]``, the second from ``second_operand`` (``[lo, hi]``)
     when given; with ``max_new_tokens_ramp`` each problem carries its turn cap (:func:`ramp_tokens`)."""
@@ -139,7 +139,7 @@ def make_problems(n: int, seed: int = 0, *, max_operand: int = 20, ops: list[str
         raise ValueError(f"prompt_style must be one of {', '.join(PROMPT_STYLES)}, got {prompt_style!r}")
     if not 0 <= tool_demos <= len(_DEMOS):
         raise ValueError(f"tool_demos must be within [0, {len(_DEMOS)}], got {tool_demos}")
-    ramp_error = _ramp_problem(max_new_tokens_ramp, ramp_rows)
+    ramp_error = _ramp_problem(max_new_tokens_ramp, ramp_rows, ramp_from_row)
     if ramp_error:
         raise ValueError(f"{ramp_error[0]} {ramp_error[1]}")
     lo2, hi2 = (second_operand[0], second_operand[1]) if second_operand else (min_operand, max_operand)
@@ -152,22 +152,24 @@ def make_problems(n: int, seed: int = 0, *, max_operand: int = 20, ops: list[str
             a, b = b, a
         ans = a + b if op == "+" else a - b if op == "-" else a * b
         q = _TEMPLATES[op].format(n=rng.choice(_NAMES), a=a, b=b, it=rng.choice(_ITEMS))
-        cap = ramp_tokens(i, max_new_tokens_ramp, ramp_rows) if max_new_tokens_ramp else 0
+        cap = ramp_tokens(i, max_new_tokens_ramp, ramp_rows, ramp_from_row) if max_new_tokens_ramp else 0
         out.append(Problem(f"arith-{seed}-{i}", q, ans, prompt_style, tool_demos, cap))
     return out
 
 
-def ramp_tokens(index: int, ramp: list[int] | tuple[int, ...], rows: int) -> int:
+def ramp_tokens(index: int, ramp: list[int] | tuple[int, ...], rows: int, from_row: int = 0) -> int:
     """The turn cap of row ``index`` under ``max_new_tokens_ramp = ramp`` (``[start, end]``) over ``rows``
-    rows: linear from ``start`` at row 0 to ``end`` at row ``rows - 1``, ``end`` after it."""
+    rows: ``start`` up to row ``from_row``, linear from there to ``end`` at row ``rows - 1``, ``end`` after."""
     start, end = int(ramp[0]), int(ramp[1])
-    if rows <= 1:
+    if rows - 1 <= from_row:
         return end
-    return round(start + (end - start) * min(max(index, 0), rows - 1) / (rows - 1))
+    at = min(max(index, from_row), rows - 1) - from_row
+    return round(start + (end - start) * at / (rows - 1 - from_row))
 
 
-def _ramp_problem(ramp: Any, rows: Any) -> tuple[str, str] | None:
-    """``(key, what is wrong)`` with ``max_new_tokens_ramp`` / ``ramp_rows``, or None when they are valid."""
+def _ramp_problem(ramp: Any, rows: Any, from_row: Any = 0) -> tuple[str, str] | None:
+    """``(key, what is wrong)`` with ``max_new_tokens_ramp`` / ``ramp_rows`` / ``ramp_from_row``, or None when
+    they are valid."""
     if not isinstance(ramp, (list, tuple)) or (ramp and (len(ramp) != 2 or not all(type(x) is int and x >= 1
                                                                                      for x in ramp))):
         return "max_new_tokens_ramp", f"must be [start, end] with integers >= 1 (or empty), got {ramp!r}"
@@ -178,6 +180,9 @@ def _ramp_problem(ramp: Any, rows: Any) -> tuple[str, str] | None:
                              f"cap grows: e.g. [job] steps x prompts_per_step), got {rows}")
     if rows and not ramp:
         return "ramp_rows", f"is {rows} but max_new_tokens_ramp is not set: give both or neither"
+    if type(from_row) is not int or from_row < 0 or (from_row and not ramp) or (ramp and from_row >= rows - 1):
+        return "ramp_from_row", (f"must be an integer in [0, ramp_rows - 1) with max_new_tokens_ramp set (0 "
+                                 f"without), got {from_row!r} with ramp_rows {rows!r}")
     return None
 
 
@@ -189,7 +194,8 @@ OPTIONS: dict[str, Any] = {
     "format_reward": 0.1, "digit_reward": 0.0,  # see score()
     "tool_timeout_s": 5.0,  # one python call's limit
     "max_new_tokens_ramp": [],  # [start, end]: each turn's cap grows over the rows (a shifting workload); []: off
-    "ramp_rows": 0,  # the rows over which the ramp grows (>= 2 with a ramp; the job's steps x prompts_per_step)
+    "ramp_rows": 0,  # the ramp reaches its end at row ramp_rows - 1 (>= 2 with a ramp; e.g. steps x prompts_per_step)
+    "ramp_from_row": 0,  # the rows before it keep the ramp's start (a flat first phase)
 }
 """The options (``[env.options]``) and their defaults."""
 
@@ -211,7 +217,7 @@ def validate_options(options: Mapping[str, Any]) -> dict[str, Any]:
         raise OptionsError("tool_demos", f"must be within [0, {len(_DEMOS)}], got {o['tool_demos']}")
     if not o["tool_timeout_s"] > 0:
         raise OptionsError("tool_timeout_s", f"must be > 0, got {o['tool_timeout_s']}")
-    ramp_error = _ramp_problem(o["max_new_tokens_ramp"], o["ramp_rows"])
+    ramp_error = _ramp_problem(o["max_new_tokens_ramp"], o["ramp_rows"], o["ramp_from_row"])
     if ramp_error:
         raise OptionsError(*ramp_error)
     return o
