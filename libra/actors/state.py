@@ -215,6 +215,7 @@ class ActorState:
         self.max_recent = 10_000
         self.waiting: deque[m.Assign] = deque()  # assigned beyond capacity (should be rare)
         self.directive: m.Directive | None = None
+        self.next_directive: m.Directive | None = None  # arrived while switching: applied when the switch ends
         self.last_recv = 0.0
         self.last_send = 0.0
         self.connect_at: float | None = None  # a reconnect scheduled after back-off
@@ -250,6 +251,7 @@ class ActorState:
 
     def _connect(self, now: float, out: list[Any]) -> None:
         self._lose_session()
+        self.next_directive = None  # the new session's broker directs afresh
         if self.phase is not ActorPhase.CONNECTING:
             self._go(ActorPhase.CONNECTING)
         self.sessions += 1
@@ -342,6 +344,11 @@ class ActorState:
     def _on_directive(self, msg: m.Directive, now: float, out: list[Any]) -> None:
         if self.phase is ActorPhase.CONNECTING:
             return
+        if self.phase is ActorPhase.SWITCHING:  # the engine is being rebuilt: the newer directive follows it
+            self.next_directive = msg
+            out.append(Note("directive_held", {"directive": msg.directive_id, "kinds": msg.kinds,
+                                               "switching_to": self.directive.kinds if self.directive else None}))
+            return
         self.directive = msg
         if msg.mode == "handback":
             for a in self.waiting:
@@ -375,6 +382,10 @@ class ActorState:
         self.directive = None
         self._go(ActorPhase.READY)
         self._send(m.DirectiveDone(d.directive_id, list(self.kinds)), now, out)
+        held, self.next_directive = self.next_directive, None
+        if held is not None:  # no bid for these kinds: the broker awaits the held directive's (it runs at once)
+            self._on_directive(held, now, out)
+            return
         self._send(m.Bid(list(self.kinds), self.capacity), now, out)
 
     def _on_kv_use(self, ev: KvUse, now: float, out: list[Any]) -> None:

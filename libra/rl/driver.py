@@ -313,15 +313,18 @@ class _Driver:
             self.samples.write(json.dumps({"step": rec["step"], **smp}) + "\n")
         self.samples.flush()
 
-    async def _await_rollout_sync(self, version: int, timeout: float = 30.0) -> dict[str, int]:
+    async def _await_rollout_sync(self, version: int, timeout: float = 30.0) -> dict[str, int | None]:
         """Wait until every rollout actor's status file reports ``version`` (idle instances load it on
         their own); returns slot → version as last seen. An instance that was never sent a weights ref
         (``knows_publisher`` false: every turn ran before the first publish) cannot follow, so it is not
         waited for; a record whose process is gone (the slot died and its supervisor is restarting it) is
-        stale, so its slot is waited for until the new process writes its own."""
+        stale, so its slot is waited for until the new process writes its own. A hybrid slot the Elastic
+        Hybrid Pool holds in training is no rollout instance now (not waited for, not listed); one released
+        back to rollout whose record has no version yet builds its engine with its next turn, which carries
+        the newest weights (listed as None, not waited for)."""
         import psutil
 
-        seen: dict[str, int] = {}
+        seen: dict[str, int | None] = {}
         stuck: set[str] = set()  # never sent a ref: cannot follow
         dead: set[str] = set()  # the record's process is gone: its restart has not written one yet
         deadline = time.monotonic() + timeout
@@ -334,13 +337,14 @@ class _Driver:
                         training.add(f.stem)
                         seen.pop(f.stem, None)
                         continue
-                    seen[f.stem] = int(rec["weights_version"])
-                except (OSError, ValueError, KeyError):
+                    v = rec.get("weights_version")
+                    seen[f.stem] = None if v is None and rec.get("role") == "rollout" else int(v)
+                except (OSError, ValueError, KeyError, TypeError):
                     continue
                 gone = isinstance(rec.get("pid"), int) and not psutil.pid_exists(rec["pid"])
                 (dead.add if gone else dead.discard)(f.stem)
                 (stuck.add if rec.get("knows_publisher") is False else stuck.discard)(f.stem)
-            synced = all((v >= version or slot in stuck) and slot not in dead for slot, v in seen.items())
+            synced = all((v is None or v >= version or slot in stuck) and slot not in dead for slot, v in seen.items())
             if (len(seen) + len(training) >= self.expected_rollouts and synced) or time.monotonic() >= deadline:
                 return seen
             await asyncio.sleep(0.1)

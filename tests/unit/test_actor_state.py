@@ -190,3 +190,20 @@ def test_work_held_without_a_session_past_its_budget_is_cancelled() -> None:
     assert a.phase is ActorPhase.CONNECTING and a.running == {"w1": 1}
     out = a.handle(Tick(), 6.5)  # past the budget, still no session
     assert [c.work_id for c in out if isinstance(c, CancelWork)] == ["w1"] and not a.running
+
+
+def test_a_directive_while_switching_is_held_and_follows_the_switch() -> None:
+    # the Elastic Hybrid Pool may release a hybrid slot while it is still switching to train: the actor must not
+    # crash (switching -> draining is no transition); it finishes the switch, then applies the newer directive
+    a = ready()
+    a.handle(Received(m.Directive(1, ["train"])), 1.0)
+    assert a.phase is ActorPhase.SWITCHING
+    out = a.handle(Received(m.Directive(2, ["action"], "finish", {"role": "back"})), 1.1)
+    assert a.phase is ActorPhase.SWITCHING and not msgs(out, m.Bid)
+    out = a.handle(Reconfigured(1), 1.2)
+    assert [d.directive_id for d in msgs(out, m.DirectiveDone)] == [1] and not msgs(out, m.Bid)
+    (rc,) = [c for c in out if isinstance(c, Reconfigure)]
+    assert rc.directive_id == 2 and rc.kinds == ["action"] and a.phase is ActorPhase.SWITCHING
+    out = a.handle(Reconfigured(2), 1.3)
+    assert [d.directive_id for d in msgs(out, m.DirectiveDone)] == [2] and a.phase is ActorPhase.READY
+    assert msgs(out, m.Bid)[0].kinds == ["action"] and a.next_directive is None

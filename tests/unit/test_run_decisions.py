@@ -158,3 +158,21 @@ def test_static_starts_todays_fixed_split(tmp_path: Path, monkeypatch: pytest.Mo
     roles, broker, _ = _started(tmp_path, monkeypatch, {"policy": "static"})
     assert roles == "rollout=2,train=1,action=1,episode=1"
     assert "planner" not in broker and broker["action_scheduler"] == ""  # "": first come first served
+
+
+@pytest.mark.timeout(60)
+def test_the_end_of_run_wait_skips_hybrid_slots_the_pool_moved(tmp_path: Path) -> None:
+    """A hybrid slot held in training is no rollout instance now; one released back to rollout without a version
+    builds its engine with its next turn: neither is waited for (the wait would run out its whole timeout)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from libra.rl.driver import _Driver
+
+    (tmp_path / "actors").mkdir()
+    for slot, rec in (("cpu0", {"role": "train", "switches": 1}), ("cpu1", {"role": "rollout", "switches": 2}),
+                      ("cpu2", {"role": "rollout", "weights_version": 3, "knows_publisher": True})):
+        (tmp_path / "actors" / f"{slot}.json").write_text(json.dumps({"slot": slot, **rec}))
+    fake = SimpleNamespace(run_dir=tmp_path, expected_rollouts=3)
+    seen = asyncio.run(_Driver._await_rollout_sync(fake, 3, timeout=3600.0))  # type: ignore[arg-type]
+    assert seen == {"cpu1": None, "cpu2": 3}
