@@ -92,6 +92,9 @@ def start_cluster(cfg: Any, run: Path, model_dir: Path, gpus: tuple[int, str], l
     (run / "broker.toml").write_text(broker_toml(table))  # always: the user sees what the broker ran with
     broker_args += ["--config", str(run / "broker.toml")]
     log.info("job_broker_policy", policy=cfg.broker.policy, decided="; ".join(notes), config=str(run / "broker.toml"))
+    if a.action_scheduler != "auto":
+        log.warning("deprecated_key", key="[actors] action_scheduler", use="[broker] action_scheduler",
+                    value=a.action_scheduler)
     cluster = LocalCluster(cpu_slots=n, actor_args=actor_args, broker_args=broker_args, log_level=log_level,
                            env=env, gpu_slots="auto" if gpu_r + gpu_t else "0")
     # engine slots load their model (and, on a GPU, CUDA) before they say hello: up to 5 minutes, not 1
