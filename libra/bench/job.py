@@ -23,7 +23,8 @@ Per policy, from what the run wrote (``RUN/metrics.jsonl`` step and decision rec
   prediction (``libra.rl.metrics.prediction_error``; none under ``static``, which has no planner).
 
 Printed last: libra/static of the mean time per step (all steps and steps 2..n): < 1 means Libra was
-faster. The result object goes to ``--out``/<job>/bench_job.json (and to stdout with ``--json``).
+faster. ``--repeat N`` runs N pairs, each in the other order than the one before (on a shared host the load
+moves between runs): every pair's ratios and their median. The result object goes to ``--out``/<job>/bench_job.json (and to stdout with ``--json``).
 Under ``static`` the job file's ``[broker.planner]`` table is dropped (a static job has no planner).
 """
 
@@ -165,7 +166,8 @@ def table(out: dict[str, Any]) -> str:
     """The result object as text."""
     res = out["policies"]
     lines = [f"bench job: {out['job']} ({out['steps']} steps, seed {out['seed']}), policies run in the order "
-             f"{', '.join(res)} on this host ({out['cpus']} CPUs, load before {out['load_before']})", "",
+             f"{', '.join(res)} on this host ({out['cpus']} CPUs, load before {out['load_before']})"
+             + (f"; the first of {len(out['pairs'])} pairs" if len(out.get("pairs", ())) > 1 else ""), "",
              f"{'':28s}" + "".join(f"{p:>14s}" for p in res)]
 
     def row(label: str, fn: Any) -> None:
@@ -201,6 +203,14 @@ def table(out: dict[str, Any]) -> str:
     lines.append(f"libra/static time per step: {_f(q['step_s'])} (steps 2..n: {_f(q['step_s_2n'])}); generated "
                  f"tokens/s libra/static: {_f(q['gen_tokens_per_s'])}  (< 1 time per step: Libra faster); "
                  f"load after {out['load_after']}")
+    for i, pair in enumerate(out.get("pairs", ())[1:] if len(out.get("pairs", ())) > 1 else (), start=2):
+        q = pair["ratios"]
+        lines.append(f"pair {i} ({', '.join(pair['order'])}): libra/static time per step {_f(q['step_s'])} (steps "
+                     f"2..n: {_f(q['step_s_2n'])}), tokens/s {_f(q['gen_tokens_per_s'])}")
+    if "ratios_median" in out:
+        m = out["ratios_median"]
+        lines.append(f"median over {len(out['pairs'])} pairs: libra/static time per step {_f(m.get('step_s'))} "
+                     f"(steps 2..n: {_f(m.get('step_s_2n'))}), tokens/s {_f(m.get('gen_tokens_per_s'))}")
     return "\n".join(lines)
 
 
@@ -209,14 +219,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     cfg = load_job(args.job)
     root = Path(args.out) / cfg.job.name
-    order = [args.first, *[p for p in POLICIES if p != args.first]]
-    res = {"job": str(args.job), "name": cfg.job.name, "seed": cfg.job.seed if args.seed is None else args.seed,
-           "steps": cfg.job.steps if args.steps is None else args.steps, "cpus": os.cpu_count(),
-           "load_before": [round(x, 2) for x in os.getloadavg()], "policies": {}}
-    for p in order:
-        res["policies"][p] = run_policy(cfg, p, (root / p).resolve(), args)
+    res: dict[str, Any] = {"job": str(args.job), "name": cfg.job.name, "steps": cfg.job.steps if args.steps is None
+                           else args.steps, "seed": cfg.job.seed if args.seed is None else args.seed,
+                           "cpus": os.cpu_count(), "load_before": [round(x, 2) for x in os.getloadavg()], "pairs": []}
+    for i in range(args.repeat):  # each pair in the other order than the one before: no policy always goes first
+        first = args.first if i % 2 == 0 else next(p for p in POLICIES if p != args.first)
+        order = [first, *[p for p in POLICIES if p != first]]
+        pair = {p: run_policy(cfg, p, (root / (p if args.repeat == 1 else f"{p}{i + 1}")).resolve(), args)
+                for p in order}
+        res["pairs"].append({"order": order, "ratios": ratios(pair["static"], pair["libra"]), "policies": pair})
     res["load_after"] = [round(x, 2) for x in os.getloadavg()]
-    res["ratios"] = ratios(res["policies"]["static"], res["policies"]["libra"])
+    res["policies"], res["ratios"] = res["pairs"][0]["policies"], res["pairs"][0]["ratios"]
+    if args.repeat > 1:
+        res["ratios_median"] = {k: statistics.median(x["ratios"][k] for x in res["pairs"])
+                                for k in res["ratios"] if all(x["ratios"][k] is not None for x in res["pairs"])}
     root.mkdir(parents=True, exist_ok=True)
     (root / "bench_job.json").write_text(json.dumps(finite(res), indent=1))
     res["result_file"] = str(root / "bench_job.json")
@@ -231,11 +247,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, help="[job] steps for both runs (default: the file's)")
     p.add_argument("--out", default="runs/bench_job", help="run directories go to OUT/<job name>/<policy>")
     p.add_argument("--first", choices=POLICIES, default="static", help="the policy run first")
+    p.add_argument("--repeat", type=int, default=1, help="pairs of runs, each pair in the other order (the table "
+                                                         "shows the first pair; every pair's ratio and the median)")
     p.add_argument("--log-level", default="warning", help="the cluster's log level")
     p.add_argument("--json", action="store_true", help="print the result object as JSON")
     args = p.parse_args(argv)
-    if args.steps is not None and args.steps < 1:
-        p.error("--steps must be >= 1")
+    if args.steps is not None and args.steps < 1 or args.repeat < 1:
+        p.error("--steps and --repeat must be >= 1")
     t0 = time.perf_counter()
     res = run(args)
     res["wall_s"] = round(time.perf_counter() - t0, 1)

@@ -80,3 +80,10 @@ def test_the_table_prints_both_policies_and_the_ratio() -> None:
     text = bench.table(out)
     assert "libra/static time per step: 1.000" in text and "idle share: training" in text
     assert text.count("static") >= 2 and "not measured" in text
+    other = {"order": ["libra", "static"], "ratios": {"step_s": 0.5, "step_s_2n": 0.25, "gen_tokens_per_s": 2.0},
+             "policies": pol}
+    out.update(pairs=[{"order": list(bench.POLICIES), "ratios": out["ratios"], "policies": pol}, other],
+               ratios_median={"step_s": 0.75, "step_s_2n": 0.625, "gen_tokens_per_s": 1.5})
+    text = bench.table(out)
+    assert "pair 2 (libra, static): libra/static time per step 0.500" in text
+    assert "median over 2 pairs: libra/static time per step 0.750" in text and "the first of 2 pairs" in text
