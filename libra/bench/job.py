@@ -14,8 +14,12 @@ Per policy, from what the run wrote (``RUN/metrics.jsonl`` step and decision rec
 - **idle share per role**: over the steps wall, the share of time during which no step was training
   (``train``: the union of the steps' ``train_span_s``) and during which no episode of any step was in
   flight (``rollout``: the union of ``rollout_span_s``). That is the role's idle share as a whole; the idle
-  share of one slot (one rollout instance, one rank) is **not measured**: no record says how long a slot
-  was busy, and it is not guessed here;
+  share of one slot (one rollout instance, one rank) is not in any record; what is measured instead is each
+  slot process's **CPU share** over the same window (its CPU seconds over the window, sampled by
+  :class:`~libra.bench.job_cpu.CpuSampler`; the window ends at the last write of ``metrics.jsonl``), by role
+  (``rollout`` counts the hybrid slots, which also train while borrowed), and the **host CPU share** (every
+  slot's and the broker's CPU seconds over cores x window): with fewer cores than slots a low slot share is
+  idle *or* starved, and a host share near 1 says starved;
 - **reward against wall time**: each step's end (seconds from the job's start) and its mean reward;
 - **decisions**: the decision records counted by ``what``, the hybrid slots' role switches (their
   ``switches`` in ``RUN/actors/<slot>.json``) and the Elastic Hybrid Pool's most members in a step;
@@ -42,9 +46,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from libra.bench.job_cpu import CpuSampler, window_cpu
 from libra.bench.output import emit, finite
 
-__all__ = ["POLICIES", "covered", "figures", "main", "policy_config", "ratios", "table"]
+__all__ = ["POLICIES", "covered", "cpu_figures", "figures", "main", "policy_config", "ratios", "table"]
 
 POLICIES = ("static", "libra")
 
@@ -103,6 +108,20 @@ def figures(steps: list[dict[str, Any]], decisions: list[dict[str, Any]], slots:
     }
 
 
+def cpu_figures(cpu: dict[str, float], window_s: float, cores: int) -> dict[str, Any]:
+    """CPU shares from ``cpu`` (``slot:role`` or ``broker`` -> CPU seconds in a window of ``window_s``): per
+    slot, per role (the mean over its slots; hybrid slots count as ``rollout``) and of the host (``cores``)."""
+    if window_s <= 0 or not cpu:
+        return {"window_s": window_s, "slot_share": {}, "role_share": {}, "host_share": None}
+    roles: dict[str, list[float]] = {}
+    for name, sec in cpu.items():
+        role = name.rsplit(":", 1)[-1]
+        roles.setdefault("rollout" if role == "hybrid" else role, []).append(sec / window_s)
+    return {"window_s": round(window_s, 3), "slot_share": {n: round(c / window_s, 3) for n, c in sorted(cpu.items())},
+            "role_share": {r: round(statistics.fmean(v), 3) for r, v in sorted(roles.items())},
+            "host_share": round(sum(cpu.values()) / (max(1, cores) * window_s), 3)}
+
+
 def _cumsum(xs: list[float]) -> list[float]:
     out, acc = [], 0.0
     for x in xs:
@@ -151,11 +170,15 @@ def run_policy(cfg: Any, policy: str, run: Path, args: argparse.Namespace) -> di
 
     pc = policy_config(cfg, policy, run, seed=args.seed, steps=args.steps)
     t0 = time.perf_counter()
-    summary = run_job(pc, progress=False, log_level=args.log_level)
+    with CpuSampler() as sampler:
+        summary = run_job(pc, progress=False, log_level=args.log_level)
     total = time.perf_counter() - t0
     fig = figures(read_metrics(run), read_metrics(run, "decision"), _slots(run), summary)
+    end = (run / "metrics.jsonl").stat().st_mtime  # the last step's record: the window's end
+    window = float(fig["steps_wall_s"])
+    cpu = cpu_figures(window_cpu(sampler.samples, sampler.names, end - window, end), window, os.cpu_count() or 1)
     return {"policy": policy, "run_dir": str(run), "total_wall_s": round(total, 2),
-            "job_wall_s": round(float(summary.get("total_wall_s", 0.0)), 2), **fig}
+            "job_wall_s": round(float(summary.get("total_wall_s", 0.0)), 2), **fig, "cpu": cpu}
 
 
 def _f(x: Any, nd: int = 3) -> str:
@@ -180,6 +203,9 @@ def table(out: dict[str, Any]) -> str:
     row("generated tokens/s", lambda r: _f(r["gen_tokens_per_s"], 0))
     row("idle share: training", lambda r: _f(r["idle_share"]["train"], 2))
     row("idle share: rollout", lambda r: _f(r["idle_share"]["rollout"], 2))
+    for role in sorted({k for r in res.values() for k in r.get("cpu", {}).get("role_share", {})}):
+        row(f"CPU share: {role}" + ("" if role == "broker" else " slots"), lambda r, role=role: _f(r.get("cpu", {}).get("role_share", {}).get(role), 2))
+    row("host CPU share", lambda r: _f(r.get("cpu", {}).get("host_share"), 2))
     row("mean reward", lambda r: _f(r["reward_mean"]))
     row("prediction error", lambda r: _f(r["prediction_error"]))
     row("episodes failed", lambda r: _f(r["episodes_failed"]))
@@ -198,7 +224,9 @@ def table(out: dict[str, Any]) -> str:
         lines.append(f"{i + 1:4d}{cells}")
     lines.append("")
     lines.append("idle share: share of the steps wall with no step training / no episode in flight (a role as a "
-                 "whole; a slot's own idle share is not measured: no record holds its busy time)")
+                 "whole; a slot's own idle share is not measured: no record holds its busy time). CPU share: a slot's "
+                 "CPU seconds over the steps wall (mean over the role's slots; hybrid slots count as rollout); host: "
+                 "all slots' and the broker's over cores x wall")
     q = out["ratios"]
     lines.append(f"libra/static time per step: {_f(q['step_s'])} (steps 2..n: {_f(q['step_s_2n'])}); generated "
                  f"tokens/s libra/static: {_f(q['gen_tokens_per_s'])}  (< 1 time per step: Libra faster); "

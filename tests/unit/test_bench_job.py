@@ -87,3 +87,23 @@ def test_the_table_prints_both_policies_and_the_ratio() -> None:
     text = bench.table(out)
     assert "pair 2 (libra, static): libra/static time per step 0.500" in text
     assert "median over 2 pairs: libra/static time per step 0.750" in text and "the first of 2 pairs" in text
+
+
+def test_cpu_seconds_within_a_window_from_samples() -> None:
+    from libra.bench.job_cpu import process_name, window_cpu
+
+    assert process_name(["python", "-m", "libra.actors.runtime", "--slot", "cpu1", "--role", "hybrid"]) == "cpu1:hybrid"
+    assert process_name(["python", "-m", "libra.actors.runtime", "--slot", "cpu3"]) == "cpu3:action"
+    assert process_name(["python", "-m", "libra.broker", "--config", "x"]) == "broker"
+    assert process_name(["python", "-m", "libra.actors", "--roles", "x"]) is None
+    samples = {1: [(0.0, 0.0), (10.0, 5.0)], 2: [(4.0, 0.0), (6.0, 2.0)], 3: [(0.0, 1.0), (10.0, 3.0)]}
+    names = {1: "cpu0:rollout", 2: "cpu0:rollout", 3: "broker"}  # pid 2: cpu0's restarted process
+    got = window_cpu(samples, names, 2.0, 8.0)
+    assert got["cpu0:rollout"] == pytest.approx(3.0 + 2.0) and got["broker"] == pytest.approx(1.2)
+
+
+def test_cpu_figures_by_slot_role_and_host() -> None:
+    f = bench.cpu_figures({"cpu0:hybrid": 4.0, "cpu1:rollout": 2.0, "cpu2:train": 8.0, "broker": 1.0}, 10.0, 2)
+    assert f["role_share"] == {"broker": 0.1, "rollout": 0.3, "train": 0.8}
+    assert f["slot_share"]["cpu0:hybrid"] == 0.4 and f["host_share"] == 0.75
+    assert bench.cpu_figures({}, 10.0, 2)["host_share"] is None
