@@ -22,13 +22,14 @@ Per policy, from what the run wrote (``RUN/metrics.jsonl`` step and decision rec
   idle *or* starved, and a host share near 1 says starved;
 - **reward against wall time**: each step's end (seconds from the job's start) and its mean reward;
 - **decisions**: the decision records counted by ``what``, the hybrid slots' role switches (their
-  ``switches`` in ``RUN/actors/<slot>.json``) and the Elastic Hybrid Pool's most members in a step;
+  ``switches`` in ``RUN/actors/<slot>.json``) and each step's trainer members (core ranks + borrowed slots);
 - **prediction error**: the mean ``|log(predicted_step_s / step_time_s)|`` over the steps with a
   prediction (``libra.rl.metrics.prediction_error``; none under ``static``, which has no planner).
 
 Printed last: libra/static of the mean time per step (all steps and steps 2..n): < 1 means Libra was
 faster. ``--repeat N`` runs N pairs, each in the other order than the one before (on a shared host the load
-moves between runs): every pair's ratios and their median. The result object goes to ``--out``/<job>/bench_job.json (and to stdout with ``--json``).
+moves between runs): every pair's ratios and their median. The result object goes to
+``--out``/<job>/bench_job.json (and to stdout with ``--json``).
 Under ``static`` the job file's ``[broker.planner]`` table is dropped (a static job has no planner).
 """
 
