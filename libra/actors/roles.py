@@ -33,7 +33,8 @@ class HybridRole:
     Hybrid Pool's worker, and how a plan moves GPUs between roles without restarting processes).
 
     Each engine runs where :func:`~libra.engines.device.placement_from_env` puts the slot (its GPU in bf16
-    on a GPU slot, the CPU otherwise) and is created on the first work of its kind. ``reconfigure(kinds,
+    on a GPU slot, the CPU otherwise) and is created on the first work of its kind (``eager``: the rollout engine
+at start-up, as the actor runtime asks, so a hybrid slot's first turn does not wait for it). ``reconfigure(kinds,
     config)`` (called by the runtime after the actor drained for a directive) closes the engine of a kind no
     longer accepted and returns the capacity for the new role: 1 as a trainer rank, ``max_batch`` as a rollout
     instance. A rollout TP group (``config`` ``tp > 1``) is one engine: its leader (``rank`` 0) builds it over
@@ -51,7 +52,7 @@ class HybridRole:
     """
 
     def __init__(self, model_dir: str, run_dir: str | None, slot: str, *, max_batch: int = 32,
-                 torch_threads: int = 0, placement: Any = None) -> None:
+                 torch_threads: int = 0, placement: Any = None, eager: bool = False) -> None:
         from libra.engines.device import placement_from_env
 
         from .rollout_role import rollout_engine_name
@@ -67,8 +68,20 @@ class HybridRole:
         self.switches = 0
         self.group: tuple[str, int, int] = ("", 1, 0)  # (name, tp, rank) of the rollout group; "" ungrouped
         self.engines_built = 0
-        self.on_kv_use: Any = None  # handed to each rollout engine's role: the actor's re-bid by KV use
+        self._on_kv_use: Any = None  # handed to each rollout engine's role: the actor's re-bid by KV use
         self.record: dict[str, Any] = {"switches": 0, "role_switches": []}  # in the slot's record file
+        if eager:  # a hybrid slot starts as rollout: build its engine before the first turn, as a rollout slot does
+            self.rollout = self._new_rollout()
+
+    @property
+    def on_kv_use(self) -> Any:
+        return self._on_kv_use
+
+    @on_kv_use.setter
+    def on_kv_use(self, fn: Any) -> None:  # set after start-up too: reaches an engine built eagerly
+        self._on_kv_use = fn
+        if self.rollout is not None:
+            self.rollout.on_kv_use = fn
 
     def _new_rollout(self) -> RolloutRole:
         from libra.engines.device import group_devices

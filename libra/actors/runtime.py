@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
             print("libra.actors.runtime: role 'hybrid' needs --model-dir", file=sys.stderr)
             return 2
         hybrid = HybridRole(args.model_dir, args.run_dir, args.slot, max_batch=args.rollout_batch,
-                            torch_threads=args.torch_threads)
+                            torch_threads=args.torch_threads, eager=True)
         kinds, caps, capacity = ["generate"], {"generate": ["default"], "train": ["grpo"]}, args.rollout_batch
         handlers = {("generate", "*"): hybrid.generate, ("train", "grpo"): hybrid.train}
         tools = {}

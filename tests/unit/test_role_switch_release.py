@@ -180,3 +180,19 @@ def test_the_release_step_collects_a_cycle_only_when_one_holds_what_should_be_go
     assert refs[1]() is not None
     rec = release_memory(memory_reading(), refs)
     assert rec["gc_needed"] is True and rec["still_alive"] == [] and refs[1]() is None
+
+
+def test_an_eager_hybrid_slot_builds_its_rollout_engine_at_start_and_hands_it_the_kv_hook(tiny: Path,
+                                                                                       tmp_path: Path) -> None:
+    lazy = hybrid(tiny, tmp_path)
+    assert lazy.rollout is None and lazy.engines_built == 0  # built on the first turn
+    role = HybridRole(str(tiny), str(tmp_path), "cpu4", max_batch=4, placement=choose_placement("cpu4", cuda_devices=0),
+                      eager=True)
+    try:
+        assert role.rollout is not None and role.engines_built == 1  # before any turn
+        hook = lambda used, seqs: None  # noqa: E731  (the runtime sets it after start-up)
+        role.on_kv_use = hook
+        assert role.rollout.on_kv_use is hook
+        assert len(role.generate(GEN, ctx())["token_ids"]) == 4 and role.engines_built == 1
+    finally:
+        role.rollout.close()
