@@ -68,6 +68,9 @@ class EhpSettings:
     protect_pressure: float = 0.80  # rollout queue/active pressure at or above which it releases
     ttl_steps: int = 20
     zero_steps: int = 1  # zero-gradient steps before a joined replica contributes
+    # finished steps the pool holds through before it decides: the first step's times hold one-off set-up (the
+    # bundled tiny job trained step 1 in 5.08 s, step 2 in 0.06 s: the pool borrowed on it and released a step later)
+    warmup_steps: int = 1
     force: list[list[int]] = field(default_factory=list)  # [[step, replicas], ...]: hold this many from step on
 
     @classmethod
@@ -75,8 +78,9 @@ class EhpSettings:
         """The ``ehp`` sub-table of a ``[broker.planner]`` mapping; raises ``ConfigError`` naming the key."""
         s = from_mapping(cls, dict(planner.get("ehp") or {}), "broker.planner.ehp")
         problems = []
-        if s.min_rollout < 0 or s.zero_steps < 1 or s.ttl_steps < 1:
-            problems.append("min_rollout must be >= 0, zero_steps and ttl_steps >= 1")
+        problems += [f"{k} must be >= 0, got {getattr(s, k)}" for k in ("min_rollout", "warmup_steps")
+                     if getattr(s, k) < 0]
+        problems += [f"{k} must be >= 1, got {getattr(s, k)}" for k in ("zero_steps", "ttl_steps") if getattr(s, k) < 1]
         if not 0 < s.release_ratio < s.borrow_ratio:
             problems.append(f"need 0 < release_ratio < borrow_ratio, got {s.release_ratio}, {s.borrow_ratio}")
         for entry in s.force:
@@ -138,6 +142,7 @@ class ElasticPool:
         self.decisions: list[dict[str, Any]] = []
         self.actors: list[ActorView] = []
         self.pressure = (0.0, 0.0)  # (queue, active) pressure of the rollout pool, set by the core
+        self._timed, self._timed_step = 0, -1  # step boundaries seen with a finished step's times (warmup_steps)
         self.prediction: dict[str, Any] | None = None  # the measured-cost comparison behind the last move
         self._members: tuple[str, ...] = ()
         self._moves: list[tuple[str, list[str], dict[str, Any]]] = []
@@ -215,6 +220,10 @@ class ElasticPool:
             return (forced[-1], "forced") if forced else (0, "forced")
         if rollout_s is None or train_s is None:
             return held, "no_step_yet"
+        if step != self._timed_step:  # a retried step's group is planned on the same times: counted once
+            self._timed_step, self._timed = step, self._timed + 1
+        if self._timed <= self.settings.warmup_steps:
+            return held, "warmup"
         s = self.settings
         rollout = [a for a in self.actors if "generate" in a.kinds or a.actor_id in self._order]
         self.signal = ehp_signal(step=step, train_time=train_s, rollout_time=rollout_s,

@@ -109,7 +109,7 @@ class TrainSteps:
     _train: dict[str, Any] | None
 
     def _init_training(self) -> None:
-        self.costs = MeasuredCosts(overlap=self.spec.max_policy_lag >= 1)
+        self.costs = MeasuredCosts(overlap=self.spec.max_policy_lag >= 1, warmup=1)  # step 1: set-up
         self.rollout_instances = 0  # actors accepting generate, as the broker last counted them
         self.train_ooms = 0  # out-of-memory failures of train steps (the broker forwards them to its planner)
         self._last_step: dict[str, Any] | None = None  # the newest step record

@@ -78,7 +78,7 @@ def test_a_join_waits_for_the_state_source_and_a_stale_reply_changes_nothing() -
 
 
 def test_the_hysteresis_borrows_on_a_training_bottleneck_and_protects_rollout() -> None:
-    p = pool(min_rollout=2)  # 3 rollout-serving actors, keep 2: capacity 1
+    p = pool(min_rollout=2, warmup_steps=0)  # 3 rollout-serving actors, keep 2: capacity 1
     assert p.plan_step(1, 2, True, None, None).members == ("h/t0", "h/t1")  # no step yet: hold
     p.plan_step(2, 2, True, 10.0, 12.0)  # train/rollout = 1.2 >= 1.15
     assert p.signal.reason == "training_bottleneck" and [m[0] for m in p.take_moves()] == ["h/x0"]
@@ -88,6 +88,16 @@ def test_the_hysteresis_borrows_on_a_training_bottleneck_and_protects_rollout() 
     g = p.plan_step(4, 2, True, 10.0, 20.0)
     assert p.signal.reason == "protect_rollout" and [m[1] for m in p.take_moves()] == [["generate"]]
     assert g.members == ("h/t0", "h/t1") and p.replicas["h/x0"].history[-1].endswith("released")
+
+
+def test_the_pool_holds_through_the_warm_up_step_and_counts_a_retried_step_once() -> None:
+    p = pool(min_rollout=2)  # warmup_steps = 1: step 1's times (set-up included) decide nothing
+    p.plan_step(1, 2, True, None, None)
+    p.plan_step(2, 2, True, 1.0, 5.0)  # train/rollout = 5 after step 1: still held
+    p.plan_step(2, 2, True, 1.0, 5.0)  # the same step planned again (a retried step): not a second step's times
+    assert p.take_moves() == [] and p.signal is None
+    p.plan_step(3, 2, True, 10.0, 12.0)  # step 2's times: the hysteresis decides
+    assert p.signal.reason == "training_bottleneck" and [m[0] for m in p.take_moves()] == ["h/x0"]
 
 
 def test_a_failed_step_or_a_lost_actor_sends_the_joiner_back() -> None:

@@ -41,6 +41,7 @@ def test_an_unknown_allocation_names_the_planner_table_and_key() -> None:
     ({"allocation": "colocated"}, "[broker.planner] 'colocated' time-shares"),
     ({"nonsense": 1}, "[broker.planner]: unknown key(s) nonsense"),
     ({"ehp": {"min_rollout": -1}}, "[broker.planner.ehp] min_rollout must be >= 0"),
+        ({"ehp": {"warmup_steps": -1}}, "warmup_steps must be >= 0, got -1"),
     ({"ehp": {"borrow": 2}}, "[broker.planner.ehp] unknown key(s) borrow"),
     ({"allocation": "grp", "ehp": {"min_rollout": 1}}, "[broker.planner.ehp]: the Elastic Hybrid Pool runs under"),
     ({"objective": "throughput", "params": {"objective": "pipeline"}}, "[broker.planner] objective: given twice"),

@@ -93,6 +93,9 @@ def run_step(h: JobHost, t: float, train_s: float, tokens: int = 40) -> None:
 def test_each_step_records_its_measured_costs_and_the_prediction_made_before_it() -> None:
     h = JobHost("j", JobSpec.from_mapping(SPEC), ROWS, 0.0)
     h.rollout_instances = 3
+    run_step(h, -100.0, 50.0)  # step 1: set-up in its seconds, measured but kept out of the costs
+    s0 = h.records[-1]
+    assert s0["train_tok_s_per_rank"] == pytest.approx(240 / 50.0 / 2) and s0["predicted_step_s"] is None
     run_step(h, 0.0, 2.0)
     s1 = h.records[-1]
     assert s1["rollout_instances"] == 3 and s1["train_ranks"] == 2
@@ -131,16 +134,16 @@ def costs(rollout_tok_s: float, train_tok_s: float) -> MeasuredCosts:
 
 def test_the_pool_borrows_only_when_the_measured_costs_predict_a_faster_step() -> None:
     # training takes 3x rollout (the hysteresis borrows), and the costs agree: 2 -> 3 ranks saves time
-    p = ehp_pool()
+    p = ehp_pool(warmup_steps=0)
     g = p.plan_step(2, 2, True, 10.0, 30.0, costs=costs(100.0, 100.0))
     assert [d["action"] for d in p.decisions] == ["borrow"] and p.decisions[0]["reason"].endswith("_measured_gain")
     assert p.prediction["move"] == "borrow" and p.prediction["gain_s"] > 0 and g.step == 2
     # the same hysteresis signal, but the measured rollout is so slow that losing an instance costs more
-    q = ehp_pool()
+    q = ehp_pool(warmup_steps=0)
     q.plan_step(2, 2, True, 10.0, 30.0, costs=costs(1.0, 100.0))
     assert q.decisions == [] and q.prediction["gain_s"] <= 0 and q.signal.reason == "training_bottleneck"
     # without measured costs the hysteresis decides alone, as before
-    r = ehp_pool()
+    r = ehp_pool(warmup_steps=0)
     r.plan_step(2, 2, True, 10.0, 30.0)
     assert [d["action"] for d in r.decisions] == ["borrow"] and r.decisions[0]["reason"] == "training_bottleneck"
 
@@ -149,3 +152,13 @@ def test_a_forced_schedule_is_never_gated_by_the_measured_costs() -> None:
     p = ehp_pool(force=[[1, 1]])
     p.plan_step(1, 2, False, None, None, costs=costs(1.0, 1e9))  # the costs would never borrow
     assert [(d["action"], d["reason"]) for d in p.decisions] == [("borrow", "forced")]
+
+
+def test_warm_up_steps_are_measured_but_not_kept() -> None:
+    c = MeasuredCosts(alpha=0.5, warmup=1)
+    first = c.observe(gen_tokens=100, rollout_s=1.0, instances=1, train_tokens=500, train_s=5.0, ranks=1)
+    assert first == (100.0, 100.0) and not c.ready and c.predict(1, 1) is None  # step 1: set-up in its seconds
+    c.observe(gen_tokens=100, rollout_s=1.0, instances=1, train_tokens=500, train_s=0.5, ranks=1)
+    assert c.ready and c.train_tok_s == 1000.0 and c.predict(1, 1).train_s == 0.5
+    with pytest.raises(ValueError, match="warmup"):
+        MeasuredCosts(warmup=-1)
