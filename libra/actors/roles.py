@@ -80,7 +80,7 @@ at start-up, as the actor runtime asks, so a hybrid slot's first turn does not w
     @on_kv_use.setter
     def on_kv_use(self, fn: Any) -> None:  # set after start-up too: reaches an engine built eagerly
         self._on_kv_use = fn
-        if self.rollout is not None:
+        if getattr(self, "rollout", None) is not None:  # (a role built without __init__, as tests do, has none)
             self.rollout.on_kv_use = fn
 
     def _new_rollout(self) -> RolloutRole:

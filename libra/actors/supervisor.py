@@ -2,7 +2,10 @@
 
 Each slot runs ``python -m libra.actors.runtime``. A child that exits while the supervisor is not
 stopping is restarted with a back-off that doubles (0.5 s → 30 s) and resets after a minute of
-health. SIGTERM/SIGINT are forwarded; children get ``grace_s`` to drain before SIGKILL.
+health. SIGTERM/SIGINT are forwarded; children get ``grace_s`` to drain before SIGKILL. On Linux each child
+is also asked (``prctl(PR_SET_PDEATHSIG)``) to get SIGTERM when the supervisor dies, so a supervisor that is
+itself SIGKILLed (an operator's ``kill -9``, a test harness's stop after its own grace) leaves no orphaned slots
+behind that would bid, hold memory and retry a broker forever.
 
 Each child's environment is :func:`slot_environment` (pure): the supervisor's own, its slot's CUDA settings
 (:func:`libra.actors.slots.slot_cuda_env`: PCI bus order, the slot's entry of an existing
@@ -27,6 +30,18 @@ from libra.logging import get_logger
 from .slots import slot_cuda_env
 
 log = get_logger("libra.supervisor")
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent (the supervisor) dies. Best effort: no libc, no-op."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def service_gpus_of(argv: Sequence[str]) -> int:
@@ -88,7 +103,8 @@ class Supervisor:
         self._stop.set()
 
     def _spawn(self, c: _Child) -> None:
-        c.proc = subprocess.Popen(c.argv, env=c.env)  # slot_environment, computed when the supervisor was built
+        # env: slot_environment, computed when the supervisor was built
+        c.proc = subprocess.Popen(c.argv, env=c.env, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         c.started_at = time.monotonic()
         c.restart_at = None
         if c.restarts:  # a slot that died and came back: worth an operator's attention

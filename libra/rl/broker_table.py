@@ -15,7 +15,8 @@ What each policy becomes (:func:`broker_mapping`, :func:`engine_roles`):
   Hybrid Pool borrows them), the ``[actors] trainer`` slots as the core ``train`` ranks; the broker gets
   ``[broker.planner] allocation = "grp_ehp"`` (the job's group size and batch, the hardware profile of this host:
   ``cpu`` without a GPU), the router (C-MLFQ) and Tangram for tool calls. The buckets stay the one default
-  bucket unless ``[broker] buckets`` says otherwise: rollout slots only get a bucket from a plan's directive,
+  bucket unless ``[broker] buckets`` says otherwise (with ``[grpo] parallel = "fsdp"`` the default allocation is
+  ``grp``: the pool joins whole data-parallel replicas, so the trainer split stays fixed): rollout slots only get a bucket from a plan's directive,
   and the GRP rounds plan GPU slots only, so on CPU slots every instance serves the first bucket and more
   buckets would change no placement (the dispatcher serves a bucket nobody serves from any instance).
 - ``policy = "static"``: today's fixed split: ``rollout`` and ``train`` slots, no planner, tool calls first
@@ -128,6 +129,14 @@ def hardware_profile(gpu_names: tuple[str, ...] | list[str]) -> tuple[str, str]:
                     "set [broker.planner] hardware to a profile file for this GPU")
 
 
+_ELASTIC_PARALLEL = ("ddp", "auto")  # the trainer layouts an elastic (EHP) group can join (actors.elastic_train)
+
+
+def _default_allocation(cfg: Any) -> str:
+    """``grp_ehp``, or ``grp`` when ``[grpo] parallel`` shards the model (FSDP): the pool joins whole replicas."""
+    return "grp_ehp" if cfg.grpo.parallel in _ELASTIC_PARALLEL else "grp"
+
+
 def planner_mapping(cfg: Any, hardware: str) -> dict[str, Any]:
     """The ``[broker.planner]`` table the broker gets under ``policy = "libra"``: the job file's keys over the
     defaults (``grp_ehp``; ``hardware`` ``auto`` → ``hardware``; ``model`` ``auto`` → the ``[model] name``'s
@@ -136,7 +145,11 @@ def planner_mapping(cfg: Any, hardware: str) -> dict[str, Any]:
     from libra.policies.cost import known_models
 
     p = dict(cfg.broker.planner)
-    out: dict[str, Any] = {"allocation": p.pop("allocation", "grp_ehp")}
+    out: dict[str, Any] = {"allocation": p.pop("allocation", _default_allocation(cfg))}
+    if out["allocation"] == "grp_ehp" and cfg.grpo.parallel not in _ELASTIC_PARALLEL:
+        raise ConfigError(f"[broker.planner] allocation = \"grp_ehp\" needs [grpo] parallel = ddp or auto (the "
+                          f"Elastic Hybrid Pool joins whole data-parallel replicas), got {cfg.grpo.parallel!r}: "
+                          f"use allocation = \"grp\" or [grpo] parallel = \"ddp\"")
     hw = p.pop("hardware", "auto")
     out["hardware"] = hardware if hw == "auto" else hw
     model = p.pop("model", "auto")

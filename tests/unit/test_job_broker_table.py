@@ -122,3 +122,12 @@ def test_the_resolved_config_round_trips_through_toml() -> None:
                 "planner": {"ehp": {"force": [[1, 1]]}}})
     again = job_from_mapping(tomllib.loads(cfg.to_toml()))
     assert again.broker == cfg.broker
+
+
+def test_fsdp_trainers_keep_a_fixed_split_and_refuse_the_pool_by_name() -> None:
+    # the Elastic Hybrid Pool joins whole data-parallel replicas: sharded (FSDP) ranks default to plain GRP rounds
+    cfg = _job({}, grpo={"parallel": "fsdp"}, model={"name": "tiny"})
+    table, _ = broker_mapping(cfg, ())
+    assert table["planner"]["allocation"] == "grp"
+    msg = _error({"planner": {"allocation": "grp_ehp"}}, grpo={"parallel": "fsdp"})
+    assert "[broker.planner] allocation = \"grp_ehp\" needs [grpo] parallel = ddp or auto" in msg and "'fsdp'" in msg
