@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any
 
-from libra.bench.output import emit
+from libra.bench.output import run_and_emit
 
 QUESTION = "A shop has 12 boxes with 7 pens in each box. How many pens are there? Think step by step."
 
@@ -172,11 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="the rollout actor's torch CPU threads")
     p.add_argument("--json", action="store_true", help="print the result object as JSON")
     args = p.parse_args(argv)
-    t0 = time.perf_counter()
-    res = run(args)
-    res["wall_s"] = round(time.perf_counter() - t0, 1)
-    emit(res, args.json, table)
-    return 0
+    return run_and_emit(run, args, table)
 
 
 if __name__ == "__main__":

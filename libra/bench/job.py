@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from libra.bench.job_cpu import CpuSampler, window_cpu
-from libra.bench.output import emit, finite
+from libra.bench.output import finite, run_and_emit
 
 __all__ = ["POLICIES", "covered", "cpu_figures", "figures", "main", "policy_config", "ratios", "table"]
 
@@ -283,11 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.steps is not None and args.steps < 1 or args.repeat < 1:
         p.error("--steps and --repeat must be >= 1")
-    t0 = time.perf_counter()
-    res = run(args)
-    res["wall_s"] = round(time.perf_counter() - t0, 1)
-    emit(res, args.json, table)
-    return 0
+    return run_and_emit(run, args, table)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
 from libra.strict_json import finite
 
-__all__ = ["emit", "finite"]
+__all__ = ["emit", "finite", "run_and_emit"]
 
 
 def emit(out: dict[str, Any], as_json: bool, fmt: Callable[[dict[str, Any]], str]) -> None:
@@ -18,3 +19,13 @@ def emit(out: dict[str, Any], as_json: bool, fmt: Callable[[dict[str, Any]], str
     else:
         print(fmt(out))
         print(f"(wall {out['wall_s']} s)")
+
+
+def run_and_emit(run: Callable[[Any], dict[str, Any]], args: Any, fmt: Callable[[dict[str, Any]], str]) -> int:
+    """A bench's ``main`` after parsing: ``run(args)`` timed into its ``wall_s``, then :func:`emit` (``args.json``);
+    returns the exit status 0."""
+    t0 = time.perf_counter()
+    res = run(args)
+    res["wall_s"] = round(time.perf_counter() - t0, 1)
+    emit(res, args.json, fmt)
+    return 0

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from libra.bench.output import emit
+from libra.bench.output import run_and_emit
 from libra.engines.hf_rollout import HFRolloutEngine
 from libra.engines.rollout_base import GenRequest
 from libra.engines.tiny_model import (
@@ -195,11 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the result object as JSON")
     args = p.parse_args(argv)
     configure_logging(level="WARNING")
-    t0 = time.perf_counter()
-    res = run(args)
-    res["wall_s"] = round(time.perf_counter() - t0, 1)
-    emit(res, args.json, lambda r: table(r, args))
-    return 0
+    return run_and_emit(run, args, lambda r: table(r, args))
 
 
 if __name__ == "__main__":
