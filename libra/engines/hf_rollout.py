@@ -64,6 +64,7 @@ from libra.engines.rollout_base import (
 )
 from libra.logging import get_logger
 from libra.protocol.payloads_rollout import ContextDigest
+from libra.weights.packed import PackedWeights
 
 __all__ = ["HFRolloutEngine", "sample_next_tokens"]
 
@@ -129,6 +130,35 @@ def sample_next_tokens(
     chosen_p = probs.gather(1, tokens[:, None]).squeeze(1)
     sampling_lp = torch.where(greedy, sampling_lp, torch.log(chosen_p))
     return tokens, policy_lp.gather(1, tokens[:, None]).squeeze(1), sampling_lp
+
+
+def _shape_in(state_dict: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
+    """A tensor's shape in ``state_dict``, without decoding a packed one."""
+    if isinstance(state_dict, PackedWeights):
+        return state_dict.shape(name)
+    return tuple(state_dict[name].shape)
+
+
+def _names_to_write(own: Mapping[str, torch.Tensor], state_dict: Mapping[str, torch.Tensor]) -> list[str]:
+    """The names of ``state_dict`` to copy into the model's tensors ``own``: all but the second name of a
+    weight tied in both (the model's two names are one memory, and the source gives both the same tensor)."""
+    first: dict[tuple[int, int], str] = {}  # (data_ptr, numel) of a model tensor -> the first name written
+    names = []
+    for name in state_dict:
+        t = own[name]
+        key = (t.data_ptr(), t.numel())
+        prior = first.get(key) if t.numel() else None
+        if prior is not None and _same_source(state_dict, name, prior):
+            continue
+        first.setdefault(key, name)
+        names.append(name)
+    return names
+
+
+def _same_source(state_dict: Mapping[str, torch.Tensor], a: str, b: str) -> bool:
+    if isinstance(state_dict, PackedWeights):
+        return (state_dict.alias_of(a) or a) == (state_dict.alias_of(b) or b)
+    return state_dict[a] is state_dict[b]
 
 
 class HFRolloutEngine:
@@ -257,7 +287,10 @@ class HFRolloutEngine:
 
         Waits for a running ``generate`` to finish. The state dict must name exactly the model's
         ``state_dict()`` entries with the same shapes (dtype and device are converted); otherwise
-        raises :class:`WeightsMismatch` and leaves the weights untouched.
+        raises :class:`WeightsMismatch` and leaves the weights untouched. A
+        :class:`~libra.weights.packed.PackedWeights` is decoded straight into the model's tensors (no
+        intermediate copy); a weight tied in the model (one tensor under two names) is written once when the
+        state dict ties it too (the same tensor, or a packed alias).
         """
         with self._lock:
             if self._closed:
@@ -270,18 +303,24 @@ class HFRolloutEngine:
                     f"weights version {version}: {len(missing)} missing {missing[:5]}, "
                     f"{len(unexpected)} unexpected {unexpected[:5]}"
                 )
-            for name, tensor in state_dict.items():
-                if tuple(tensor.shape) != tuple(own[name].shape):
+            for name in state_dict:
+                shape = _shape_in(state_dict, name)
+                if shape != tuple(own[name].shape):
                     raise WeightsMismatch(
-                        f"weights version {version}: {name!r} has shape {tuple(tensor.shape)}, "
+                        f"weights version {version}: {name!r} has shape {shape}, "
                         f"model expects {tuple(own[name].shape)}"
                     )
+            written = 0
             with torch.no_grad():
-                for name, tensor in state_dict.items():
-                    own[name].copy_(tensor)
+                for name in _names_to_write(own, state_dict):
+                    if isinstance(state_dict, PackedWeights):
+                        state_dict.copy_into(name, own[name])
+                    else:
+                        own[name].copy_(state_dict[name])
+                    written += 1
             self._version = int(version)
             self.kv_cache.drop_kv()  # KV computed with the old weights is not this policy's
-        log.info("weights_loaded", version=int(version), tensors=len(state_dict))
+        log.info("weights_loaded", version=int(version), tensors=len(state_dict), written=written)
 
     # -- internals -----------------------------------------------------------------------------
 

@@ -81,6 +81,7 @@ from libra.engines.grpo import (
     token_logprobs,
 )
 from libra.logging import get_logger
+from libra.weights.format import tie_like
 
 # TrainBatch and the batching helpers live in grpo.py (the objective's data layout), DistConfig in
 # collectives.py; re-exported here.
@@ -467,11 +468,10 @@ class GRPOTrainer:
     # -- weights and checkpoints ----------------------------------------------------------------
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
-        """Full CPU copies of the current weights (``model.state_dict()`` names) in the compute dtype (bf16
-        on a GPU slot: half the bytes of the fp32 master weights), safe to serialise or load into a rollout
-        engine while training continues; they are of version :attr:`weights_version`. Under ``fsdp`` every
-        rank gathers them (a collective: call it on all ranks)."""
-        return dict(fsdp.full_state_items(self.model, dtype=self.dtype))
+        """Full CPU copies of the current weights (``model.state_dict()`` names; a tied weight's names share one
+        copy, shipped once) in the compute dtype (bf16 on a GPU slot), safe to serialise or load into a rollout
+        engine while training goes on, of version :attr:`weights_version`. A collective under ``fsdp``."""
+        return tie_like(self.model.state_dict(), dict(fsdp.full_state_items(self.model, dtype=self.dtype)))
 
     def weights_fingerprint(self) -> str:
         """A digest of the fp32 master weights' exact bits (:func:`libra.engines.fsdp.fingerprint`), computed

@@ -5,6 +5,8 @@ carries the :mod:`.format` stream for other objects too, can import it without a
 
 - :mod:`.format`: a state dict as a msgpack header plus raw, CRC-checked byte chunks, and back (no pickle).
   The data plane serves these streams; training shards and KV contexts use the same format.
+- :mod:`.packed`: a received stream kept as its verified chunks, a lazy state dict that decodes straight
+  into a rollout model's own tensors (one copy, tied weights once).
 - :mod:`.transport`: the weights-transport interface (``WeightPublisher.publish(version, state_dict) ->
   ref`` on the trainer, ``WeightFetcher.fetch(ref) -> (state_dict, version, stats)`` on a rollout) and the
   one choice of transport (``TRANSPORTS``; ``make_publisher`` from ``$LIBRA_WEIGHTS_TRANSPORT``, a

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from libra.dataplane.client import fetch_state_dict
+from libra.dataplane.client import fetch
 from libra.dataplane.errors import TransferCorrupted
 from libra.dataplane.server import DataPlaneServer
 from libra.dataplane.wire import (
@@ -18,6 +18,8 @@ from libra.dataplane.wire import (
     FetchStats,
     ObjectRef,
 )
+from libra.weights.format import WeightsFormatError
+from libra.weights.packed import PackedWeights
 
 __all__ = ["DataPlaneWeightFetcher", "DataPlaneWeightPublisher"]
 
@@ -42,16 +44,23 @@ class DataPlaneWeightPublisher:
 
 
 class DataPlaneWeightFetcher:
-    """:class:`~libra.weights.transport.WeightFetcher` over :func:`fetch_state_dict`; checks that the header's
-    version is the ref's."""
+    """:class:`~libra.weights.transport.WeightFetcher` over :func:`~libra.dataplane.client.fetch`; checks every
+    chunk and that the header's version is the ref's. The state dict is a
+    :class:`~libra.weights.packed.PackedWeights` (the received chunks, verified), which a rollout engine
+    decodes straight into its model's tensors."""
 
     def __init__(self, *, keys: DataPlaneKeys | None = None, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
                  window: int = DEFAULT_WINDOW) -> None:
         self.keys, self.idle_timeout_s, self.window = keys, idle_timeout_s, window
 
-    def fetch(self, ref: Mapping[str, Any]) -> tuple[dict[str, Any], int, FetchStats]:
+    def fetch(self, ref: Mapping[str, Any]) -> tuple[PackedWeights, int, FetchStats]:
         r = ObjectRef.from_wire(ref)
-        sd, hdr, stats = fetch_state_dict(r, keys=self.keys, idle_timeout_s=self.idle_timeout_s, window=self.window)
+        header, chunks, stats = fetch(r, keys=self.keys, idle_timeout_s=self.idle_timeout_s, window=self.window)
+        try:
+            sd = PackedWeights(header, chunks)
+        except WeightsFormatError as exc:
+            raise TransferCorrupted(f"data plane {r.endpoint} object {r.name!r}: {exc}") from None
+        hdr = sd.header
         if r.version is not None and hdr.version != r.version:
             raise TransferCorrupted(f"data plane {r.endpoint} object {r.name!r}: header says version {hdr.version}, "
                                     f"the ref says {r.version}")

@@ -9,7 +9,9 @@ Format (version ``libra-weights/1``):
 - ``header``: msgpack map ``{"format", "version", "chunk_size", "total_bytes", "tensors": [{"name",
   "dtype", "shape", "offset", "nbytes"}, ...], "chunk_crc32": [...], "metadata": {...}}``. Tensors are
   laid end to end, in state-dict order, in one logical little-endian byte stream; ``offset``/
-  ``nbytes`` locate each one in it. ``version`` is the weights version (an int) or ``None``.
+  ``nbytes`` locate each one in it. ``version`` is the weights version (an int) or ``None``. A tied
+  weight's second name is an entry ``{"name", "dtype", "shape", "alias"}`` naming the earlier entry whose
+  bytes it shares (same dtype and shape), with no bytes of its own.
 - ``chunks``: that stream cut into pieces of ``chunk_size`` bytes (the last one may be shorter), each
   checked by the CRC-32 at the same index of ``chunk_crc32`` (a transmission check, not a security
   measure: authenticate the peer at the socket layer).
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import numpy as np
 import torch
 
 __all__ = [
@@ -44,8 +47,10 @@ __all__ = [
     "from_frames",
     "pack_state_dict",
     "read_header",
+    "tie_like",
     "to_frames",
     "unpack_state_dict",
+    "verify_chunks",
 ]
 
 FORMAT = "libra-weights/1"
@@ -89,46 +94,78 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview:
     return flat.view(torch.uint8).numpy().data if flat.numel() else memoryview(b"")
 
 
+def _view_identity(t: torch.Tensor) -> tuple[Any, ...] | None:
+    """What makes two tensors the same view of the same memory (tied weights), or None for an empty one."""
+    if not t.numel() or hasattr(t, "full_tensor"):  # empty, or a DTensor (sharded: no single memory)
+        return None
+    return (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+
+
+def tie_like(model_state: Mapping[str, torch.Tensor], copies: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``copies`` (copies of ``model_state``'s tensors under the same names) with every weight tied in
+    ``model_state`` (one memory under two names) tied again: the later name gets the earlier name's copy, so
+    :func:`pack_state_dict` ships it once. Returns ``copies``, changed in place."""
+    first: dict[tuple[Any, ...], str] = {}
+    for name, t in model_state.items():
+        ident = _view_identity(t)
+        if ident is None or name not in copies:
+            continue
+        if ident in first and first[ident] in copies:
+            copies[name] = copies[first[ident]]
+        else:
+            first[ident] = name
+    return copies
+
+
 def pack_state_dict(
     state_dict: Mapping[str, torch.Tensor],
     *,
     version: int | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     metadata: Mapping[str, Any] | None = None,
-) -> tuple[bytes, list[bytes]]:
-    """Serialise ``state_dict`` into ``(header, chunks)`` (see the module docstring).
+) -> tuple[bytes, list[memoryview]]:
+    """Serialise ``state_dict`` into ``(header, chunks)`` (see the module docstring); the chunks are read-only
+    views of one private buffer holding the stream (each tensor copied once).
 
-    Tensors may live on any device and be non-contiguous; they are copied to CPU. ``metadata`` must be
+    Tensors may live on any device and be non-contiguous; they are copied to CPU. A name whose tensor is the
+    same view of the same memory as an earlier name's (a tied weight, e.g. ``lm_head.weight`` and
+    ``model.embed_tokens.weight``) is shipped once: its entry says ``"alias"`` (the earlier name) and holds no
+    bytes. ``metadata`` must be
     msgpack-serialisable. Raises :class:`WeightsFormatError` for an unsupported dtype and
     ``ValueError`` for ``chunk_size < 1``.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     entries: list[dict[str, Any]] = []
-    chunks: list[bytes] = []
-    current = bytearray()
+    datas: list[memoryview] = []
     offset = 0
+    seen: dict[tuple[Any, ...], str] = {}  # a tensor's view identity -> the first name it was packed under
     for name, tensor in state_dict.items():
         if not isinstance(tensor, torch.Tensor):
             raise WeightsFormatError(f"state_dict[{name!r}] is a {type(tensor).__name__}, not a tensor")
         dtype_name = _DTYPE_NAMES.get(tensor.dtype)
         if dtype_name is None:
             raise WeightsFormatError(f"state_dict[{name!r}] has unsupported dtype {tensor.dtype}")
+        ident = _view_identity(tensor)
+        if ident is not None and ident in seen:  # a tied weight: the same bits again, shipped once
+            entries.append({"name": name, "dtype": dtype_name, "shape": list(tensor.shape), "alias": seen[ident]})
+            continue
+        if ident is not None:
+            seen[ident] = name
         data = _tensor_bytes(tensor)
         entries.append(
             {"name": name, "dtype": dtype_name, "shape": list(tensor.shape), "offset": offset, "nbytes": data.nbytes}
         )
+        datas.append(data)
         offset += data.nbytes
-        pos = 0
-        while pos < data.nbytes:  # fill the current chunk, flushing whenever it is full
-            take = min(chunk_size - len(current), data.nbytes - pos)
-            current += data[pos : pos + take]
-            pos += take
-            if len(current) == chunk_size:
-                chunks.append(bytes(current))
-                current = bytearray()
-    if current:
-        chunks.append(bytes(current))
+    stream = np.empty(offset, dtype=np.uint8)  # every tensor copied once, end to end; chunks are views of it
+    pos = 0
+    for data in datas:
+        stream[pos : pos + data.nbytes] = np.frombuffer(data, dtype=np.uint8)
+        pos += data.nbytes
+    stream.flags.writeable = False
+    whole = memoryview(stream)
+    chunks = [whole[i : i + chunk_size] for i in range(0, offset, chunk_size)]
     header = {
         "format": FORMAT,
         "version": version,
@@ -139,6 +176,19 @@ def pack_state_dict(
         "metadata": dict(metadata or {}),
     }
     return msgpack.packb(header, use_bin_type=True), chunks
+
+
+def _check_alias(i: int, e: dict[str, Any], owners: Mapping[str, tuple[str, list[int]]]) -> None:
+    """An alias entry must name an earlier entry that holds bytes, with the same dtype and shape."""
+    try:
+        name, dtype_name, shape, target = e["name"], e["dtype"], e["shape"], e["alias"]
+    except KeyError as exc:
+        raise WeightsFormatError(f"weights header tensor #{i} (an alias) lacks field {exc}") from exc
+    if target not in owners:
+        raise WeightsFormatError(f"tensor {name!r}: alias of {target!r}, which is not an earlier tensor with bytes")
+    if owners[target] != (dtype_name, shape):
+        raise WeightsFormatError(f"tensor {name!r}: {dtype_name} {shape} as an alias of {target!r}, which is "
+                                 f"{owners[target][0]} {owners[target][1]}")
 
 
 def read_header(header: bytes) -> WeightsHeader:
@@ -162,7 +212,11 @@ def read_header(header: bytes) -> WeightsHeader:
     if not isinstance(chunk_size, int) or chunk_size < 1 or not isinstance(total, int) or total < 0:
         raise WeightsFormatError(f"weights header has bad chunk_size {chunk_size!r} or total_bytes {total!r}")
     expect = 0
+    owners: dict[str, tuple[str, list[int]]] = {}  # names holding bytes: (dtype, shape), for aliases to name
     for i, e in enumerate(raw["tensors"]):
+        if isinstance(e, dict) and "alias" in e:
+            _check_alias(i, e, owners)
+            continue
         try:
             name, dtype_name, shape, off, nbytes = e["name"], e["dtype"], e["shape"], e["offset"], e["nbytes"]
         except (KeyError, TypeError) as exc:
@@ -170,8 +224,9 @@ def read_header(header: bytes) -> WeightsHeader:
         dtype = _DTYPES.get(dtype_name)
         if dtype is None:
             raise WeightsFormatError(f"tensor {name!r}: unknown dtype {dtype_name!r}")
-        if not all(isinstance(d, int) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
             raise WeightsFormatError(f"tensor {name!r}: bad shape {shape!r}")
+        owners[name] = (dtype_name, shape)
         numel = 1
         for d in shape:
             numel *= d
@@ -205,22 +260,18 @@ def unpack_state_dict(
     :class:`WeightsFormatError` naming the first bad chunk or field.
     """
     hdr = read_header(header)
-    if len(chunks) != len(hdr.chunk_crc32):
-        raise WeightsFormatError(f"received {len(chunks)} chunks, header announces {len(hdr.chunk_crc32)}")
+    views = verify_chunks(hdr, chunks)
     buf = bytearray(hdr.total_bytes)
     pos = 0
-    for i, (chunk, crc) in enumerate(zip(chunks, hdr.chunk_crc32)):
-        view = memoryview(chunk).cast("B")
-        want = min(hdr.chunk_size, hdr.total_bytes - pos)
-        if view.nbytes != want:
-            raise WeightsFormatError(f"chunk {i} has {view.nbytes} bytes, expected {want}")
-        if zlib.crc32(view) != crc:
-            raise WeightsFormatError(f"chunk {i} failed its CRC-32 check (corrupted in transit?)")
-        buf[pos : pos + want] = view
-        pos += want
+    for view in views:
+        buf[pos : pos + view.nbytes] = view
+        pos += view.nbytes
     whole = torch.frombuffer(buf, dtype=torch.uint8) if hdr.total_bytes else torch.empty(0, dtype=torch.uint8)
     out: dict[str, torch.Tensor] = {}
     for e in hdr.tensors:
+        if "alias" in e:  # a tied weight: the very tensor of the name it aliases
+            out[e["name"]] = out[e["alias"]]
+            continue
         dtype = _DTYPES[e["dtype"]]
         if not e["nbytes"]:
             out[e["name"]] = torch.empty(e["shape"], dtype=dtype)
@@ -230,6 +281,24 @@ def unpack_state_dict(
             part = part.clone()
         out[e["name"]] = part.view(dtype).reshape(e["shape"])
     return out, hdr
+
+
+def verify_chunks(hdr: WeightsHeader, chunks: Sequence[bytes | bytearray | memoryview]) -> list[memoryview]:
+    """Check the chunk count and every chunk's length and CRC-32 against ``hdr``; the chunks as byte views.
+    Raises :class:`WeightsFormatError` naming the first bad chunk."""
+    if len(chunks) != len(hdr.chunk_crc32):
+        raise WeightsFormatError(f"received {len(chunks)} chunks, header announces {len(hdr.chunk_crc32)}")
+    views, pos = [], 0
+    for i, (chunk, crc) in enumerate(zip(chunks, hdr.chunk_crc32)):
+        view = memoryview(chunk).cast("B")
+        want = min(hdr.chunk_size, hdr.total_bytes - pos)
+        if view.nbytes != want:
+            raise WeightsFormatError(f"chunk {i} has {view.nbytes} bytes, expected {want}")
+        if zlib.crc32(view) != crc:
+            raise WeightsFormatError(f"chunk {i} failed its CRC-32 check (corrupted in transit?)")
+        views.append(view)
+        pos += want
+    return views
 
 
 def to_frames(header: bytes, chunks: Sequence[bytes]) -> list[bytes]:
