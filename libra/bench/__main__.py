@@ -32,6 +32,7 @@ BENCHMARKS = {
     "vllm_weights": ("libra.bench.vllm_weights", "vLLM weights update in buckets of whole layers vs one call (run with .venv-vllm/bin/python)"),
     "endpoint": ("libra.bench.endpoint", "a turn through the OpenAI-compatible endpoint vs session.generate directly, same cluster and run"),
     "job": ("libra.bench.job", "one RL job under policy static vs the default libra, same seed: time per step, tokens/s, idle share, reward vs wall"),
+    "peer_trl": ("libra.bench.peer_trl", "the bundled job's task under TRL's GRPOTrainer vs libra run, same seeds: s/step, step 1, accuracy vs wall (needs the peer extra)"),
     "gpu_checks": ("libra.bench.gpu_checks", "GPU-check programs: bf16 learning vs fp32, memory freed by a role switch, a trainer OOM (--device)"),
 }
 
