@@ -143,3 +143,11 @@ def test_the_data_plane_fetcher_returns_packed_weights_that_load_in_place():
     engine.load_weights(version, sd)
     for k, v in new.items():
         assert torch.equal(engine.model.state_dict()[k], v), k
+
+
+def test_the_weights_apply_bench_checks_both_paths_on_the_tiny_model():
+    from libra.bench.weights_apply import run
+
+    out = run("tiny", repeat=1)  # it raises if either path leaves the model without the published weights
+    assert out["before"]["bytes"] == out["in_place"]["bytes"] > 0  # the tiny model ties nothing
+    assert out["bytes_ratio"] == 1.0
