@@ -62,6 +62,20 @@ __all__ = ["TrainRole"]
 log = get_logger("libra.roles")
 
 
+def _warm_model_class(model_dir: str) -> None:
+    """Build the model once on the meta device (no memory, no weights read): this imports the architecture's
+    modules and runs its set-up code, about 1.4 s of a 135M model's 1.5 s first build on 2 CPU cores, while
+    the slot waits for step 1's rollouts instead of on the step's path. A failure is left to the real build."""
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        with torch.device("meta"):
+            AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    except Exception as exc:  # a missing or odd model dir: the first train work reports it properly
+        log.info("trainer_warm_skipped", model_dir=str(model_dir), error=f"{type(exc).__name__}: {exc}")
+
+
 class TrainRole:
     """A GRPO trainer rank, created on the first ``train`` work (see the module contracts and
     :class:`~libra.protocol.payloads_train.TrainArgs`)."""
@@ -72,6 +86,7 @@ class TrainRole:
         from libra.dataplane import DataPlaneKeys
 
         importlib.import_module("libra.engines.trainer")  # pay the torch/transformers import before bidding
+        _warm_model_class(model_dir)  # and the architecture's: the first train work (step 1) then only loads
 
         self.model_dir = model_dir
         self.run_dir = Path(run_dir) if run_dir else None
