@@ -21,6 +21,11 @@ Parity with the Libra job, by construction rather than by copy:
   fp32 on the CPU, no gradient checkpointing (TRL's default is on; libra's trainer has none); sampling at the job's temperature and top-p with no top-k, ``max_new_tokens`` a turn.
   The tool-output tokens carry ``env_mask = 0`` (no loss), as libra's loss mask.
 
+Threads: the TRL process runs with the job's ``[actors] torch_threads`` (1 in the bundled job), as each Libra
+slot does (``--trl-threads 0``: torch's default, one per core). On a shared 2-core host torch's default is
+fragile: one batched ``generate`` of the ten first turns took 5 s at load 2.1 and 72 s at load 3.7 with 2
+threads (OpenMP threads waiting on each other while another job holds a core).
+
 Generation: the episodes of a step run as asyncio tasks; their model turns are batched (left-padded
 ``model.generate``) whenever no tool call is in flight, so turn 1 of all ten episodes is one batch and the
 second turns another (libra's rollout actor batches too: ``[actors] rollout_batch``).
@@ -241,8 +246,9 @@ def _sandbox_tool(pool: Any) -> Any:
     return fn
 
 
-def run_trl(cfg: Any, seed: int, steps: int, out: Path) -> dict[str, Any]:
-    """The job's task under TRL's GRPOTrainer (see the module docstring); its figures and step records."""
+def run_trl(cfg: Any, seed: int, steps: int, out: Path, threads: int | None = None) -> dict[str, Any]:
+    """The job's task under TRL's GRPOTrainer (see the module docstring) with ``threads`` torch threads (None:
+    the job's ``[actors] torch_threads``; 0: torch's default); its figures and step records."""
     t0 = time.perf_counter()
     import torch
     from datasets import Dataset
@@ -255,6 +261,9 @@ def run_trl(cfg: Any, seed: int, steps: int, out: Path) -> dict[str, Any]:
     from libra.rl.driver import job_spec, resolve_model
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    threads = cfg.actors.torch_threads if threads is None else threads
+    if threads:
+        torch.set_num_threads(threads)
     torch.manual_seed(seed)
     model_dir = resolve_model(cfg.model.name)
     env_cfg, problems = job_problems(cfg, steps)
@@ -353,7 +362,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            "order": ["trl", "libra"], "per_seed": {}, "load": {}}
     for seed in args.seeds:
         load = {"before_trl": _load()}
-        trl = run_trl(cfg, seed, steps, root / f"seed{seed}")
+        trl = run_trl(cfg, seed, steps, root / f"seed{seed}", args.trl_threads)
         load["before_libra"] = _load()
         lib = run_libra(cfg, seed, steps, root / f"seed{seed}" / "libra", args.log_level)
         load["after"] = _load()
@@ -426,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=_seeds, default=[1, 2, 3], help="comma-separated seeds (default 1,2,3)")
     p.add_argument("--steps", type=int, help="steps per run (default: the job file's)")
     p.add_argument("--out", default="runs/bench_peer_trl", help="run directories and peer_trl.json go here")
+    p.add_argument("--trl-threads", type=int, help="torch threads of the TRL process (default: the job's [actors] "
+                   "torch_threads, as each Libra slot has; 0: torch's default, one per core)")
     p.add_argument("--log-level", default="warning", help="the Libra cluster's log level")
     p.add_argument("--json", action="store_true", help="print the result object as JSON")
     args = p.parse_args(argv)
