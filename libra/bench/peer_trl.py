@@ -18,7 +18,8 @@ Parity with the Libra job, by construction rather than by copy:
 - **objective**: group of ``[grpo] group_size`` and ``[job] prompts_per_step`` prompts a step (one optimiser
   step per generation batch), ``lr`` constant, no KL (``beta = 0``), clip ``[grpo] clip``, token-mean loss
   (``loss_type = "dapo"``), advantages scaled by the group's std, grad norm clipped at ``max_grad_norm``,
-  fp32 on the CPU, no gradient checkpointing (TRL's default is on; libra's trainer has none); sampling at the job's temperature and top-p with no top-k, ``max_new_tokens`` a turn.
+  fp32 on the CPU, no gradient checkpointing (TRL's default is on; libra's trainer has none); sampling at
+  the job's temperature and top-p with no top-k, ``max_new_tokens`` a turn.
   The tool-output tokens carry ``env_mask = 0`` (no loss), as libra's loss mask.
 
 Threads: the TRL process runs with the job's ``[actors] torch_threads`` (1 in the bundled job), as each Libra
@@ -246,6 +247,21 @@ def _sandbox_tool(pool: Any) -> Any:
     return fn
 
 
+def _trl_config(cfg: Any, steps: int, seed: int, out: Path, max_tokens: int) -> Any:
+    """TRL's GRPOConfig for the job (see the module docstring)."""
+    from trl import GRPOConfig
+
+    g = cfg.grpo
+    return GRPOConfig(output_dir=str(out / "trl"), max_steps=steps, num_generations=g.group_size,
+                      per_device_train_batch_size=cfg.job.prompts_per_step * g.group_size,
+                      gradient_accumulation_steps=1, steps_per_generation=1, learning_rate=g.lr,
+                      lr_scheduler_type="constant", warmup_steps=0, beta=0.0, epsilon=g.clip, loss_type="dapo",
+                      scale_rewards="group", gradient_checkpointing=False, max_grad_norm=g.max_grad_norm,
+                      use_cpu=True, bf16=False, fp16=False, seed=seed, shuffle_dataset=False, logging_steps=1,
+                      report_to=[], save_strategy="no", disable_tqdm=True, max_completion_length=max_tokens,
+                      dataloader_num_workers=0)
+
+
 def run_trl(cfg: Any, seed: int, steps: int, out: Path, threads: int | None = None) -> dict[str, Any]:
     """The job's task under TRL's GRPOTrainer (see the module docstring) with ``threads`` torch threads (None:
     the job's ``[actors] torch_threads``; 0: torch's default); its figures and step records."""
@@ -253,7 +269,7 @@ def run_trl(cfg: Any, seed: int, steps: int, out: Path, threads: int | None = No
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from libra.engines.sandbox.pool import SandboxPool
     from libra.engines.sandbox.isolation import find_bwrap
@@ -270,12 +286,12 @@ def run_trl(cfg: Any, seed: int, steps: int, out: Path, threads: int | None = No
     by_question = {p.question: p for p in problems}
     params = EpisodeSampling.from_wire(job_spec(cfg, model_dir, out, 0)["episode"]["sampling"])
     tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
-    stop_ids = sorted(t for t in {tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id} if isinstance(t, int) and t >= 0)
+    stop_ids = sorted(t for t in {tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id}
+                      if isinstance(t, int) and t >= 0)  # as libra's episode runner
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     pool = SandboxPool(allow_unisolated=find_bwrap() is None)
     gen = _hf_generate(model, tok, stop_ids, params.temperature, params.top_p)
     records: list[dict[str, Any]] = []
-    g = cfg.grpo
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         t = time.perf_counter()
@@ -308,13 +324,7 @@ def run_trl(cfg: Any, seed: int, steps: int, out: Path, threads: int | None = No
         def on_step_end(self, *a: Any, **k: Any) -> None:
             marks.append(time.perf_counter())
 
-    n_prompts = cfg.job.prompts_per_step
-    args = GRPOConfig(output_dir=str(out / "trl"), max_steps=steps, per_device_train_batch_size=n_prompts * g.group_size,
-                      num_generations=g.group_size, gradient_accumulation_steps=1, steps_per_generation=1,
-                      learning_rate=g.lr, lr_scheduler_type="constant", warmup_steps=0, beta=0.0, epsilon=g.clip,
-                      loss_type="dapo", scale_rewards="group", gradient_checkpointing=False, max_grad_norm=g.max_grad_norm, use_cpu=True, bf16=False,
-                      fp16=False, seed=seed, shuffle_dataset=False, logging_steps=1, report_to=[], save_strategy="no",
-                      disable_tqdm=True, max_completion_length=params.max_total_tokens, dataloader_num_workers=0)
+    args = _trl_config(cfg, steps, seed, out, params.max_total_tokens)
     ds = Dataset.from_list([{"prompt": p.prompt} for p in problems])
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok,
                           rollout_func=rollout_func, callbacks=[Clock()])
