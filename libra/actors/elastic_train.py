@@ -237,7 +237,7 @@ def elastic_step(role: Any, ta: TrainArgs, ctx: WorkContext) -> dict[str, Any]:
     weights, publish_s, checkpoint = None, 0.0, None
     if rank == 0:
         t0 = time.perf_counter()
-        weights = WeightsRef.from_wire(role.publisher.publish(version, trainer.state_dict_for_sync()))
+        weights = WeightsRef.from_wire(role.publisher.publish(version, trainer.state_dict_for_sync(copy=False)))
         publish_s = time.perf_counter() - t0
         if ta.checkpoint:
             trainer.save_checkpoint(ta.checkpoint, optimizer=ta.checkpoint_optimizer, keep_last=ta.keep_checkpoints)

@@ -175,7 +175,7 @@ class TrainRole:
             weights, publish_s, checkpoint = None, 0.0, None
             t0 = time.perf_counter()
             if trainer.rank == 0 or trainer.parallel == "fsdp":  # under fsdp a collective: every rank gathers
-                full = trainer.state_dict_for_sync()
+                full = trainer.state_dict_for_sync(copy=False)  # the publisher copies it at once
                 if trainer.rank == 0:
                     weights = WeightsRef.from_wire(self.publisher.publish(version, full))
                     publish_s = time.perf_counter() - t0

@@ -6,17 +6,15 @@ model (whole, or its FSDP2 shard: ``parallel``, see ``fsdp.py``), AdamW and the 
 
 Contracts:
 
-- **Exact global objective.** The loss is GRPO's token-mean over *all* generated tokens of the global
-  batch (``grpo.py``). Before the backward passes the ranks all-reduce their token counts, every
-  micro-batch's loss is divided by that global count, and gradients are all-reduced with a sum. The
-  result is the gradient of the whole batch's loss whatever the micro-batching and however sequences
-  are sharded over ranks: an average over ranks weighted by each rank's tokens, which reduces to the
-  plain average when shards hold equal token counts.
-- **Identical replicas.** Rank 0's initial weights are broadcast at start-up; all ranks then apply the
-  same reduced, clipped gradient with the same optimizer, so weights stay bit-identical. Under ``fsdp``
-  each rank holds a shard instead; gradients are reduce-scattered with a sum, and every rank runs the
-  same number of micro-batches (a rank with fewer runs empty ones), because FSDP's collectives pair up
-  forward and backward passes across ranks.
+- **Exact global objective.** The loss is GRPO's token-mean over *all* generated tokens of the global batch
+  (``grpo.py``). Before the backward passes the ranks all-reduce their token counts, every micro-batch's loss
+  is divided by that global count, and gradients are all-reduced with a sum. The result is the gradient of
+  the whole batch's loss whatever the micro-batching and however sequences are sharded over ranks: an
+  average over ranks weighted by each rank's tokens (the plain average when shards hold equal token counts).
+- **Identical replicas.** Rank 0's initial weights are broadcast at start-up; all ranks then apply the same
+  reduced, clipped gradient with the same optimizer, so weights stay bit-identical. Under ``fsdp`` each rank
+  holds a shard instead; gradients are reduce-scattered with a sum, and every rank runs the same number of
+  micro-batches (a rank with fewer runs empty ones): FSDP's collectives pair up passes across ranks.
 - **Versions.** ``weights_version`` starts at ``initial_version`` (or the checkpoint's) and increases
   by one per successful step; ``state_dict_for_sync()`` returns full CPU copies of the weights of that
   version (a collective under ``fsdp``: call it on every rank, as ``train_step`` and ``logprobs``).
@@ -467,10 +465,12 @@ class GRPOTrainer:
 
     # -- weights and checkpoints ----------------------------------------------------------------
 
-    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
-        """Full CPU copies of the current weights (``model.state_dict()`` names; a tied weight's names share one
-        copy, shipped once) in the compute dtype (bf16 on a GPU slot), safe to serialise or load into a rollout
-        engine while training goes on, of version :attr:`weights_version`. A collective under ``fsdp``."""
+    def state_dict_for_sync(self, *, copy: bool = True) -> dict[str, torch.Tensor]:
+        """Version :attr:`weights_version` (``model.state_dict()`` names, a tied weight's sharing one tensor) on
+        the CPU in the compute dtype: copies; ``copy=False``: the model's own tensors where they are such (CPU
+        fp32 replicas), for a publisher that copies before it returns. A collective under ``fsdp``."""
+        if not copy and self.parallel != "fsdp" and self.device.type == "cpu" and self.dtype == torch.float32:
+            return dict(self.model.state_dict())  # detached views of the parameters; tied ones are one tensor
         return tie_like(self.model.state_dict(), dict(fsdp.full_state_items(self.model, dtype=self.dtype)))
 
     def weights_fingerprint(self) -> str:

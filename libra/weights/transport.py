@@ -1,7 +1,8 @@
 """The one choice of weights transport: the interface both implementations follow, and which one to use.
 
 - :class:`WeightPublisher` (the trainer's rank 0): ``publish(version, state_dict) -> ref``, a msgpack-able
-  mapping with at least ``version`` that generate work carries to rollout actors; ``close()``.
+  mapping with at least ``version`` that generate work carries to rollout actors; it copies the tensors
+  before it returns (so a trainer may pass its model's own tensors); ``close()``.
 - :class:`WeightFetcher` (a rollout actor): ``fetch(ref) -> (state_dict, version, stats)``, raising
   :class:`~libra.dataplane.DataPlaneError` subclasses and leaving no partial state behind; ``close()``.
 

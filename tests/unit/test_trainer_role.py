@@ -46,7 +46,7 @@ class _FakeTrainer:
         self.weights_version += 1
         return {"loss": 0.5}
 
-    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
+    def state_dict_for_sync(self, *, copy: bool = True) -> dict[str, torch.Tensor]:
         self.calls.append("state_dict_for_sync")
         return {"w": torch.ones(2)}
 

@@ -151,3 +151,25 @@ def test_the_weights_apply_bench_checks_both_paths_on_the_tiny_model():
     out = run("tiny", repeat=1)  # it raises if either path leaves the model without the published weights
     assert out["before"]["bytes"] == out["in_place"]["bytes"] > 0  # the tiny model ties nothing
     assert out["bytes_ratio"] == 1.0
+
+
+def test_the_trainer_publishes_its_own_tensors_tied_and_the_publisher_copies_them(tmp_path):
+    from libra.engines.trainer import GRPOConfig, GRPOTrainer
+
+    tied_model(4).save_pretrained(tmp_path)
+    trainer = GRPOTrainer(tmp_path, GRPOConfig())
+    live = trainer.state_dict_for_sync(copy=False)
+    own = trainer.model.state_dict()
+    assert all(live[k].data_ptr() == own[k].data_ptr() for k in own)  # no copy on a CPU fp32 replica
+    copies = trainer.state_dict_for_sync()
+    assert copies[HEAD] is copies[EMBED] and copies[EMBED].data_ptr() != own[EMBED].data_ptr()
+    with DataPlaneServer() as server:
+        ref = DataPlaneWeightPublisher(server).publish(1, live)
+        want = {k: v.clone() for k, v in live.items()}
+        with torch.no_grad():
+            for p in trainer.model.parameters():
+                p.add_(1.0)  # training goes on after the publish
+        sd, _, stats = DataPlaneWeightFetcher().fetch(ref)
+    assert stats.nbytes == sum(v.numel() * 4 for k, v in want.items() if k != HEAD)
+    for k, v in want.items():
+        assert torch.equal(sd[k], v), k
