@@ -362,6 +362,14 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def _guard(fn: Any, *a: Any) -> dict[str, Any]:
+    """``fn(*a)``, or ``{"error": ...}`` when the run failed (the other system and seeds still run)."""
+    try:
+        return fn(*a)
+    except Exception as exc:  # noqa: BLE001  (a failed run is a result: it is reported, not raised)
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from libra.rl.config import load_job
 
@@ -372,13 +380,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            "order": ["trl", "libra"], "per_seed": {}, "load": {}}
     for seed in args.seeds:
         load = {"before_trl": _load()}
-        trl = run_trl(cfg, seed, steps, root / f"seed{seed}", args.trl_threads)
+        trl = _guard(run_trl, cfg, seed, steps, root / f"seed{seed}", args.trl_threads)
         load["before_libra"] = _load()
-        lib = run_libra(cfg, seed, steps, root / f"seed{seed}" / "libra", args.log_level)
+        lib = _guard(run_libra, cfg, seed, steps, root / f"seed{seed}" / "libra", args.log_level)
         load["after"] = _load()
         res["per_seed"][seed] = {"trl": trl, "libra": lib}
         res["load"][seed] = load
-    res.update(aggregate(res["per_seed"]))
+    res["failed"] = {s: {k: v["error"] for k, v in r.items() if "error" in v} for s, r in res["per_seed"].items()
+                     if any("error" in v for v in r.values())}
+    res.update(aggregate({s: r for s, r in res["per_seed"].items() if s not in res["failed"]}))
     root.mkdir(parents=True, exist_ok=True)
     (root / "peer_trl.json").write_text(json.dumps(finite(res), indent=1))
     res["result_file"] = str(root / "peer_trl.json")
@@ -399,10 +409,16 @@ def table(out: dict[str, Any]) -> str:
     lines = [f"bench peer_trl: {out['job']}, {out['steps']} steps, seeds {out['seeds']}, TRL then Libra per seed "
              f"({out['cpus']} CPUs)"]
     for seed, r in out["per_seed"].items():
-        lines += ["", f"seed {seed} (load 1/5/15 min: {out['load'][seed]})", f"{'':30s}{'TRL':>14s}{'Libra':>14s}"]
+        lines += ["", f"seed {seed} (load 1/5/15 min: {out['load'][seed]})"]
+        if seed in out["failed"]:
+            lines += [f"{k} failed: {e}" for k, e in out["failed"][seed].items()]
+            lines += [f"{k}: step s {v['step_s']}, accuracy vs wall {v['accuracy_vs_wall']}" for k, v in r.items()
+                      if "error" not in v]
+            continue
+        lines.append(f"{'':30s}{'TRL':>22s}{'Libra':>22s}")
 
         def row(label: str, key: str, nd: int = 2, r: dict = r) -> None:
-            lines.append(f"{label:30s}{_f(r['trl'].get(key), nd):>14s}{_f(r['libra'].get(key), nd):>14s}")
+            lines.append(f"{label:30s}{_f(r['trl'].get(key), nd):>22s}{_f(r['libra'].get(key), nd):>22s}")
 
         row("s/step, mean", "step_s_mean")
         row("s/step, steps 2..n", "step_s_mean_2n")
