@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-import numpy as np
 import torch
 
 __all__ = [
@@ -123,9 +122,9 @@ def pack_state_dict(
     version: int | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     metadata: Mapping[str, Any] | None = None,
-) -> tuple[bytes, list[memoryview]]:
-    """Serialise ``state_dict`` into ``(header, chunks)`` (see the module docstring); the chunks are read-only
-    views of one private buffer holding the stream (each tensor copied once).
+) -> tuple[bytes, list[bytes]]:
+    """Serialise ``state_dict`` into ``(header, chunks)`` (see the module docstring); each tensor's bytes are
+    copied once, into the chunks.
 
     Tensors may live on any device and be non-contiguous; they are copied to CPU. A name whose tensor is the
     same view of the same memory as an earlier name's (a tied weight, e.g. ``lm_head.weight`` and
@@ -137,8 +136,9 @@ def pack_state_dict(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     entries: list[dict[str, Any]] = []
-    datas: list[memoryview] = []
-    offset = 0
+    chunks: list[bytes] = []
+    parts: list[memoryview] = []  # the pieces of tensors that make up the next chunk
+    offset = filled = 0
     seen: dict[tuple[Any, ...], str] = {}  # a tensor's view identity -> the first name it was packed under
     for name, tensor in state_dict.items():
         if not isinstance(tensor, torch.Tensor):
@@ -156,16 +156,17 @@ def pack_state_dict(
         entries.append(
             {"name": name, "dtype": dtype_name, "shape": list(tensor.shape), "offset": offset, "nbytes": data.nbytes}
         )
-        datas.append(data)
         offset += data.nbytes
-    stream = np.empty(offset, dtype=np.uint8)  # every tensor copied once, end to end; chunks are views of it
-    pos = 0
-    for data in datas:
-        stream[pos : pos + data.nbytes] = np.frombuffer(data, dtype=np.uint8)
-        pos += data.nbytes
-    stream.flags.writeable = False
-    whole = memoryview(stream)
-    chunks = [whole[i : i + chunk_size] for i in range(0, offset, chunk_size)]
+        pos = 0
+        while pos < data.nbytes:  # each byte copied once, by the join that builds its chunk
+            take = min(chunk_size - filled, data.nbytes - pos)
+            parts.append(data[pos : pos + take])
+            filled, pos = filled + take, pos + take
+            if filled == chunk_size:
+                chunks.append(b"".join(parts))
+                parts, filled = [], 0
+    if parts:
+        chunks.append(b"".join(parts))
     header = {
         "format": FORMAT,
         "version": version,
