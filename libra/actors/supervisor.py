@@ -3,9 +3,11 @@
 Each slot runs ``python -m libra.actors.runtime``. A child that exits while the supervisor is not
 stopping is restarted with a back-off that doubles (0.5 s → 30 s) and resets after a minute of
 health. SIGTERM/SIGINT are forwarded; children get ``grace_s`` to drain before SIGKILL. On Linux each child
-is also asked (``prctl(PR_SET_PDEATHSIG)``) to get SIGTERM when the supervisor dies, so a supervisor that is
+is also asked (``prctl(PR_SET_PDEATHSIG)``) to get SIGKILL when the supervisor dies, so a supervisor that is
 itself SIGKILLed (an operator's ``kill -9``, a test harness's stop after its own grace) leaves no orphaned slots
-behind that would bid, hold memory and retry a broker forever.
+behind that would bid, hold memory and retry a broker forever. SIGKILL, not SIGTERM: a slot already draining
+for the supervisor's SIGTERM ignores a second one (two such orphans were found still running after a job's
+stop); the broker re-queues what a killed slot held, as for any lost actor.
 
 Each child's environment is :func:`slot_environment` (pure): the supervisor's own, its slot's CUDA settings
 (:func:`libra.actors.slots.slot_cuda_env`: PCI bus order, the slot's entry of an existing
@@ -35,11 +37,11 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the parent (the supervisor) dies. Best effort: no libc, no-op."""
+    """In the child, before exec: SIGKILL when the parent (the supervisor) dies. Best effort: no libc, no-op."""
     import ctypes
 
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
 

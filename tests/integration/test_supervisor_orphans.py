@@ -1,5 +1,5 @@
 """A supervisor that is SIGKILLed takes its slots with it (real processes): each slot process is started with
-``PR_SET_PDEATHSIG`` and gets SIGTERM when the supervisor dies, instead of living on as an orphan that keeps
+``PR_SET_PDEATHSIG`` and gets SIGKILL when the supervisor dies, instead of living on as an orphan that keeps
 retrying its broker and holding its model's memory (five were found after a test harness's stop)."""
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def test_the_default_is_libra_grp_ehp_cmlfq_tangram_and_hybrid_slots() -> None:
 def test_static_is_todays_fixed_split() -> None:
     cfg = _job({"policy": "static"}, actors={"rollout": 2, "trainer": 1})
     table, _ = broker_mapping(cfg, ())
-    assert table == {"router": "cmlfq", "action_scheduler": ""}  # "": first come first served
+    assert table == {"heartbeat_s": 2.0, "router": "cmlfq", "action_scheduler": ""}  # "": first come first served
     assert engine_roles(cfg, 0, 0) == ("rollout=2,train=1,action=1,episode=1", None)
     assert action_scheduler(_job({"policy": "static"}, actors={"tools": ["my_tools"]})) == "tangram"
     assert with_policy(cfg, "libra").broker.policy == "libra"
