@@ -128,11 +128,14 @@ def step_record(host: Any, tr: dict[str, Any], outs: list[dict[str, Any]], now: 
 
 def signal_record(tr: dict[str, Any]) -> dict[str, Any]:
     """Zero-variance groups: the share among the groups completed since the previous step (filtered ones
-    included), how many the filter dropped, and whether the trained batch has no signal at all."""
+    included; None when none completed in that window: with policy lag >= 1 a step's batch may have completed
+    before the previous step ended), how many the filter dropped, the share of the trained batch's groups with
+    zero advantage (``batch_zero_variance_share``), and whether the trained batch has no signal at all."""
     w = tr["window"]
     return {"zero_variance_groups": w["zero_variance"], "groups_completed": w["completed"],
-            "zero_variance_share": w["zero_variance"] / w["completed"] if w["completed"] else 0.0,
+            "zero_variance_share": w["zero_variance"] / w["completed"] if w["completed"] else None,
             "filtered_groups": w["filtered"], "batch_zero_variance_groups": tr["zero_groups"],
+            "batch_zero_variance_share": tr["zero_groups"] / tr["groups"] if tr["groups"] else None,
             "no_signal": tr["zero_groups"] == tr["groups"]}
 
 

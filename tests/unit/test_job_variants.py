@@ -77,6 +77,7 @@ def test_without_the_filter_flat_groups_are_trained_and_reported() -> None:
     run(h, lambda row, i: 1.0)
     (rec,) = h.records
     assert rec["zero_variance_share"] == 1.0 and rec["no_signal"] is True and rec["filtered_groups"] == 0
+    assert rec["batch_zero_variance_share"] == 1.0
 
 
 def test_filter_on_all_equal_rewards_draws_new_groups_then_reports_no_signal_without_hanging() -> None:
