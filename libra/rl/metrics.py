@@ -207,6 +207,10 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     ax.plot(steps, [b[1] for b in bands], marker="o", label="reward median")
     ax.plot(steps, [r["reward_mean"] for r in recs], linestyle=":", label="reward mean")
     ax.plot(steps, [r["accuracy"] for r in recs], marker=".", linestyle="--", label="accuracy")
+    if any("batch_zero_variance_share" in r for r in recs):  # groups that carried no GRPO signal
+        shares = [r.get("batch_zero_variance_share") for r in recs]
+        ax.bar(steps, [0.0 if x is None else x for x in shares], alpha=0.15, color="grey",
+               label="share of groups with no signal")
     ax.set_xlabel("step")
     ax.set_ylabel("reward / accuracy")
     ax.legend(fontsize=8)

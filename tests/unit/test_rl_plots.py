@@ -42,3 +42,23 @@ def test_plot_run_draws_steps_without_tool_calls(tmp_path) -> None:
     recs[0]["tool_success_rate"] = None  # no call that step: the job records None, not 0
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert [p.name for p in plot_run(tmp_path)] == ["reward.png", "throughput.png"]
+
+
+def test_plot_run_shows_the_share_of_groups_without_signal(tmp_path, monkeypatch) -> None:
+    import matplotlib.axes
+
+    bars: list[list[float]] = []
+    real = matplotlib.axes.Axes.bar
+
+    def spy(self, x, height, *a, **kw):  # noqa: ANN001, ANN202
+        if kw.get("label") == "share of groups with no signal":
+            bars.append(list(height))
+        return real(self, x, height, *a, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar", spy)
+    recs = _records()
+    for r, share in zip(recs, [1.0, 0.5, None, 0.0, 0.0, 0.25]):
+        r["batch_zero_variance_share"] = share
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    plot_run(tmp_path)
+    assert bars == [[1.0, 0.5, 0.0, 0.0, 0.0, 0.25]]
