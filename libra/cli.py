@@ -168,15 +168,11 @@ def _quarter_lines(q: dict) -> list[str]:
 
 
 def format_summary(s: dict, run_dir: str) -> str:
-    """The end-of-run report: reward first vs last quarter, lag, throughput, where the files are."""
-    f, l = s.get("first_quarter_reward", {}), s.get("last_quarter_reward", {})
-    fa, la = s.get("first_quarter_accuracy", {}), s.get("last_quarter_accuracy", {})
+    """The end-of-run report: each figure once (the per-episode quarters with n, lag, throughput), and
+    where the files are."""
     return "\n".join([
         f"job {s.get('job')}: {s.get('steps')} steps in {s.get('total_wall_s', 0):.1f}s, final weights version "
         f"{s.get('final_version')}",
-        f"reward   first quarter {f.get('mean', float('nan')):.3f} ± {f.get('std', float('nan')):.3f} (n={f.get('n')})"
-        f"   last quarter {l.get('mean', float('nan')):.3f} ± {l.get('std', float('nan')):.3f} (n={l.get('n')})",
-        f"accuracy first quarter {fa.get('mean', float('nan')):.3f}   last quarter {la.get('mean', float('nan')):.3f}",
         *_quarter_lines(s.get("quarters") or {}),
         f"max policy lag seen {s.get('max_policy_lag_seen')}, mean generated tokens/s "
         f"{s.get('tokens_per_s_mean', 0):.1f}, dropped groups {s.get('dropped_groups')}",

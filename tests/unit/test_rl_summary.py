@@ -33,8 +33,8 @@ def test_quarters_pool_episodes_with_mean_spread_and_n() -> None:
     assert first["reward"]["mean"] == 1 / 8 and first["reward"]["n"] == 8
     assert last["tool_calls_per_episode"]["mean"] == 0.75 and last["tool_success_rate"]["mean"] == pytest.approx(2 / 3)
     assert last["tool_success_rate"]["n"] == 6 and last["accuracy"] == {"mean": 0.5, "std": 0.5, "n": 8}
-    # the older step-mean figures are still there
-    assert s["first_quarter_accuracy"]["n"] == 2 and s["last_quarter_reward"]["n"] == 8
+    # each figure once: the per-episode quarters, not also step means (n = steps) beside them
+    assert not [k for k in s if k.startswith(("first_quarter", "last_quarter"))], sorted(s)
 
 
 def test_quarters_without_tool_calls_or_per_episode_lists() -> None:
@@ -56,6 +56,8 @@ def test_format_summary_prints_the_per_quarter_figures() -> None:
     (calls,) = [x for x in lines if "tool calls/episode" in x]
     assert "0.750 ± 0.433 (n=4)" in calls
     assert "per episode" in text and format_summary({"job": "j"}, "r")  # an empty summary still prints
+    assert sum(line.lstrip().startswith("accuracy") for line in lines) == 1  # printed once
+    assert sum(line.lstrip().startswith("reward") for line in lines) == 1
 
 
 SPEC = {"steps": 1, "prompts_per_step": 1, "group_size": 3, "max_policy_lag": 0, "world_size": 1, "env": "arith",
