@@ -115,3 +115,83 @@ def resolve(endpoint: str) -> str:
         return endpoint
     path = ipc_path_for_port(port)
     return f"ipc://{path}" if _listening(path) else endpoint
+
+
+# ---------------------------------------------------------------------------------------------- validation
+#: What every Libra address may be (said in each :class:`~libra.client.errors.BadAddress` message).
+ACCEPTED = ("tcp://HOST:PORT (e.g. tcp://127.0.0.1:5555), ipc://PATH (a Unix socket on this host) "
+            "or inproc://NAME (inside one process)")
+DEFAULT_PORT = 5555  # the broker's default port, used in a suggestion when an address has none
+_NOUN = {"connect": "broker address", "bind": "bind address"}
+
+
+def _tcp_problem(rest: str, role: str) -> tuple[str, str | None]:
+    """What is wrong with the ``HOST:PORT`` of a tcp address (``""``: nothing) and a corrected address."""
+    host, port = _host_port(rest)
+    if not host:
+        return "it names no host", None
+    if port is None:
+        return "it has no port", f"tcp://{host}:{DEFAULT_PORT}"
+    if role == "bind" and port in ("*", "0"):
+        return "", None  # any free port
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return f"its port {port!r} is not a number from 1 to 65535", f"tcp://{host}:{DEFAULT_PORT}"
+    return "", None
+
+
+def _host_port(rest: str) -> tuple[str, str | None]:
+    """``HOST:PORT`` (an IPv6 host in brackets) split; the port is None when there is none."""
+    if rest.startswith("["):
+        close = rest.find("]")
+        if close < 0:
+            return "", None
+        host, tail = rest[: close + 1], rest[close + 1:]
+        return host, tail[1:] if tail.startswith(":") else None
+    host, sep, port = rest.rpartition(":")
+    return (host, port) if sep else (rest, None)
+
+
+def _guess(rest: str) -> str:
+    """The tcp address a scheme-less or wrong-scheme address most likely meant (its path dropped)."""
+    hostport = rest.split("/", 1)[0]
+    host, port = _host_port(hostport)
+    return f"tcp://{host or '127.0.0.1'}:{port if port and port.isdigit() else DEFAULT_PORT}"
+
+
+def address_problem(addr: object, role: str = "connect") -> str | None:
+    """Why ``addr`` is not an address a Libra socket can ``role`` (``connect`` or ``bind``) to, in one
+    sentence that names it, says what is accepted and suggests the fix; None when it is fine. Pure."""
+    noun = _NOUN[role]
+    if not isinstance(addr, str) or not addr.strip():
+        return f"bad {noun} {addr!r}: it is empty. Libra takes {ACCEPTED}."
+    why, fix = "", None
+    scheme, sep, rest = addr.partition("://")
+    if addr != addr.strip():
+        why, fix = "it has spaces around it", addr.strip()
+    elif not sep:
+        path_like = addr.startswith(("/", "./", "~"))
+        why, fix = "it has no scheme", (f"ipc://{addr}" if path_like else _guess(addr))
+    elif scheme == "tcp":
+        why, fix = _tcp_problem(rest, role)
+    elif scheme in ("ipc", "inproc"):
+        why = "" if rest else f"it names no {'path' if scheme == 'ipc' else 'name'}"
+    elif scheme.lower() in ("tcp", "ipc", "inproc"):
+        why, fix = f"the scheme {scheme!r} must be lower case", f"{scheme.lower()}://{rest}"
+    else:
+        why, fix = f"{scheme}:// is not a ZeroMQ transport Libra speaks", _guess(rest)
+    if not why:
+        return None
+    return f"bad {noun} {addr!r}: {why}" + (f"; did you mean {fix}?" if fix else ".") + f" Libra takes {ACCEPTED}."
+
+
+def parse_endpoint(addr: str, role: str = "connect") -> str:
+    """``addr`` when a Libra socket can ``role`` (``connect`` or ``bind``) to it, else
+    :class:`libra.client.errors.BadAddress` (a ``LibraError`` and a ``ValueError``) with
+    :func:`address_problem`'s message: raised before any socket is made, instead of libzmq's bare
+    ``Invalid argument`` or ``Protocol not supported``."""
+    problem = address_problem(addr, role)
+    if problem is not None:
+        from libra.client.errors import BadAddress  # lazy: libra.client imports this module
+
+        raise BadAddress(problem, address=addr if isinstance(addr, str) else repr(addr))
+    return addr

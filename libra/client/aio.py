@@ -20,7 +20,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from libra.endpoints import resolve
+from libra.endpoints import parse_endpoint, resolve
 from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode_many, encode, encode_batch
 from libra.protocol import messages as m
 from libra.zmqio import recv_ready
@@ -56,7 +56,7 @@ class AsyncClient:
     def __init__(self, broker_url: str, *, client_id: str | None = None,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, curve: CurveClient | None = None,
                  direct: bool = False) -> None:
-        self.broker_url = broker_url
+        self.broker_url = parse_endpoint(broker_url)  # BadAddress (a LibraError) before any socket
         self.client_id = client_id or new_client_id()
         self.max_frame_bytes = max_frame_bytes
         self._ids = RequestIds(self.client_id)

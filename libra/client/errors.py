@@ -84,6 +84,18 @@ class BrokerUnreachable(LibraError):
     code = "unreachable"
 
 
+class BadAddress(LibraError, ValueError):
+    """An address no Libra socket can use (no ``tcp://``, a wrong scheme, no port), raised before any socket is
+    made. The message names the address, what is accepted and the likely fix (``libra.endpoints``);
+    ``address`` is the address as given."""
+
+    code = "bad_address"
+
+    def __init__(self, message: str, *, address: str = "", **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.address = address
+
+
 class ProtocolRejected(LibraError):
     """The broker rejected a frame of ours (a client/broker version mismatch or a bug)."""
 
