@@ -163,7 +163,7 @@ def throughput_figure(recs: list[dict[str, Any]], decisions: list[dict[str, Any]
     a2.set_ylabel("step")
     a2.set_title("when each step rolled out and trained")
     mark_decisions(a1, a2, decisions)
-    a1.set_ylim(bottom=0.0)
+    a1.set_ylim(0.0, 1.1 * max([1e-9] + [float(r["tokens_per_s"]) for r in recs]))
     a2.set_ylim(bottom=0.0)
     a2.set_xlim(left=0.0)
     if decisions:
@@ -180,15 +180,18 @@ _DECISION_COLOURS = {"plan": "tab:purple", "role_switch": "tab:red", "buckets": 
 def mark_decisions(a1: Any, a2: Any, decisions: list[dict[str, Any]]) -> None:
     """Mark ``decisions`` on the throughput axes: a dotted line at each decision's step (``a1``) and a line at
     its time (``a2``, seconds since the job started); each ``ehp_join`` is shaded on ``a2`` until its
-    ``ehp_leave`` (the same ``detail.actor`` when given) or the end of the axis."""
+    ``ehp_leave`` (the same ``detail.actor`` when given) or the end of the axis. Decisions of one step are
+    drawn a tenth of a step apart on ``a1`` (the k-th at step + 0.1 k), so none hides under another."""
     seen: set[str] = set()
+    at_step: dict[float, int] = {}
     for d in decisions:
         what = str(d.get("what"))
         colour = _DECISION_COLOURS.get(what, "tab:gray")
         label = what if what not in seen else None
         seen.add(what)
         if isinstance(d.get("step"), (int, float)):
-            a1.axvline(d["step"], color=colour, linestyle=":", alpha=0.7, label=label)
+            k = at_step[d["step"]] = at_step.get(d["step"], -1) + 1
+            a1.axvline(d["step"] + 0.1 * k, color=colour, linestyle=":", alpha=0.7, label=label)
         if isinstance(d.get("t"), (int, float)):
             a2.axvline(d["t"], color=colour, linestyle=":", alpha=0.7, label=label)
     for lo, hi in ehp_bands(decisions):

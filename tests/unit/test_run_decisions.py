@@ -103,7 +103,7 @@ def test_throughput_marks_every_decision_and_shades_each_borrow() -> None:
     decisions = [r for r in RECORDS if r.get("kind") == "decision"]
     a1, a2 = _Axes(), _Axes()
     mark_decisions(a1, a2, decisions + [_decision("ehp_join", 3, 30.0, "h/cpu2")])
-    assert [x for x, _ in a1.lines] == [2, 2, 3, 3] and [x for x, _ in a2.lines] == [11.0, 11.5, 25.0, 30.0]
+    assert [x for x, _ in a1.lines] == pytest.approx([2, 2.1, 3, 3.1]) and [x for x, _ in a2.lines] == [11.0, 11.5, 25.0, 30.0]
     assert [lab for _, lab in a2.lines] == ["ehp_join", "role_switch", "ehp_leave", None]  # one legend entry each
     assert a2.spans == [(11.0, 25.0), (30.0, 40.0)]  # a borrow still held at the end runs to the axis' end
     assert ehp_bands([_decision("ehp_leave", 2, 5.0)]) == []
