@@ -196,9 +196,19 @@ def _eval_lines(ev: dict) -> list[str]:
     return [f"{head}step {first['step']}: {cell(first)}; step {last['step']}: {cell(last)}"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m libra", description="Libra: resource manager and runtime "
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("libra")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def build_parser(prog: str = "libra") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Libra: resource manager and runtime "
                                 "for agentic RL post-training.")
+    p.add_argument("--version", action="version", version=f"libra {_version()}")
     p.add_argument("--log-level", default=None, help="debug|info|warning|error")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, text) in DELEGATES.items():
@@ -259,16 +269,40 @@ DELEGATES: dict[str, tuple[str, str]] = {
 }
 
 
-def _delegate(module: str, argv: list[str]) -> int:
+def _delegate(module: str, argv: list[str], prog: str) -> int:
     import importlib
 
-    return int(importlib.import_module(module).main(argv) or 0)
+    return int(importlib.import_module(module).main(argv, prog=prog) or 0)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _bad_broker(command: str, address: str | None) -> int | None:
+    """2, with one line saying why, when ``--broker`` is not an address a client can connect to."""
+    from libra.client.errors import BadAddress
+    from libra.endpoints import parse_endpoint
+
+    try:
+        if address is not None:
+            parse_endpoint(address)
+    except BadAddress as exc:
+        print(f"libra {command}: {exc}", file=sys.stderr)
+        return 2
+    return None
+
+
+def main(argv: list[str] | None = None, prog: str = "libra") -> int:
+    """The ``libra`` console script; ``python -m libra`` passes ``prog="python -m libra"`` (usage lines
+    say how the command was run). Output cut short by its reader (``libra bench --list | head``) is not a
+    failure: the rest is dropped quietly and the exit status stays 0."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in DELEGATES:
-        return _delegate(DELEGATES[argv[0]][0], argv[1:])
-    args = build_parser().parse_args(argv)
-    configure(args.log_level or "warning")
-    return int(args.fn(args))
+    try:
+        if argv and argv[0] in DELEGATES:
+            return _delegate(DELEGATES[argv[0]][0], argv[1:], f"{prog} {argv[0]}")
+        args = build_parser(prog).parse_args(argv)
+        configure(args.log_level or "warning")
+        bad = _bad_broker(args.command, getattr(args, "broker", None))
+        return bad if bad is not None else int(args.fn(args))
+    except BrokenPipeError:
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
+        return 0

@@ -134,6 +134,8 @@ def _tcp_problem(rest: str, role: str) -> tuple[str, str | None]:
         return "it has no port", f"tcp://{host}:{DEFAULT_PORT}"
     if role == "bind" and port in ("*", "0"):
         return "", None  # any free port
+    if role == "connect" and host == "*":
+        return "'*' (every interface) is for a bind: connect to the broker's host", f"tcp://127.0.0.1:{port}"
     if not port.isdigit() or not 0 < int(port) < 65536:
         return f"its port {port!r} is not a number from 1 to 65535", f"tcp://{host}:{DEFAULT_PORT}"
     return "", None

@@ -11,6 +11,7 @@ import signal
 import socket
 import sys
 
+from libra.endpoints import parse_endpoint
 from libra.logging import configure, get_logger
 
 from libra.engines.device import DTYPE_ENV, ENGINES_PER_GPU_ENV, MEMORY_FRACTION_ENV, NODE_GPUS_ENV, parse_dtype
@@ -19,9 +20,9 @@ from .slots import place_gpu_roles, resolve_slots
 from .supervisor import Supervisor
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m libra.actors") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m libra.actors",
+        prog=prog,
         description="Start and supervise one Libra actor process per GPU and CPU slot on this host.",
     )
     p.add_argument("--broker", required=True, help="broker endpoint, e.g. tcp://10.0.0.1:5555")
@@ -132,11 +133,13 @@ def gpu_layout(gpu_roles: list[str] | None, gpu_slots: list[str], n_gpus: int, g
             {s: {} for s in gpu_slots}, [], f"{len(gpu_slots)} GPU slot(s) as {gpu_role}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """``prog``: how the usage line names the command (``libra actors`` when run through ``libra``)."""
+    args = build_parser(*([prog] if prog else [])).parse_args(argv)
     configure(args.log_level, cache=True)
     log = get_logger("libra.actors")
     try:
+        parse_endpoint(args.broker)  # BadAddress (a ValueError): said once here, not by every slot in a loop
         parse_dtype(args.dtype)
         if not 0.0 <= args.gpu_memory_fraction <= 1.0:
             raise ValueError(f"--gpu-memory-fraction must be within [0, 1], got {args.gpu_memory_fraction}")

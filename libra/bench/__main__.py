@@ -38,10 +38,11 @@ BENCHMARKS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m libra.bench") -> int:
+    """``prog``: how the usage line names the command (``libra bench`` when run through ``libra``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "--list"):
-        print("usage: python -m libra.bench NAME [--help]\n\nbenchmarks:")
+        print(f"usage: {prog} NAME [--help]\n\nbenchmarks:")
         for name, (_, what) in BENCHMARKS.items():
             print(f"  {name:<16} {what}")
         return 0

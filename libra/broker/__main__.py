@@ -7,6 +7,7 @@ import dataclasses
 import sys
 
 from libra import sdnotify
+from libra.endpoints import address_problem
 from libra.config import ConfigError, from_mapping, load_section
 from libra.keys import KeyFileError
 from libra.logging import configure, get_logger
@@ -16,9 +17,9 @@ from .config import BrokerConfig
 from .server import BrokerServer
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m libra.broker") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m libra.broker",
+        prog=prog,
         description="Run the Libra broker: actors and clients connect to its one ROUTER endpoint.",
     )
     p.add_argument("--bind", default="tcp://127.0.0.1:5555",
@@ -55,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """``prog``: how the usage line names the command (``libra broker`` when run through ``libra``)."""
+    args = build_parser(*([prog] if prog else [])).parse_args(argv)
     configure(args.log_level, cache=True)
     log = get_logger("libra.broker")
     try:
@@ -69,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
             config = from_mapping(BrokerConfig, {**dataclasses.asdict(config), **overrides}, "command line")
     except ConfigError as exc:
         print(f"libra.broker: {exc}", file=sys.stderr)
+        return 2
+    problem = address_problem(args.bind, "bind")  # a missing scheme is said as such, before the CURVE check
+    if problem is not None:
+        print(f"libra.broker: {problem}", file=sys.stderr)
         return 2
     try:
         # systemd Type=notify: READY once bound and serving (a no-op outside systemd)

@@ -128,8 +128,9 @@ def add_parser(sub: Any) -> None:
     """Register ``plan`` on the ``python -m libra`` subparsers."""
     from libra.policies.planner.allocators import ALLOCATORS
 
+    intro = " ".join(__doc__.split("\n\n")[0].split()).split(": ", 1)[1]  # the first paragraph, whole
     p = sub.add_parser("plan", help="what the Global Resource Planner would deploy for a logged workload",
-                       description=__doc__.splitlines()[0].split(": ", 1)[1])
+                       description=intro[0].upper() + intro[1:], epilog=" ".join(__doc__.split("\n\n")[-1].split()))
     p.add_argument("--trace", required=True, help="trajectories in the trace format (JSON Lines)")
     p.add_argument("--gpus", type=_positive, required=True, help="GPUs in the cluster")
     p.add_argument("--allocation", default="grp", choices=ALLOCATORS, help="allocator (default %(default)s)")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import uuid
 from typing import Any
 
@@ -35,8 +36,8 @@ __all__ = ["build_parser", "main", "make_opener", "stop_token_ids"]
 SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "max_total_tokens", "timeout_s")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="libra serve", description="Serve an OpenAI-compatible endpoint "
+def build_parser(prog: str = "libra serve") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Serve an OpenAI-compatible endpoint "
                                 "(/v1/chat/completions, /v1/completions, /v1/trajectories) whose turns run "
                                 "on a running Libra cluster, recording the exact sampled token ids.")
     p.add_argument("--broker", required=True, help="broker endpoint, e.g. tcp://127.0.0.1:5555")
@@ -99,10 +100,15 @@ async def serve(args: argparse.Namespace) -> None:
         await client.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """``prog``: how the usage line names the command (``libra serve`` or ``python -m libra serve``)."""
+    args = build_parser(*([prog] if prog else [])).parse_args(argv)
+    from libra.endpoints import address_problem
     from libra.logging import configure
 
+    if (problem := address_problem(args.broker)) is not None:  # one line, not a traceback from the client
+        print(f"libra serve: {problem}", file=sys.stderr)
+        return 2
     configure(args.log_level)
     try:
         asyncio.run(serve(args))

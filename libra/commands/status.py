@@ -25,6 +25,7 @@ def format_status(actors: list[dict], queues: dict[str, int], stats: dict) -> st
         lines += ["", *gpu]
     lines.append("")
     lines.append(_counters(stats))
+    lines += detail_lines(stats)
     planner = stats.get("planner")
     if isinstance(planner, dict):
         lines += ["", planner_line(planner)]
@@ -52,7 +53,46 @@ def tools_of(actor: dict) -> str:
 
 
 def _counters(stats: dict) -> str:
-    return "  ".join(f"{k}={v}" for k, v in stats.items() if v and k != "planner")
+    """The plain counters on one line; the nested tables (router, jobs, leases, actions, planner) have
+    their own lines (:func:`detail_lines`, :func:`planner_line`)."""
+    return "  ".join(f"{k}={v}" for k, v in stats.items() if v and not isinstance(v, (dict, list)))
+
+
+def _pairs(d: dict) -> str:
+    """``a=1, b=2`` for a dict; a nested dict in parentheses, a list by its length; floats to 3 digits."""
+    def cell(v: Any) -> str:
+        if isinstance(v, dict):
+            return f"({_pairs(v)})" if v else "-"
+        if isinstance(v, list):
+            return f"{len(v)} item(s)"
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    return ", ".join(f"{k}={cell(v)}" for k, v in d.items())
+
+
+def detail_lines(stats: dict) -> list[str]:
+    """Readable lines for the nested parts of the broker's stats (never a raw Python dict): the rollout
+    router, each job, the action scheduler and the direct leases (summed)."""
+    out: list[str] = []
+    router = stats.get("router")
+    if isinstance(router, dict):
+        rest = {k: v for k, v in router.items() if k != "router"}
+        out.append(f"ROUTER {router.get('router', '?')}: {_pairs(rest) or '-'}")
+    for name, job in (stats.get("jobs") or {}).items():
+        out.append(f"JOB {name}: {_pairs(job) if isinstance(job, dict) else job}")
+    actions = stats.get("actions")
+    if isinstance(actions, dict):
+        cores = [c for c in (actions.get("cores") or {}).values() if isinstance(c, dict)]
+        free, total = sum(int(c.get("free", 0)) for c in cores), sum(int(c.get("cores", 0)) for c in cores)
+        policy = actions.get("scheduler") or "first come first served"
+        out.append(f"ACTIONS {policy}: running={actions.get('running', 0)}, "
+                   f"cores free={free}/{total} on {len(cores)} actor(s), "
+                   f"services={_pairs(actions.get('services') or {}) or '-'}")
+    leases = stats.get("leases")
+    if isinstance(leases, list) and leases:
+        totals = {k: sum(int(x.get(k) or 0) for x in leases if isinstance(x, dict)) for k in ("done", "failed")}
+        out.append(f"DIRECT LEASES {len(leases)}: calls done={totals['done']}, failed={totals['failed']}")
+    return [""] + out if out else []
 
 
 def planner_line(p: dict) -> str:
@@ -117,6 +157,8 @@ def render_watch_rich(actors: list[dict], queues: dict[str, int], stats: dict, *
     if gpu:
         parts.append(Text("\n".join(gpu)))
     parts.append(Text(_counters(stats), style="dim"))
+    if detail_lines(stats):
+        parts.append(Text("\n".join(detail_lines(stats)[1:])))
     if isinstance(stats.get("planner"), dict):
         parts.append(Text(planner_line(stats["planner"])))
     return Group(*parts)

@@ -31,8 +31,8 @@ from libra.sim.workloads import generate
 ACTION_WORKLOADS = ("coding", "mopd", "deepsearch")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.sim", description=__doc__.splitlines()[0])
+def build_parser(prog: str = "python -m libra.sim") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(allow_abbrev=False, prog=prog, description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", choices=sorted(PROFILES) + list(ACTION_WORKLOADS), help="generated workload")
     src.add_argument("--trace", help="replay a JSON Lines trace (docs/trace-format.md format)")
@@ -42,7 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20, help="RL steps (default 20; with --trace: at most this many)")
     p.add_argument("--prompts", type=int, default=None, help="GRPO groups per step (default gpus/16: ~346K tokens per step on r2e)")
     p.add_argument("--group-size", type=int, default=16, help="samples per prompt (default 16)")
-    p.add_argument("--router", default="cmlfq", choices=SIM_ROUTERS)
+    p.add_argument("--router", default="cmlfq", choices=SIM_ROUTERS,
+                   help="rollout router that places generate turns on instances (default cmlfq: Libra's C-MLFQ; "
+                        "cmlfq_cost adds its cost model; the others are baselines: round_robin, least_loaded, "
+                        "length_aware, la_mlfq, and predictor / oracle / noisy_predictor, which route by a "
+                        "predicted, the true or a noisy length)")
     p.add_argument("--allocation", default="hetero", choices=ALLOCATIONS,
                    help="static: static_uniform, hetero, colocated; planner-driven: grp_homogeneous, grp, "
                         "grp_ehp (GRP + Elastic Hybrid Pool), static_best, greedy (default hetero)")
@@ -67,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cap-metric", default="load", choices=("queued", "load"),
                    help="router's per-instance room test: queued turns, or active + queued (default load: Libra's rule, active + queued < cap, as in `python -m libra.bench routing`)")
     p.add_argument("--max-queue-length", type=int, default=3, help="router's per-instance cap (default 3)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed of the generated workload and the simulator (default 0): the same seed "
+                        "gives the same result")
     p.add_argument("--per-step", action="store_true",
                    help="also report each step: mean trajectory length, rollout and training seconds and their "
                         "ratio (which stage is the bottleneck as lengths drift)")
@@ -84,8 +90,9 @@ def _delegate(args: argparse.Namespace, extra: list[str]) -> int:
     return int(actions_sim.main(argv) or 0)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = build_parser()
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """``prog``: how the usage line names the command (``libra sim`` when run through ``libra``)."""
+    p = build_parser(*([prog] if prog else []))
     args, extra = p.parse_known_args(argv)
     if args.workload in ACTION_WORKLOADS:
         return _delegate(args, extra)
