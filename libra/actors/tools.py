@@ -305,6 +305,14 @@ class SandboxAccess:
                                            f"(known: {', '.join(sorted(self._tools)) or 'none on this actor'})")
         return fn(args, self._ctx)
 
+    def release_finished(self) -> None:
+        """Hand the route's finished trajectories (``ActionRoute.release``) to the sandbox pool, as the built-in
+        code tools do before they run (the broker sends them with sandbox calls only, this one included)."""
+        fn = next(iter(self._tools.values()), None)
+        release = getattr(fn, "release_finished", None)
+        if release is not None:
+            release(self._ctx.route)
+
 
 def _bind(t: Tool, code_tools: dict[str, Handler]) -> Handler:
     fn, cores, sandboxed = t.fn, t.cores, t.sandboxed
@@ -314,6 +322,7 @@ def _bind(t: Tool, code_tools: dict[str, Handler]) -> Handler:
             ctx.cores = cores
         if sandboxed:
             ctx.sandbox = SandboxAccess(code_tools, ctx)
+            ctx.sandbox.release_finished()
         return fn(args, ctx)
 
     handler.inline = t.inline  # type: ignore[attr-defined]

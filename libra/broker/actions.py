@@ -15,7 +15,8 @@ With ``BrokerConfig.action_scheduler`` set (``tangram``, ``fixed_dop``, ``per_tr
    fits, inside one NUMA node if possible, on the actor left with the fewest free cores; a grant that fits
    no single actor shrinks to the widest free actor (elastic DoP) or stays queued. The grant travels in
    ``Assign.route`` (:class:`~libra.protocol.payloads_actions.ActionRoute`: ``cores`` and, when the actor
-   reported its CPUs, the exact ``core_ids`` its sandbox pins to).
+   reported its CPUs, the exact ``core_ids`` its sandbox pins to; for a sandbox tool call, ``release``: the
+   finished trajectories whose sandboxes that actor should retire, see ``sandbox_release.py``).
 
 Tool declarations (``BrokerConfig.tools``) give each tool its demand and elasticity:
 ``{"pytest": {"cpu": 1, "max_cpu": 8, "parallel_fraction": 0.7, "duration_s": 2.0}}``. Undeclared tools
@@ -57,6 +58,7 @@ from libra.protocol.payloads_base import PayloadError
 
 from .core_pools import CorePools
 from .service_pools import ServicePools, service_specs
+from .sandbox_release import SANDBOX_TOOLS, SandboxReleases
 from .sessions import ActorSession
 from .work import Work
 
@@ -118,6 +120,8 @@ class ActionPlacement:
         self._home: OrderedDict[str, str] = OrderedDict()  # trajectory -> actor id of its sandbox
         self.declared: dict[str, ToolDecl] = {}  # user tools as the action actors declared them
         self._declared_by: dict[bytes, ActorSession] = {}  # sessions whose declarations were read
+        self.releases = SandboxReleases()  # which actor holds which trajectory's sandbox; what each must release
+        self.sandboxed = set(SANDBOX_TOOLS)  # tools whose calls run in the trajectory's sandbox
 
     def learn_declarations(self, actors: Sequence[ActorSession]) -> None:
         """Read the user-tool declarations of every session not read yet (see the module docstring)."""
@@ -131,6 +135,8 @@ class ActionPlacement:
                 self.cores.unparsed.append((s.actor_id, str(exc)))
                 continue
             for name, d in decls.items():
+                if d.sandboxed:
+                    self.sandboxed.add(name)
                 if name in self.tools:
                     continue
                 self.declared[name] = ToolDecl(cpu=d.cores, max_cpu=d.cores, gpu_service=d.gpu_service)
@@ -236,7 +242,8 @@ class ActionPlacement:
             sess, ids = pick
             self.cores.take(wid, sess, ids)
             slots[sess.peer] -= 1
-            route = ActionRoute(cores=len(ids), core_ids=list(ids) if self.cores.real_ids(sess) else None)
+            route = ActionRoute(cores=len(ids), core_ids=list(ids) if self.cores.real_ids(sess) else None,
+                                release=self.releases.take(sess.actor_id) if w.name in self.sandboxed else None)
             out.append((wid, sess, route.to_wire()))
         return out
 
@@ -260,6 +267,8 @@ class ActionPlacement:
         sess.cores_used += cores
         self.started(w.work_id, cores, now)
         if w.trajectory:
+            if w.name in self.sandboxed:
+                self.releases.ran(w.trajectory, sess.actor_id)
             self._home[w.trajectory] = sess.actor_id
             self._home.move_to_end(w.trajectory)
             if len(self._home) > HOMES:
@@ -293,3 +302,4 @@ class ActionPlacement:
     def trajectory_finished(self, trajectory: str, now: float) -> None:
         self.scheduler.trajectory_finished(trajectory, now)
         self._home.pop(trajectory, None)
+        self.releases.finished(trajectory)  # its sandboxes: released with the next sandbox call on their actors

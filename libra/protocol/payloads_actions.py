@@ -89,14 +89,16 @@ class ServiceRoute(Payload, frozen=True, kw_only=True):
 class ActionRoute(Payload, frozen=True, kw_only=True):
     """``Assign.route`` of an ``action`` placed by the broker's action scheduler: the cores granted (the
     degree of parallelism), the exact CPU ids when the actor reported its CPUs, and for a GPU-service call
-    the :class:`ServiceRoute`."""
+    the :class:`ServiceRoute`. ``release``: trajectories that ended whose sandboxes this actor holds (the
+    broker's ``sandbox_release``): the actor retires them; carried by sandbox tool calls only."""
 
     WHAT = "action route"
-    OMIT_DEFAULT = ("core_ids", "service")
+    OMIT_DEFAULT = ("core_ids", "service", "release")
 
     cores: Annotated[int, msgspec.Meta(ge=1)] = 1
     core_ids: list[Count] | None = None
     service: ServiceRoute | None = None
+    release: list[Annotated[str, msgspec.Meta(min_length=1)]] | None = None
 
 
 class ToolDeclaration(Payload, frozen=True, kw_only=True):

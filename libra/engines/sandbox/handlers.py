@@ -30,16 +30,27 @@ def sandbox_tools(*, allow_unisolated: bool = False, pool: Any = None, **pool_op
     the action when ``ctx.cancelled`` is set, and raises ``ToolError(code, message)`` for every
     :class:`SandboxError` (``denied`` becomes ``bad_request``). The pool (one per actor process) is
     created here unless given, so a host without bubblewrap fails now with :class:`SandboxUnavailable`;
-    it is closed at interpreter exit. ``pool_options`` go to :class:`SandboxPool`."""
+    it is closed at interpreter exit. ``pool_options`` go to :class:`SandboxPool`.
+
+    Before running, a handler hands the route's ``release`` (trajectories that ended whose sandboxes this actor
+    holds, sent by the broker: ``libra.broker.sandbox_release``) to ``pool.finished``, which retires them in the
+    background; each handler's ``release_finished(route)`` does only that (for a sandboxed user tool)."""
 
     if pool is None:
         pool = SandboxPool(allow_unisolated=allow_unisolated, **pool_options)
         atexit.register(pool.close)
 
+    def release_finished(route: Any) -> None:
+        done = route.get("release") if isinstance(route, Mapping) else None
+        if isinstance(done, list) and done:
+            pool.finished([t for t in done if isinstance(t, str) and t])
+
     def make(name: str) -> Callable[[Any, Any], Any]:
         def handler(args: Any, ctx: Any) -> Any:
             cores = getattr(ctx, "cores", 1)
-            core_ids = (getattr(ctx, "route", None) or {}).get("core_ids")  # the broker's exact cores
+            route = getattr(ctx, "route", None) or {}
+            release_finished(route)
+            core_ids = route.get("core_ids")  # the broker's exact cores
             if isinstance(args, Mapping) and "cores" in args:
                 args = dict(args)
                 cores, core_ids = args.pop("cores"), None
@@ -61,6 +72,7 @@ def sandbox_tools(*, allow_unisolated: bool = False, pool: Any = None, **pool_op
 
         handler.__name__ = handler.__qualname__ = f"sandbox_{name}"
         handler.__doc__ = f"Run the sandboxed {name!r} tool (see libra.engines.sandbox.tools)."
+        handler.release_finished = release_finished  # type: ignore[attr-defined]
         return handler
 
     return {name: make(name) for name in sorted(TOOLS)}

@@ -14,15 +14,19 @@ Public API::
 
     pool = SandboxPool(warm=2, max_sandboxes=16, limits=SandboxLimits(timeout_s=30))
     out = pool.run("traj-1", "python", {"code": "print(1)"}, cores=2)   # {"stdout", "stderr", ...}
+    pool.finished(["traj-1"])   # the trajectory ended: its sandbox is retired in the background
     pool.release("traj-1"); pool.isolation_report(); pool.stats(); pool.close()
 
 Contracts:
 
 - ``run`` is safe to call from many threads at once. Actions of one trajectory run one at a time, in
   arrival order of the lock; actions of different trajectories run in parallel.
-- A trajectory's workspace lives until ``release(trajectory)``, until it has been idle ``ttl_s``, or until
-  its slot is reclaimed for a new trajectory when all ``max_sandboxes`` slots are bound (least recently
-  used idle one first; its state is then lost, and ``sandbox_evicted`` is logged).
+- A trajectory's workspace lives until ``release(trajectory)``, until ``finished([trajectory])`` (the
+  actor learns it from the broker: a finished trajectory's ids ride on the next action placed on this actor,
+  ``ActionRoute.release``) and it is idle, until it has been idle ``ttl_s``, or until its slot is reclaimed
+  for a new trajectory when all ``max_sandboxes`` slots are bound: a finished trajectory's idle slot first
+  (``sandbox_evicted`` at info, ``reason="trajectory_finished"``), else the least recently used idle one (its
+  state is then lost: ``sandbox_evicted`` is a warning, ``reason="all_bound"``).
 - After every action the zygote kills every process the action left behind: no background process
   survives an action, so an idle sandbox uses no CPU.
 - ``warm`` sandboxes are started ahead of time (workspace created, bwrap namespaces set up, zygote
@@ -32,12 +36,7 @@ Contracts:
   (NOT safe for untrusted code; ``RLIMIT_NPROC`` then counts every process of the pool's user), and
   :meth:`isolation_report` says so. A bwrap that exists but cannot create namespaces also raises it.
 
-Why a zygote: starting ``bwrap`` costs a few milliseconds per call (namespaces, mounts) on top of the
-interpreter's own start. The zygote pays that once per sandbox; per action it only forks, drops to the
-sandbox uid, applies limits and execs the tool, so a warm action costs about as much as a bare
-``subprocess.run`` of the same command. ``python -m libra.bench sandbox`` measures warm, bare and
-one-shot bwrap side by side. Actions are a fresh ``execve`` (not code run inside the forked zygote) so
-their semantics are exactly those of ``python -c``.
+Why a zygote: see :mod:`~libra.engines.sandbox.slot`.
 """
 
 from __future__ import annotations
@@ -56,39 +55,19 @@ from typing import Any, Self
 
 from libra.engines.sandbox.cgroup import setup_cgroup
 from libra.engines.sandbox.cores import CoreAllocator, read_numa_nodes
-from libra.engines.sandbox.errors import (
-    SandboxBusy,
-    SandboxCancelled,
-    SandboxCrashed,
-    SandboxDenied,
-    SandboxError,
-    SandboxLimits,
-    SandboxMemoryExceeded,
-    SandboxOutputLimit,
-    SandboxTimeout,
-    SandboxUnavailable,
-)
+from libra.engines.sandbox.errors import (SandboxBusy, SandboxCancelled, SandboxCrashed, SandboxDenied, SandboxError,
+                                         SandboxLimits, SandboxMemoryExceeded, SandboxOutputLimit, SandboxTimeout,
+                                         SandboxUnavailable)
 from libra.engines.sandbox.isolation import WORKSPACE_MOUNT
 from libra.engines.sandbox.outcome import interpret_outcome
 from libra.engines.sandbox.pool_isolation import MAX_SLOTS, PoolIsolation, isolation_report
 from libra.engines.sandbox.proc import RawOutcome, ZygoteGone, wipe_tree
-from libra.engines.sandbox.slot import Slot, start_zygote
+from libra.engines.sandbox.slot import Slot, root_prefix, start_zygote
 from libra.engines.sandbox.tools import ToolCall, ToolContext, get_tool, xdist_available
 from libra.logging import get_logger
 
-__all__ = [
-    "SandboxBusy",
-    "SandboxCancelled",
-    "SandboxCrashed",
-    "SandboxDenied",
-    "SandboxError",
-    "SandboxLimits",
-    "SandboxMemoryExceeded",
-    "SandboxOutputLimit",
-    "SandboxPool",
-    "SandboxTimeout",
-    "SandboxUnavailable",
-]
+__all__ = ["SandboxBusy", "SandboxCancelled", "SandboxCrashed", "SandboxDenied", "SandboxError", "SandboxLimits",
+           "SandboxMemoryExceeded", "SandboxOutputLimit", "SandboxPool", "SandboxTimeout", "SandboxUnavailable"]
 
 log = get_logger("sandbox")
 
@@ -131,7 +110,7 @@ class SandboxPool:
         self._mode, self._privileged, self._uid_base = self._iso.mode, self._iso.privileged, self._iso.uid_base
         self._init_cpu(cpu_ids, cpu_control)
         self._owns_root = root_dir is None
-        self._root = Path(root_dir) if root_dir is not None else Path(tempfile.mkdtemp(prefix="libra-sandbox-"))
+        self._root = Path(root_dir) if root_dir is not None else Path(tempfile.mkdtemp(prefix=root_prefix()))
         self._root.mkdir(parents=True, exist_ok=True)
         os.chmod(self._root, 0o700)
         self._xdist = xdist_available(self._python)
@@ -143,7 +122,8 @@ class SandboxPool:
         self._warm: deque[Slot] = deque()
         self._spawn_q: deque[tuple[Slot, bool, Future[None]]] = deque()
         self._closed = False
-        self._counters = {"actions": 0, "spawns": 0, "respawns": 0, "evictions": 0, "expired": 0}
+        self._finishing = False  # a finished trajectory's sandbox may wait to be retired
+        self._counters = {"actions": 0, "spawns": 0, "respawns": 0, "evictions": 0, "expired": 0, "finished": 0}
         self._warm_failures = 0
         self._probed = False
         self._spawner = threading.Thread(target=self._spawner_loop, name="libra-sandbox-spawner", daemon=True)
@@ -216,9 +196,12 @@ class SandboxPool:
                     outcome = self._execute(slot, call, n_cores, core_ids, cancel)
                     return interpret_outcome(tool, call, outcome, self.limits)
             finally:
-                with self._lock:
+                with self._cv:
                     slot.busy -= 1
                     slot.last_used = self._clock()
+                    if slot.finished and not slot.busy:
+                        self._finishing = True
+                        self._cv.notify_all()
 
     def release(self, trajectory: str) -> bool:
         """Destroy ``trajectory``'s sandbox and workspace (waits for its running action); False if none."""
@@ -230,6 +213,22 @@ class SandboxPool:
         self._retire(slot)
         log.debug("sandbox_released", trajectory=trajectory, slot=slot.index)
         return True
+
+    def finished(self, trajectories: Iterable[str]) -> int:
+        """The ``trajectories`` ended: their sandboxes are retired by the pool's own thread as soon as they are
+        idle (no wait here), and until then are the first taken over when every slot is bound. Unknown ids are
+        ignored. Returns how many bound sandboxes were marked."""
+        marked = 0
+        with self._cv:
+            for trajectory in trajectories:
+                slot = self._by_traj.get(trajectory) if isinstance(trajectory, str) else None
+                if slot is not None and not slot.finished:
+                    slot.finished = True
+                    marked += 1
+            if marked:
+                self._finishing = True
+                self._cv.notify_all()
+        return marked
 
     def isolation_report(self) -> dict[str, Any]:
         """Which isolation mechanisms are active, for the actor to log and report."""
@@ -301,27 +300,39 @@ class SandboxPool:
             if self._closed:
                 raise SandboxError("the sandbox pool is closed")
             slot = self._by_traj.get(trajectory)
-            if slot is None:
+            if slot is not None:
+                slot.finished = False  # a call after its end: the trajectory is evidently still going
+            else:
                 slot = self._warm.popleft() if self._warm else None
                 if slot is None and self._free:
                     slot = self._new_slot_locked()
                 if slot is None:
-                    idle = [s for s in self._by_traj.values() if s.busy == 0]
-                    if not idle:
-                        raise SandboxBusy(f"all {self._max} sandboxes are running actions; retry later")
-                    victim = min(idle, key=lambda s: s.last_used)
-                    del self._by_traj[victim.trajectory]  # type: ignore[arg-type]
-                    log.warning("sandbox_evicted", trajectory=victim.trajectory, slot=victim.index)
-                    victim.trajectory = None
-                    self._counters["evictions"] += 1
-                    slot = victim  # same index and workspace; wiped and restarted before use
-                    slot.needs_wipe = True
+                    slot = self._evict_locked()  # same index and workspace; wiped and restarted before use
                 slot.trajectory = trajectory
                 self._by_traj[trajectory] = slot
                 self._cv.notify_all()  # the spawner may top up the warm set
             slot.busy += 1
             slot.last_used = self._clock()
             return slot
+
+    def _evict_locked(self) -> Slot:
+        """Unbind an idle slot for a new trajectory: a finished trajectory's first (its state is not needed: info),
+        else the least recently used one (its trajectory loses its workspace: a warning)."""
+        idle = [s for s in self._by_traj.values() if s.busy == 0]
+        if not idle:
+            raise SandboxBusy(f"all {self._max} sandboxes are running actions; retry later")
+        victim = min(idle, key=lambda s: (not s.finished, s.last_used))
+        del self._by_traj[victim.trajectory]  # type: ignore[arg-type]
+        if victim.finished:
+            log.info("sandbox_evicted", trajectory=victim.trajectory, slot=victim.index, reason="trajectory_finished")
+            self._counters["finished"] += 1
+        else:
+            log.warning("sandbox_evicted", trajectory=victim.trajectory, slot=victim.index, reason="all_bound",
+                        detail=f"all {self._max} sandboxes were bound to live trajectories: the least recently "
+                               "used idle one lost its workspace")
+            self._counters["evictions"] += 1
+        victim.trajectory, victim.finished, victim.needs_wipe = None, False, True
+        return victim
 
     def _execute(self, slot: Slot, call: ToolCall, n_cores: int, core_ids: Sequence[int] | None,
                  cancel: threading.Event | None) -> RawOutcome:
@@ -410,7 +421,7 @@ class SandboxPool:
         while True:
             with self._cv:
                 while not self._closed and not self._spawn_q and not self._needs_warm_locked():
-                    if self._clock() >= next_reap:
+                    if self._clock() >= next_reap or self._finishing:
                         break
                     self._cv.wait(timeout=1.0)
                 if self._closed:
@@ -429,6 +440,8 @@ class SandboxPool:
                     fut.set_result(None)
             elif warm_slot is not None:
                 self._start_warm(warm_slot)
+            if self._finishing:
+                self._retire_finished()
             if self._clock() >= next_reap:
                 self._reap_expired()
                 next_reap = self._clock() + 1.0
@@ -454,6 +467,20 @@ class SandboxPool:
                 slot.proc.kill()  # type: ignore[union-attr]
             else:
                 self._warm.append(slot)
+
+    def _retire_finished(self) -> None:
+        """On the spawner thread: retire the idle sandboxes of finished trajectories (busy ones on a later pass:
+        ``run`` sets ``_finishing`` again when it lets go of one)."""
+        with self._cv:
+            self._finishing = False
+            done = [(s, s.trajectory) for s in self._by_traj.values() if s.finished and s.busy == 0]
+            for s, trajectory in done:
+                del self._by_traj[trajectory]  # type: ignore[arg-type]
+                s.trajectory, s.finished = None, False
+                self._counters["finished"] += 1
+        for s, trajectory in done:
+            log.debug("sandbox_released", trajectory=trajectory, slot=s.index, reason="trajectory_finished")
+            self._retire(s)
 
     def _reap_expired(self) -> None:
         now = self._clock()

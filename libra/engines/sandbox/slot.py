@@ -5,11 +5,23 @@ as (privileged bwrap only), its zygote process and the trajectory bound to it. :
 (re)creates the workspace and starts the slot's zygote, inside bubblewrap or as a plain process group,
 and puts it in the slot's cgroup when the pool has one. The pool calls it from its spawner thread only
 (a bwrap sandbox dies with the thread that started it).
+
+Why a zygote: starting ``bwrap`` costs a few milliseconds per call (namespaces, mounts) on top of the
+interpreter's own start. The zygote pays that once per sandbox; per action it only forks, drops to the
+sandbox uid, applies limits and execs the tool, so a warm action costs about as much as a bare
+``subprocess.run`` of the same command. ``python -m libra.bench sandbox`` measures warm, bare and
+one-shot bwrap side by side. Actions are a fresh ``execve`` (not code run inside the forked zygote) so
+their semantics are exactly those of ``python -c``.
+
+A pool's own root directory is ``<tmp>/libra-sandbox-<pid>-XXXX`` (:func:`root_prefix`): the pid of the actor
+process that made it, so a supervisor that reaps a killed actor removes what the actor could not
+(:func:`sweep_roots_of`).
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +52,27 @@ class Slot:
     last_used: float = 0.0
     actions: int = 0
     needs_wipe: bool = False  # taken over from an evicted trajectory: wipe and restart before use
+    finished: bool = False  # its trajectory ended (the broker said so): retired once idle, or taken over first
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+ROOT_PREFIX = "libra-sandbox-"
+
+
+def root_prefix(pid: int | None = None) -> str:
+    """The name prefix of the root directory a pool of process ``pid`` (default: this one) creates."""
+    return f"{ROOT_PREFIX}{os.getpid() if pid is None else pid}-"
+
+
+def sweep_roots_of(pid: int, tmp_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Remove the pool roots process ``pid`` left in ``tmp_dir`` (default: the temp directory); call it only
+    once ``pid`` is dead (a live pool's sandboxes would lose their workspaces). Returns what was removed."""
+    removed = []
+    for path in sorted(Path(tmp_dir or tempfile.gettempdir()).glob(root_prefix(pid) + "*")):
+        if path.is_dir() and not path.is_symlink():
+            wipe_tree(path)
+            removed.append(path)
+    return removed
 
 
 def start_zygote(slot: Slot, iso: PoolIsolation, *, python: str, limits: SandboxLimits, cgroup: CgroupV2 | None,
