@@ -296,11 +296,14 @@ def main(argv: list[str] | None = None, prog: str = "libra") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in DELEGATES:
-            return _delegate(DELEGATES[argv[0]][0], argv[1:], f"{prog} {argv[0]}")
-        args = build_parser(prog).parse_args(argv)
-        configure(args.log_level or "warning")
-        bad = _bad_broker(args.command, getattr(args, "broker", None))
-        return bad if bad is not None else int(args.fn(args))
+            rc = _delegate(DELEGATES[argv[0]][0], argv[1:], f"{prog} {argv[0]}")
+        else:
+            args = build_parser(prog).parse_args(argv)
+            configure(args.log_level or "warning")
+            bad = _bad_broker(args.command, getattr(args, "broker", None))
+            rc = bad if bad is not None else int(args.fn(args))
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return rc
     except BrokenPipeError:
         import os
 
