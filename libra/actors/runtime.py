@@ -1,9 +1,8 @@
 """The actor's I/O shell: one DEALER socket to the broker, work on threads, decisions in ``ActorState``.
 
-The socket thread polls the broker socket and a wake pipe. Work runs on a thread pool; a finished
-piece of work is put on a queue and the pipe is written, so the socket thread (the only one that
-touches the socket) sends the result. Engine reconfiguration for a directive also runs off the
-socket thread, so heartbeats keep flowing while an engine switches roles.
+The socket thread polls the broker socket and a wake pipe. Work runs on a thread pool; a finished piece of work
+is put on a queue and the pipe is written, so the socket thread (the only one that touches the socket) sends the
+result. Engine reconfiguration for a directive also runs off the socket thread, so heartbeats keep flowing.
 
 ``python -m libra.actors.runtime --broker URL --slot cpu0`` runs one slot (the supervisor,
 ``python -m libra.actors``, starts one such process per slot).
@@ -39,6 +38,7 @@ from libra.zmqio import NOBLOCK, recv_ready, send_frames
 
 from .state import (ActorIdentity, ActorState, CancelWork, Connect, Note, Received, Reconfigure,
                     Reconfigured, SendMsg, Start, StartWork, Stop, Tick, WorkDone)
+from .diagnose import log_note
 from .direct import DirectLeaseTable, bind_direct
 from .slots import runtime_cuda_env
 from .tools import Handler, ToolError, ToolLoadError, WorkContext, action_slot_tools, handlers_for_tools
@@ -127,8 +127,8 @@ class ActorRuntime:
                 self._reconnect()
             elif t is Reconfigure:
                 self._pool.submit(self._run_reconfigure, c)
-            elif t is Note:
-                getattr(self.log, c.level, self.log.info)(c.event, **c.fields)
+            elif t is Note:  # logged; an unanswered hello also gets the likely causes, once (diagnose.py)
+                log_note(self, c)
 
     def _flush(self) -> None:
         msgs, self._outbuf = self._outbuf, []
