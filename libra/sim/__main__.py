@@ -44,9 +44,10 @@ def build_parser(prog: str = "python -m libra.sim") -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=16, help="samples per prompt (default 16)")
     p.add_argument("--router", default="cmlfq", choices=SIM_ROUTERS,
                    help="rollout router that places generate turns on instances (default cmlfq: Libra's C-MLFQ; "
-                        "cmlfq_cost adds its cost model; the others are baselines: round_robin, least_loaded, "
-                        "length_aware, la_mlfq, and predictor / oracle / noisy_predictor, which route by a "
-                        "predicted, the true or a noisy length)")
+                        "cmlfq_cost: its distribution- and cost-based variant; baselines: round_robin, "
+                        "least_loaded, length_aware (by input length), la_mlfq (length-threshold MLFQ), predictor "
+                        "(a learned length guess), oracle (the true length), noisy_predictor (a noisy guess); "
+                        "libra/policies/routing)")
     p.add_argument("--allocation", default="hetero", choices=ALLOCATIONS,
                    help="static: static_uniform, hetero, colocated; planner-driven: grp_homogeneous, grp, "
                         "grp_ehp (GRP + Elastic Hybrid Pool), static_best, greedy (default hetero)")
