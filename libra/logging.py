@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import structlog
 
@@ -23,15 +23,46 @@ _configured = False
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
+#: Where console log lines go instead of stderr while :func:`console_writer` is active (one line, no newline).
+_writer: Callable[[str], None] | None = None
+_pending = ""  # a line written in parts (print writes the message, then its newline)
+
+
 class _Stderr:
     """Writes to whatever ``sys.stderr`` is at write time, not at :func:`configure` time (a test harness or a
-    daemoniser may swap it, and a closed captured stream must not break later log lines)."""
+    daemoniser may swap it, and a closed captured stream must not break later log lines). Inside
+    :func:`console_writer` whole lines go to its writer instead."""
 
     def write(self, text: str) -> int:
-        return sys.stderr.write(text)
+        global _pending
+        writer = _writer
+        if writer is None:
+            return sys.stderr.write(text)
+        _pending += text
+        *lines, _pending = _pending.split("\n")
+        for line in lines:
+            writer(line)
+        return len(text)
 
     def flush(self) -> None:
-        sys.stderr.flush()
+        if _writer is None:
+            sys.stderr.flush()
+
+
+@contextmanager
+def console_writer(write: Callable[[str], None]) -> Iterator[None]:
+    """Send every log line (structlog's and the stdlib's) to ``write`` (one line, without its newline) inside
+    the block instead of to stderr: ``libra run`` passes ``tqdm.write`` while its progress bars are live, so
+    a warning prints above the bars instead of breaking into them. Blocks do not nest: the outer writer
+    comes back when the inner block ends."""
+    global _writer, _pending
+    before, _writer = _writer, write
+    try:
+        yield
+    finally:
+        if _pending and _writer is write:
+            write(_pending)
+        _writer, _pending = before, ""
 
 
 def configure(level: str | None = None, *, json: bool | None = None, cache: bool = False) -> None:

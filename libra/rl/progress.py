@@ -1,0 +1,129 @@
+"""What ``libra run`` shows while a job runs: a step bar and, beside it, the episodes of the step in progress.
+
+:class:`JobProgress` is fed what the driver polls: :meth:`JobProgress.poll` with the broker's
+``episodes_collected`` (finished episodes in groups not yet cut into a batch: the next step's episodes;
+with a policy-lag bound above 0 they may include a later step's, so the count is capped at the step's
+``prompts_per_step x group_size``) and whether a step is training (its episodes are all done: the bar is
+full and says ``training``); :meth:`JobProgress.step` with each step
+record (the step bar advances with reward, accuracy and tokens/s; the episode bar starts over for the next
+step). While the bars are live, console log lines (``libra.logging``) and job notes go through
+``tqdm.write`` above the bars instead of breaking into them. Disabled (``--no-progress``) it draws nothing
+and job notes become ``job_note`` log lines.
+
+:func:`quiet_progress` is what ``--no-progress`` also switches off, for as long as the job runs: transformers'
+progress bars ("Loading weights", GGUF de-quantisation) in this process
+(``transformers.utils.logging.disable_progress_bar()``) and in every process started meanwhile (the broker,
+the supervisor and its actor slots inherit ``HF_HUB_DISABLE_PROGRESS_BARS=1`` and ``TQDM_DISABLE=1``). The
+previous settings come back when the block ends.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from contextlib import contextmanager
+from typing import Any, Iterator, TextIO
+
+from libra.logging import console_writer, get_logger
+
+__all__ = ["QUIET_ENV", "JobProgress", "quiet_progress"]
+
+log = get_logger("libra.rl")
+
+#: What :func:`quiet_progress` puts in the environment of the processes started while it is active.
+QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
+
+
+@contextmanager
+def quiet_progress() -> Iterator[None]:
+    """No progress bars from transformers/huggingface_hub/tqdm here or in processes started inside the block
+    (see the module docstring); restores the environment and transformers' switch afterwards."""
+    saved = {k: os.environ.get(k) for k in QUIET_ENV}
+    os.environ.update(QUIET_ENV)
+    hf_logging: Any = None
+    was_on = False
+    if importlib.util.find_spec("transformers") is not None:
+        from transformers.utils import logging as hf_logging
+
+        was_on = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if hf_logging is not None and was_on:
+            hf_logging.enable_progress_bar()
+
+
+class JobProgress:
+    """The step bar and the per-episode bar of one job (see the module docstring). ``file``: where the bars
+    and routed lines go (default ``sys.stderr``)."""
+
+    def __init__(self, name: str, steps: int, episodes_per_step: int, *, enabled: bool = True,
+                 file: TextIO | None = None) -> None:
+        self.enabled = enabled
+        self.per_step = max(1, episodes_per_step)
+        self.steps_seen = 0
+        self._file = file
+        self._route: Any = None
+        self.steps_bar: Any = None
+        self.episodes_bar: Any = None
+        if enabled:
+            from tqdm import tqdm  # type: ignore[import-untyped]
+
+            out = file if file is not None else sys.stderr
+            self.steps_bar = tqdm(total=steps, desc=f"libra run {name}", unit="step", position=0, file=out,
+                                  mininterval=0)
+            self.episodes_bar = tqdm(total=self.per_step, desc="  episodes of step 1", unit="ep", position=1,
+                                     leave=False, file=out, mininterval=0)
+            self._route = console_writer(self.write)
+            self._route.__enter__()
+
+    def write(self, text: str) -> None:
+        """One line above the live bars (a job note, a routed log line); a ``job_note`` log line without bars."""
+        if not self.enabled:
+            log.warning("job_note", note=text)
+            return
+        from tqdm import tqdm
+
+        tqdm.write(text, file=self._file if self._file is not None else sys.stderr)
+
+    def poll(self, episodes_collected: int, training: bool = False) -> None:
+        """The broker's latest poll: the episodes finished toward the next batch, and whether a step trains."""
+        if self.episodes_bar is None:
+            return
+        # the batch in training holds the step's episodes (all done); else those collected so far
+        self.episodes_bar.n = self.per_step if training else min(self.per_step, max(0, int(episodes_collected)))
+        self.episodes_bar.set_postfix_str("training" if training else "", refresh=False)
+        self.episodes_bar.refresh()
+
+    def step(self, rec: dict[str, Any]) -> None:
+        """A step record arrived: advance the step bar, start the episode bar over for the next step."""
+        self.steps_seen += 1
+        if self.steps_bar is None:
+            return
+        self.steps_bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", acc=f"{rec['accuracy']:.2f}",
+                                   tok_s=f"{rec['tokens_per_s']:.0f}", refresh=False)
+        self.steps_bar.update(1)
+        self.episodes_bar.reset(total=self.per_step)
+        self.episodes_bar.set_description(f"  episodes of step {self.steps_seen + 1}", refresh=True)
+
+    def close(self) -> None:
+        if self._route is not None:
+            self._route.__exit__(None, None, None)
+            self._route = None
+        for bar in (self.episodes_bar, self.steps_bar):
+            if bar is not None:
+                bar.close()
+        self.episodes_bar = self.steps_bar = None
+
+    def __enter__(self) -> "JobProgress":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
