@@ -11,16 +11,21 @@ entries, for work still running and for results it has not delivered. For each e
   again since (a broker restarted without a journal reuses work ids, never this actor's id and lease
   together with a queued state); the actor drops its copy.
 
-Work restored from a journal is *parked* (queued, in no queue) for a grace period, long enough for every
-surviving actor to notice the restart, back off and say hello again; what is still parked afterwards (its
-actor died too) is queued and runs again, and its ``attempt`` counts that new start. So a broker restart
-never runs a piece of work twice while its actor lives.
+Work restored from a journal is *parked* (queued, in no queue) until the actors that may still run it are
+back. The journal's ``start`` records say which actor (``holder``) was given each started piece. When a
+holder says hello again, it lists everything it holds, so whatever of its restored work it does not claim
+is queued at once; once every holder is back, the work that never started is queued too (no actor can be
+running it). The grace period (long enough for every surviving actor to notice the restart, back off and
+say hello again) is only the upper bound, for holders that never come back (they died with the broker):
+what is still parked then is queued and runs again, and its ``attempt`` counts that new start. So a broker
+restart never runs a piece of work twice while its actor lives, and waits for no one it has heard from.
 
 Pure: no I/O; what to send comes out as commands.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from libra.protocol import messages as m
@@ -29,14 +34,12 @@ from .config import BrokerConfig
 from .dispatch import Dispatcher
 from .events import Command, Log, Send
 from .journal import start_record
-from .sessions import ActorSession, SessionRegistry
+from .sessions import ACTOR_MAX_BACKOFF_S, ActorSession, SessionRegistry
 from .work import Work, WorkState
 from .work_table import WorkTable
 
 __all__ = ["ACTOR_MAX_BACKOFF_S", "Adoption", "parse_held"]
 
-#: The longest an actor waits between two hellos while the broker is silent (``ActorState.max_backoff_s``).
-ACTOR_MAX_BACKOFF_S = 5.0
 #: The most ``held`` entries one hello may carry (the rest are ignored: their work is re-queued).
 MAX_HELD = 100_000
 
@@ -65,11 +68,44 @@ class Adoption:
         self.dispatch = dispatch
         self.grace_s = 2 * config.heartbeat_s * config.liveness + ACTOR_MAX_BACKOFF_S
         self.grace_until: float | None = None
+        self.awaited: set[str] = set()  # holders of parked work that have not said hello since the restore
 
     def restored(self, now: float) -> None:
-        """Work was restored from a journal (parked): start the grace period."""
+        """Work was restored from a journal (parked): start the grace period and await its holders."""
         if self.table.parked:
             self.grace_until = now + self.grace_s
+            self.awaited = {h for h in (self.table.works[wid].holder for wid in self.table.parked) if h}
+
+    def returned(self, actor_id: str, now: float, out: list[Command]) -> None:
+        """Actor ``actor_id`` said hello (after :meth:`adopt`, after its Welcome): the parked work it was given
+        and did not claim is queued now; once every holder is back, so is the work that never started."""
+        if self.grace_until is None or actor_id not in self.awaited:
+            return
+        self.awaited.discard(actor_id)
+        self._release(now, out, f"{actor_id} is back",
+                      lambda w: w.holder == actor_id or (not w.holder and not self.awaited))
+
+    def _release(self, now: float, out: list[Command], why: str, which: Callable[[Work], bool] | None = None) -> None:
+        """Queue the parked work ``which`` accepts (None: all of it)."""
+        left = self.table.unpark(which)
+        if not self.table.parked:
+            self.grace_until = None
+            self.awaited = set()
+        if not left:
+            return
+        scheduled = self.dispatch.actions is not None
+        for w in left:
+            if w.kind == "generate" and w.trajectory:
+                self.dispatch.route_generate(w, now, out)
+            elif w.kind == "action" and scheduled:
+                self.table.push(w)  # the action policy starts it (below)
+            else:
+                self.dispatch.offer(w, now, out)
+        if scheduled:
+            self.dispatch.schedule_actions(now, out)
+        out.append(Log("restored_work_queued", {"queued": len(left), "adopted": self.stats.get("adopted", 0),
+                                                "why": why,
+                                                "still_parked": len(self.table.parked)}))
 
     def keep(self, old: ActorSession, held: list[tuple[str, int, int]]) -> list[Work]:
         """A reconnecting actor's old session is about to be dropped: take out of it the work its new hello
@@ -130,19 +166,11 @@ class Adoption:
             actions.hold(w, sess, now)
 
     def tick(self, now: float, out: list[Command]) -> None:
-        """At the end of the grace period, queue the restored work no actor adopted (its actor is gone)."""
-        if self.grace_until is None or now < self.grace_until:
+        """Queue the parked work that awaits no one (no restored work had a holder), and, at the end of the
+        grace period, all the restored work no actor adopted (its actor is gone)."""
+        if self.grace_until is None:
             return
-        self.grace_until = None
-        left = self.table.unpark()
-        scheduled = self.dispatch.actions is not None
-        for w in left:
-            if w.kind == "generate" and w.trajectory:
-                self.dispatch.route_generate(w, now, out)
-            elif w.kind == "action" and scheduled:
-                self.table.push(w)  # the action policy starts it (below)
-            else:
-                self.dispatch.offer(w, now, out)
-        if scheduled:
-            self.dispatch.schedule_actions(now, out)
-        out.append(Log("restored_work_queued", {"queued": len(left), "adopted": self.stats.get("adopted", 0)}))
+        if now >= self.grace_until:
+            self._release(now, out, "grace period over")
+        elif not self.awaited:
+            self._release(now, out, "no restored work had started")

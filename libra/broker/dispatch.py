@@ -77,13 +77,10 @@ class Dispatcher:
         key = (msg.kind, msg.name)
         if msg.kind == "generate" and not msg.trajectory:  # no trajectory: any instance of the named bucket
             key = (msg.kind, self.rollout.bucket_named(msg.name))
-        names = self.sessions.offers(msg.kind)
-        if self.sessions.actors and (not names if msg.kind == "generate" else msg.name not in names and "*" not in names):
+        why = self.sessions.refusal(msg.kind, msg.name, now, bool(self.jobs.hosts or self.config.planner))
+        if why is not None:
             self.stats["unknown_tool"] += 1
-            offered = sorted(names)
-            out.append(Send(peer, m.Reply(
-                msg.request_id, False, None, ErrorCode.UNKNOWN_TOOL.value,
-                f"no actor offers {msg.kind} {msg.name!r}; offered: {', '.join(offered) or 'none'}")))
+            out.append(Send(peer, m.Reply(msg.request_id, False, None, ErrorCode.UNKNOWN_TOOL.value, why)))
             return
         waiting = self.table.queue_len(key)
         if waiting is not None and waiting >= self.config.max_queued_per_key:

@@ -22,7 +22,10 @@ from libra.protocol import messages as m
 
 from .events import Send
 
-__all__ = ["ActorSession", "ClientSession", "SessionRegistry"]
+__all__ = ["ACTOR_MAX_BACKOFF_S", "ActorSession", "ClientSession", "SessionRegistry"]
+
+#: The longest an actor waits between two hellos while the broker is silent (``ActorState.max_backoff_s``).
+ACTOR_MAX_BACKOFF_S = 5.0
 
 
 @dataclass(slots=True)
@@ -85,6 +88,10 @@ class SessionRegistry:
         self.clients: dict[bytes, ClientSession] = {}
         self._heartbeat_s = heartbeat_s
         self._dead_after = heartbeat_s * liveness
+        # how long actors may take to (re-)register: notice a silent broker, back off, say hello (the same
+        # bound as the adoption grace period, adoption.py)
+        self.register_s = 2 * heartbeat_s * liveness + ACTOR_MAX_BACKOFF_S
+        self.empty_since: float | None = None  # since when no actor is connected (None: no tick yet)
         self._client_idle_s = client_idle_s
         self._offers: dict[str, frozenset[str]] = {}  # kind -> names offered by live actors
         self._sessions = itertools.count(1)
@@ -108,6 +115,34 @@ class SessionRegistry:
     def offers(self, kind: str) -> frozenset[str]:
         """The names live actors offer for ``kind`` (``*``: any)."""
         return self._offers.get(kind, frozenset())
+
+    def refusal(self, kind: str, name: str, now: float, expecting: bool) -> str | None:
+        """Why a request for ``kind`` ``name`` is answered ``unknown_tool`` at once, or None (it may wait).
+
+        Actors are connected but none offers it: refused. No actor is connected at all: refused too, with
+        "no actor is connected that offers ...", but only after a registration window: ``register_s`` (two
+        liveness periods plus the actors' longest back-off, the time an actor needs to notice a restarted
+        broker and say hello again) since the broker's first tick or since its last actor left. Within the
+        window, or when ``expecting`` (the broker hosts a job or runs a planner: actors are on their way),
+        it waits queued, as work submitted before the actors start does."""
+        names = self.offers(kind)
+        if self.actors:
+            if names if kind == "generate" else name in names or "*" in names:
+                return None
+            return f"no actor offers {kind} {name!r}; offered: {', '.join(sorted(names)) or 'none'}"
+        if expecting or self.empty_since is None or now - self.empty_since < self.register_s:
+            return None
+        return (f"no actor is connected that offers {kind} {name!r} (none has been for "
+                f"{now - self.empty_since:.3g}s; start actors with 'libra actors --broker URL')")
+
+    def conflict(self, old: ActorSession, msg: m.ActorHello, now: float) -> str | None:
+        """Why ``msg`` is refused while live session ``old`` holds its actor id (another supervisor run's
+        actor: two supervisors on one host would otherwise knock each other off for ever), or None."""
+        theirs, ours = old.labels.get("instance"), msg.labels.get("instance")
+        if theirs and ours and theirs != ours and not self.silent(old, now):
+            return (f"actor id {msg.actor_id!r} is already live (pid {old.pid} on {old.host}, another "
+                    "supervisor); start this one with --actor-id-prefix, or stop the other")
+        return None
 
     def best_actor(self, key: tuple[str, str]) -> ActorSession | None:
         """The actor with the most free credit that serves ``key`` (the first such one on ties)."""
@@ -159,12 +194,14 @@ class SessionRegistry:
         self._refresh_offers()
         return sess
 
-    def close_actor(self, peer: bytes) -> ActorSession | None:
+    def close_actor(self, peer: bytes, now: float) -> ActorSession | None:
         """Forget the actor session at ``peer``; returns it (None if there was none). What it held is the
-        caller's to take back."""
+        caller's to take back. The last actor gone starts the registration window again (:meth:`refusal`)."""
         sess = self.actors.pop(peer, None)
         if sess is not None:
             self._refresh_offers()
+            if not self.actors:
+                self.empty_since = now
         return sess
 
     def open_client(self, peer: bytes, client_id: str, now: float) -> ClientSession:
@@ -233,8 +270,11 @@ class SessionRegistry:
             return "heartbeat"
         return None
 
-    def forget_idle_clients(self, now: float) -> None:
-        """Forget silent clients that have nothing in flight."""
+    def on_tick(self, now: float) -> None:
+        """On the timer: start the registration clock (:meth:`refusal`) at the first tick; forget silent
+        clients that have nothing in flight."""
+        if self.empty_since is None:
+            self.empty_since = now
         for peer, cs in list(self.clients.items()):
             if cs.inflight <= 0 and now - cs.last_seen > self._client_idle_s:
                 del self.clients[peer]

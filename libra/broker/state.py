@@ -292,11 +292,9 @@ class BrokerState:
         kept = []
         old = self._sessions.actor_by_id(msg.actor_id)
         if old is not None:
-            theirs, ours = old.labels.get("instance"), msg.labels.get("instance")
-            if theirs and ours and theirs != ours and not self._sessions.silent(old, now):
+            why = self._sessions.conflict(old, msg, now)
+            if why is not None:
                 self.stats["hellos_refused"] = self.stats.get("hellos_refused", 0) + 1
-                why = (f"actor id {msg.actor_id!r} is already live (pid {old.pid} on {old.host}, another "
-                       "supervisor); start this one with --actor-id-prefix, or stop the other")
                 out.append(Log("actor_id_in_use", {"actor": msg.actor_id, "live_pid": old.pid, "new_pid": msg.pid,
                                                    "host": msg.host}, "warning"))
                 out.append(Send(peer, m.Disconnect(why, "actor_id_in_use")))
@@ -307,6 +305,7 @@ class BrokerState:
         sess.bucket = self.rollout.bucket_of_actor(sess.directive_config)
         self._adoption.adopt(sess, held, kept, now, out)  # its Revokes go out before the Welcome
         out.append(Send(peer, self._welcome()))
+        self._adoption.returned(sess.actor_id, now, out)  # restored work it no longer holds is queued now
         self._dispatch.fill(sess, now, out)
 
     def _on_client_hello(self, peer: bytes, msg: m.ClientHello, now: float, out: list[Command]) -> None:
@@ -335,7 +334,7 @@ class BrokerState:
 
     def _drop_actor(self, peer: bytes, now: float, out: list[Command], why: str, lost: bool = True) -> None:
         """Forget an actor session and re-queue what it held (counting a loss if ``lost``)."""
-        sess = self._sessions.close_actor(peer)
+        sess = self._sessions.close_actor(peer, now)
         if sess is None:
             return
         out.extend(self._planning.actor_left(sess.actor_id, why, now))
@@ -472,7 +471,7 @@ class BrokerState:
                 out.append(Send(peer, m.Heartbeat()))
         self._dispatch.expire(now, out)
         self._adoption.tick(now, out)
-        self._sessions.forget_idle_clients(now)
+        self._sessions.on_tick(now)
         self._leases.tick(now, out)
         step_s = self.config.router_step_s
         if self._last_router_step is None:

@@ -15,7 +15,7 @@ import heapq
 import itertools
 import re
 from collections import OrderedDict, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from libra.protocol import messages as m
@@ -130,10 +130,13 @@ class WorkTable:
         """Keep queued ``w`` out of every queue until :meth:`unpark` (restored work in its grace period)."""
         self.parked[w.work_id] = None
 
-    def unpark(self) -> list[Work]:
-        """End the grace period: the parked works, oldest first (the caller queues or places them)."""
-        ws = sorted((self.works[wid] for wid in self.parked), key=lambda w: w.seq)
-        self.parked.clear()
+    def unpark(self, which: Callable[[Work], bool] | None = None) -> list[Work]:
+        """Take parked works out of the parked set (``which``: those it accepts; None: all), oldest first
+        (the caller queues or places them)."""
+        ws = sorted((w for w in map(self.works.__getitem__, self.parked) if which is None or which(w)),
+                    key=lambda w: w.seq)
+        for w in ws:
+            del self.parked[w.work_id]
         return ws
 
     def unqueue(self, w: Work) -> None:

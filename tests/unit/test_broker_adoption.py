@@ -105,7 +105,9 @@ def test_a_second_copy_is_revoked_and_new_leases_stay_unique() -> None:
     assert wid not in r.s.actors[A2].held and r.s.works[wid].actor == A1
     i = out.index(next(c for c in out if isinstance(c, Send) and isinstance(c.msg, m.Welcome)))
     assert all(out.index(c) < i for c in out if isinstance(c, Send) and isinstance(c.msg, m.Revoke))
-    # new work gets a work id and a lease no earlier run of the broker gave out
+    # new work gets a work id and a lease no earlier run of the broker gave out (on a third actor: both
+    # holders are back, so their unclaimed work was queued at their hellos and fills them)
+    r.hello(A3, "a3", capacity=2)
     r.msg(C, m.ClientHello("c1", 1))
     (fresh,) = sent(r.submit("new"), m.Assign)
     assert fresh.work_id == "w6" and fresh.lease > max(x.lease for x in assigns.values())
