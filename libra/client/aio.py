@@ -28,7 +28,6 @@ from libra.zmqio import recv_ready
 from libra.security import CurveClient
 
 from .common import (
-    REPLY_GRACE_S,
     ReconnectGate,
     RequestIds,
     batches,
@@ -92,10 +91,12 @@ class AsyncClient:
         assert self._welcomed is not None
         if not self._welcomed.is_set():
             await self._sock.send_multipart(encode(m.ClientHello(self.client_id, os.getpid())))
+            start = asyncio.get_running_loop().time()
             try:
                 await asyncio.wait_for(self._welcomed.wait(), timeout)
             except asyncio.TimeoutError:
-                raise BrokerUnreachable(unreachable(self.broker_url, self._curve, timeout)) from None
+                waited = round(asyncio.get_running_loop().time() - start, 2)
+                raise BrokerUnreachable(unreachable(self.broker_url, self._curve, waited)) from None
         return self
 
     def _ensure_reader(self) -> None:
@@ -112,10 +113,11 @@ class AsyncClient:
 
     async def request(self, kind: str, name: str, args: Any = None, trajectory: str | None = None,
                       timeout: float = 60.0, *, request_id: str | None = None) -> ToolResult:
-        if self._reader is None:
-            await self.connect()
-        rid = request_id or self._ids.next()
         loop = asyncio.get_running_loop()
+        start = loop.time()  # the call's deadline is start + timeout, connecting included
+        if self._reader is None:
+            await self.connect(timeout)
+        rid = request_id or self._ids.next()
         lease = None
         if self._direct is not None:
             lease, ask = self._direct.route(kind, name, trajectory, request_id is not None, loop.time())
@@ -135,7 +137,7 @@ class AsyncClient:
         # no timer per call (a TimerHandle built and cancelled: ~6 µs): the deadline goes on one heap, which
         # one timer, armed for its earliest entry, expires (_on_deadlines); the client-wide keepalive tick
         # (_keepalive_tick) pings a silent broker while calls wait
-        self._add_deadline(loop, loop.time() + timeout + REPLY_GRACE_S, rid, fut, timeout)
+        self._add_deadline(loop, start + timeout, rid, fut, timeout)
         try:
             value = await fut
         except asyncio.CancelledError:
@@ -166,26 +168,29 @@ class AsyncClient:
         loop = asyncio.get_running_loop()
         now, heap = loop.time(), self._deadlines
         while heap and heap[0][0] <= now:
-            _, _, rid, fut, timeout = heapq.heappop(heap)
+            at, _, rid, fut, timeout = heapq.heappop(heap)
             if not fut.done():
-                self._expire(rid, fut, timeout)
+                self._expire(rid, fut, timeout, at)
         while heap and heap[0][3].done():
             heapq.heappop(heap)
         if heap:
             self._deadline_at = heap[0][0]
             self._deadline_handle = loop.call_at(self._deadline_at, self._on_deadlines)
 
-    def _expire(self, rid: str, fut: asyncio.Future, timeout: float) -> None:
-        """A call's deadline passed without a reply: it fails with ToolTimeout (BrokerUnreachable if the
-        broker never welcomed this client)."""
+    def _expire(self, rid: str, fut: asyncio.Future, timeout: float, at: float) -> None:
+        """A call's deadline ``at`` (its start + ``timeout``: the caller's own, not stretched) passed without a
+        reply: it fails with ToolTimeout (BrokerUnreachable if the broker never welcomed this client), saying
+        how long it really waited."""
         self._pending.pop(rid, None)
         self._forget_direct(rid)
         if fut.done():
             return
+        waited = asyncio.get_running_loop().time() - at + timeout
         if self._welcomed is None or not self._welcomed.is_set():
-            fut.set_exception(BrokerUnreachable(unreachable(self.broker_url, self._curve)))
+            fut.set_exception(BrokerUnreachable(unreachable(self.broker_url, self._curve, round(waited, 2))))
         else:
-            fut.set_exception(ToolTimeout(f"request {rid} got no reply within {timeout}s"))
+            fut.set_exception(ToolTimeout(f"request {rid} got no reply within {timeout:g}s (gave up after "
+                                          f"{waited:.2f}s)"))
 
     # ------------------------------------------------------------------ direct calls (libra.client.direct)
     def _ask_lease(self, tool: str) -> None:

@@ -29,7 +29,6 @@ from libra.zmqio import recv_ready, send_frames
 from libra.security import CurveClient
 
 from .common import (
-    REPLY_GRACE_S,
     ReconnectGate,
     RequestIds,
     ToolResult,
@@ -163,7 +162,8 @@ class Client:
         p = self._submit_call(rid, "action", tool, args, trajectory, timeout, False)
         fut: Future = Future()
         p.future = fut
-        fut.libra_deadline = time.monotonic() + timeout + REPLY_GRACE_S  # type: ignore[attr-defined]
+        fut.libra_started = start = time.monotonic()  # type: ignore[attr-defined]
+        fut.libra_deadline = start + timeout  # type: ignore[attr-defined]
         fut.libra_pending = p  # type: ignore[attr-defined]
         if p.event.is_set():
             self._resolve_future(p)
@@ -181,7 +181,8 @@ class Client:
                 self._pending.pop(p.msg.request_id, None)
                 if self._direct is not None:
                     self._direct.answered(p.msg.request_id)
-                p.value = self._timeout_error(p.msg.request_id, p.msg.timeout_s)
+                p.value = self._timeout_error(p.msg.request_id, p.msg.timeout_s,
+                                              time.monotonic() - fut.libra_started)  # type: ignore[attr-defined]
                 p.event.set()
             self._resolve_future(p)
             exc = fut.exception()
@@ -238,10 +239,12 @@ class Client:
         self.close()
 
     # ------------------------------------------------------------------ internals
-    def _timeout_error(self, rid: str, timeout: float) -> Exception:
+    def _timeout_error(self, rid: str, timeout: float, elapsed: float) -> Exception:
+        """The call's deadline passed: BrokerUnreachable if the broker never welcomed us, else ToolTimeout;
+        either says how long the call really waited."""
         if not self._welcomed.is_set():
-            return BrokerUnreachable(unreachable(self.broker_url, self._curve))
-        return ToolTimeout(f"request {rid} got no reply within {timeout}s")
+            return BrokerUnreachable(unreachable(self.broker_url, self._curve, round(elapsed, 2)))
+        return ToolTimeout(f"request {rid} got no reply within {timeout:g}s (gave up after {elapsed:.2f}s)")
 
     def _submit_call(self, rid: str, kind: str, name: str, args: Any, trajectory: str | None, timeout: float,
                      explicit_id: bool) -> _Pending:
@@ -272,13 +275,17 @@ class Client:
         return p
 
     def _result(self, p: _Pending, rid: str, timeout: float) -> ToolResult:
-        deadline = time.monotonic() + timeout + REPLY_GRACE_S
+        """Wait for ``p``'s reply until ``timeout`` seconds from now, the caller's deadline (to within one poll
+        tick, 50 ms): a broker that is gone, or answers late, does not stretch it."""
+        start = time.monotonic()
+        deadline = start + timeout
         while not p.event.is_set():
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 self._pending.pop(rid, None)
                 if self._direct is not None:
                     self._direct.answered(rid)
-                raise self._timeout_error(rid, timeout)
+                raise self._timeout_error(rid, timeout, now - start)
             self._lead_or_wait(p, deadline)
         if isinstance(p.value, Exception):
             raise p.value
