@@ -10,10 +10,19 @@ about 10 µs (measured 10.9 µs against 3.6 µs for reading ``EVENTS`` on a load
 drains until ``Again`` pays it once per wake-up, which at one call in flight is once per hop.
 :func:`recv_ready` asks ``EVENTS`` once after the first message instead, and drains a burst until ``Again``
 only when a second message was ready (where the exception is shared by the whole burst).
+
+Unix socket files: libzmq (4.3) leaves the file of an ``ipc://`` endpoint a socket bound behind when the socket
+closes, so every actor that ever ran left one in the ipc directory. :func:`bind_ipc` binds a path and
+remembers it; :func:`close_socket` closes the socket and removes the paths it bound (a process killed before
+it can is swept by its supervisor, which knows its pid: the actor's file name carries it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
+import weakref
 from collections.abc import Iterator
 
 import zmq
@@ -62,3 +71,24 @@ def recv_ready(sock: zmq.Socket, limit: int) -> Iterator[list[bytes]]:
 
 
 NOBLOCK = _NOBLOCK
+
+
+_BOUND_IPC: weakref.WeakKeyDictionary[zmq.Socket, list[str]] = weakref.WeakKeyDictionary()
+
+
+def bind_ipc(sock: zmq.Socket, path: str | os.PathLike[str]) -> str:
+    """Bind ``sock`` at the Unix socket ``path`` and remember it for :func:`close_socket`; returns the endpoint."""
+    endpoint = f"ipc://{os.fspath(path)}"
+    sock.bind(endpoint)
+    _BOUND_IPC.setdefault(sock, []).append(os.fspath(path))
+    return endpoint
+
+
+def close_socket(sock: zmq.Socket, linger: int = 0) -> None:
+    """Close ``sock`` and remove the socket files it bound with :func:`bind_ipc` (a path that is no longer a
+    socket, or is gone, is left alone)."""
+    sock.close(linger)
+    for path in _BOUND_IPC.pop(sock, ()):
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)

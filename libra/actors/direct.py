@@ -22,6 +22,7 @@ import zmq
 
 from libra.endpoints import ipc_dir, ipc_enabled, is_loopback_tcp
 from libra.protocol import messages as m
+from libra.zmqio import bind_ipc
 
 __all__ = ["DirectLeaseTable", "bind_direct"]
 
@@ -100,8 +101,7 @@ def bind_direct(sock: zmq.Socket, broker_url: str) -> dict[str, str]:
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
             path = d / f"actor-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
             if len(str(path).encode()) <= 100:
-                sock.bind(f"ipc://{path}")
-                labels["direct_ipc"] = f"ipc://{path}"
+                labels["direct_ipc"] = bind_ipc(sock, path)  # its file is removed by zmqio.close_socket
         except (OSError, zmq.ZMQError):
             pass
     return labels

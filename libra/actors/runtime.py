@@ -34,7 +34,7 @@ from libra.protocol import messages as m
 from libra.protocol.errors import ErrorCode, ProtocolCode
 from libra.protocol.payloads_actions import TOOL_DECLS_LABEL
 from libra.security import CurveClient, apply_client
-from libra.zmqio import NOBLOCK, recv_ready, send_frames
+from libra.zmqio import NOBLOCK, close_socket, recv_ready, send_frames
 
 from .state import (ActorIdentity, ActorState, CancelWork, Connect, Note, Received, Reconfigure,
                     Reconfigured, SendMsg, Start, StartWork, Stop, Tick, WorkDone)
@@ -265,7 +265,7 @@ class ActorRuntime:
             if self.sock is not None:
                 self.sock.close(0)
             if self.direct_sock is not None:
-                self.direct_sock.close(0)
+                close_socket(self.direct_sock)  # and its ipc file
             self.ctx.term()
             os.close(self._wake_r)
             os.close(self._wake_w)

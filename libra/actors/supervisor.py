@@ -13,6 +13,11 @@ Each child's environment is :func:`slot_environment` (pure): the supervisor's ow
 (:func:`libra.actors.slots.slot_cuda_env`: PCI bus order, the slot's entry of an existing
 ``CUDA_VISIBLE_DEVICES``, no GPU for a CPU slot), then the slot's own settings. Slot names are checked when
 the supervisor is built: a bad one raises :class:`~libra.engines.device.SlotNameError` before any child starts.
+
+A slot that dies without cleaning up (SIGKILL, a crash) leaves files named after its pid: its sandbox pool's
+root directory (``<tmp>/libra-sandbox-<pid>-*``, :func:`libra.engines.sandbox.slot.sweep_roots_of`) and its
+direct-call socket file (``<ipc dir>/actor-<pid>-*.sock``). The supervisor removes them when it reaps the slot
+(:func:`sweep_slot_leftovers`), before it restarts it.
 """
 
 from __future__ import annotations
@@ -77,6 +82,23 @@ class _Child:
     env: dict[str, str] | None = field(default=None)
 
 
+def sweep_slot_leftovers(pid: int) -> list[str]:
+    """Remove what the dead slot process ``pid`` left behind (see the module docstring); returns the paths."""
+    from libra.endpoints import ipc_dir
+    from libra.engines.sandbox.slot import sweep_roots_of
+
+    removed = [str(p) for p in sweep_roots_of(pid)]
+    for path in sorted(ipc_dir().glob(f"actor-{pid}-*.sock")):
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        removed.append(str(path))
+    if removed:
+        log.info("slot_leftovers_removed", pid=pid, paths=removed)
+    return removed
+
+
 class Supervisor:
     def __init__(self, broker: str, slots: list[str], *, capacity: int = 4, restart: bool = True,
                  extra_args: list[str] | None = None, grace_s: float = 10.0,
@@ -122,6 +144,7 @@ class Supervisor:
             for c in self.children:
                 if c.proc is not None and c.proc.poll() is not None:
                     rc = c.proc.returncode
+                    sweep_slot_leftovers(c.proc.pid)
                     c.proc = None
                     if not self.restart:
                         log.warning("slot_exited", slot=c.slot, returncode=rc, restart=False)
@@ -150,5 +173,6 @@ class Supervisor:
                 log.warning("slot_killed_after_grace", slot=c.slot, pid=c.proc.pid)
                 c.proc.kill()
                 c.proc.wait()
+            sweep_slot_leftovers(c.proc.pid)
         log.info("supervisor_stopped")
         return 0

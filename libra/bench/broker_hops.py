@@ -175,12 +175,16 @@ def trace(n: int = 500, legacy: bool = False, window: int = 100) -> dict:
 
 
 def _trace(n: int, legacy: bool, window: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="libra-hops-") as tmp:  # the processes' stamps; removed afterwards
+        return _trace_in(tmp, n, legacy, window)
+
+
+def _trace_in(tmp: str, n: int, legacy: bool, window: int) -> dict:
     from libra.client import Client, UnknownTool
 
     from .broker_drive import drive, pct
 
     url = f"tcp://127.0.0.1:{free_port()}"
-    tmp = tempfile.mkdtemp(prefix="libra-hops-")
     bout, aout = os.path.join(tmp, "broker.pkl"), os.path.join(tmp, "actor.pkl")
     ctx = mp.get_context("fork")
     ready, stop = ctx.Event(), ctx.Event()
