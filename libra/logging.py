@@ -65,17 +65,25 @@ def console_writer(write: Callable[[str], None]) -> Iterator[None]:
         _writer, _pending = before, ""
 
 
+def current_console_writer() -> Callable[[str], None] | None:
+    """The writer of the innermost active :func:`console_writer` block, or None."""
+    return _writer
+
+
 def configure(level: str | None = None, *, json: bool | None = None, cache: bool = False) -> None:
     """Configure structlog and stdlib logging. Idempotent: later calls only change the level.
 
-    ``level`` defaults to ``$LIBRA_LOG_LEVEL`` or ``info``; ``json`` defaults to "stderr is not a TTY".
+    ``level`` defaults to ``$LIBRA_LOG_LEVEL`` or ``info``; ``json`` defaults to ``$LIBRA_LOG_JSON`` (``0``:
+    the console format, ``1``: JSON; ``libra run`` sets 0 for the processes whose stderr it pipes to its
+    terminal) or else to "stderr is not a TTY".
     ``cache=True`` is for long-running production entry points only (cached loggers cannot cross
     process boundaries and hide later reconfiguration in tests).
     """
     global _configured
     lvl = _LEVELS.get((level or os.environ.get("LIBRA_LOG_LEVEL", "info")).lower(), logging.INFO)
     if json is None:
-        json = not sys.stderr.isatty()
+        env = os.environ.get("LIBRA_LOG_JSON", "").strip().lower()
+        json = env in ("1", "true", "yes", "on") if env else not sys.stderr.isatty()
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,  # ambient ids bound at the I/O edge
         structlog.processors.add_log_level,

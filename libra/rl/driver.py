@@ -57,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,7 @@ from libra.rl.config import JobConfig
 from libra.rl.data import Cursor, check_data, job_data, resume_point
 from libra.rl.evals import eval_summary, handle_record
 from libra.rl.metrics import MetricsWriter, decision_summary, plot_run, read_metrics, summarize
-from libra.rl.progress import JobProgress, quiet_progress
+from libra.rl.progress import JobProgress, children_above_bars, quiet_progress
 
 __all__ = ["JobFailed", "check_tools", "engine_gpu_counts", "host_gpus", "missing_tools", "resolve_model", "run_job",
            "run_job_async"]
@@ -423,8 +424,11 @@ def _run_job(cfg: JobConfig, broker_url: str | None, *, progress: bool, log_leve
     except ConfigError as exc:
         raise JobFailed(str(exc)) from None
     _check_user_tools(cfg.actors.tools)
-    cluster = start_cluster(cfg, run, model_dir, host_gpus(), log_level)
+    with children_above_bars(progress and sys.stderr.isatty()) as pump:  # their warnings print above the bars
+        cluster = start_cluster(cfg, run, model_dir, host_gpus(), log_level)
     try:
         return asyncio.run(run_job_async(cfg, cluster.url, progress=progress, resume=resume))
     finally:
         cluster.stop()
+        if pump is not None:
+            pump.join(timeout=2.0)  # the children's last lines

@@ -7,7 +7,8 @@ with a policy-lag bound above 0 they may include a later step's, so the count is
 full and says ``training``); :meth:`JobProgress.step` with each step
 record (the step bar advances with reward, accuracy and tokens/s; the episode bar starts over for the next
 step). While the bars are live, console log lines (``libra.logging``) and job notes go through
-``tqdm.write`` above the bars instead of breaking into them. Disabled (``--no-progress``) it draws nothing
+``tqdm.write`` above the bars instead of breaking into them, and so do the lines the job's processes write
+to stderr when ``libra run`` started them on a terminal (:func:`children_above_bars`). Disabled (``--no-progress``) it draws nothing
 and job notes become ``job_note`` log lines.
 
 :func:`quiet_progress` is what ``--no-progress`` also switches off, for as long as the job runs: transformers'
@@ -22,12 +23,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, TextIO
 
-from libra.logging import console_writer, get_logger
+from libra.logging import console_writer, current_console_writer, get_logger
 
-__all__ = ["QUIET_ENV", "JobProgress", "quiet_progress"]
+__all__ = ["QUIET_ENV", "JobProgress", "children_above_bars", "quiet_progress"]
 
 log = get_logger("libra.rl")
 
@@ -58,6 +60,63 @@ def quiet_progress() -> Iterator[None]:
                 os.environ[k] = v
         if hf_logging is not None and was_on:
             hf_logging.enable_progress_bar()
+
+
+@contextmanager
+def children_above_bars(enabled: bool = True) -> Iterator[threading.Thread | None]:
+    """Processes started inside the block (``libra run``'s broker and actors, and every slot their
+    supervisor starts later) write their stderr into a pipe; a thread prints each of its lines above the
+    live bars (the active ``libra.logging.console_writer``, i.e. ``tqdm.write``) or, with no bar, to this
+    process's stderr, so a warning from an actor slot does not break into the bars. The children log in the
+    console format (``LIBRA_LOG_JSON=0``), as they would on the terminal; of a line rewritten with carriage
+    returns (another progress bar) only the last state is printed. This process's own stderr is back when
+    the block ends; the thread ends when the last child closes the pipe. Yields that thread (None when not
+    ``enabled``: nothing changes)."""
+    if not enabled:
+        yield None
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    r, w = os.pipe()
+    env_before = os.environ.get("LIBRA_LOG_JSON")
+    os.environ["LIBRA_LOG_JSON"] = "0"
+    os.dup2(w, 2)
+    os.close(w)
+    pump = threading.Thread(target=_pump, args=(r, saved), name="libra-child-stderr", daemon=True)
+    pump.start()
+    try:
+        yield pump
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # closes this process's end of the pipe: EOF once the children are gone
+        if env_before is None:
+            os.environ.pop("LIBRA_LOG_JSON", None)
+        else:
+            os.environ["LIBRA_LOG_JSON"] = env_before
+
+
+def _pump(r: int, out_fd: int) -> None:
+    """Copy the lines of pipe ``r`` to the console writer or ``out_fd`` until EOF; then close both."""
+    buf = b""
+    try:
+        while chunk := os.read(r, 65536):
+            *lines, buf = (buf + chunk).split(b"\n")
+            for raw in lines:
+                _emit(raw, out_fd)
+        if buf:
+            _emit(buf, out_fd)
+    finally:
+        os.close(r)
+        os.close(out_fd)
+
+
+def _emit(raw: bytes, out_fd: int) -> None:
+    text = raw.decode("utf-8", errors="replace").rstrip("\r").split("\r")[-1]
+    writer = current_console_writer()
+    if writer is not None:
+        writer(text)
+    else:
+        os.write(out_fd, text.encode("utf-8", errors="replace") + b"\n")
 
 
 class JobProgress:

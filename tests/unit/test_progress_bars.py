@@ -206,3 +206,48 @@ def test_the_broker_poll_counts_the_episodes_collected_for_the_next_batch() -> N
     assert seen == [1, 2, 3, 4, 5, 6]
     assert [w.kind for w in h.take_work(2.0)] == ["train"]  # the batch is cut: its episodes left the count
     assert h.poll(0)["episodes_collected"] == 0 and h.poll(0)["training"] is True
+
+
+_CHILD = ("import os, sys; sys.stderr.write('child warning json=' + os.environ.get('LIBRA_LOG_JSON', '?') + '\\n'); "
+          "sys.stderr.write('bar 1\\rbar 2\\n'); sys.stderr.write('last line without newline')")
+
+
+def _run_child_inside(route: bool) -> Any:
+    import subprocess
+
+    from libra.rl.progress import children_above_bars
+
+    with children_above_bars(route) as pump:
+        child = subprocess.Popen([sys.executable, "-c", _CHILD])
+    assert child.wait(timeout=120) == 0
+    if pump is not None:
+        pump.join(timeout=120)
+        assert not pump.is_alive()
+    return pump
+
+
+def test_the_job_processes_write_above_the_bars(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LIBRA_LOG_JSON", raising=False)
+    lines: list[str] = []
+    with console_writer(lines.append):
+        _run_child_inside(True)
+    assert lines == ["child warning json=0", "bar 2", "last line without newline"]
+    assert "LIBRA_LOG_JSON" not in os.environ  # only the children's environment had it
+
+
+def test_the_job_processes_write_to_stderr_without_a_bar(capfd: pytest.CaptureFixture[str]) -> None:
+    _run_child_inside(True)
+    err = capfd.readouterr().err
+    assert "child warning json=0\nbar 2\nlast line without newline\n" in err
+    assert _run_child_inside(False) is None  # not routed: the child writes straight to stderr
+    assert "bar 1\rbar 2" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("env,renderer", [("0", "ConsoleRenderer"), ("1", "JSONRenderer")])
+def test_libra_log_json_picks_the_format(env: str, renderer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import structlog
+
+    monkeypatch.setenv("LIBRA_LOG_JSON", env)
+    configure("warning")
+    assert type(structlog.get_config()["processors"][-1]).__name__ == renderer
+    configure("warning", json=True)
