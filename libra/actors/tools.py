@@ -311,7 +311,7 @@ class SandboxAccess:
         fn = next(iter(self._tools.values()), None)
         release = getattr(fn, "release_finished", None)
         if release is not None:
-            release(self._ctx.route)
+            release(getattr(self._ctx, "route", None))
 
 
 def _bind(t: Tool, code_tools: dict[str, Handler]) -> Handler:
