@@ -134,3 +134,20 @@ def test_eviction_of_a_finished_sandbox_is_info_and_a_live_one_is_a_warning() ->
     assert [(e["trajectory"], e["log_level"], e["reason"]) for e in logs if e["event"] == "sandbox_evicted"] == [
         ("a", "info", "trajectory_finished"), ("b", "warning", "all_bound")]
     assert stats["evictions"] == 1 and stats["finished"] == 1
+
+
+def test_a_sandboxed_user_tool_hands_the_release_to_the_pool() -> None:
+    from libra.actors.tools import Tool, user_handlers
+
+    seen: list[object] = []
+
+    def python(args: object, ctx: object) -> object:
+        return {}
+
+    python.release_finished = seen.append  # type: ignore[attr-defined]
+    handlers, _, _ = user_handlers({"mine": SimpleNamespace(tool=Tool("mine", lambda a, c: "ok", sandboxed=True),
+                                                            source="test")},
+                                   {"python": python}, host_cores=1)
+    route = {"cores": 1, "release": ["ep-1"]}
+    ctx = SimpleNamespace(route=route, cores=1)
+    assert handlers["mine"]({}, ctx) == "ok" and seen == [route]
