@@ -424,6 +424,11 @@ def _run_job(cfg: JobConfig, broker_url: str | None, *, progress: bool, log_leve
     except ConfigError as exc:
         raise JobFailed(str(exc)) from None
     _check_user_tools(cfg.actors.tools)
+    if progress:  # the slots load the model before they register: minutes on a CPU, with nothing else to show
+        a = cfg.actors
+        print(f"libra run: starting a broker and actor slots on loopback ({a.rollout} rollout, {a.trainer} "
+              f"trainer, {a.action} tool, 1 episode runner); each loads the model before the first step",
+              file=sys.stderr, flush=True)
     with children_above_bars(progress and sys.stderr.isatty()) as pump:  # their warnings print above the bars
         cluster = start_cluster(cfg, run, model_dir, host_gpus(), log_level)
     try:

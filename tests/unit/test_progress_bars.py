@@ -98,8 +98,10 @@ def test_quiet_progress_switches_transformers_off_and_back() -> None:
     assert {k: os.environ.get(k) for k in QUIET_ENV} == before
 
 
-def test_run_job_without_progress_starts_its_processes_quiet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What ``libra run --no-progress`` passes on: the environment the cluster's processes inherit."""
+def test_run_job_without_progress_starts_its_processes_quiet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """What ``libra run --no-progress`` passes on: the environment the cluster's processes inherit; with
+    progress, a line says what the minutes before the first step are spent on."""
     hf_logging = pytest.importorskip("transformers.utils.logging")
     from libra.rl import driver
     from libra.rl.config import job_from_mapping
@@ -125,6 +127,7 @@ def test_run_job_without_progress_starts_its_processes_quiet(tmp_path: Path, mon
             driver.run_job(cfg, progress=progress)
         assert seen["hf"] is not quiet
         assert seen["env"] == (QUIET_ENV if quiet else {k: None for k in QUIET_ENV})
+        assert ("starting a broker and actor slots" in capsys.readouterr().err) is not quiet
     assert all(k not in os.environ for k in QUIET_ENV)  # put back when the job ends
 
 
