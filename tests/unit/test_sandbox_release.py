@@ -3,7 +3,7 @@
 The broker remembers which action actor ran a trajectory's sandbox calls and, once the client says the
 trajectory ended (``EndTrajectory``), sends its id with the next sandbox call placed on that actor
 (``ActionRoute.release``); the actor's pool retires it in the background. The last test runs an episode-like
-sequence through the real sandbox handlers and pool: more trajectories than sandboxes, no eviction logged."""
+sequence through the real sandbox handlers and pool: more trajectories than sandboxes, no live one evicted."""
 
 from __future__ import annotations
 
@@ -115,7 +115,9 @@ def test_episodes_release_their_sandboxes_and_nothing_is_evicted() -> None:
             _wait(lambda: pool.stats()["bound"] == 0, "every finished trajectory's sandbox released")
             stats = pool.stats()
     assert stats["evictions"] == 0 and stats["finished"] == 6
-    assert [e for e in logs if e["event"] == "sandbox_evicted" or e["log_level"] == "warning"] == []
+    # a new trajectory may take over a finished one's sandbox before the pool's thread retired it: info, its reason
+    assert [e for e in logs if e["log_level"] == "warning" or (e["event"] == "sandbox_evicted" and (
+        e["log_level"], e["reason"]) != ("info", "trajectory_finished"))] == []
 
 
 @needs_bwrap
