@@ -116,7 +116,7 @@ class AsyncClient:
         loop = asyncio.get_running_loop()
         start = loop.time()  # the call's deadline is start + timeout, connecting included
         if self._reader is None:
-            await self.connect(timeout)
+            await self.connect(min(5.0, timeout))  # an absent broker is reported as soon as ever, never later
         rid = request_id or self._ids.next()
         lease = None
         if self._direct is not None:
