@@ -88,3 +88,18 @@ def test_trace_hops_removes_its_stamp_folder(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert trace(5, legacy=False, window=2)["calls"] == 5
     assert list(tmp_path.glob("libra-hops-*")) == []
+
+
+def test_a_broker_stopped_with_sigterm_removes_its_ipc_file(tmp_path: Path) -> None:
+    ipc = tmp_path / "ipc"
+    port = free_port()
+    broker = subprocess.Popen([sys.executable, "-m", "libra.broker", "--bind", f"tcp://127.0.0.1:{port}"],
+                              env={**os.environ, "LIBRA_IPC_DIR": str(ipc)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait(lambda: (ipc / f"broker-{port}.sock").exists(), 60.0, "the broker's ipc file")
+        broker.send_signal(signal.SIGTERM)
+        assert broker.wait(60) == 0
+        assert os.listdir(ipc) == []
+    finally:
+        _kill_children()
