@@ -57,8 +57,8 @@ from libra.protocol.payloads_actions import TOOL_DECLS_LABEL, ActionRoute, tool_
 from libra.protocol.payloads_base import PayloadError
 
 from .core_pools import CorePools
-from .service_pools import ServicePools, service_specs
 from .sandbox_release import SANDBOX_TOOLS, SandboxReleases
+from .service_pools import ServicePools, service_specs
 from .sessions import ActorSession
 from .work import Work
 
