@@ -28,6 +28,7 @@ from libra.zmqio import recv_ready
 from libra.security import CurveClient
 
 from .common import (
+    served_timeout,
     ReconnectGate,
     RequestIds,
     batches,
@@ -124,13 +125,13 @@ class AsyncClient:
             if ask:
                 self._ask_lease(name)
         if lease is not None:
-            call = m.DirectCall(rid, lease.lease_id, kind, name, args, float(timeout))
+            call = m.DirectCall(rid, lease.lease_id, kind, name, args, served_timeout(timeout))
             frames = encode_checked(call, self._limit)
             self._direct.sent(rid, lease)  # type: ignore[union-attr]
             self._dcalls[rid] = call
             self._enqueue_direct(lease.endpoint, frames)
         else:
-            frames = encode_checked(m.Submit(rid, kind, name, args, trajectory, float(timeout)), self._limit)
+            frames = encode_checked(m.Submit(rid, kind, name, args, trajectory, served_timeout(timeout)), self._limit)
             self._enqueue(frames)
         fut: asyncio.Future = loop.create_future()
         self._pending[rid] = (fut, frames)

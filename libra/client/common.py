@@ -17,7 +17,18 @@ from libra.security import CurveClient, apply_client
 
 from .errors import BadRequest, PayloadTooLarge, error_from_reply
 
-REPLY_GRACE_S = 2.0  # how long past its timeout a client waits for the broker's own timeout reply
+REPLY_MARGIN_S = 0.5  # seconds before the caller's deadline the server times a request out (served_timeout)
+
+
+def served_timeout(timeout: float) -> float:
+    """The timeout a request carries to the broker or a direct actor: the caller's ``timeout`` less a reply
+    margin (``REPLY_MARGIN_S``, at most a quarter of it: the broker checks deadlines every tick, up to 0.25 s), so
+    that the server's own timeout reply, which says how many attempts were made, arrives before the caller's
+    deadline. The client's deadline stays the caller's ``timeout`` exactly: with the broker gone the call fails
+    then, not later."""
+    return float(timeout) - min(REPLY_MARGIN_S, 0.25 * float(timeout))
+
+
 BATCH_MAX_BYTES = 1 << 20  # a send batch stops growing at this many bytes (a big request goes alone)
 RESEND_BATCH = 256  # unanswered requests resent per frame after a reconnect (paced: one frame at a time)
 

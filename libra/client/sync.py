@@ -29,6 +29,7 @@ from libra.zmqio import recv_ready, send_frames
 from libra.security import CurveClient
 
 from .common import (
+    served_timeout,
     ReconnectGate,
     RequestIds,
     ToolResult,
@@ -258,14 +259,14 @@ class Client:
                 d.asked(lrid, name, now)
                 self._send(m.LeaseRequest(lrid, "action", name))
             if lease is not None:
-                call = m.DirectCall(rid, lease.lease_id, kind, name, args, float(timeout))
+                call = m.DirectCall(rid, lease.lease_id, kind, name, args, served_timeout(timeout))
                 p = _Pending(call, encode_checked(call, self._limit))
                 d.sent(rid, lease)
                 self._pending[rid] = p
                 self._doutbox.append((lease.endpoint, p.frames))
                 self._kick()
                 return p
-        return self._submit(m.Submit(rid, kind, name, args, trajectory, float(timeout)))
+        return self._submit(m.Submit(rid, kind, name, args, trajectory, served_timeout(timeout)))
 
     def _submit(self, msg: Any) -> _Pending:
         # BadRequest / PayloadTooLarge here, in the caller's thread, before anything is sent.
