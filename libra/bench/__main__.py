@@ -24,7 +24,7 @@ BENCHMARKS = {
     "weights_apply": ("libra.bench.weights_apply", "a weights version into a rollout engine in place (tied once, decoded into the model) vs the previous path"),
     "dataplane": ("libra.bench.dataplane", "weights over the data plane vs the file path; dispatch imbalance vs round robin"),
     "router_state": ("libra.bench.router_state", "broker loop stall of a C-MLFQ tree save: frozen snapshot vs built on the loop"),
-    "chaos": ("libra.bench.chaos", "broker SIGKILL mid-run: calls lost, executed twice, attempts > 1; recovery at 1,000 pending calls vs a broker that never crashed"),
+    "chaos": ("libra.bench.chaos", "broker SIGKILL mid-run: calls lost, executed twice, attempts > 1; re-attachment at 1,000 pending calls vs a broker that never crashed, and the first/last answer of the queued calls after a restart"),
     "calibration": ("libra.bench.calibration", "cost models and simulator vs the paper: Fig. 3 per GPU, Fig. 2a 1K vs 32K, static uniform / colocated (streaming vs barrier)"),
     "prefix_cache": ("libra.bench.prefix_cache", "per-turn latency with the KV cache kept on the instance vs re-prefill; broker bytes per turn, deltas vs whole contexts"),
     "ehp_join": ("libra.bench.ehp_join", "what a hybrid replica's join (state over the data plane, group re-formed) costs the core ranks vs no join"),
