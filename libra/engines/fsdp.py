@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 __all__ = ["CPU_BUDGET_BYTES", "PARALLEL_MODES", "PrecisionUnsupported", "autocast", "check_compute_dtype",
-           "choose_parallel", "fingerprint", "full_state_items", "is_sharded", "shard_model", "training_state_bytes"]
+           "choose_parallel", "fingerprint", "full_state_items", "shard_model", "training_state_bytes"]
 
 PARALLEL_MODES = ("auto", "ddp", "fsdp")
 CPU_BUDGET_BYTES = 16 * 1024**3  # what ``auto`` assumes one CPU rank may hold
@@ -130,12 +130,6 @@ def shard_model(model: torch.nn.Module, device_type: str, world_size: int,
             m.set_gradient_divide_factor(1.0)  # a sum over ranks: the loss is already globally normalised
             m.set_force_sum_reduction_for_comms(True)  # plain SUM collectives (gloo has no PREMUL_SUM)
     return model
-
-
-def is_sharded(model: torch.nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
 
 
 def full_state_items(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:

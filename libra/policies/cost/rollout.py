@@ -183,13 +183,6 @@ class RolloutCostModel:
         b = np.maximum(np.asarray(active_seqs, dtype=float), 1.0)
         return 2.0 * m.active_params * b + 4.0 * m.n_layers * m.q_dim * np.asarray(active_tokens, dtype=float)
 
-    def steady_batch(self, tp: int, n: Any, avg_prompt: Any, avg_gen: Any) -> Any:
-        """Running sequences in steady state: ``clamp(min(n, max_batch, capacity / reserve), 1)`` with
-        ``reserve = avg_prompt + kv_reserve_gen_fraction * avg_gen``."""
-        return self.batch_for_reserve(
-            tp, n, np.asarray(avg_prompt, dtype=float) + self.cal.kv_reserve_gen_fraction * np.asarray(avg_gen, dtype=float)
-        )
-
     def batch_for_reserve(self, tp: int, n: Any, reserve: Any) -> Any:
         """``clamp(min(n, max_batch, capacity / reserve), 1)``: running sequences when each holds
         ``reserve`` KV tokens on average. Broadcasts over numpy arrays."""

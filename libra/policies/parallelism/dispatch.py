@@ -82,9 +82,6 @@ class DispatchPlan:
         """Max over mean of the per-rank real token counts."""
         return imbalance(self.rank_tokens)
 
-    @property
-    def padded_imbalance(self) -> float:
-        return imbalance(self.rank_padded_tokens)
 
 
 def _check(lengths: Sequence[int], world_size: int) -> list[int]:

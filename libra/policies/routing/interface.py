@@ -190,9 +190,6 @@ class ClusterView:
     def instance(self, instance_id: str) -> InstanceView | None:
         return self._by_id.get(instance_id)
 
-    def in_bucket(self, name: str) -> list[InstanceView]:
-        return [i for i in self.instances if i.bucket == name]
-
     def with_instance(self, instance_id: str, **changes: Any) -> ClusterView:
         """A copy with one instance's fields replaced (e.g. ``queued=inst.queued + 1`` after assigning)."""
         inst = self._by_id.get(instance_id)
