@@ -85,7 +85,7 @@ def _status_watch(args: argparse.Namespace) -> int:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from libra.keys import KeyFileError, create_keypair
+    from libra.transport.keys import KeyFileError, create_keypair
 
     try:
         kp = create_keypair(args.out, args.name, overwrite=args.force)
@@ -278,7 +278,7 @@ def _delegate(module: str, argv: list[str], prog: str) -> int:
 def _bad_broker(command: str, address: str | None) -> int | None:
     """2, with one line saying why, when ``--broker`` is not an address a client can connect to."""
     from libra.client.errors import BadAddress
-    from libra.endpoints import parse_endpoint
+    from libra.transport.endpoints import parse_endpoint
 
     try:
         if address is not None:

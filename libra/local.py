@@ -86,9 +86,9 @@ class LocalCluster:
 
     def _await_ipc(self, timeout: float = 10.0) -> None:
         """Give the broker up to ``timeout`` s to bind its ipc path, so the actors connect there rather than
-        over loopback TCP (a peer picks its transport when it connects; see libra.endpoints). Not an error
+        over loopback TCP (a peer picks its transport when it connects; see libra.transport.endpoints). Not an error
         when it never comes (ipc switched off, or the path could not be bound): TCP works the same."""
-        from libra.endpoints import resolve
+        from libra.transport.endpoints import resolve
 
         env = self._env()
         if "--no-ipc" in self.broker_args or env.get("LIBRA_IPC", "1").lower() in ("0", "off", "false", "no"):

@@ -11,7 +11,7 @@ import signal
 import socket
 import sys
 
-from libra.endpoints import parse_endpoint
+from libra.transport.endpoints import parse_endpoint
 from libra.logging import configure, get_logger
 
 from libra.engines.device import DTYPE_ENV, ENGINES_PER_GPU_ENV, MEMORY_FRACTION_ENV, NODE_GPUS_ENV, parse_dtype

@@ -8,7 +8,7 @@ A call on a lease it does not hold (ended, or granted by a broker session that i
 ``lease_ended`` before anything runs, so the client can send it through the broker without running it twice.
 
 :func:`bind_direct` binds the socket: TCP on the address this host uses to reach the broker (loopback for a
-local broker, never a wildcard), plus an ipc path for clients on the same host (``libra.endpoints``). A
+local broker, never a wildcard), plus an ipc path for clients on the same host (``libra.transport.endpoints``). A
 broker with CURVE keys gets no direct socket: its clients' keys are checked by the broker only.
 """
 
@@ -20,9 +20,9 @@ import uuid
 
 import zmq
 
-from libra.endpoints import ipc_dir, ipc_enabled, is_loopback_tcp
+from libra.transport.endpoints import ipc_dir, ipc_enabled, is_loopback_tcp
 from libra.protocol import messages as m
-from libra.zmqio import bind_ipc
+from libra.transport.zmqio import bind_ipc
 
 __all__ = ["DirectLeaseTable", "bind_direct"]
 

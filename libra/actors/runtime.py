@@ -25,16 +25,16 @@ from typing import Any, Callable
 
 import zmq
 
-from libra import sdnotify
+from libra.transport import sdnotify
 from libra.engines.device import engine_labels_from_env, slot_gpu_index
-from libra.endpoints import resolve
+from libra.transport.endpoints import resolve
 from libra.logging import bind_context, configure, get_logger
 from libra.protocol import ProtocolError, decode_many, encode, encode_batch, encode_many
 from libra.protocol import messages as m
 from libra.protocol.errors import ErrorCode, ProtocolCode
 from libra.protocol.payloads_actions import TOOL_DECLS_LABEL
-from libra.security import CurveClient, apply_client
-from libra.zmqio import NOBLOCK, close_socket, recv_ready, send_frames
+from libra.transport.security import CurveClient, apply_client
+from libra.transport.zmqio import NOBLOCK, close_socket, recv_ready, send_frames
 
 from .state import (ActorIdentity, ActorState, CancelWork, Connect, Note, Received, Reconfigure,
                     Reconfigured, SendMsg, Start, StartWork, Stop, Tick, WorkDone)

@@ -84,7 +84,7 @@ class _Child:
 
 def sweep_slot_leftovers(pid: int) -> list[str]:
     """Remove what the dead slot process ``pid`` left behind (see the module docstring); returns the paths."""
-    from libra.endpoints import ipc_dir
+    from libra.transport.endpoints import ipc_dir
     from libra.engines.sandbox.slot import sweep_roots_of
 
     removed = [str(p) for p in sweep_roots_of(pid)]

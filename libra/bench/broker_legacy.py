@@ -16,7 +16,7 @@ import zmq
 from libra.broker.events import BadFrame, PeerMessage, Tick
 from libra.broker.server import BrokerServer
 from libra.protocol import ProtocolError, decode_many
-from libra.zmqio import recv_frames
+from libra.transport.zmqio import recv_frames
 
 
 class LegacyBrokerServer(BrokerServer):

@@ -6,12 +6,12 @@ import argparse
 import dataclasses
 import sys
 
-from libra import sdnotify
-from libra.endpoints import address_problem
+from libra.transport import sdnotify
+from libra.transport.endpoints import address_problem
 from libra.config import ConfigError, from_mapping, load_section
-from libra.keys import KeyFileError
+from libra.transport.keys import KeyFileError
 from libra.logging import configure, get_logger
-from libra.security import CurveServer, InsecureBind, require_curve_or_loopback
+from libra.transport.security import CurveServer, InsecureBind, require_curve_or_loopback
 
 from .config import BrokerConfig
 from .server import BrokerServer

@@ -1,7 +1,7 @@
 """The broker's I/O shell: one ROUTER socket, decode → ``BrokerState.handle`` → execute the commands.
 
 The socket is bound at ``bind`` and, for a TCP endpoint, also at a per-port Unix path (see
-``libra.endpoints``) that peers on this host use instead of loopback TCP. Nothing here decides anything. The loop drains up to ``max_recv_per_poll`` frames without blocking
+``libra.transport.endpoints``) that peers on this host use instead of loopback TCP. Nothing here decides anything. The loop drains up to ``max_recv_per_poll`` frames without blocking
 (so a burst cannot starve the timers), feeds each to the core, executes the returned commands, and
 ticks the core every ``tick_s``. The commands: ``Send`` (queued per peer, sent at the end of the pass),
 ``JournalWrite`` (appended to the SQLite journal, committed before the pass's replies go out), ``Log`` (a
@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import zmq
 
-from libra.endpoints import broker_ipc_endpoint, forget_ipc
+from libra.transport.endpoints import broker_ipc_endpoint, forget_ipc
 from libra.logging import get_logger
 from libra.protocol import ProtocolError, decode_many, encode, encode_many
-from libra.security import Authenticator, CurveServer, apply_server
-from libra.zmqio import NOBLOCK, recv_ready, send_frames
+from libra.transport.security import Authenticator, CurveServer, apply_server
+from libra.transport.zmqio import NOBLOCK, recv_ready, send_frames
 
 from .config import BrokerConfig
 from .events import (
@@ -84,7 +84,7 @@ class BrokerServer:
         self.sock.bind(bind)
         self.endpoint = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         # the same socket at a Unix path too: peers on this host given a loopback TCP endpoint use it
-        # (libra.endpoints.resolve); CURVE, when on, applies to it as to TCP
+        # (libra.transport.endpoints.resolve); CURVE, when on, applies to it as to TCP
         self.ipc_endpoint: str | None = None
         ipc_ep = broker_ipc_endpoint(self.endpoint) if ipc else None
         if ipc_ep is not None:

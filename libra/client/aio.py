@@ -20,12 +20,12 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from libra.endpoints import parse_endpoint, resolve
+from libra.transport.endpoints import parse_endpoint, resolve
 from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode_many, encode, encode_batch
 from libra.protocol import messages as m
-from libra.zmqio import recv_ready
+from libra.transport.zmqio import recv_ready
 
-from libra.security import CurveClient
+from libra.transport.security import CurveClient
 
 from .common import (
     served_timeout,
@@ -63,7 +63,7 @@ class AsyncClient:
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._curve = configure_socket(self._sock, max_frame_bytes, curve)
-        self.endpoint = resolve(broker_url)  # the broker's ipc path when it is on this host (libra.endpoints)
+        self.endpoint = resolve(broker_url)  # the broker's ipc path when it is on this host (libra.transport.endpoints)
         self._sock.connect(self.endpoint)
         self._nb = zmq.Socket.shadow(self._sock.underlying)  # the same socket, for non-blocking sync calls
         self._outbox: list[list[bytes]] = []  # encoded requests waiting for the end of this loop pass

@@ -13,7 +13,7 @@ import zmq
 
 from libra.protocol import encode
 from libra.protocol import messages as m
-from libra.security import CurveClient, apply_client
+from libra.transport.security import CurveClient, apply_client
 
 from .errors import BadRequest, PayloadTooLarge, error_from_reply
 

@@ -26,7 +26,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from libra.endpoints import ipc_enabled
+from libra.transport.endpoints import ipc_enabled
 from libra.protocol import messages as m
 from libra.protocol.errors import ErrorCode
 

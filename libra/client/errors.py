@@ -86,7 +86,7 @@ class BrokerUnreachable(LibraError):
 
 class BadAddress(LibraError, ValueError):
     """An address no Libra socket can use (no ``tcp://``, a wrong scheme, no port), raised before any socket is
-    made. The message names the address, what is accepted and the likely fix (``libra.endpoints``);
+    made. The message names the address, what is accepted and the likely fix (``libra.transport.endpoints``);
     ``address`` is the address as given."""
 
     code = "bad_address"

@@ -21,12 +21,12 @@ from typing import Any
 
 import zmq
 
-from libra.endpoints import parse_endpoint, resolve
+from libra.transport.endpoints import parse_endpoint, resolve
 from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode_many, encode, encode_batch
 from libra.protocol import messages as m
-from libra.zmqio import recv_ready, send_frames
+from libra.transport.zmqio import recv_ready, send_frames
 
-from libra.security import CurveClient
+from libra.transport.security import CurveClient
 
 from .common import (
     served_timeout,
@@ -100,7 +100,7 @@ class Client:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._curve = configure_socket(self._sock, max_frame_bytes, curve)
-        self.endpoint = resolve(broker_url)  # the broker's ipc path when it is on this host (libra.endpoints)
+        self.endpoint = resolve(broker_url)  # the broker's ipc path when it is on this host (libra.transport.endpoints)
         self._sock.connect(self.endpoint)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)

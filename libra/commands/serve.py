@@ -87,7 +87,7 @@ async def serve(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
     from libra.client.aio import AsyncClient
-    from libra.security import CurveClient
+    from libra.transport.security import CurveClient
     from libra.serve import EndpointServer, TrajectoryRegistry
 
     tok = await asyncio.to_thread(AutoTokenizer.from_pretrained, args.model_dir)
@@ -103,7 +103,7 @@ async def serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """``prog``: how the usage line names the command (``libra serve`` or ``python -m libra serve``)."""
     args = build_parser(*([prog] if prog else [])).parse_args(argv)
-    from libra.endpoints import address_problem
+    from libra.transport.endpoints import address_problem
     from libra.logging import configure
 
     if (problem := address_problem(args.broker)) is not None:  # one line, not a traceback from the client

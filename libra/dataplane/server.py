@@ -20,7 +20,7 @@ import zmq
 from libra.dataplane.errors import InsecureDataPlane
 from libra.dataplane.wire import PROTO, DataPlaneKeys, ObjectRef, pack
 from libra.logging import get_logger
-from libra.security import is_local_endpoint
+from libra.transport.security import is_local_endpoint
 
 __all__ = ["HOST_ENV", "INSECURE_ENV", "DataPlaneServer"]
 
@@ -89,7 +89,7 @@ class DataPlaneServer:
             self.sock.curve_publickey = keys.public_key
             self.sock.curve_secretkey = keys.secret_key
             if allow_dir is not None:
-                from libra.security import ZAP_DOMAIN, Authenticator
+                from libra.transport.security import ZAP_DOMAIN, Authenticator
 
                 self.sock.zap_domain = ZAP_DOMAIN
                 self._auth = Authenticator(self.ctx, Path(allow_dir))

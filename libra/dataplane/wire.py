@@ -41,7 +41,7 @@ class DataPlaneKeys:
         path = os.environ.get("LIBRA_CURVE_SECRET")
         if not path:
             return None
-        from libra.keys import KeyFileError, load_keypair
+        from libra.transport.keys import KeyFileError, load_keypair
 
         kp = load_keypair(path)
         if kp.secret_key is None:

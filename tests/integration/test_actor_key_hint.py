@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from libra.client import Client
-from libra.keys import create_keypair
+from libra.transport.keys import create_keypair
 from libra.local import free_port, stop_process
-from libra.security import CurveClient
+from libra.transport.security import CurveClient
 
 pytestmark = pytest.mark.integration
 

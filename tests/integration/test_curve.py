@@ -13,9 +13,9 @@ import time
 import pytest
 
 from libra.client import BrokerUnreachable, Client
-from libra.keys import create_keypair
+from libra.transport.keys import create_keypair
 from libra.local import free_port
-from libra.security import CurveClient, is_local_endpoint
+from libra.transport.security import CurveClient, is_local_endpoint
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from libra.keys import create_keypair
+from libra.transport.keys import create_keypair
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Addresses: one validator (``libra.endpoints.parse_endpoint``) turns an address without ``tcp://``, with a
+"""Addresses: one validator (``libra.transport.endpoints.parse_endpoint``) turns an address without ``tcp://``, with a
 wrong scheme or without a port into a typed ``BadAddress`` (a ``LibraError``) that names the address, what is
 accepted and the likely fix, before any socket is made; the CLI commands print it in one line and exit 2."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from libra.client import BadAddress, Client, LibraError
 from libra.client.aio import AsyncClient
-from libra.endpoints import ACCEPTED, address_problem, parse_endpoint
+from libra.transport.endpoints import ACCEPTED, address_problem, parse_endpoint
 
 
 @pytest.mark.parametrize("addr", ["tcp://127.0.0.1:5555", "tcp://localhost:1", "tcp://[::1]:5555",

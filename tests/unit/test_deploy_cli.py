@@ -14,7 +14,7 @@ import zmq
 import zmq.auth
 
 from libra.commands.status import render_watch, render_watch_rich
-from libra.keys import KeyFileError, create_keypair, load_keypair
+from libra.transport.keys import KeyFileError, create_keypair, load_keypair
 
 needs_curve = pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
 

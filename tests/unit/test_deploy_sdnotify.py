@@ -1,4 +1,4 @@
-"""libra.sdnotify against a real AF_UNIX datagram socket standing in for systemd's notify socket."""
+"""libra.transport.sdnotify against a real AF_UNIX datagram socket standing in for systemd's notify socket."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from libra import sdnotify
+from libra.transport import sdnotify
 
 
 @pytest.fixture

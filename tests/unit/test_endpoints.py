@@ -1,4 +1,4 @@
-"""libra.endpoints: a loopback TCP endpoint switches to the broker's ipc path only when a broker serves it."""
+"""libra.transport.endpoints: a loopback TCP endpoint switches to the broker's ipc path only when a broker serves it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import stat
 import pytest
 import zmq
 
-from libra import endpoints as ep
+from libra.transport import endpoints as ep
 from libra.broker.server import BrokerServer
 from libra.client import Client
 

@@ -13,7 +13,7 @@ import zmq
 
 from libra.actors.supervisor import sweep_slot_leftovers
 from libra.engines.sandbox.slot import root_prefix, sweep_roots_of
-from libra.zmqio import bind_ipc, close_socket
+from libra.transport.zmqio import bind_ipc, close_socket
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -172,7 +172,7 @@ def test_malformed_requests_get_errors_and_the_server_keeps_serving(server) -> N
 
 
 def test_curve_server_refuses_plaintext_and_serves_key_holders(tmp_path, monkeypatch) -> None:
-    from libra.keys import create_keypair
+    from libra.transport.keys import create_keypair
 
     kp = create_keypair(tmp_path / "keys", "trainer")
     monkeypatch.setenv("LIBRA_CURVE_SECRET", str(kp.secret_file))

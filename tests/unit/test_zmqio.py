@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import zmq
 
-from libra.zmqio import recv_ready, send_frames
+from libra.transport.zmqio import recv_ready, send_frames
 
 
 def _pair():

@@ -7,7 +7,7 @@ Files are ZeroMQ certificates as ``zmq.auth`` reads them (``zmq.auth.load_certif
 Contract: :func:`create_keypair` never overwrites an existing file unless ``overwrite=True`` and never
 leaves a secret readable by others, even for an instant: the pair is written inside a fresh 0700
 directory, chmod-ed, then linked into place. Errors are :class:`KeyFileError` with a message
-that says what to do. Sockets use the keys through ``libra.security``.
+that says what to do. Sockets use the keys through ``libra.transport.security``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import socket
 
 from libra.logging import get_logger
 
-log = get_logger("libra.sdnotify")
+log = get_logger("libra.transport.sdnotify")
 
 
 def notify(state: str) -> bool:

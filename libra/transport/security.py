@@ -22,7 +22,7 @@ import zmq.auth
 import zmq.utils.z85
 from zmq.auth.thread import ThreadAuthenticator
 
-from libra.keys import KeyFileError, load_keypair
+from libra.transport.keys import KeyFileError, load_keypair
 
 ZAP_DOMAIN = b"libra"
 
