@@ -30,31 +30,71 @@ def table() -> ProfileTable:
     return build_profile_table(CM, N_GPUS, configs=TPS, loads=(32, 128))
 
 
-@pytest.mark.parametrize("load", [32, 128])
-def test_context_growth_run_beats_every_fixed_tp_and_never_ooms(table: ProfileTable, load: int) -> None:
-    def oom(tp: int, ctx: float, n: int) -> bool:
-        return batch_tgs(CM, tp, ctx, n, N_GPUS)[1]
+class LinesCost:
+    """A cost model whose answers are worked out by hand (the selector's table is built from it, its choices
+    are checked against the hand-worked ones, not against the same model).
 
-    selector = ParallelismSelector(table, oom_check=oom)
+    An instance of TP ``tp`` serving ``per`` responses of ``ctx`` tokens takes
+    ``per * ctx * (U[tp] + V[tp] * ctx) / tp`` seconds, so with ``load`` responses dealt evenly to
+    ``n / tp`` instances (``per = load * tp / n``) the tokens per GPU per second are
+    ``1 / (U[tp] + V[tp] * ctx)``: the best TP has the lowest line ``U + V * ctx``. KV: an instance holds
+    ``tp * M - W`` tokens (weights sharded over its GPUs), and needs ``per * ctx``.
+
+    Hand-worked at ``load = 32`` on 16 GPUs (``per = 2 tp``): lines cross at 1|2: 0.2 / 0.5e-4 = 4,000,
+    2|4: 0.4 / 0.3e-4 = 13,333.3, 4|8: 0.4 / 0.15e-4 = 26,666.7 (the 1|4, 1|8 and 2|8 crossings lie above
+    the envelope); TP1 runs out of KV where 2 ctx > M - W = 6,000, i.e. past 3,000 tokens, TP2 past 32,000,
+    TP4 past 46,500, TP8 past 53,750. So the best TP that fits is 1 below 3,000, 2 up to 13,333, 4 up to
+    26,667 and 8 beyond.
+    """
+
+    U = {1: 1.0, 2: 1.2, 4: 1.6, 8: 2.0}
+    V = {1: 1.0e-4, 2: 0.5e-4, 4: 0.2e-4, 8: 0.05e-4}
+    M, W = 122_000, 116_000
+
+    def fits_load(self, tp: int, context: float, per: int) -> bool:
+        return per * context <= tp * self.M - self.W
+
+    def segment_cost(self, tp: int, prompt: float, gen: float, per: int, context: float) -> float:
+        return per * context * (self.U[tp] + self.V[tp] * context) / tp
+
+
+def _hand_worked_best(ctx: float) -> int:
+    return 1 if ctx <= 3000 else 2 if ctx < 40000 / 3 else 4 if ctx < 80000 / 3 else 8
+
+
+def _brute_force_best(ctx: float, load: int, n_gpus: int) -> int:
+    """Every TP tried with the closed forms of :class:`LinesCost` (not through the selector's code)."""
+    c = LinesCost()
+    fits = [tp for tp in TPS if load * tp / n_gpus * ctx <= tp * c.M - c.W]
+    return min(fits, key=lambda tp: c.U[tp] + c.V[tp] * ctx)
+
+
+def test_context_growth_run_switches_where_the_hand_worked_best_tp_changes() -> None:
+    cost = LinesCost()
+    table = build_profile_table(cost, N_GPUS, configs=TPS, loads=(32,), min_context=256, max_context=40000)
+    selector = ParallelismSelector(table, oom_check=lambda tp, ctx, n: batch_tgs(cost, tp, ctx, n, N_GPUS)[1])
     contexts = np.geomspace(1024, 32768, 40)  # average context grows 1K -> 32K over 40 steps
-    chosen, totals = [], {tp: 0.0 for tp in TPS}
-    best_tps: set[int] = set()  # the best fixed TP at each context (physics decides whether it changes)
-    selected_total = 0.0
+    chosen, best_tps = [], []
     for ctx in contexts:
-        sel = selector.select(float(ctx), load)
-        tgs, is_oom = batch_tgs(CM, sel.tp, float(ctx), load, N_GPUS)
-        assert not is_oom and not sel.oom
-        fixed = {tp: batch_tgs(CM, tp, float(ctx), load, N_GPUS) for tp in TPS}
-        best_fixed = max(v for v, o in fixed.values() if not o)
-        assert tgs >= best_fixed * (1 - 1e-9), (ctx, sel.tp, fixed)
-        for tp, (v, o) in fixed.items():
-            totals[tp] += 0.0 if o else v
-        selected_total += tgs
+        want = _brute_force_best(float(ctx), 32, N_GPUS)
+        assert want == _hand_worked_best(float(ctx)), ctx
+        sel = selector.select(float(ctx), 32)
+        assert not sel.oom and sel.tp == want, (ctx, sel, want)
         chosen.append(sel.tp)
-    assert selected_total >= max(totals.values())
-    assert chosen == sorted(chosen)  # switches only toward larger TP
-    assert len(set(chosen)) >= min(2, len(best_tps))  # and does switch when the best fixed TP changes
-    assert chosen[-1] == 8
+        best_tps.append(want)
+    assert chosen == best_tps and sorted(set(best_tps)) == [1, 2, 4, 8]  # four switches, each where it pays
+    # The table's range ends are the hand-worked crossings (found by bisection over the cost).
+    ends = [r.hi for r in table.rows[32][:-1]]
+    assert ends == pytest.approx([3000.0, 40000 / 3, 80000 / 3], rel=1e-6)
+    assert [r.best for r in table.rows[32]] == [1, 2, 4, 8]
+
+
+def test_context_falling_back_keeps_the_tp_until_a_new_range_then_takes_its_best() -> None:
+    cost = LinesCost()
+    table = build_profile_table(cost, N_GPUS, configs=TPS, loads=(32,), min_context=256, max_context=40000)
+    sel = ParallelismSelector(table, oom_check=lambda tp, ctx, n: batch_tgs(cost, tp, ctx, n, N_GPUS)[1])
+    picks = [sel.select(c, 32).tp for c in (30000.0, 28000.0, 20000.0, 15000.0, 5000.0, 2000.0)]
+    assert picks == [8, 8, 4, 4, 2, 1]
 
 
 def test_fixed_small_tp_would_oom_where_the_selector_does_not(table: ProfileTable) -> None:
