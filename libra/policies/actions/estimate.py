@@ -180,53 +180,11 @@ def estimate_act(
                 t = tr
             pool += u
         if w.span and w.key == r:
-            d = w.durations
-            hi = w.max_units
-            if pool < hi:
-                lo = w.min_units
-                m = pool if pool > lo else lo
-                while d[m] == _INF and m > lo:
-                    m -= 1
-                best_fin = t + d[m]
-                best_t, best_pool, used = t, pool, 0
-                extra: list[tuple[float, int]] = []
-                p, tt = pool, t
-                for _ in range(max_wait_pops):
-                    if bi < nb:
-                        rel = brel[bi]
-                        if heap and heap[0][0] < rel[0]:
-                            rel = pop(heap)
-                        else:
-                            bi += 1
-                    elif heap:
-                        rel = pop(heap)
-                    else:
-                        break
-                    extra.append(rel)
-                    tr, u = rel
-                    if tr >= best_fin:
-                        break
-                    if tr > tt:
-                        tt = tr
-                    p += u
-                    m2 = p if p < hi else hi
-                    while d[m2] == _INF and m2 > lo:
-                        m2 -= 1
-                    fin = tt + d[m2]
-                    if fin < best_fin:
-                        best_fin, best_t, best_pool, used = fin, tt, p, len(extra)
-                    if p >= hi:
-                        break
-                if used < len(extra):
-                    for rel in extra[used:]:
-                        push(heap, rel)
-                t, pool = best_t, best_pool
-                m = pool if pool < hi else hi
-                while d[m] == _INF and m > lo:
-                    m -= 1
+            if pool < w.max_units:
+                t, pool, bi, m = _elastic_start(w, t, pool, heap, brel, bi, max_wait_pops)
             else:
-                m = hi  # allowed: ``sizes`` must contain max_units
-            dur = d[m]
+                m = w.max_units  # allowed: ``sizes`` must contain max_units
+            dur = w.durations[m]
         else:
             m = need
             dur = w.min_duration
@@ -237,6 +195,67 @@ def estimate_act(
             pool -= m
             push(heap, (t + dur, m))
     return total
+
+
+def _elastic_start(
+    w: ActionSpec,
+    t: float,
+    pool: int,
+    heap: list[tuple[float, int]],
+    brel: list[tuple[float, int]],
+    bi: int,
+    max_wait_pops: int,
+) -> tuple[float, int, int, int]:
+    """When and on how many units the elastic waiting action ``w`` starts (:func:`estimate_act`), with
+    ``pool`` units free at ``t``, fewer than its maximum: at the release, among the next ``max_wait_pops``
+    (``brel`` from index ``bi``, then ``heap``), that gives it the earliest completion, taking what is free
+    then up to its maximum. The looked-ahead releases it does not wait for go back on ``heap``. Returns
+    ``(start, pool at the start, the next index into brel, units)``."""
+    pop = heapq.heappop
+    nb = len(brel)
+    d = w.durations
+    hi = w.max_units
+    lo = w.min_units
+    m = pool if pool > lo else lo
+    while d[m] == _INF and m > lo:
+        m -= 1
+    best_fin = t + d[m]
+    best_t, best_pool, used = t, pool, 0
+    extra: list[tuple[float, int]] = []
+    p, tt = pool, t
+    for _ in range(max_wait_pops):
+        if bi < nb:
+            rel = brel[bi]
+            if heap and heap[0][0] < rel[0]:
+                rel = pop(heap)
+            else:
+                bi += 1
+        elif heap:
+            rel = pop(heap)
+        else:
+            break
+        extra.append(rel)
+        tr, u = rel
+        if tr >= best_fin:
+            break
+        if tr > tt:
+            tt = tr
+        p += u
+        m2 = p if p < hi else hi
+        while d[m2] == _INF and m2 > lo:
+            m2 -= 1
+        fin = tt + d[m2]
+        if fin < best_fin:
+            best_fin, best_t, best_pool, used = fin, tt, p, len(extra)
+        if p >= hi:
+            break
+    if used < len(extra):
+        for rel in extra[used:]:
+            heapq.heappush(heap, rel)
+    m = best_pool if best_pool < hi else hi
+    while d[m] == _INF and m > lo:
+        m -= 1
+    return best_t, best_pool, bi, m
 
 
 def queue_pos(pc: tuple[int, ActionSpec]) -> int:

@@ -70,31 +70,7 @@ def evict_convex(
     # ---- the candidates' releases an estimate can reach
     brel = sorted_releases(running, r)
     horizon = release_horizon(r, brel, waiting, gspecs[ng - nev:] if nev > 0 else ())
-    if any(extras):
-        if fdem and min(fdem) < 1:
-            horizon = _INF  # a zero-unit release breaks the pop bound behind the horizon
-        ms = list(map(add, map(_min_units, el), extras))
-        times = list(map(add, repeat(now), map(getitem, map(_durations, el), ms)))
-        if horizon == _INF:
-            crel = list(zip(times, ms))
-            if fdem:
-                crel += zip(map(add, repeat(now), fixed_dur), fdem)
-        else:
-            crel = list(compress(zip(times, ms), map(le, times, repeat(horizon))))
-            if fdem:
-                ftimes = list(map(add, repeat(now), fixed_dur))
-                crel += compress(zip(ftimes, fdem), map(le, ftimes, repeat(horizon)))
-    else:
-        # Every candidate at its minimum (no unit left to split): one pass over the partition, elastic and
-        # fixed alike; ``part_units`` is the minimum of r (elastic) or the demand of r (fixed).
-        if min(units) < 1:
-            horizon = _INF
-        times = list(map(add, repeat(now), mind))
-        if horizon == _INF:
-            crel = list(zip(times, units))
-        else:
-            crel = list(compress(zip(times, units), map(le, times, repeat(horizon))))
-    crel.sort()
+    crel, horizon = _reachable_releases(el, extras, units, mind, fdem, fixed_dur, horizon, now)
     j = cost + fixed_cost + estimate_act(r, crel, brel, L - sum(extras), waiting, now, _INF)
     if nev <= 0:
         return ng, extras
@@ -125,20 +101,7 @@ def evict_convex(
         cost2 += fixed2
         order = merge_pos(list(zip(gpos[k2:], gspecs[k2:])), waiting)
         # The releases: drop the evicted candidate's, move those of the kept ones whose units changed.
-        crel2 = crel[:]
-        if rel_out[0] <= horizon:
-            del crel2[bisect_left(crel2, rel_out)]
-        for i in compress(range(ne2), map(ne_, extras, ext2)):
-            s = el[i]
-            d = s.durations
-            m = s.min_units + extras[i]
-            tr = now + d[m]
-            if tr <= horizon:
-                del crel2[bisect_left(crel2, (tr, m))]
-            m = s.min_units + ext2[i]
-            tr = now + d[m]
-            if tr <= horizon:
-                insort(crel2, (tr, m))
+        crel2 = _moved_releases(crel, rel_out, horizon, el, ne2, extras, ext2, now)
         # Only an improvement matters: the estimate stops once it cannot beat j.
         j2 = cost2 + estimate_act(r, crel2, brel, freed2 - sum(ext2), order, now, j - cost2)
         if j2 < j - 1e-9:
@@ -147,6 +110,76 @@ def evict_convex(
         else:
             break
     return k, extras
+
+
+def _reachable_releases(
+    el: list[ActionSpec],
+    extras: list[int],
+    units: Sequence[int],
+    mind: Sequence[float],
+    fdem: list[int],
+    fixed_dur: list[float],
+    horizon: float,
+    now: float,
+) -> tuple[list[tuple[float, int]], float]:
+    """The sorted releases ``(time, units)`` of a partition's candidates at the split ``extras`` that fall at
+    or before ``horizon``, and the horizon (unbounded when a zero-unit release breaks its pop bound)."""
+    if any(extras):
+        if fdem and min(fdem) < 1:
+            horizon = _INF  # a zero-unit release breaks the pop bound behind the horizon
+        ms = list(map(add, map(_min_units, el), extras))
+        times = list(map(add, repeat(now), map(getitem, map(_durations, el), ms)))
+        if horizon == _INF:
+            crel = list(zip(times, ms))
+            if fdem:
+                crel += zip(map(add, repeat(now), fixed_dur), fdem)
+        else:
+            crel = list(compress(zip(times, ms), map(le, times, repeat(horizon))))
+            if fdem:
+                ftimes = list(map(add, repeat(now), fixed_dur))
+                crel += compress(zip(ftimes, fdem), map(le, ftimes, repeat(horizon)))
+    else:
+        # Every candidate at its minimum (no unit left to split): one pass over the partition, elastic and
+        # fixed alike; ``part_units`` is the minimum of r (elastic) or the demand of r (fixed).
+        if min(units) < 1:
+            horizon = _INF
+        times = list(map(add, repeat(now), mind))
+        if horizon == _INF:
+            crel = list(zip(times, units))
+        else:
+            crel = list(compress(zip(times, units), map(le, times, repeat(horizon))))
+    crel.sort()
+    return crel, horizon
+
+
+def _moved_releases(
+    crel: list[tuple[float, int]],
+    rel_out: tuple[float, int],
+    horizon: float,
+    el: list[ActionSpec],
+    ne: int,
+    extras: list[int],
+    ext2: list[int],
+    now: float,
+) -> list[tuple[float, int]]:
+    """A copy of the sorted releases ``crel`` without the evicted candidate's ``rel_out``, and with the
+    releases of the kept elastic candidates (the first ``ne`` of ``el``) whose units changed moved from their
+    ``extras`` to their ``ext2`` units."""
+    crel2 = crel[:]
+    if rel_out[0] <= horizon:
+        del crel2[bisect_left(crel2, rel_out)]
+    for i in compress(range(ne), map(ne_, extras, ext2)):
+        s = el[i]
+        d = s.durations
+        m = s.min_units + extras[i]
+        tr = now + d[m]
+        if tr <= horizon:
+            del crel2[bisect_left(crel2, (tr, m))]
+        m = s.min_units + ext2[i]
+        tr = now + d[m]
+        if tr <= horizon:
+            insort(crel2, (tr, m))
+    return crel2
 
 
 def evict_dp(
