@@ -24,7 +24,7 @@ from 1K to 32K tokens over ``--earl-points`` steps, at a fixed number of concurr
 responses: 32 and 64) on 16 H200 GPUs with Qwen3-14B. At each point the broker's own selector loop
 (:class:`libra.broker.earl.EarlLoop`, default settings: cost-model profile table, OOM guard, hysteresis) sees a
 window of generate turns at that context and decides the rollout TP from the TP it holds; every fixed TP is measured too. Throughput
-(tokens per GPU per second) is measured by simulating the batch on :class:`~libra.sim.sim_instance.SimInstance`
+(tokens per GPU per second) is measured by simulating the batch on :class:`~libra.sim.instance.SimInstance`
 instances (continuous batching: prefill, then decode with growing KV; responses dealt round-robin); a TP
 is OOM when its share of the responses does not fit the instance's KV cache at once. "Never OOM" counts
 the points where some fixed TP fits (where none does, no choice avoids it).
@@ -52,7 +52,7 @@ import numpy as np
 from libra.bench.ablation_seeds import LADDER, LADDER_COST, format_seeds, summarize_seeds
 from libra.bench.ablation_why import ehp_why, ratio_why, tp_why
 from libra.bench.output import emit
-from libra.sim.sim_config import default_prompts
+from libra.sim.config import default_prompts
 from libra.sim.workload_profiles import MAX_MODEL_LEN
 
 __all__ = ["RUNGS", "earl_run", "main", "measure_tgs", "run", "run_rung"]
@@ -181,8 +181,8 @@ def measure_tgs(costs: Any, tp: int, context: float, load: int, n_gpus: int,
     """Simulated ``(tokens per GPU per second, oom)`` of ``load`` responses of ``context`` tokens on
     ``n_gpus // tp`` TP-``tp`` instances (round-robin; each response prefills ``prompt_fraction`` of its
     context, then decodes the rest). OOM: an instance cannot hold its responses' KV at once."""
-    from libra.sim.sim_cluster import RolloutInstanceSpec
-    from libra.sim.sim_instance import Seq, SimInstance
+    from libra.sim.cluster import RolloutInstanceSpec
+    from libra.sim.instance import Seq, SimInstance
 
     n_inst = n_gpus // tp
     if n_inst < 1:
@@ -215,7 +215,7 @@ def earl_run(points: int = 12, min_context: float = 1024.0, max_context: float =
     """The EARL context-growth comparison (see the module docstring). One row per (load, point)."""
     from libra.policies.cost import RolloutCostModel, load_hardware, load_model
     from libra.broker.earl import EarlLoop, EarlSettings
-    from libra.sim.sim_cluster import InstanceCosts
+    from libra.sim.cluster import InstanceCosts
 
     cm = RolloutCostModel(load_hardware(hardware), load_model(model))
     costs = InstanceCosts(cm)

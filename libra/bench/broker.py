@@ -310,8 +310,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also sweep throughput over 2/8/32 actors x 1/2/4/8 client processes")
     p.add_argument("--trace-hops", action="store_true",
                    help="instead: stamp one call's every hop (client, broker, actor) and print per-segment medians, "
-                        "old hot path against the current one, interleaved (libra.bench.broker_hops)")
-    p.add_argument("--rounds", type=int, default=3, help="--trace-hops: interleaved old/new rounds")
+                        "of the current hot path (libra.bench.broker_hops)")
+    p.add_argument("--rounds", type=int, default=3, help="--trace-hops: rounds (medians reported)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     if a.trace_hops:

@@ -11,11 +11,14 @@ Each traced call has a unique tag as its request id and its echo argument, so ev
 (Submit, Assign, WorkResult, Reply) is found among the recorded frames by the tag's bytes. With one call in
 flight, the stamps of call ``i`` give the segments below; their medians over ``n`` calls are printed, and the
 same for a call the broker answers alone (an unknown tool: two hops, no actor).
+
+No baseline loop: the hot path before the hop-cost pass was kept here as a near-copy of the broker's
+server (``bench/broker_legacy.py``) and compared in the same run; that copy is gone (#29). The segments are
+absolute figures of the current path, measured with the load printed beside them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -63,13 +66,11 @@ def _dump(path: str, log: list) -> None:
         pickle.dump([(t, op, bytes(x) if isinstance(x, (bytes, bytearray, memoryview)) else x) for t, op, x in log], f)
 
 
-def _broker_proc(url: str, out: str, ready: Any, stop: Any, legacy: bool) -> None:
+def _broker_proc(url: str, out: str, ready: Any, stop: Any) -> None:
     from libra.broker.server import BrokerServer
 
-    from .broker_legacy import LegacyBrokerServer
-
     log: list = []
-    srv = (LegacyBrokerServer if legacy else BrokerServer)(url, ipc=False)
+    srv = BrokerServer(url, ipc=False)
     real = srv.sock  # kept referenced: a collected socket object closes the socket its shadow shares
     srv.sock = _traced(real, log)
     handle = srv.state.handle
@@ -163,23 +164,15 @@ def _median(xs: list[float]) -> float:
     return xs[len(xs) // 2] if xs else float("nan")
 
 
-def trace(n: int = 500, legacy: bool = False, window: int = 100) -> dict:
+def trace(n: int = 500, window: int = 100) -> dict:
     """Run ``n`` traced echo calls and ``n`` unknown-tool calls (per-segment medians in µs), then, with the
     client's socket untraced, ``n`` echo calls one at a time (p50) and ``3 n`` with ``window`` in flight
-    (calls/s). ``legacy``: every process on the hot path as it was before this pass
-    (:mod:`libra.bench.broker_legacy`)."""
-    from .broker_legacy import legacy_hot_path
-
-    with legacy_hot_path() if legacy else contextlib.nullcontext():
-        return _trace(n, legacy, window)
-
-
-def _trace(n: int, legacy: bool, window: int) -> dict:
+    (calls/s)."""
     with tempfile.TemporaryDirectory(prefix="libra-hops-") as tmp:  # the processes' stamps; removed afterwards
-        return _trace_in(tmp, n, legacy, window)
+        return _trace_in(tmp, n, window)
 
 
-def _trace_in(tmp: str, n: int, legacy: bool, window: int) -> dict:
+def _trace_in(tmp: str, n: int, window: int) -> dict:
     from libra.client import Client, UnknownTool
 
     from .broker_drive import drive, pct
@@ -190,7 +183,7 @@ def _trace_in(tmp: str, n: int, legacy: bool, window: int) -> dict:
     ready, stop = ctx.Event(), ctx.Event()
     saved = os.environ.get("LIBRA_IPC")
     os.environ["LIBRA_IPC"] = "0"
-    bp = ctx.Process(target=_broker_proc, args=(url, bout, ready, stop, legacy), daemon=True)
+    bp = ctx.Process(target=_broker_proc, args=(url, bout, ready, stop), daemon=True)
     bp.start()
     ready.wait(10)
     ap = ctx.Process(target=_actor_proc, args=(url, aout, stop), daemon=True)
@@ -274,7 +267,7 @@ def _trace_in(tmp: str, n: int, legacy: bool, window: int) -> dict:
             seg0.setdefault(f"{name}|{a}", []).append((st[z] - st[a]) / 1e3)
         total0.append((t1 - t0) / 1e3)
     return {
-        "loop": "legacy" if legacy else "current",
+        "loop": "current",
         "calls": len(total),
         "echo_total_us": _median(total),
         "echo_segments_us": {k.split("|")[0] + f" [{i}]": _median(v) for i, (k, v) in enumerate(seg.items())},
@@ -287,12 +280,8 @@ def _trace_in(tmp: str, n: int, legacy: bool, window: int) -> dict:
 
 
 def compare(n: int = 300, rounds: int = 3, window: int = 100) -> list[dict]:
-    """Old and new hot path in the same run: ``rounds`` interleaved pairs; each figure is the median of the
-    rounds' figures."""
-    runs: dict[str, list[dict]] = {"legacy": [], "current": []}
-    for _ in range(rounds):
-        runs["legacy"].append(trace(n, True, window))
-        runs["current"].append(trace(n, False, window))
+    """The current hot path, ``rounds`` runs; each figure is the median of the rounds' figures (one row)."""
+    runs: dict[str, list[dict]] = {"current": [trace(n, window) for _ in range(rounds)]}
     out = []
     for loop, rs in runs.items():
         row: dict = {"loop": loop, "rounds": len(rs)}
@@ -320,8 +309,4 @@ def print_trace(rows: list[dict]) -> None:
     print(f"{'untraced echo calls':<46}{head}")
     print(f"  {'p50 µs, one in flight':<44}" + "".join(f"{r['p50_us']:>10.1f}" for r in rows))
     print(f"  {'calls/s, 100 in flight (sync window)':<44}" + "".join(f"{r['per_s']:>10.0f}" for r in rows))
-    if len(rows) == 2:
-        a, b = rows
-        print(f"legacy/current: echo call {a['echo_total_us'] / b['echo_total_us']:.2f}x, broker-only call "
-              f"{a['no_actor_total_us'] / b['no_actor_total_us']:.2f}x, p50 {a['p50_us'] / b['p50_us']:.2f}x; "
-              f"calls/s current/legacy {b['per_s'] / a['per_s']:.2f}x (medians of {a['rounds']} interleaved rounds)")
+    print(f"medians of {rows[0]['rounds']} rounds")

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from libra.bench.output import emit
-from libra.sim.sim_config import default_prompts
+from libra.sim.config import default_prompts
 
 __all__ = ["fig2a", "fig3", "main", "run", "sim_ratio"]
 

@@ -45,7 +45,7 @@ def run_case(groups: int, step: int, gpus: int, train: int, seed: int, trace: st
     from libra.policies.cost import RolloutCostModel, TrainingCostModel, load_hardware, load_model
     from libra.policies.planner.allocators import GlobalResourcePlanner, PlannerConfig
     from libra.sim.engine import SimConfig, Simulator
-    from libra.sim.sim_cluster import homogeneous_layout
+    from libra.sim.cluster import homogeneous_layout
     from libra.traces import workload_of
     from libra.sim.workload_profiles import get_profile
     from libra.sim.workloads import generate

@@ -40,7 +40,7 @@ into log lines.
 
 Who starts a round is the caller's choice, the decision is the same code: the live broker starts one on its
 timer (``interval_s``, :meth:`PlannerLoop.due`), numbering rounds 1, 2, ...; the simulator
-(``libra.sim.sim_planner``) starts one at every training-step boundary and numbers it by the step
+(``libra.sim.planner``) starts one at every training-step boundary and numbers it by the step
 (``start(..., step=k)``), after a profiling pass (:meth:`PlannerLoop.profile`) chose the plan it launches with.
 """
 

@@ -13,6 +13,7 @@ import zmq
 
 from libra.protocol import encode
 from libra.protocol import messages as m
+from libra.transport.endpoints import resolve
 from libra.transport.security import CurveClient, apply_client
 
 from .errors import BadRequest, PayloadTooLarge, error_from_reply
@@ -105,6 +106,18 @@ def configure_socket(sock: zmq.Socket, max_frame_bytes: int, curve: CurveClient 
     sock.setsockopt(zmq.SNDHWM, 1_000_000)
     sock.setsockopt(zmq.RCVHWM, 1_000_000)
     return curve is not None
+
+
+def open_dealer(ctx: zmq.Context, broker_url: str, max_frame_bytes: int,
+                curve: CurveClient | None) -> tuple[zmq.Socket, bool, str]:
+    """A client's DEALER socket to the broker, configured (:func:`configure_socket`) and connected:
+    ``(socket, whether it uses CURVE, the endpoint connected to)`` (the broker's ipc path when it is on this
+    host: ``libra.transport.endpoints.resolve``)."""
+    sock = ctx.socket(zmq.DEALER)
+    uses_curve = configure_socket(sock, max_frame_bytes, curve)
+    endpoint = resolve(broker_url)
+    sock.connect(endpoint)
+    return sock, uses_curve, endpoint
 
 
 def unreachable(url: str, curve: bool, timeout: float | None = None) -> str:

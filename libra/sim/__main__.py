@@ -3,10 +3,10 @@
 ``python -m libra.sim --workload r2e|search_r1|dapo_math | --trace FILE --gpus 48 --steps N --router NAME
 --allocation NAME --seed S [--per-step] [--json]`` prints tokens/s, trajectories/s, step time (mean, p50, p99), rollout
 and training time, GPU idle fraction, routing accuracy and migrated-token ratio (``--json``: one object, see
-:mod:`libra.sim.sim_metrics`). Action workloads (``--workload coding|mopd|deepsearch``) are delegated to
+:mod:`libra.sim.metrics`). Action workloads (``--workload coding|mopd|deepsearch``) are delegated to
 :func:`libra.sim.actions_sim.main` with ``--steps``, ``--seed``, ``--json`` and any options it accepts.
 Allocations: static ``static_uniform``, ``hetero``, ``colocated``; planner-driven (initial plan from the
-first steps, online re-planning, transitions charged in virtual time; :mod:`libra.sim.sim_planner`)
+first steps, online re-planning, transitions charged in virtual time; :mod:`libra.sim.planner`)
 ``grp_homogeneous``, ``grp``, ``grp_ehp`` (+ Elastic Hybrid Pool), ``static_best``, ``greedy``; these add a
 ``planner`` object (plans applied, decisions, switches, seconds charged) to ``--json``.
 Exit status 2 on bad arguments or an unreadable trace.
@@ -22,8 +22,8 @@ import time
 from collections.abc import Sequence
 
 from libra.sim.engine import SIM_ROUTERS, SimConfig, Simulator
-from libra.sim.sim_cluster import ALLOCATIONS, PLANNER_ALLOCATIONS, SimConfigError
-from libra.sim.sim_config import default_prompts
+from libra.sim.cluster import ALLOCATIONS, PLANNER_ALLOCATIONS, SimConfigError
+from libra.sim.config import default_prompts
 from libra.traces import TraceError, read_trace
 from libra.sim.workload_profiles import PROFILES, get_profile
 from libra.sim.workloads import generate

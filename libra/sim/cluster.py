@@ -15,7 +15,7 @@ Allocation policies. Static layouts, built here:
 
 Planner-driven allocations (:data:`PLANNER_ALLOCATIONS`: ``grp_homogeneous``, ``grp``, ``grp_ehp``,
 ``static_best``, ``greedy``) start from a plan and re-plan online; their layouts come from
-:mod:`libra.sim.sim_planner`, not from :func:`make_layout`.
+:mod:`libra.sim.planner`, not from :func:`make_layout`.
 
 :class:`InstanceCosts` wraps :class:`~libra.policies.cost.RolloutCostModel`: for a dense model the
 decode step is exactly linear in running sequences and KV tokens, so it is fitted once per TP degree
@@ -115,7 +115,7 @@ def make_layout(allocation: str, gpus: int, bucket_thresholds: tuple[int, ...] =
         return Layout(allocation, gpus, tuple(insts), buckets, gpus - nodes * NODE_GPUS, False,
                       {"node": "[TP1, TP1, TP2, TP4]"})
     if allocation in PLANNER_ALLOCATIONS:
-        raise SimConfigError(f"allocation {allocation!r} is planner-driven: its layout comes from libra.sim.sim_planner")
+        raise SimConfigError(f"allocation {allocation!r} is planner-driven: its layout comes from libra.sim.planner")
     raise SimConfigError(f"unknown allocation {allocation!r} (known: {', '.join(ALLOCATIONS)})")
 
 

@@ -1,5 +1,5 @@
 """The settings of one simulated run (:class:`SimConfig`), read by :class:`~libra.sim.engine.Simulator` and by
-the planner-driven allocation (:mod:`libra.sim.sim_planner`). :mod:`libra.sim.engine` re-exports it.
+the planner-driven allocation (:mod:`libra.sim.planner`). :mod:`libra.sim.engine` re-exports it.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ class SimConfig:
     min_visits: int = 10  # C-MLFQ: samples a prefix node needs before its mean/P90 count (P90 needs >= 10)
     tick_s: float = 30.0
     reserve_tokens: int | None = None  # broker credit = KV capacity / this; None: the planner's reserve (libra.sim.engine)
-    allocation_params: dict[str, Any] = field(default_factory=dict)  # planner allocations (sim_planner.py)
-    batching: str = "streaming"  # "streaming" (docs/papers.md §1.7) or "barrier" (the earlier model): sim_batching.py
+    allocation_params: dict[str, Any] = field(default_factory=dict)  # planner allocations (planner.py)
+    batching: str = "streaming"  # "streaming" (docs/papers.md §1.7) or "barrier" (the earlier model): batching.py
     eta: int = 2  # streaming: max head off-policyness (admitted groups < (eta + version + 1) * B)
     max_concurrent: int | None = None  # streaming: running groups at most this (None: 2 * B)
     weight_sync_s: float = 0.0  # seconds added to every training step for the weight sync

@@ -1,4 +1,4 @@
-"""The Elastic Hybrid Pool of the simulator's ``grp_ehp`` allocation (:mod:`libra.sim.sim_planner`).
+"""The Elastic Hybrid Pool of the simulator's ``grp_ehp`` allocation (:mod:`libra.sim.planner`).
 
 New training replicas join as whole DP replicas through the hybrid join protocol
 (:class:`~libra.broker.hybrid.HybridReplica`): :func:`register_joins` starts a join for every training
@@ -22,7 +22,7 @@ from libra.broker.hybrid import HybridReplica, JoinState
 from libra.broker.pools import Role
 from libra.policies.planner.allocators import EhpSignal, Plan, PressureSnapshot, Replanner, ehp_signal
 from libra.policies.planner.search import GlobalResourcePlanner
-from libra.sim.sim_planner_params import PlannerSimParams
+from libra.sim.planner_params import PlannerSimParams
 
 __all__ = ["JoinLedger", "ehp_decision", "end_step", "register_joins", "start_step"]
 

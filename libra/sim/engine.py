@@ -4,18 +4,18 @@ Contract: :class:`Simulator` builds a real :class:`~libra.broker.state.BrokerSta
 named in :class:`SimConfig`) and feeds it ``PeerMessage``/``Tick`` events on a virtual clock, executing
 every ``Send`` it returns by simulating the receiver:
 
-- rollout actors, one per instance of the :class:`~libra.sim.sim_cluster.Layout` (hello with labels
+- rollout actors, one per instance of the :class:`~libra.sim.cluster.Layout` (hello with labels
   ``{"role": {"bucket": name}}``, capacity = concurrent sequences that fit the KV cache at the
   planner's per-sequence reserve, ``SimConfig.reserve_tokens`` or :func:`_planner_reserve`: the
   instance itself admits by actual KV, like vLLM, so the credit only caps dispatch), simulated by
-  :class:`~libra.sim.sim_instance.SimInstance` (continuous batching, prefill, decode vs KV tokens, KV
+  :class:`~libra.sim.instance.SimInstance` (continuous batching, prefill, decode vs KV tokens, KV
   capacity, KV-transfer vs re-prefill migrations), answering ``{"gen_tokens": n}``;
 - one tool actor serving every tool, each call taking its trace ``tool_seconds`` and answering
   ``{"payload_tokens": n, "status": s}``;
 - one client that replays each trajectory of the trace (generate → action → generate ... →
   ``EndTrajectory``), submitting generate args ``{prompt_id, prompt_tokens, step, true_remaining}``.
 
-GRPO loop: :class:`~libra.sim.sim_batching.BatchFormer` decides which groups start and what each training
+GRPO loop: :class:`~libra.sim.batching.BatchFormer` decides which groups start and what each training
 step consumes. ``SimConfig.batching = "streaming"`` (default, docs/papers.md §1.7): groups start while the
 staleness budget (``eta``) and the concurrency cap allow, and training step ``k`` takes the first complete
 groups by creation, as soon as the previous step has finished; ``"barrier"`` (the earlier model): the groups
@@ -31,8 +31,8 @@ After training step ``k`` the router hears ``on_step(k + 1)`` (C-MLFQ's tree reb
 (``placement="bucket"``) given the true total length times ``exp(predictor_noise · N(0, 1))`` at T=0, never
 corrected afterwards. ``oracle`` itself gets the true remaining length at the start and at every tool return.
 
-Metrics (:meth:`Simulator.run` returns a :class:`~libra.sim.sim_metrics.SimResult`): see
-``sim_metrics.py``. Deterministic: same trace, config and seed → identical result. No sockets, threads,
+Metrics (:meth:`Simulator.run` returns a :class:`~libra.sim.metrics.SimResult`): see
+``metrics.py``. Deterministic: same trace, config and seed → identical result. No sockets, threads,
 wall clocks or I/O.
 """
 
@@ -59,13 +59,13 @@ from libra.policies.cost import (
 from libra.policies.cost.training import TrainConfig
 from libra.policies.routing.interface import MigrationQuery, bucket_index_for, mode_by_cost
 from libra.protocol import messages as m
-from libra.sim.sim_batching import BatchFormer
-from libra.sim.sim_cluster import InstanceCosts, Layout, SimConfigError, make_layout
-from libra.sim.sim_config import SimConfig
-from libra.sim.sim_gpus import TransitionCosts
-from libra.sim.sim_instance import Seq, SimInstance
-from libra.sim.sim_metrics import SimResult, TrajRecord, summarize
-from libra.sim.sim_planner import PlannerAllocation, is_planner_allocation
+from libra.sim.batching import BatchFormer
+from libra.sim.cluster import InstanceCosts, Layout, SimConfigError, make_layout
+from libra.sim.config import SimConfig
+from libra.sim.gpus import TransitionCosts
+from libra.sim.instance import Seq, SimInstance
+from libra.sim.metrics import SimResult, TrajRecord, summarize
+from libra.sim.planner import PlannerAllocation, is_planner_allocation
 from libra.traces import TrajectorySpec
 
 __all__ = ["SIM_ROUTERS", "SimConfig", "SimConfigError", "Simulator", "simulate"]

@@ -1,13 +1,13 @@
 """Simulated GPU actors that change roles: plan layouts, directives, transition costs, training replicas.
 
 Role: the receiver of the broker's role ``Directive`` messages in :mod:`libra.sim.engine` when the
-allocation is planner-driven (:mod:`libra.sim.sim_planner`). Every GPU is one actor (id ``n<node>/gpu<i>``,
+allocation is planner-driven (:mod:`libra.sim.planner`). Every GPU is one actor (id ``n<node>/gpu<i>``,
 host ``n<node>``, slot ``gpu<i>``, label ``slot_kind: gpu``), exactly what
 :meth:`~libra.broker.state.BrokerState.apply_plan` lays plans out on. A role is a
 :class:`~libra.broker.pools.Role`:
 
 - ``rollout``: a TP group of ``tp`` GPUs is one simulated rollout instance
-  (:class:`~libra.sim.sim_instance.SimInstance`) served by its rank-0 actor, which bids ``generate``
+  (:class:`~libra.sim.instance.SimInstance`) served by its rank-0 actor, which bids ``generate``
   with the instance's sequence credit; the other members bid ``sync`` only (they are the same engine);
 - ``train``: a member of a training replica (``tp × pp`` GPUs, group = replica); training itself is
   simulated by the engine one step at a time with the complete, active replicas (:meth:`train_time`);
@@ -46,9 +46,9 @@ from typing import Any
 from libra.broker.pools import Role
 from libra.policies.cost.training import TrainConfig
 from libra.protocol import messages as m
-from libra.sim.sim_cluster import NODE_GPUS, RolloutInstanceSpec
-from libra.sim.sim_host import SimHost
-from libra.sim.sim_instance import SimInstance
+from libra.sim.cluster import NODE_GPUS, RolloutInstanceSpec
+from libra.sim.host import SimHost
+from libra.sim.instance import SimInstance
 
 __all__ = ["FleetError", "GpuActor", "GpuFleet", "Switch", "TransitionCosts", "gpu_id"]
 

@@ -1,6 +1,6 @@
 """The running simulator as its parts see it: :class:`SimHost`, the protocol that
-:class:`~libra.sim.engine.Simulator` satisfies and that its GPU fleet (:mod:`libra.sim.sim_gpus`) and
-planner-driven allocation (:mod:`libra.sim.sim_planner`) are written against.
+:class:`~libra.sim.engine.Simulator` satisfies and that its GPU fleet (:mod:`libra.sim.gpus`) and
+planner-driven allocation (:mod:`libra.sim.planner`) are written against.
 
 It names the simulator state those parts read and change (virtual clock, instances, broker, per-step
 timings) and the engine's event hooks they call (push an event, send a peer message, pump the broker,
@@ -13,18 +13,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from libra.sim.sim_metrics import RunView
+from libra.sim.metrics import RunView
 
 if TYPE_CHECKING:
     from libra.broker.events import Send
-    from libra.sim.sim_cluster import InstanceCosts
-    from libra.sim.sim_instance import SimInstance
+    from libra.sim.cluster import InstanceCosts
+    from libra.sim.instance import SimInstance
 
 __all__ = ["SimHost"]
 
 
 class SimHost(RunView, Protocol):
-    """A :class:`~libra.sim.sim_metrics.RunView` plus what the GPU fleet and the planner allocation use."""
+    """A :class:`~libra.sim.metrics.RunView` plus what the GPU fleet and the planner allocation use."""
 
     instances: dict[bytes, SimInstance]  # the fleet adds and retires instances
     costs: InstanceCosts

@@ -1,7 +1,7 @@
 """A simulated rollout instance: continuous batching on a virtual clock (fluid between events).
 
 Role: the receiver of ``generate`` assignments in :mod:`libra.sim.engine`. One instance is one vLLM-like
-server of TP degree ``tp``. Model (per :class:`~libra.sim.sim_cluster.InstanceCosts`):
+server of TP degree ``tp``. Model (per :class:`~libra.sim.cluster.InstanceCosts`):
 
 - every running sequence decodes one token per step; a step takes ``decode_step(tp, running, kv_tokens)``
   (constant between events, evaluated at the segment's mid-point KV size); contexts grow as they decode;
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from libra.sim.sim_cluster import InstanceCosts, RolloutInstanceSpec
+from libra.sim.cluster import InstanceCosts, RolloutInstanceSpec
 
 __all__ = ["Seq", "SimInstance"]
 

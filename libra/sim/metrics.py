@@ -15,7 +15,7 @@ Definitions (``makespan`` = virtual time when the last training step ends):
   ``TrajectorySpec.remaining_response_after_returns[0]``; bucket thresholds are in that unit);
 - ``migrated_token_ratio``: context tokens moved or recomputed because a trajectory changed instance
   (counted once per move, whole context) / Σ trajectory tokens;
-- ``batching``: the execution model run (``streaming`` or ``barrier``, :mod:`libra.sim.sim_batching`);
+- ``batching``: the execution model run (``streaming`` or ``barrier``, :mod:`libra.sim.batching`);
   ``staleness``: over every trained trajectory, the training version that consumed it minus the version
   its first turn was generated with: mean, max, and ``step_max_mean`` (the mean over steps of each
   step's maximum).
@@ -34,10 +34,10 @@ import numpy as np
 
 if TYPE_CHECKING:
     from libra.broker.state import BrokerState
-    from libra.sim.sim_batching import BatchFormer
-    from libra.sim.sim_cluster import Layout
-    from libra.sim.sim_config import SimConfig
-    from libra.sim.sim_instance import SimInstance
+    from libra.sim.batching import BatchFormer
+    from libra.sim.cluster import Layout
+    from libra.sim.config import SimConfig
+    from libra.sim.instance import SimInstance
     from libra.traces import TrajectorySpec
 
 __all__ = ["RunView", "SimResult", "TrajRecord", "summarize"]

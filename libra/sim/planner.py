@@ -4,7 +4,7 @@ Role: the allocation policy of a :class:`~libra.sim.engine.Simulator` whose ``Si
 one of :data:`PLANNER_ALLOCATIONS`. It drives the broker's own planner loop
 (:class:`~libra.broker.planner_loop.PlannerLoop`, built from the same :class:`~libra.broker.planner_loop.PlannerSettings`
 a ``[broker.planner]`` table gives a live broker) and the real broker plan application
-(:meth:`BrokerState.apply_plan`, directives) on the simulated GPU fleet (:mod:`libra.sim.sim_gpus`, which charges
+(:meth:`BrokerState.apply_plan`, directives) on the simulated GPU fleet (:mod:`libra.sim.gpus`, which charges
 the transition costs in virtual time). The simulator is the loop's shell here: it feeds every finished
 trajectory to :meth:`PlannerLoop.observe`, starts a round at every training-step boundary
 (:meth:`PlannerLoop.start` with ``step=k``: a live broker starts them on its ``interval_s`` timer instead), runs
@@ -58,14 +58,14 @@ Contract of one run:
    the runtime's core ranks wait for a joiner at its join step, and the report says so): new training replicas join as whole DP replicas through the hybrid join
    protocol (:class:`~libra.broker.hybrid.HybridReplica`: a replica whose GPUs have switched when a step
    starts is that step's zero-gradient member and fetches the snapshot meanwhile, then trains from the next
-   step, as ``ElasticPool.plan_step``; :class:`~libra.sim.sim_ehp.JoinLedger` reports what each zero step
+   step, as ``ElasticPool.plan_step``; :class:`~libra.sim.ehp.JoinLedger` reports what each zero step
    cost) and core training never pauses; after each
    step :func:`~libra.policies.planner.online.ehp_signal` sets the number of hybrid replicas (whole
    ``tp × pp`` replicas borrowed from the rollout pool when training is the bottleneck, released when
    rollout is) and the rollout pool is re-planned by the GRP DP for the GPUs left.
 
 Deterministic for a seed with ``search="fixed"``. Results: :meth:`PlannerAllocation.summarize` (the
-engine's :class:`~libra.sim.sim_metrics.SimResult` with the GPU idle fraction over every instance that
+engine's :class:`~libra.sim.metrics.SimResult` with the GPU idle fraction over every instance that
 ever ran and the real training GPU-seconds) and :meth:`PlannerAllocation.report` (plans, decisions,
 switches, charges).
 """
@@ -88,13 +88,13 @@ from libra.policies.planner.allocators import Plan, PlannerConfig, PressureSnaps
 from libra.policies.planner.online import layout_class
 from libra.policies.routing.interface import BucketSpec
 from libra.protocol import messages as m
-from libra.sim.sim_cluster import Layout, RolloutInstanceSpec, SimConfigError
-from libra.sim.sim_config import SimConfig
-from libra.sim.sim_gpus import GpuFleet, TransitionCosts, gpu_id
-from libra.sim.sim_host import SimHost
-from libra.sim.sim_metrics import SimResult, summarize
-from libra.sim.sim_ehp import JoinLedger, ehp_decision, register_joins
-from libra.sim.sim_planner_params import (
+from libra.sim.cluster import Layout, RolloutInstanceSpec, SimConfigError
+from libra.sim.config import SimConfig
+from libra.sim.gpus import GpuFleet, TransitionCosts, gpu_id
+from libra.sim.host import SimHost
+from libra.sim.metrics import SimResult, summarize
+from libra.sim.ehp import JoinLedger, ehp_decision, register_joins
+from libra.sim.planner_params import (
     PLANNER_ALLOCATIONS,
     ROUTER_ROUTING,
     PlannerSimParams,

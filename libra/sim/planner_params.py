@@ -1,9 +1,9 @@
-"""The names and knobs of the simulator's planner-driven allocations (:mod:`libra.sim.sim_planner`):
+"""The names and knobs of the simulator's planner-driven allocations (:mod:`libra.sim.planner`):
 :data:`PLANNER_ALLOCATIONS` (simulator allocation -> planner allocator, elastic hybrid pool),
 :func:`planner_routing` (how the planner models each simulated router) and :class:`PlannerSimParams`
 (``SimConfig.allocation_params``), :func:`planner_settings` (those knobs as the ``[broker.planner]`` table
 of the broker's own planner loop, which the simulator drives) and :func:`modelled_only` (what a run credits
-that the live broker lacks). :mod:`libra.sim.sim_planner` re-exports the first four.
+that the live broker lacks). :mod:`libra.sim.planner` re-exports the first four.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 from libra.broker.planner_loop import PlannerSettings
 from libra.policies.planner.types import ROUTINGS
-from libra.sim import sim_cluster
-from libra.sim.sim_cluster import SimConfigError
-from libra.sim.sim_config import SimConfig
+from libra.sim import cluster
+from libra.sim.cluster import SimConfigError
+from libra.sim.config import SimConfig
 
 __all__ = ["PLANNER_ALLOCATIONS", "ROUTER_ROUTING", "PlannerSimParams", "is_planner_allocation", "modelled_only",
            "planner_routing", "planner_settings"]
@@ -47,7 +47,7 @@ PLANNER_ALLOCATIONS: dict[str, tuple[str, bool]] = {
 }
 
 
-assert tuple(PLANNER_ALLOCATIONS) == sim_cluster.PLANNER_ALLOCATIONS
+assert tuple(PLANNER_ALLOCATIONS) == cluster.PLANNER_ALLOCATIONS
 
 
 def is_planner_allocation(name: str) -> bool:

@@ -86,7 +86,7 @@ def test_trace_hops_removes_its_stamp_folder(tmp_path: Path, monkeypatch: pytest
     from libra.bench.broker_hops import trace
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    assert trace(5, legacy=False, window=2)["calls"] == 5
+    assert trace(5, window=2)["calls"] == 5
     assert list(tmp_path.glob("libra-hops-*")) == []
 
 

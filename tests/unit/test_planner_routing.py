@@ -145,7 +145,7 @@ def test_routing_is_validated_and_defaults_to_by_length() -> None:
 
 
 def test_simulator_plans_for_the_router_it_runs() -> None:
-    from libra.sim.sim_planner import planner_routing
+    from libra.sim.planner import planner_routing
 
     assert planner_routing("least_loaded") == "length_blind"
     assert planner_routing("round_robin") == "round_robin"

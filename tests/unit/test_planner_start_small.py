@@ -231,8 +231,8 @@ def test_exact_pipeline_off_is_the_rollout_only_search() -> None:
 
 
 def test_sim_params_take_the_planner_routing_and_exactness() -> None:
-    from libra.sim.sim_cluster import SimConfigError
-    from libra.sim.sim_planner import PlannerSimParams
+    from libra.sim.cluster import SimConfigError
+    from libra.sim.planner import PlannerSimParams
 
     p = PlannerSimParams.from_dict({"planner_routing": "start_small", "exact_pipeline": True})
     assert p.planner_routing == "start_small" and p.exact_pipeline

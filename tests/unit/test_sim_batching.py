@@ -1,5 +1,5 @@
 """Streaming GRPO batch formation (docs/papers.md §1.7): the shared rule (libra.policies.batching), the
-simulator's batch former (libra.sim.sim_batching) and the engine running it; the runtime's JobState uses
+simulator's batch former (libra.sim.batching) and the engine running it; the runtime's JobState uses
 the same rule."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from libra.broker.job_state import JobState, Trajectory
 from libra.policies.batching import admission_room, first_complete
 from libra.sim.engine import SimConfig, Simulator
-from libra.sim.sim_batching import BatchFormer
-from libra.sim.sim_cluster import SimConfigError
+from libra.sim.batching import BatchFormer
+from libra.sim.cluster import SimConfigError
 from libra.traces import TrajectorySpec, Turn
 
 

@@ -17,7 +17,7 @@ import pytest
 from libra.broker.hybrid import JoinState
 from libra.broker.pools import Role
 from libra.policies.planner.allocators import Replanner, make_allocator
-from libra.sim.sim_ehp import end_step, register_joins, start_step
+from libra.sim.ehp import end_step, register_joins, start_step
 
 
 def _roles() -> dict[str, Role]:

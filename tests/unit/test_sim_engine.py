@@ -9,7 +9,7 @@ import pytest
 from libra.policies.routing.interface import MigrationQuery
 from libra.sim.__main__ import main as sim_main
 from libra.sim.engine import COLOCATED_SWITCH, SimConfig, Simulator
-from libra.sim.sim_cluster import SimConfigError, make_layout
+from libra.sim.cluster import SimConfigError, make_layout
 from libra.traces import TrajectorySpec, Turn
 from libra.sim.workload_profiles import get_profile
 from libra.sim.workloads import generate

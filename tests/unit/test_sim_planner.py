@@ -1,4 +1,4 @@
-"""Planner-driven allocations in the simulator (libra.sim.sim_planner / sim_gpus), the ablation bench,
+"""Planner-driven allocations in the simulator (libra.sim.planner / libra.sim.gpus), the ablation bench,
 and the plan-application ordering they rely on. Structure and invariants only, never speeds."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from libra.policies.planner.allocators import Workload, make_allocator
 from libra.policies.planner.types import Plan, RolloutInstance
 from libra.sim.__main__ import main as sim_main
 from libra.sim.engine import SimConfig, Simulator
-from libra.sim.sim_cluster import ALLOCATIONS, SimConfigError, make_layout
-from libra.sim.sim_gpus import FleetError
+from libra.sim.cluster import ALLOCATIONS, SimConfigError, make_layout
+from libra.sim.gpus import FleetError
 from libra.sim.workloads import generate
 
 QUIET = {"plan_interval": 1000, "online": False}  # no re-plans unless a test forces one

@@ -187,7 +187,60 @@ class ElasticScheduler:
         running: Sequence[RunningView],
         now: float,
     ) -> list[Grant]:
-        """:meth:`schedule` for any window: the FCFS scan action by action, then every partition."""
+        """:meth:`schedule` for any window: the FCFS scan action by action (:meth:`_scan_window`), then every
+        partition."""
+        cand, cpos, avail, waiting = self._scan_window(it, free)
+        if not cand:
+            return []
+
+        # Partition: an elastic action by its key resource, any other action by its first resource
+        # (``ActionSpec.part``). Only a partition with an elastic candidate has anything to decide.
+        n = len(cand)
+        keys = list(map(_part, cand))
+        k0 = keys[0]
+        groups: dict[str | None, list[int] | None]
+        if keys.count(k0) == n:
+            groups = {k0: None}  # None: the whole window, in order
+        else:
+            groups = {}
+            for i, k in enumerate(keys):
+                g = groups.get(k)
+                if g is None:
+                    groups[k] = [i]
+                else:
+                    g.append(i)
+        grants = list(map(_grant, cand))  # every candidate at its demand; elastic ones re-granted below
+        drop: list[int] = []
+        for r, idx in groups.items():
+            if r is None:
+                continue
+            if idx is None:
+                gspecs, gpos = cand, cpos
+            else:
+                gspecs = [cand[i] for i in idx]
+                gpos = [cpos[i] for i in idx]
+            _solos, units, spans, mind, convs, _g = zip(*map(_row, gspecs))
+            if not any(spans):
+                continue
+            k, el, extras = self._decide_partition(r, gspecs, gpos, (units, spans, mind, convs), avail.get(r, 0),
+                                                   waiting.get(r, ()), running, now)
+            if k < len(gspecs):
+                drop.extend(range(k, len(gspecs)) if idx is None else idx[k:])
+            if any(extras):
+                _regrant(grants, compress(range(len(gspecs)) if idx is None else idx, spans), el, extras, r)
+        if drop:
+            keep = [True] * n
+            for i in drop:
+                keep[i] = False
+            return list(compress(grants, keep))
+        return grants
+
+    def _scan_window(
+        self, it: Iterator[ActionSpec], free: Mapping[str, int]
+    ) -> tuple[list[ActionSpec], list[int], dict[str, int], dict[str, list[tuple[int, ActionSpec]]]]:
+        """The FCFS scan of :meth:`_schedule_general`: returns the candidates (the first ``window`` actions
+        whose minimum demand fits what the earlier ones left), their queue positions, what is still free
+        after them, and the waiting actions filed by resource (:func:`note_waiting`)."""
         avail = dict(free)
         cand: list[ActionSpec] = []
         cpos: list[int] = []
@@ -237,50 +290,7 @@ class ElasticScheduler:
                 if pos >= limit or reads > lookahead:
                     break
                 note_waiting(waiting, pos, spec, lookahead)
-        if not cand:
-            return []
-
-        # Partition: an elastic action by its key resource, any other action by its first resource
-        # (``ActionSpec.part``). Only a partition with an elastic candidate has anything to decide.
-        n = len(cand)
-        keys = list(map(_part, cand))
-        k0 = keys[0]
-        groups: dict[str | None, list[int] | None]
-        if keys.count(k0) == n:
-            groups = {k0: None}  # None: the whole window, in order
-        else:
-            groups = {}
-            for i, k in enumerate(keys):
-                g = groups.get(k)
-                if g is None:
-                    groups[k] = [i]
-                else:
-                    g.append(i)
-        grants = list(map(_grant, cand))  # every candidate at its demand; elastic ones re-granted below
-        drop: list[int] = []
-        for r, idx in groups.items():
-            if r is None:
-                continue
-            if idx is None:
-                gspecs, gpos = cand, cpos
-            else:
-                gspecs = [cand[i] for i in idx]
-                gpos = [cpos[i] for i in idx]
-            _solos, units, spans, mind, convs, _g = zip(*map(_row, gspecs))
-            if not any(spans):
-                continue
-            k, el, extras = self._decide_partition(r, gspecs, gpos, (units, spans, mind, convs), avail.get(r, 0),
-                                                   waiting.get(r, ()), running, now)
-            if k < len(gspecs):
-                drop.extend(range(k, len(gspecs)) if idx is None else idx[k:])
-            if any(extras):
-                _regrant(grants, compress(range(len(gspecs)) if idx is None else idx, spans), el, extras, r)
-        if drop:
-            keep = [True] * n
-            for i in drop:
-                keep[i] = False
-            return list(compress(grants, keep))
-        return grants
+        return cand, cpos, avail, waiting
 
     # ----------------------------------------------------------------------------------------- internals
 

@@ -35,7 +35,7 @@ statistics (``no_stats``) stays; with no candidate at all (home gone, no room an
 mean (``no_room``), which the base class places with its usual fallbacks.
 
 Costs come from a :class:`RouterCosts` object passed at construction (the simulator passes its
-:class:`~libra.sim.sim_cluster.InstanceCosts`); :func:`cost_model_costs` builds one from the analytic
+:class:`~libra.sim.cluster.InstanceCosts`); :func:`cost_model_costs` builds one from the analytic
 :class:`~libra.policies.cost.RolloutCostModel`. Pure: no I/O, clocks or threads (``hardware``/``model``
 profile names are resolved once at construction when no ``costs`` object is given).
 """
