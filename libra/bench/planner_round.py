@@ -1,7 +1,7 @@
 """Benchmark: how long a broker planning round stalls the broker loop, search off the loop vs inline.
 
 With a ``[broker.planner]`` table the broker runs the Global Resource Planner every ``interval_s``
-(``libra/broker/planner_loop.py``). Baseline: the whole round inline on the loop thread
+(``libra/broker/plan_decider.py``). Baseline: the whole round inline on the loop thread
 (``PlannerLoop.decide``), which stalls the loop for the search. Libra (what ``BrokerServer`` does):
 ``PlannerLoop.start`` on the loop (snapshot the pressure, build the re-planner), the search
 (``PlanJob.run``) on a worker thread while the loop keeps running, then ``PlannerLoop.finish`` on the
@@ -31,7 +31,7 @@ __all__ = ["main", "run"]
 
 
 def _loop(gpus: int, seed: int) -> Any:
-    from libra.broker.planner_loop import PlannerLoop, PlannerSettings
+    from libra.broker.plan_decider import PlannerLoop, PlannerSettings
 
     loop = PlannerLoop(PlannerSettings.from_dict({"allocation": "grp", "interval_s": 1.0, "batch": 256}))
     rng = np.random.default_rng(seed)

@@ -37,7 +37,7 @@ class BrokerConfig:
     action_scheduler: str = ""  # "" = first come first served by credit; or tangram | fixed_dop | per_trajectory
     action_scheduler_params: dict[str, Any] = field(default_factory=dict)
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool -> {cpu, max_cpu, parallel_fraction, duration_s}
-    planner: dict[str, Any] = field(default_factory=dict)  # [broker.planner]: periodic GRP (planner_loop.py); {} = off
+    planner: dict[str, Any] = field(default_factory=dict)  # [broker.planner]: periodic GRP (plan_decider.py); {} = off
     # [broker.engines]: {dtype, gpu_memory_fraction} for the engines of GPU actors the broker directs (sent in
     # every role directive; an actor's own --dtype / --gpu-memory-fraction hold until then). {} = the actors' own
     engines: dict[str, Any] = field(default_factory=dict)

@@ -23,7 +23,7 @@ from libra.protocol.errors import ErrorCode
 from .actions import ActionPlacement
 from .config import BrokerConfig
 from .events import Command, JournalWrite, Log, Send
-from .jobs import JobBoard
+from .job_board import JobBoard
 from .journal import accept_record, start_record
 from .rollout import RolloutRouting
 from .sessions import ActorSession, ClientSession, SessionRegistry

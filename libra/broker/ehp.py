@@ -92,7 +92,7 @@ class EhpSettings:
 
 
 def from_planner_config(planner: Mapping[str, Any]) -> tuple[dict[str, Any], ElasticPool | None]:
-    """Split ``[broker.planner]``: under ``allocation = "grp_ehp"``, the GRP rounds (``planner_loop``) plan
+    """Split ``[broker.planner]``: under ``allocation = "grp_ehp"``, the GRP rounds (``plan_decider``) plan
     the core layout with ``grp`` and the Elastic Hybrid Pool (``ehp`` sub-table) borrows hybrid actors on
     top of it. Returns ``(the planner loop's settings, the pool or None)``."""
     if planner.get("allocation") != ALLOCATION:

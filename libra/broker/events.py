@@ -42,7 +42,7 @@ class Tick:
 
 @dataclass(frozen=True, slots=True)
 class PlannerDone:
-    """The search of a broker planning round finished (``job``: the ``planner_loop.PlanJob`` of a
+    """The search of a broker planning round finished (``job``: the ``plan_decider.PlanJob`` of a
     :class:`StartPlannerSearch` command, which the shell ran off the event loop)."""
 
     job: Any
@@ -116,7 +116,7 @@ class JournalWrite:
 
 @dataclass(frozen=True, slots=True)
 class StartPlannerSearch:
-    """Run ``job.run()`` (a ``planner_loop.PlanJob``: a planning round's search, seconds at 512 GPUs) off the
+    """Run ``job.run()`` (a ``plan_decider.PlanJob``: a planning round's search, seconds at 512 GPUs) off the
     event loop and hand the job back as a :class:`PlannerDone` event. Only a core built with
     ``planner_offload=True`` emits it; otherwise the search runs inline."""
 

@@ -1,8 +1,8 @@
-"""The records an RL job host (:mod:`libra.broker.job`) keeps for ``JobPoll``: one per trained step, and
+"""The records an RL job host (:mod:`libra.broker.job_host`) keeps for ``JobPoll``: one per trained step, and
 decision records. Pure.
 
 **Step records** have no ``"kind"`` key (readers treat a missing kind as ``"step"``; eval rounds add
-``"kind": "eval"`` records, :mod:`libra.broker.job_eval`). Besides rewards, throughput, lag, dispatch and
+``"kind": "eval"`` records, :mod:`libra.broker.job_eval_rounds`). Besides rewards, throughput, lag, dispatch and
 trainer metrics, a step record carries:
 
 - ``oom_retries``: the times the step's training ran out of memory and was retried with smaller
@@ -26,7 +26,7 @@ from typing import Any
 
 from libra.policies.planner.measured import prediction_error
 
-from .job_state import Trajectory
+from .job_groups import Trajectory
 
 __all__ = ["DECISIONS", "decision_record", "job_totals", "step_record"]
 

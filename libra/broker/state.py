@@ -54,12 +54,12 @@ from .events import (
     Send,
     Tick,
 )
-from .job import JobWork
+from .job_host import JobWork
 from .ehp import from_planner_config
-from .jobs import JobBoard
-from .planner_loop import PlannerLoop, PlannerSettings
-from .planning import Planning
-from .pools import GpuSlot, PlanApplier
+from .job_board import JobBoard
+from .plan_decider import PlannerLoop, PlannerSettings
+from .plan_rounds import Planning
+from .plan_applier import GpuSlot, PlanApplier
 from .rollout import RolloutRouting
 from .sessions import ActorSession, ClientSession, SessionRegistry
 from .work import Work

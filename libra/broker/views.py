@@ -6,8 +6,8 @@ from typing import Any
 
 from libra.protocol import messages as m
 
-from .jobs import JobBoard
-from .planner_loop import PlannerLoop
+from .job_board import JobBoard
+from .plan_decider import PlannerLoop
 from .sessions import SessionRegistry
 from .work import WorkState
 from .work_table import WorkTable

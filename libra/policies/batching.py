@@ -1,6 +1,6 @@
 """Streaming GRPO batch formation: the admission rule and the batch rule, as pure functions.
 
-One rule shared by the runtime's job state (:class:`libra.broker.job_state.JobState`) and the simulator's
+One rule shared by the runtime's job state (:class:`libra.broker.job_groups.JobState`) and the simulator's
 batch former (:mod:`libra.sim.batching`), so that both run the execution model of docs/papers.md §1.7:
 
 - **Admission is throttled by staleness only.** With ``B`` groups per training batch, ``version``

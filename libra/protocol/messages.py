@@ -177,8 +177,8 @@ class EndTrajectory:
 
 @dataclass(slots=True)
 class JobSubmit:
-    """C→B: run an RL job inside the broker (``libra.broker.job``). ``spec`` is the job's validated
-    settings (see :class:`libra.broker.job.JobSpec`), ``rows`` its dataset rows (one mapping per prompt;
+    """C→B: run an RL job inside the broker (``libra.broker.job_host``). ``spec`` is the job's validated
+    settings (see :class:`libra.broker.job_host.JobSpec`), ``rows`` its dataset rows (one mapping per prompt;
     opaque to the broker, handed to episode runners). Answered at once with a Reply (``output``:
     ``{"job": name}``) or an error (bad spec, name already running). Resubmitting a running job's name
     with the same ``request_id`` is answered from the record."""

@@ -2,11 +2,11 @@
 :class:`EpisodeSampling`, the reply :class:`EpisodeResult`) and the ``JobPoll`` reply
 (:class:`JobPollReply`).
 
-No I/O. The broker's job host (``libra.broker.job``) builds ``EpisodeArgs`` for every member of a GRPO
+No I/O. The broker's job host (``libra.broker.job_host``) builds ``EpisodeArgs`` for every member of a GRPO
 group; an episode runner (``libra.actors.episode_role``) parses them (a malformed mapping is a
 ``bad_request`` failure) and replies with an ``EpisodeResult``; the job driver (``libra.rl.driver``)
 reads ``JobPollReply``. The job's own settings (``JobSubmit.spec``) are validated by the broker's
-``libra.broker.job.JobSpec``; its ``episode`` entry is an :class:`EpisodeSpec` handed to runners verbatim,
+``libra.broker.job_host.JobSpec``; its ``episode`` entry is an :class:`EpisodeSpec` handed to runners verbatim,
 and ``JobSubmit.rows`` are the dataset rows (one mapping per prompt, the environment's ``to_row`` form).
 """
 

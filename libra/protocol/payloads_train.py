@@ -2,7 +2,7 @@
 broker's job host submits it), :class:`TrainPart` (one trajectory a rank trains on) and
 :class:`TrainResult` (the rank's reply).
 
-No I/O. The broker's job host (``libra.broker.job``) builds ``TrainArgs``, one work per rank per step;
+No I/O. The broker's job host (``libra.broker.job_host``) builds ``TrainArgs``, one work per rank per step;
 the trainer role (``libra.actors.train_role``) parses them (a malformed mapping is a ``bad_request``
 failure) and builds ``TrainResult``.
 """

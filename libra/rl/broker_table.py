@@ -68,7 +68,7 @@ def check_broker_table(cfg: Any, where: str) -> None:
         except ConfigError as exc:
             raise _fail(where, str(exc)) from None
         _check_planner(planner, b.planner, where)
-    from libra.broker.planning import check_engine_settings
+    from libra.broker.plan_rounds import check_engine_settings
 
     try:
         check_engine_settings(dict(b.engines))
@@ -172,7 +172,7 @@ def planner_mapping(cfg: Any, hardware: str) -> dict[str, Any]:
 def _check_planner(planner: dict[str, Any], given: dict[str, Any], where: str) -> None:
     """``planner`` (:func:`planner_mapping`) through the broker's own checks, errors named by table and key."""
     from libra.broker.ehp import ALLOCATION, from_planner_config
-    from libra.broker.planner_loop import BROKER_ALLOCATORS, PlannerLoop, PlannerSettings
+    from libra.broker.plan_decider import BROKER_ALLOCATORS, PlannerLoop, PlannerSettings
 
     known = {f.name for f in dataclasses.fields(PlannerSettings)} | {"ehp", "objective"}
     unknown = sorted(set(given) - known)

@@ -238,7 +238,7 @@ class JobData:
         return self.order.cursor(position, step, checkpoint)
 
     def spec(self) -> dict[str, Any]:
-        """The ``JobSubmit.spec`` entries this data sets (``libra.broker.job.JobSpec``)."""
+        """The ``JobSubmit.spec`` entries this data sets (``libra.broker.job_host.JobSpec``)."""
         return {"steps": self.steps, "step_offset": self.step_offset, "row_offset": self.row_offset,
                 "eval_rows": self.eval_rows}
 

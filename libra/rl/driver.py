@@ -21,7 +21,7 @@ How the pieces meet:
   sandboxed code tools: ``sudo apt-get install bubblewrap``; for a user's tool: ``[actors] tools``) and nothing
   is submitted. The loopback cluster's action slots offer the tools of ``[actors] tools`` (``--tools``,
   loaded here first so a bad module fails before any process starts), and its broker places tool calls
-  with ``[broker] action_scheduler`` (``libra.rl.broker_table.action_scheduler``). The **broker's job state** (``libra.broker.job``) turns
+  with ``[broker] action_scheduler`` (``libra.rl.broker_table.action_scheduler``). The **broker's job state** (``libra.broker.job_host``) turns
   rows into ``episode`` work under the policy-lag bound, collects GRPO groups, cuts batches and bumps the
   version after each step.
 - Episode runners (``--role episode`` slots, ``libra.actors.episode_role``) run the environment's agent
@@ -162,7 +162,7 @@ def resolve_model(name: str) -> Path:
 
 
 def job_spec(cfg: JobConfig, model_dir: Path, run_dir: Path, master_port: int) -> dict[str, Any]:
-    """The ``JobSubmit`` spec of a job file (see :class:`libra.broker.job.JobSpec`)."""
+    """The ``JobSubmit`` spec of a job file (see :class:`libra.broker.job_host.JobSpec`)."""
     j, g, e = cfg.job, cfg.grpo, cfg.env
     return {
         "steps": j.steps, "prompts_per_step": j.prompts_per_step, "group_size": g.group_size,

@@ -1,7 +1,7 @@
 """The client side of ``[eval]`` and of the step signal: what ``libra run`` says about eval rounds and steps
 without signal, and what it puts in ``summary.json``.
 
-The rounds themselves run in the broker (:mod:`libra.broker.job_eval`): the eval rows go to the broker with
+The rounds themselves run in the broker (:mod:`libra.broker.job_eval_rounds`): the eval rows go to the broker with
 the job (``JobSpec.eval_rows``) and come back as ``"kind": "eval"`` records in the poll, which the driver
 writes to ``metrics.jsonl`` as they come (:func:`eval_line` is the terminal/log line of one).
 :func:`eval_summary` is ``summary.json``'s ``eval`` entry: the first and the last round and every round's

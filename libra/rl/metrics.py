@@ -1,7 +1,7 @@
 """Run-directory metrics: one JSON object per step in ``metrics.jsonl``, and PNG plots.
 
 ``metrics.jsonl`` holds step records and, with ``[eval]``, eval records (``"kind": "eval"``, one per eval
-round: ``greedy_accuracy``, ``pass@1``, ``pass@k``; see ``libra.broker.job_eval``), and the broker's decision
+round: ``greedy_accuracy``, ``pass@1``, ``pass@k``; see ``libra.broker.job_eval_rounds``), and the broker's decision
 records (``"kind": "decision"``: ``what`` is ``plan``, ``role_switch``, ``buckets``, ``ehp_join``,
 ``ehp_leave`` or ``oom_replan``; ``step``, ``t`` seconds since the job started, ``text``, ``detail``).
 ``read_metrics`` returns the step records (``kind="eval"``: the eval records; ``kind="decision"``: the

@@ -4,7 +4,7 @@ training step consumes (:class:`BatchFormer`, driven by :class:`~libra.sim.engin
 Two execution models (``SimConfig.batching``):
 
 - ``"streaming"`` (default; Libra's, docs/papers.md §1.7): the rule of :mod:`libra.policies.batching`,
-  the same functions the runtime's :class:`~libra.broker.job_state.JobState` uses. A group starts while
+  the same functions the runtime's :class:`~libra.broker.job_groups.JobState` uses. A group starts while
   ``admitted < (eta + version + 1) * B`` and fewer than ``max_concurrent`` groups are running
   (``version`` = training steps finished, ``B`` = groups per batch, ``eta`` = ``SimConfig.eta``,
   ``max_concurrent`` = ``SimConfig.max_concurrent`` or ``2 * B``); training step ``k`` takes the first

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from libra.broker.hybrid import HybridReplica, JoinState
-from libra.broker.pools import Role
+from libra.broker.plan_applier import Role
 from libra.policies.planner.allocators import EhpSignal, Plan, PressureSnapshot, Replanner, ehp_signal
 from libra.policies.planner.search import GlobalResourcePlanner
 from libra.sim.planner_params import PlannerSimParams

@@ -4,7 +4,7 @@ Role: the receiver of the broker's role ``Directive`` messages in :mod:`libra.si
 allocation is planner-driven (:mod:`libra.sim.planner`). Every GPU is one actor (id ``n<node>/gpu<i>``,
 host ``n<node>``, slot ``gpu<i>``, label ``slot_kind: gpu``), exactly what
 :meth:`~libra.broker.state.BrokerState.apply_plan` lays plans out on. A role is a
-:class:`~libra.broker.pools.Role`:
+:class:`~libra.broker.plan_applier.Role`:
 
 - ``rollout``: a TP group of ``tp`` GPUs is one simulated rollout instance
   (:class:`~libra.sim.instance.SimInstance`) served by its rank-0 actor, which bids ``generate``
@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from libra.broker.pools import Role
+from libra.broker.plan_applier import Role
 from libra.policies.cost.training import TrainConfig
 from libra.protocol import messages as m
 from libra.sim.cluster import NODE_GPUS, RolloutInstanceSpec

@@ -2,7 +2,7 @@
 
 Role: the allocation policy of a :class:`~libra.sim.engine.Simulator` whose ``SimConfig.allocation`` is
 one of :data:`PLANNER_ALLOCATIONS`. It drives the broker's own planner loop
-(:class:`~libra.broker.planner_loop.PlannerLoop`, built from the same :class:`~libra.broker.planner_loop.PlannerSettings`
+(:class:`~libra.broker.plan_decider.PlannerLoop`, built from the same :class:`~libra.broker.plan_decider.PlannerSettings`
 a ``[broker.planner]`` table gives a live broker) and the real broker plan application
 (:meth:`BrokerState.apply_plan`, directives) on the simulated GPU fleet (:mod:`libra.sim.gpus`, which charges
 the transition costs in virtual time). The simulator is the loop's shell here: it feeds every finished
@@ -80,8 +80,8 @@ from dataclasses import replace
 from typing import Any
 
 from libra.broker.events import Rehome
-from libra.broker.planner_loop import PlanJob, PlannerLoop
-from libra.broker.pools import GpuSlot, Role, bucket_specs, layout_roles
+from libra.broker.plan_decider import PlanJob, PlannerLoop
+from libra.broker.plan_applier import GpuSlot, Role, bucket_specs, layout_roles
 from libra.policies.cost import TrainingCostModel, load_hardware, load_model
 from libra.policies.cost.training import TrainConfig
 from libra.policies.planner.allocators import Plan, PlannerConfig, PressureSnapshot, Replanner
@@ -353,7 +353,7 @@ class PlannerAllocation:
             "final_plan": _plan_dict(self.plan),
             "step_errors": list(self.step_errors),
             "reconfig_costs": list(self.reconfig_costs),
-            "runtime": "broker PlannerLoop (libra/broker/planner_loop.py) + BrokerState.apply_plan",
+            "runtime": "broker PlannerLoop (libra/broker/plan_decider.py) + BrokerState.apply_plan",
             "loop_rounds": self.loop.rounds,
             "modelled_only": self.modelled_only(),
         }

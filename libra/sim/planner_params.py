@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from libra.broker.planner_loop import PlannerSettings
+from libra.broker.plan_decider import PlannerSettings
 from libra.policies.planner.types import ROUTINGS
 from libra.sim import cluster
 from libra.sim.cluster import SimConfigError

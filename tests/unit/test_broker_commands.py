@@ -139,8 +139,8 @@ def test_the_core_modules_import_no_logger_and_no_shell() -> None:
         core.add(mod)
         todo += [n for n in _imports(modules[mod]) if n in modules]
     assert core & SHELL == set(), f"the core imports the shell: {sorted(core & SHELL)}"
-    assert {"libra.broker.sessions", "libra.broker.work_table", "libra.broker.dispatch", "libra.broker.planning",
-            "libra.broker.planner_loop", "libra.broker.journal", "libra.broker.rollout"} <= core
+    assert {"libra.broker.sessions", "libra.broker.work_table", "libra.broker.dispatch", "libra.broker.plan_rounds",
+            "libra.broker.plan_decider", "libra.broker.journal", "libra.broker.rollout"} <= core
     bad = {mod: sorted(n for n in _imports(modules[mod]) if any(n == f or n.startswith(f + ".") for f in FORBIDDEN))
            for mod in sorted(core)}
     assert not {k: v for k, v in bad.items() if v}, bad
@@ -156,11 +156,11 @@ def test_the_server_executes_journal_and_log_commands(tmp_path) -> None:
         assert srv.state.journaling and not srv.state.planner_offload
         with capture_logs() as logs:
             srv._execute([JournalWrite("accept", "c1", "r1", {"kind": "action"}),
-                          Log("plan_abandoned", {"actor": "a1", "why": "gone"}, "warning", "libra.broker.planning")])
+                          Log("plan_abandoned", {"actor": "a1", "why": "gone"}, "warning", "libra.broker.plan_rounds")])
         assert srv.journal is not None
         srv.journal.commit()
         assert srv.journal.load() == ([("c1", "r1", {"kind": "action"})], [])
-        assert logs == [{"event": "plan_abandoned", "actor": "a1", "why": "gone", "component": "libra.broker.planning",
+        assert logs == [{"event": "plan_abandoned", "actor": "a1", "why": "gone", "component": "libra.broker.plan_rounds",
                          "log_level": "warning"}]
     finally:
         srv.sock.close(0)

@@ -8,7 +8,7 @@ import pytest
 
 from libra.broker.earl import EarlLoop, EarlSettings, earl_plan
 from libra.broker.events import PeerMessage, Send, Tick
-from libra.broker.planner_loop import PlannerSettings
+from libra.broker.plan_decider import PlannerSettings
 from libra.broker.state import BrokerConfig, BrokerState
 from libra.policies.cost import RolloutCostModel, load_hardware, load_model
 from libra.protocol import messages as m

@@ -6,7 +6,7 @@ import pytest
 
 from libra.broker.ehp import ActorView, EhpSettings, ElasticPool, from_planner_config
 from libra.broker.hybrid import JoinState
-from libra.broker.job import JobHost, JobSpec
+from libra.broker.job_host import JobHost, JobSpec
 from libra.config import ConfigError
 from libra.protocol.payloads_train import TrainArgs
 

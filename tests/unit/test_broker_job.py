@@ -10,7 +10,7 @@ import random
 import pytest
 
 from libra.broker.events import PeerMessage, Send, Tick
-from libra.broker.job import JobHost, JobSpec, group_advantages
+from libra.broker.job_host import JobHost, JobSpec, group_advantages
 from libra.broker.state import BrokerConfig, BrokerState
 from libra.config import ConfigError
 from libra.protocol import messages as m

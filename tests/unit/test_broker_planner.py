@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from libra.broker.events import Log, PeerMessage, PlannerDone, StartPlannerSearch, Tick
-from libra.broker.planner_loop import PlannerLoop, PlannerSettings
+from libra.broker.plan_decider import PlannerLoop, PlannerSettings
 from libra.broker.config import BrokerConfig
 from libra.broker.state import BrokerState
 from libra.protocol import messages as m

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from libra.broker.job import JobHost, JobSpec
+from libra.broker.job_host import JobHost, JobSpec
 from libra.config import ConfigError
 from libra.envs import arith, loader, single_turn
 from libra.envs.contract import EnvSettings, Session, dataset_row, format_failure, split_failure

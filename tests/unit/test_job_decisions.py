@@ -8,7 +8,7 @@ import pytest
 
 from libra.broker.ehp import ActorView, EhpSettings, ElasticPool
 from libra.broker.events import PeerMessage, Tick
-from libra.broker.job import JobHost, JobSpec
+from libra.broker.job_host import JobHost, JobSpec
 from libra.broker.job_records import DECISIONS, decision_record, job_totals
 from libra.broker.state import BrokerConfig, BrokerState
 from libra.protocol import messages as m

@@ -5,7 +5,7 @@ train failure still fails the job. Pure: JobHost and BrokerState driven by hand,
 from __future__ import annotations
 
 from libra.broker.events import Tick
-from libra.broker.job import JobHost, JobSpec
+from libra.broker.job_host import JobHost, JobSpec
 from libra.broker.state import BrokerConfig, BrokerState
 from libra.protocol import messages as m
 

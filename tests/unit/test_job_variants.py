@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from libra.broker.job import JobHost, JobSpec
-from libra.broker.job_eval import pass_at_k
-from libra.broker.job_state import JobState, Trajectory
+from libra.broker.job_host import JobHost, JobSpec
+from libra.broker.job_eval_rounds import pass_at_k
+from libra.broker.job_groups import JobState, Trajectory
 
 SPEC = {"steps": 2, "prompts_per_step": 2, "group_size": 3, "max_policy_lag": 0, "world_size": 1, "env": "arith",
         "episode": {"sampling": {"max_new_tokens": 8}}, "grpo": {"lr": 1e-5}, "micro_batch_tokens": 64,

@@ -8,8 +8,8 @@ import math
 import pytest
 
 from libra.broker.ehp import ActorView, EhpSettings, ElasticPool
-from libra.broker.job import JobHost, JobSpec
-from libra.broker.planner_loop import PlannerLoop, PlannerSettings
+from libra.broker.job_host import JobHost, JobSpec
+from libra.broker.plan_decider import PlannerLoop, PlannerSettings
 from libra.policies.planner.measured import MeasuredCosts, log_error, prediction_error
 
 

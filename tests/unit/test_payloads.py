@@ -306,7 +306,7 @@ def test_train_role_and_episode_role_refuse_malformed_args(tmp_path: Path) -> No
 
 # ------------------------------------------------------------------------- the broker's job host
 def test_job_host_builds_typed_work_and_refuses_a_bad_episode_spec() -> None:
-    from libra.broker.job import JobHost, JobSpec
+    from libra.broker.job_host import JobHost, JobSpec
     from libra.config import ConfigError
 
     spec = {"steps": 1, "prompts_per_step": 1, "group_size": 2, "max_policy_lag": 0, "world_size": 2, "env": "arith",
@@ -328,7 +328,7 @@ def test_job_host_builds_typed_work_and_refuses_a_bad_episode_spec() -> None:
 
 
 def test_job_host_counts_a_malformed_episode_reply_as_a_failed_episode() -> None:
-    from libra.broker.job import JobHost, JobSpec
+    from libra.broker.job_host import JobHost, JobSpec
 
     spec = {"steps": 1, "prompts_per_step": 1, "group_size": 2, "max_policy_lag": 0, "world_size": 1, "env": "arith"}
     h = JobHost("j", JobSpec.from_mapping(spec), [{"question": "1+1", "answer": 2}], 0.0)

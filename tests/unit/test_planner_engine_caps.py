@@ -7,7 +7,7 @@ import pytest
 
 from libra.broker.config import BrokerConfig
 from libra.broker.events import PeerMessage, Tick
-from libra.broker.pools import PlanError
+from libra.broker.plan_applier import PlanError
 from libra.broker.state import BrokerState
 from libra.policies.planner.engine_caps import cap_rollout_tps, cluster_max_tp
 from libra.policies.planner.types import Plan, PlannerError, RolloutInstance, TrainConfig

@@ -369,7 +369,7 @@ def test_measured_reconfiguration_cost_replaces_the_configured_one_when_larger()
 
 
 def test_the_broker_planner_loop_starts_a_round_at_once_after_a_training_oom() -> None:
-    from libra.broker.planner_loop import PlannerLoop, PlannerSettings
+    from libra.broker.plan_decider import PlannerLoop, PlannerSettings
 
     loop = PlannerLoop(PlannerSettings.from_dict({"allocation": "grp", "interval_s": 300.0}))
     assert not loop.due(0.0) and not loop.due(10.0)  # the timer: the first round 300 s after start

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from libra.broker.hybrid import HybridReplica, JoinError, JoinState
-from libra.broker.pools import GpuSlot, PlanApplier, PlanError, Role, bucket_specs, layout_roles
+from libra.broker.plan_applier import GpuSlot, PlanApplier, PlanError, Role, bucket_specs, layout_roles
 from libra.policies.cost import RolloutCostModel, TrainingCostModel, load_hardware, load_model
 from libra.policies.cost.training import TrainConfig
 from libra.policies.planner.search import GlobalResourcePlanner

@@ -190,7 +190,7 @@ def test_smollm2_convert_draws_a_bar_of_its_stages(tmp_path: Path, monkeypatch: 
 
 def test_the_broker_poll_counts_the_episodes_collected_for_the_next_batch() -> None:
     """``episodes_collected``: finished episodes in groups not yet cut into a batch (the episode bar's count)."""
-    from libra.broker.job import JobHost, JobSpec
+    from libra.broker.job_host import JobHost, JobSpec
 
     spec = {"steps": 2, "prompts_per_step": 2, "group_size": 3, "max_policy_lag": 0, "world_size": 1, "env": "arith",
             "episode": {"sampling": {"max_new_tokens": 8}}, "grpo": {"lr": 1e-5}, "micro_batch_tokens": 64,

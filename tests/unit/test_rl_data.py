@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from libra.broker.job import JobSpec
+from libra.broker.job_host import JobSpec
 from libra.config import ConfigError
 from libra.rl.config import job_from_mapping, load_job
 from libra.rl.data import DataOrder, job_data, load_rows, read_cursor, resume_point, write_cursor

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from libra.broker.job_state import JobState, Trajectory
+from libra.broker.job_groups import JobState, Trajectory
 
 
 def traj(gid: int, idx: int, reward: float, versions: list[int]) -> Trajectory:

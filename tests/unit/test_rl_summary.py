@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from libra.broker.job import JobHost, JobSpec
+from libra.broker.job_host import JobHost, JobSpec
 from libra.cli import format_summary
 from libra.rl.metrics import quarter_stats, summarize
 

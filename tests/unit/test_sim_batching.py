@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from libra.broker.job_state import JobState, Trajectory
+from libra.broker.job_groups import JobState, Trajectory
 from libra.policies.batching import admission_room, first_complete
 from libra.sim.engine import SimConfig, Simulator
 from libra.sim.batching import BatchFormer

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from libra.broker.hybrid import JoinState
-from libra.broker.pools import Role
+from libra.broker.plan_applier import Role
 from libra.policies.planner.allocators import Replanner, make_allocator
 from libra.sim.ehp import end_step, register_joins, start_step
 

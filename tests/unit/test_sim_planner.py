@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from libra.bench import ablation
-from libra.broker.pools import GpuSlot, PlanApplier, layout_roles
+from libra.broker.plan_applier import GpuSlot, PlanApplier, layout_roles
 from libra.policies.cost import RolloutCostModel, TrainingCostModel, load_hardware, load_model
 from libra.policies.cost.training import TrainConfig
 from libra.policies.planner.allocators import Workload, make_allocator

@@ -1,4 +1,4 @@
-"""The planner-driven simulator drives the broker's own PlannerLoop (libra.broker.planner_loop): the decision
+"""The planner-driven simulator drives the broker's own PlannerLoop (libra.broker.plan_decider): the decision
 is one code path with an injected clock, and the simulator says what only it models."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from libra.broker.planner_loop import PlannerLoop, PlannerSettings
+from libra.broker.plan_decider import PlannerLoop, PlannerSettings
 from libra.policies.planner.types import Workload
 from libra.sim.engine import SimConfig, Simulator
 from libra.sim.workloads import generate

@@ -1,7 +1,7 @@
 """The GRP rollout DP over *buckets*: what a heterogeneous plan costs once it is deployed as buckets.
 
 Role: the default rollout model of the planner search (``PlannerConfig.pooled_buckets``). A deployed
-plan does not give each rollout instance its own length range: :func:`libra.broker.pools.bucket_specs`
+plan does not give each rollout instance its own length range: :func:`libra.broker.plan_applier.bucket_specs`
 merges the instances of one TP degree into one bucket (name ``tp<N>``, one ``max_tokens`` threshold,
 buckets ordered by ascending TP), and every router spreads a bucket's requests over its instances by
 least connections. So each of the ``k`` instances of a bucket serves about ``1/k`` of the bucket's

@@ -1,6 +1,6 @@
 """Costs a running RL job measured on itself, and the step time they predict. Pure (no clocks, no I/O).
 
-The broker's job host (:mod:`libra.broker.job_train`) feeds :meth:`MeasuredCosts.observe` once per trained
+The broker's job host (:mod:`libra.broker.job_train_steps`) feeds :meth:`MeasuredCosts.observe` once per trained
 step with what that step measured:
 
 - **rollout tokens/s per instance**: the tokens the step's trajectories generated, over the seconds their

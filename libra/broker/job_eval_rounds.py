@@ -1,6 +1,6 @@
 """Eval rounds of an RL job inside the broker: eval rows → ``episode`` work → one ``"kind": "eval"`` record.
 
-Pure (no I/O, no clocks). The job host (:mod:`libra.broker.job`) starts a round after every ``eval_every``
+Pure (no I/O, no clocks). The job host (:mod:`libra.broker.job_host`) starts a round after every ``eval_every``
 steps and after the last step. A round is ordinary ``episode`` work through the same episode runners and
 the same broker paths as training episodes (C-MLFQ routes its turns, the newest weights serve them), but
 its results are only counted, never batched: no eval trajectory enters a GRPO group.

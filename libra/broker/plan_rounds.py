@@ -1,8 +1,8 @@
-"""The plan applier of the broker core: a planner's plan → GPU actors' roles → directives, and the
-periodic planning round of the broker's own planner (``planner_loop``). Pure: the directives and log lines
-come back as commands, and a round's search is either run inline or handed to the shell as a
-:class:`~libra.broker.events.StartPlannerSearch` command. The layout and ordering rules are in ``pools``,
-the round's decision in ``planner_loop``."""
+"""The broker core's planning rounds and their application: a planner's plan → GPU actors' roles →
+directives, and the periodic planning round of the broker's own planner (``plan_decider``). Pure: the
+directives and log lines come back as commands, and a round's search is either run inline or handed to the
+shell as a :class:`~libra.broker.events.StartPlannerSearch` command. The layout and ordering rules are in
+``plan_applier``, the round's decision in ``plan_decider``."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from libra.policies.planner.engine_caps import cluster_max_tp
 
 from .earl import EarlLoop, EarlSettings, earl_plan
 from .events import Command, Log, StartPlannerSearch
-from .planner_loop import PlanJob, PlannerLoop
-from .pools import GpuSlot, PlanApplier, PlanError, Role, bucket_specs, layout_roles
+from .plan_decider import PlanJob, PlannerLoop
+from .plan_applier import GpuSlot, PlanApplier, PlanError, Role, bucket_specs, layout_roles
 from .rollout import RolloutRouting
 from .sessions import SessionRegistry
 
@@ -138,7 +138,7 @@ class Planning:
             return []
         self.applier = None
         out: list[Command] = [Log("plan_abandoned", {"actor": actor_id, "why": why}, "warning",
-                                  "libra.broker.planning")]
+                                  "libra.broker.plan_rounds")]
         if self.loop is not None:
             since = self.loop.recorded
             self.loop.abandoned(actor_id, why, now)
@@ -264,7 +264,7 @@ class Planning:
     def _decision_logs(self, since: int) -> list[Command]:
         assert self.loop is not None
         return [Log("planner_round", {k: v for k, v in entry.items() if k != "plan"}, "info",
-                    "libra.broker.planner_loop") for entry in self.loop.new_decisions(since)]
+                    "libra.broker.plan_decider") for entry in self.loop.new_decisions(since)]
 
 
 def _common_tp(rollout: list[Any]) -> int:

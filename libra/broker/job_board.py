@@ -1,4 +1,4 @@
-"""The job board of the broker core: the RL jobs it hosts (``libra.broker.job.JobHost``) by name.
+"""The job board of the broker core: the RL jobs it hosts (``libra.broker.job_host.JobHost``) by name.
 
 Pure, like the core: :meth:`JobBoard.submit` / :meth:`JobBoard.poll` answer the two client messages,
 :meth:`JobBoard.pump` submits what the hosts want (as ordinary work owned by the pseudo-client
@@ -16,7 +16,7 @@ from libra.config import ConfigError
 from libra.protocol import messages as m
 from libra.protocol.errors import ErrorCode
 
-from .job import JobHost, JobSpec, JobWork
+from .job_host import JobHost, JobSpec, JobWork
 
 __all__ = ["KEEP_FINISHED", "OWNER_PREFIX", "JobBoard"]
 

@@ -6,7 +6,7 @@ broker work (so it is queued, leased, retried and failed like any other) and han
 
 The flow, per the design's RL job:
 
-- **Episodes.** While :class:`~libra.broker.job_state.JobState` admits (policy-lag bound), each new GRPO
+- **Episodes.** While :class:`~libra.broker.job_groups.JobState` admits (policy-lag bound), each new GRPO
   group becomes ``group_size`` ``episode`` works (name: the environment) carrying the dataset row, the
   group/index and a seed. An episode runner (``libra.actors.episode_role``) runs the agent loop through
   the broker — every model turn is ``generate`` work routed by C-MLFQ, every tool call ``action`` work —
@@ -28,11 +28,11 @@ The flow, per the design's RL job:
 - **Versions.** Rank 0's reply carries the new weights ref; the broker then attaches it to every
   ``generate`` turn it assigns that names no weights (rollout instances load it between turns).
 - **Filter.** With ``filter_zero_variance`` a group whose rewards are all equal is dropped and another
-  prompt admitted, at most ``max_extra_groups`` per step (:mod:`libra.broker.job_state`); every step record
+  prompt admitted, at most ``max_extra_groups`` per step (:mod:`libra.broker.job_groups`); every step record
   says how many of the step's completed groups had zero variance (``zero_variance_share``), how many were
   filtered, and ``no_signal`` when every group it trains on has zero advantage.
 - **Eval.** With ``eval_rows``, after every ``eval_every`` steps and after the last one an eval round
-  (:mod:`libra.broker.job_eval`) runs the eval rows as ``episode`` work that is counted, never batched; its
+  (:mod:`libra.broker.job_eval_rounds`) runs the eval rows as ``episode`` work that is counted, never batched; its
   ``"kind": "eval"`` record joins the step records, and the job is done only after the last round.
 - **Data position.** Row ``i`` handed out is ``rows[i % len(rows)]``; every record carries
   ``data_position`` = ``row_offset`` + rows handed out so far, and a step record names its ``checkpoint``
@@ -44,7 +44,7 @@ The flow, per the design's RL job:
   list, so none is lost or repeated) and the job's totals: ``oom_retries``, ``decisions`` ({what: count})
   and ``prediction_error`` (mean |log(predicted / measured)| step seconds).
 - **Training** (steps, elastic groups, out-of-memory retries, measured costs) lives in
-  :mod:`libra.broker.job_train`.
+  :mod:`libra.broker.job_train_steps`.
 
 Failure semantics: an episode that fails (after the broker's retries) makes its group smaller (a group of
 fewer than 2 is dropped and re-admitted) and its error text (the runner's error line and traceback) is kept
@@ -52,7 +52,7 @@ for ``JobPoll`` (``failures``: those after the client's newest record); as many 
 ``max(16, 2 x group_size x prompts_per_step)`` fail the job (an environment that fails every episode);
 a ``train`` work that fails fails the job with the rank's error
 (state ``failed``), except a trainer's out-of-memory failure, which retries the step with smaller micro-batches
-and makes the broker's planner re-plan (:mod:`libra.broker.job_train`); a cancelled job cancels its
+and makes the broker's planner re-plan (:mod:`libra.broker.job_train_steps`); a cancelled job cancels its
 outstanding work. Nothing is dropped silently: every
 dropped group is counted in ``dropped_groups``.
 """
@@ -67,10 +67,10 @@ from libra.policies.parallelism.dispatch import STRATEGIES
 from libra.protocol.payloads_base import PayloadError
 from libra.protocol.payloads_job import EpisodeArgs, EpisodeResult, EpisodeSpec
 
-from .job_eval import EvalRounds
+from .job_eval_rounds import EvalRounds
 from .job_records import job_totals
-from .job_state import JobState, Trajectory
-from .job_train import JobWork, TrainSteps, group_advantages
+from .job_groups import JobState, Trajectory
+from .job_train_steps import JobWork, TrainSteps, group_advantages
 
 __all__ = ["JobHost", "JobSpec", "JobWork", "group_advantages"]
 
@@ -101,7 +101,7 @@ class JobSpec:
     episode_timeout_s: float = 1800.0
     train_timeout_s: float = 3600.0
     samples_per_step: int = 2
-    filter_zero_variance: bool = False  # drop zero-variance groups and admit others (job_state)
+    filter_zero_variance: bool = False  # drop zero-variance groups and admit others (job_groups)
     max_extra_groups: int = 8  # ... at most this many per step
     step_offset: int = 0  # a resumed job: steps are numbered from step_offset + 1 (checkpoints too)
     row_offset: int = 0  # a resumed job: the data position of rows[0]

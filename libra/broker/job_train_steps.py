@@ -1,4 +1,4 @@
-"""The training half of the broker's RL job host (:class:`libra.broker.job.JobHost`). Pure.
+"""The training half of the broker's RL job host (:class:`libra.broker.job_host.JobHost`). Pure.
 
 - **Steps.** When a batch is cut, the host computes the group-relative advantages, asks the dispatch policy
   which rank trains on which trajectory and with which micro-batches, and submits one ``train`` work per rank
@@ -36,7 +36,7 @@ from libra.protocol.payloads_refs import DataRef
 from libra.protocol.payloads_train import ElasticArgs, TrainArgs, TrainPart
 
 from .job_records import decision_record, step_record
-from .job_state import Group, zero_variance
+from .job_groups import Group, zero_variance
 
 __all__ = ["JobWork", "TrainSteps", "group_advantages", "is_oom"]
 

@@ -1,6 +1,6 @@
 """Pure RL job state: admission under the policy-lag bound, GRPO groups, batch cutting, versions.
 
-Hosted by the broker's job host (:mod:`libra.broker.job`).
+Hosted by the broker's job host (:mod:`libra.broker.job_host`).
 
 No I/O, no clocks, no asyncio: the job host feeds it events and does what it says. Tested on its own.
 
