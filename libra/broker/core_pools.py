@@ -20,8 +20,8 @@ Bookkeeping (the broker runs one placement round per submitted or finished actio
 pool keeps its CPU ids as bitsets, the ids of each NUMA node and the ids held, updated by :meth:`take` and
 :meth:`give_back`; an actor's free cores in a node are one AND of those with its own ids and their count one
 popcount. A query costs O(NUMA nodes) word-wide operations, whatever the number of cores, and only the chosen
-grant's ids are enumerated, so a round costs O(grants x actors). The implementation that scanned every id
-(``libra/bench/placement_ref.py``) makes the same decisions; ``python -m libra.bench placement`` compares them.
+grant's ids are enumerated, so a round costs O(grants x actors). ``tests/unit/test_core_pools_oracle.py``
+checks the decisions against a brute-force search over small hosts; ``python -m libra.bench placement`` times them.
 
 Labels that do not parse fall back to the session's ``cores`` (a private pool) and are reported once through
 :meth:`CorePools.take_unparsed` for the broker's shell to log.
