@@ -14,7 +14,9 @@ import sys
 from libra.transport.endpoints import parse_endpoint
 from libra.logging import configure, get_logger
 
-from libra.engines.device import DTYPE_ENV, ENGINES_PER_GPU_ENV, MEMORY_FRACTION_ENV, NODE_GPUS_ENV, parse_dtype
+from libra.engines.device.dtypes import DTYPE_ENV, parse_dtype
+from libra.engines.device.placement import ENGINES_PER_GPU_ENV, MEMORY_FRACTION_ENV
+from libra.engines.device.tp_groups import NODE_GPUS_ENV
 
 from .slots import place_gpu_roles, resolve_slots
 from .supervisor import Supervisor

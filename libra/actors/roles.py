@@ -32,7 +32,7 @@ class HybridRole:
     """A slot that can be a rollout instance or a trainer rank, switched by broker directives (the Elastic
     Hybrid Pool's worker, and how a plan moves GPUs between roles without restarting processes).
 
-    Each engine runs where :func:`~libra.engines.device.placement_from_env` puts the slot (its GPU in bf16
+    Each engine runs where :func:`~libra.engines.device.placement.placement_from_env` puts the slot (its GPU in bf16
     on a GPU slot, the CPU otherwise) and is created on the first work of its kind (``eager``: the rollout engine
 at start-up, as the actor runtime asks, so a hybrid slot's first turn does not wait for it). ``reconfigure(kinds,
     config)`` (called by the runtime after the actor drained for a directive) closes the engine of a kind no
@@ -40,7 +40,7 @@ at start-up, as the actor runtime asks, so a hybrid slot's first turn does not w
     instance. A rollout TP group (``config`` ``tp > 1``) is one engine: its leader (``rank`` 0) builds it over
     the group's GPUs at once (vLLM, ``tensor_parallel_size = tp``); the other members close their engines
     and hold none while grouped (their actor core bids for nothing). A directive for a TP degree the
-    engine cannot serve raises :class:`~libra.engines.device.TPUnsupported` before anything is closed.
+    engine cannot serve raises :class:`~libra.engines.device.errors.TPUnsupported` before anything is closed.
 
     A switch frees what the old role held before anything new is built: the rollout role is closed
     (:meth:`RolloutRole.close`: batcher, engine, context service), the trainer rank too (:meth:`TrainRole.close`),
@@ -53,7 +53,7 @@ at start-up, as the actor runtime asks, so a hybrid slot's first turn does not w
 
     def __init__(self, model_dir: str, run_dir: str | None, slot: str, *, max_batch: int = 32,
                  torch_threads: int = 0, placement: Any = None, eager: bool = False) -> None:
-        from libra.engines.device import placement_from_env
+        from libra.engines.device.placement import placement_from_env
 
         from .rollout_role import rollout_engine_name
 
@@ -84,7 +84,7 @@ at start-up, as the actor runtime asks, so a hybrid slot's first turn does not w
             self.rollout.on_kv_use = fn
 
     def _new_rollout(self) -> RolloutRole:
-        from libra.engines.device import group_devices
+        from libra.engines.device.tp_groups import group_devices
 
         _, tp, rank = self.group
         devices = group_devices(self.slot, rank, tp) if tp > 1 else ()
@@ -114,7 +114,9 @@ at start-up, as the actor runtime asks, so a hybrid slot's first turn does not w
         return t.train(args, ctx)
 
     def reconfigure(self, kinds: list[str], config: dict[str, Any]) -> int:
-        from libra.engines.device import TPUnsupported, max_tp_for, with_settings
+        from libra.engines.device.errors import TPUnsupported
+        from libra.engines.device.placement import with_settings
+        from libra.engines.device.tp_groups import max_tp_for
 
         from .rollout_role import rollout_engine_name
 
@@ -202,8 +204,8 @@ at start-up, as the actor runtime asks, so a hybrid slot's first turn does not w
 def role_handlers(role: str, model_dir: str | None, run_dir: str | None, slot: str, *, max_batch: int = 32,
                   torch_threads: int = 0) -> tuple[list[str], dict[str, list[str]], dict[tuple[str, str], Handler]]:
     """``(kinds, capabilities, handlers)`` for an engine role (``rollout`` or ``train``), its engine placed by
-    :func:`~libra.engines.device.placement_from_env` (the slot's GPU, or the CPU)."""
-    from libra.engines.device import placement_from_env
+    :func:`~libra.engines.device.placement.placement_from_env` (the slot's GPU, or the CPU)."""
+    from libra.engines.device.placement import placement_from_env
 
     if model_dir is None:
         raise ValueError(f"role {role!r} needs --model-dir")

@@ -113,7 +113,7 @@ class EngineKeeper:
     @staticmethod
     def _classify(exc: BaseException) -> tuple[str, str]:
         """``(kind, message)`` of an engine exception: ``oom``, ``crashed`` or ``engine_failed``."""
-        from libra.engines.device import is_cuda_oom
+        from libra.engines.device.cuda import is_cuda_oom
         from libra.engines.rollout_base import EngineCrashed, EngineOutOfMemory
 
         msg = f"{type(exc).__name__}: {exc}"
@@ -125,7 +125,7 @@ class EngineKeeper:
         """The typed failure of a batch (see the module contracts), called after the ``except`` block: an
         out-of-memory error frees the CUDA cache and halves the batch; a crashed engine is released and
         rebuilt."""
-        from libra.engines.device import free_cuda_cache
+        from libra.engines.device.cuda import free_cuda_cache
         from libra.engines.memory import memory_reading
 
         if kind == "crashed":

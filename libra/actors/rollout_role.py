@@ -140,9 +140,10 @@ def set_torch_threads(n: int) -> None:
 def make_rollout_engine(model_dir: str, max_batch: int, placement: Any = None, *, tp: int = 1,
                         devices: tuple[int, ...] = ()) -> Any:
     """The rollout engine ``$LIBRA_ROLLOUT_ENGINE`` names (``hf`` by default; see the module contracts), on
-    ``placement`` (a :class:`~libra.engines.device.Placement`; CPU float32 when None). ``tp > 1`` (a TP group's
-    leader over ``devices``) needs vLLM: the HF engine raises :class:`~libra.engines.device.TPUnsupported`."""
-    from libra.engines.device import TPUnsupported, apply_memory_budget
+    ``placement`` (a :class:`~libra.engines.device.placement.Placement`; CPU float32 when None). ``tp > 1`` (a TP group's
+    leader over ``devices``) needs vLLM: the HF engine raises :class:`~libra.engines.device.errors.TPUnsupported`."""
+    from libra.engines.device.errors import TPUnsupported
+    from libra.engines.device.placement import apply_memory_budget
 
     name = os.environ.get(ROLLOUT_ENGINE_ENV, "hf").strip().lower() or "hf"
     if name == "hf":

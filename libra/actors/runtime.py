@@ -26,7 +26,8 @@ from typing import Any, Callable
 import zmq
 
 from libra.transport import sdnotify
-from libra.engines.device import engine_labels_from_env, slot_gpu_index
+from libra.engines.device.slots import slot_gpu_index
+from libra.engines.device.tp_groups import engine_labels_from_env
 from libra.transport.endpoints import resolve
 from libra.logging import bind_context, configure, get_logger
 from libra.protocol import ProtocolError, decode_many, encode, encode_batch, encode_many

@@ -14,7 +14,7 @@ settings out):
   ``CUDA_VISIBLE_DEVICES`` when it has one (never an NVML index written over it), else ``N``. A GPU action
   slot whose model services are given ``G`` GPUs (``--service-gpus G``) sees GPUs ``N .. N+G-1``. When the
   parent's list was given, it also travels as ``LIBRA_NODE_CUDA_DEVICES`` (for TP groups that span GPUs,
-  :func:`libra.engines.device.cuda_visible_for`).
+  :func:`libra.engines.device.tp_groups.cuda_visible_for`).
 - ``cpuN`` sees no GPU (``CUDA_VISIBLE_DEVICES=""``): its engines and its ``reward_model`` service run on
   the CPU instead of taking GPU memory outside every slot's budget. Model services get GPUs only on a GPU
   slot (``--service-gpus``; a CPU slot refuses them, ``libra.actors.topology``).
@@ -28,7 +28,9 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from libra.engines.device import NODE_DEVICES_ENV, DeviceConfigError, parse_slot
+from libra.engines.device.errors import DeviceConfigError
+from libra.engines.device.slots import parse_slot
+from libra.engines.device.tp_groups import NODE_DEVICES_ENV
 
 __all__ = ["VISIBLE_ENV", "ORDER_ENV", "GpuDiscovery", "GpuEngineSlot", "allowed_gpus", "discover_gpus",
            "parent_visible", "place_gpu_roles", "resolve_slots", "runtime_cuda_env", "slot_cuda_env"]
@@ -82,8 +84,8 @@ def allowed_gpus(nvml_uuids: Sequence[str], visible: Sequence[str] | None) -> li
 
 def slot_cuda_env(slot: str, parent: Mapping[str, str], *, service_gpus: int = 0) -> dict[str, str]:
     """The CUDA settings of ``slot``'s environment given the supervisor's ``parent`` environment (see the
-    module docstring). Raises :class:`~libra.engines.device.SlotNameError` for a bad slot name and
-    :class:`~libra.engines.device.DeviceConfigError` for a GPU the parent may not use."""
+    module docstring). Raises :class:`~libra.engines.device.errors.SlotNameError` for a bad slot name and
+    :class:`~libra.engines.device.errors.DeviceConfigError` for a GPU the parent may not use."""
     kind, n, _ = parse_slot(slot)
     out = {ORDER_ENV: "PCI_BUS_ID", SLOT_CUDA_ENV: slot}
     if kind == "cpu":

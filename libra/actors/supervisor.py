@@ -12,7 +12,7 @@ stop); the broker re-queues what a killed slot held, as for any lost actor.
 Each child's environment is :func:`slot_environment` (pure): the supervisor's own, its slot's CUDA settings
 (:func:`libra.actors.slots.slot_cuda_env`: PCI bus order, the slot's entry of an existing
 ``CUDA_VISIBLE_DEVICES``, no GPU for a CPU slot), then the slot's own settings. Slot names are checked when
-the supervisor is built: a bad one raises :class:`~libra.engines.device.SlotNameError` before any child starts.
+the supervisor is built: a bad one raises :class:`~libra.engines.device.errors.SlotNameError` before any child starts.
 
 A slot that dies without cleaning up (SIGKILL, a crash) leaves files named after its pid: its sandbox pool's
 root directory (``<tmp>/libra-sandbox-<pid>-*``, :func:`libra.engines.sandbox.slot.sweep_roots_of`) and its

@@ -76,7 +76,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from libra.engines.handlers import Handler, ToolError, WorkContext
+from libra.engines.work_context import Handler, ToolError, WorkContext
 from libra.protocol.payloads_actions import ToolDeclaration
 from libra.protocol.payloads_base import PayloadError
 

@@ -92,7 +92,7 @@ class TrainRole:
         self.run_dir = Path(run_dir) if run_dir else None
         self.slot = slot
         self.trainer: Any = None
-        self.placement = placement  # libra.engines.device.Placement: the trainer's device and dtype (None: CPU fp32)
+        self.placement = placement  # libra.engines.device.placement.Placement: the trainer's device and dtype (None: CPU fp32)
         self.rank: int | None = None
         self.keys = DataPlaneKeys.from_env()
         self.fetch_timeout_s = fetch_timeout_s
@@ -103,7 +103,7 @@ class TrainRole:
 
     def _backend(self) -> str | None:
         """gloo where ranks may share a GPU (NCCL refuses that), else the trainer's own choice."""
-        from libra.engines.device import trainer_backend
+        from libra.engines.device.placement import trainer_backend
 
         return trainer_backend(self.placement) if self.placement is not None else None
 
@@ -268,7 +268,7 @@ class TrainRole:
         p = self.placement
         if p is None:
             return {}
-        from libra.engines.device import apply_memory_budget
+        from libra.engines.device.placement import apply_memory_budget
 
         apply_memory_budget(p)
         return {"device": p.device, "dtype": p.torch_dtype(), "memory_fraction": p.memory_fraction}
@@ -292,7 +292,7 @@ def free_memory(where: Any) -> None:
     CPU)."""
     device = str(getattr(where, "device", where) or "cpu")
     if device.startswith("cuda"):
-        from libra.engines.device import free_cuda_cache
+        from libra.engines.device.cuda import free_cuda_cache
 
         free_cuda_cache()
 

@@ -96,7 +96,7 @@ def _baseline_generate(model: Any, prompts: list[list[int]], new_tokens: int, pa
 
 def _dtype(name: str, device: str) -> torch.dtype:
     """``--dtype`` as a torch dtype; ``auto`` follows the actors' rule (bf16 on a GPU, fp32 on the CPU)."""
-    from libra.engines.device import parse_dtype
+    from libra.engines.device.dtypes import parse_dtype
 
     d = parse_dtype(name)
     return getattr(torch, ("bfloat16" if device.startswith("cuda") else "float32") if d == "auto" else d)

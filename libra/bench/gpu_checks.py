@@ -190,7 +190,7 @@ def bf16_learning(*, shape: str | None = None, device: str = "cpu", steps: int =
 
 
 def _ctx() -> Any:
-    from libra.engines.handlers import WorkContext
+    from libra.engines.work_context import WorkContext
 
     return WorkContext("gpu-check", "traj-gpu-check", 120.0, threading.Event(), "gpu-check")
 
@@ -241,7 +241,7 @@ def switch_memory(*, shape: str | None = None, device: str = "cpu", scratch: Pat
                   wait_s: float = 10.0) -> dict[str, Any]:
     """Check 2 (see the module docstring)."""
     from libra.actors.roles import HybridRole
-    from libra.engines.device import choose_placement
+    from libra.engines.device.placement import choose_placement
 
     t0 = time.perf_counter()
     scratch = scratch or Path(tempfile.mkdtemp(prefix="libra-gpu-checks-"))

@@ -48,9 +48,9 @@ def _requests(n: int, new_tokens: int) -> list[dict]:
              "temperature": 1.0, "seed": i} for i in range(n)]
 
 
-def _placement(device: str, dtype: str):  # -> libra.engines.device.Placement
+def _placement(device: str, dtype: str):  # -> libra.engines.device.placement.Placement
     """Where the direct engine runs: the placement an actor on ``gpu0`` (cuda) or ``cpu0`` would choose."""
-    from libra.engines.device import choose_placement
+    from libra.engines.device.placement import choose_placement
 
     cuda = device.startswith("cuda")
     return choose_placement("gpu0" if cuda else "cpu0", cuda_devices=1 if cuda else 0, dtype=dtype)

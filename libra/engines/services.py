@@ -424,7 +424,7 @@ def service_tools(manager: ServiceManager | Callable[[], ServiceManager] | None 
     ``manager``: a :class:`ServiceManager`, a factory called on the first call, or ``None`` for
     :func:`default_manager`. Errors become ``ToolError(code, message)`` (``unknown_service``,
     ``bad_request``, ``busy``)."""
-    from libra.engines.handlers import ToolError
+    from libra.engines.work_context import ToolError
 
     box: dict[str, ServiceManager] = {}
     make: Callable[[], ServiceManager] = default_manager

@@ -132,7 +132,7 @@ def vllm_args_from_env(environ: Mapping[str, str] | None = None) -> dict[str, An
 def vllm_engine_args(max_batch: int, placement: Any = None, *, tp: int = 1, devices: Sequence[int] = (),
                      extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The :class:`VLLMRolloutEngine` keyword arguments for a rollout slot: ``max_num_seqs`` = the slot's
-    batch; on a GPU ``placement`` (:class:`~libra.engines.device.Placement`) its dtype and
+    batch; on a GPU ``placement`` (:class:`~libra.engines.device.placement.Placement`) its dtype and
     ``gpu_memory_utilization`` (the placement's memory fraction); for a TP group's leader
     ``tensor_parallel_size = tp`` over ``visible_devices = devices`` (the group's GPUs, one per rank) with
     vLLM's multiprocessing executor. ``extra`` (``$LIBRA_VLLM_ARGS``) is applied last but may not contradict

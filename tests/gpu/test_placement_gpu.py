@@ -15,7 +15,7 @@ from libra.actors.gpu_stats import sample_gpu
 from libra.actors.roles import HybridRole
 from libra.actors.rollout_role import RolloutRole
 from libra.actors.tools import ToolError, WorkContext
-from libra.engines.device import placement_from_env
+from libra.engines.device.placement import placement_from_env
 from libra.engines.tiny_model import ensure_tiny_model
 
 pytestmark = [

@@ -5,20 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from libra.engines.device import (
-    DeviceConfigError,
-    Placement,
-    TPUnsupported,
-    choose_placement,
-    engine_labels,
-    engine_labels_from_env,
-    group_devices,
-    is_cuda_oom,
-    max_tp_for,
-    parse_dtype,
-    placement_from_env,
-    slot_gpu_index,
-)
+from libra.engines.device.cuda import is_cuda_oom
+from libra.engines.device.dtypes import parse_dtype
+from libra.engines.device.errors import DeviceConfigError, TPUnsupported
+from libra.engines.device.placement import Placement, choose_placement, placement_from_env
+from libra.engines.device.slots import slot_gpu_index
+from libra.engines.device.tp_groups import engine_labels, engine_labels_from_env, group_devices, max_tp_for
 from libra.engines.vllm_rollout import vllm_engine_args
 
 
@@ -104,7 +96,7 @@ def test_vllm_arguments_for_a_tp_group_leader() -> None:
 
 
 def test_trainer_ranks_sharing_a_gpu_use_gloo_not_nccl() -> None:
-    from libra.engines.device import trainer_backend
+    from libra.engines.device.placement import trainer_backend
 
     gpu = choose_placement("gpu0", cuda_devices=1)
     assert trainer_backend(gpu, {"LIBRA_ENGINES_PER_GPU": "4"}) == "gloo"  # NCCL refuses two ranks on one device
@@ -113,7 +105,7 @@ def test_trainer_ranks_sharing_a_gpu_use_gloo_not_nccl() -> None:
 
 
 def test_a_directive_can_set_the_engines_dtype_and_budget() -> None:
-    from libra.engines.device import with_settings
+    from libra.engines.device.placement import with_settings
 
     p = choose_placement("gpu1", cuda_devices=1)
     assert with_settings(p, "gpu1", {"role": "rollout", "tp": 1}) is p  # no engine settings: unchanged

@@ -19,7 +19,7 @@ from libra.actors import rollout_role
 from libra.actors.roles import HybridRole
 from libra.actors.tools import WorkContext
 from libra.dataplane import DataPlaneServer
-from libra.engines.device import choose_placement
+from libra.engines.device.placement import choose_placement
 from libra.engines.tiny_model import ensure_tiny_model
 from libra.rl.shards import encode_shard
 

@@ -19,7 +19,7 @@ import torch
 
 from libra.actors.rollout_role import RolloutRole
 from libra.actors.tools import ToolError, WorkContext
-from libra.engines import device
+from libra.engines.device import cuda
 from libra.engines.kv_cache import KVCache
 from libra.engines.rollout_base import EngineCrashed, EngineOutOfMemory, GenResult
 from libra.engines.tiny_model import ensure_tiny_model
@@ -68,7 +68,7 @@ def test_a_cuda_oom_is_freed_after_the_failed_calls_tensors_are_gone(tiny: Path,
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
         return real(reqs, **kwargs)
 
-    monkeypatch.setattr(device, "free_cuda_cache", lambda: at_free.append(allocated[0]() is None))
+    monkeypatch.setattr(cuda, "free_cuda_cache", lambda: at_free.append(allocated[0]() is None))
     eng.generate = first_call_allocates_too_much
     code, msg = failure(role, args())
     assert code == "oom" and "8 -> 4" in msg

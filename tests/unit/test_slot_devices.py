@@ -1,4 +1,4 @@
-"""Which GPUs each slot sees (libra/actors/slots.py, supervisor.py, engines/device.py): an existing
+"""Which GPUs each slot sees (libra/actors/slots.py, supervisor.py, engines/device/): an existing
 CUDA_VISIBLE_DEVICES is respected, PCI bus order is set, gpuN.K is GPU N, CPU slots see no GPU, bad slot names
 are refused. Pure: an environment in, an environment out."""
 
@@ -10,7 +10,9 @@ import pytest
 
 from libra.actors.slots import allowed_gpus, discover_gpus, parent_visible, slot_cuda_env
 from libra.actors.supervisor import Supervisor, service_gpus_of, slot_environment
-from libra.engines.device import DeviceConfigError, SlotNameError, cuda_visible_for, parse_slot, slot_gpu_index
+from libra.engines.device.errors import DeviceConfigError, SlotNameError
+from libra.engines.device.slots import parse_slot, slot_gpu_index
+from libra.engines.device.tp_groups import cuda_visible_for
 
 SLURM = {"CUDA_VISIBLE_DEVICES": "2,5,7", "HOME": "/h"}
 UUIDS = {"CUDA_VISIBLE_DEVICES": "GPU-aaaa1111,GPU-bbbb2222"}

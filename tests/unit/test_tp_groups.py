@@ -16,7 +16,8 @@ from libra.actors.roles import HybridRole
 from libra.actors.rollout_role import RolloutRole, make_rollout_engine
 from libra.actors.state import ActorIdentity, ActorState, Received, Reconfigure, Reconfigured, SendMsg, Start
 from libra.actors.tools import ToolError, WorkContext
-from libra.engines.device import TPUnsupported, choose_placement
+from libra.engines.device.errors import TPUnsupported
+from libra.engines.device.placement import choose_placement
 from libra.engines.kv_cache import KVCache
 from libra.engines.rollout_base import GenResult
 from libra.protocol import messages as m

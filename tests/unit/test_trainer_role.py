@@ -133,7 +133,7 @@ def test_close_frees_the_model_and_optimizer_without_gc(tmp_path, model_dir) -> 
 
 def test_the_elastic_trainer_runs_on_the_slots_placement(tmp_path, model_dir) -> None:
     from libra.actors.elastic_train import _ensure_trainer
-    from libra.engines.device import Placement
+    from libra.engines.device.placement import Placement
 
     role = TrainRole(str(model_dir), None, "cpu0", placement=Placement("cpu", "bfloat16", None, "test"))
     part = {"ref": {"endpoint": "tcp://127.0.0.1:1", "name": "traj/1"}, "advantage": 1.0}

@@ -16,7 +16,7 @@ import pytest
 from libra.actors import __main__ as supervisor
 from libra.actors import tools as T
 from libra.actors.runtime import build_parser as runtime_parser
-from libra.engines.handlers import ToolError, WorkContext
+from libra.engines.work_context import ToolError, WorkContext
 from libra.protocol.payloads_actions import ToolDeclaration, tool_declarations
 
 

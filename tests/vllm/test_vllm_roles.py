@@ -15,7 +15,7 @@ from conftest import ENGINE_ARGS  # tests/vllm
 from libra.actors.roles import HybridRole
 from libra.actors.tools import WorkContext
 from libra.dataplane import DataPlaneServer
-from libra.engines.device import choose_placement
+from libra.engines.device.placement import choose_placement
 from libra.engines.rollout_base import GenRequest
 from libra.engines.tiny_model import ensure_tiny_model
 from libra.engines.vllm_rollout import VLLM_ARGS_ENV, VLLMRolloutEngine

@@ -1,5 +1,5 @@
 """The sandbox tools as actor work handlers: ``sandbox_tools()`` wires a :class:`SandboxPool` to the
-``fn(args, ctx)`` contract of :mod:`libra.engines.handlers`."""
+``fn(args, ctx)`` contract of :mod:`libra.engines.work_context`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import atexit
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from libra.engines.handlers import ToolError
+from libra.engines.work_context import ToolError
 from libra.engines.sandbox.errors import SandboxError
 from libra.engines.sandbox.pool import SandboxPool
 from libra.engines.sandbox.tools import TOOLS
@@ -21,9 +21,9 @@ _ACTOR_CODES = {"denied": "bad_request"}
 
 
 def sandbox_tools(*, allow_unisolated: bool = False, pool: Any = None, **pool_options: Any) -> dict[str, Any]:
-    """Work handlers ``{"python", "bash", "pytest"}`` for an actor (``libra.engines.handlers`` contract).
+    """Work handlers ``{"python", "bash", "pytest"}`` for an actor (``libra.engines.work_context`` contract).
 
-    Each handler is ``fn(args, ctx)`` with ``ctx`` a ``libra.engines.handlers.WorkContext``: it runs the tool
+    Each handler is ``fn(args, ctx)`` with ``ctx`` a ``libra.engines.work_context.WorkContext``: it runs the tool
     in ``ctx.trajectory``'s sandbox (a throw-away one, released afterwards, when the call has no
     trajectory), pinned to the route's ``core_ids`` when the broker placed it (else ``ctx.cores`` cores
     the pool picks), with ``timeout_s`` defaulting to ``ctx.budget_s`` (capped at the pool's maximum), kills
