@@ -8,6 +8,10 @@ leader flushes (it is woken through a pipe).
 
 If the broker says it does not know this client (it restarted), the client says hello again and
 re-sends every unanswered request with its original request id, so nothing is run twice.
+
+The client's state (pending table, deadlines, reconnect gate, direct leases) lives in the pure
+:class:`~libra.client.core.ClientCore`, shared with the asyncio client; this shell owns the sockets, the
+threads, the futures and the clock, feeds the core its events and carries out the actions it returns.
 """
 
 from __future__ import annotations
@@ -21,27 +25,16 @@ from typing import Any
 
 import zmq
 
-from libra.transport.endpoints import parse_endpoint, resolve
 from libra.protocol import DEFAULT_MAX_FRAME_BYTES, ProtocolError, decode_many, encode, encode_batch
 from libra.protocol import messages as m
+from libra.transport.security import CurveClient
 from libra.transport.zmqio import recv_ready, send_frames
 
-from libra.transport.security import CurveClient
-
-from .common import (
-    served_timeout,
-    ReconnectGate,
-    RequestIds,
-    ToolResult,
-    batches,
-    configure_socket,
-    encode_checked,
-    new_client_id,
-    result_or_error,
-    unreachable,
-)
-from .direct import LEASE_ENDED, DirectRoutes
-from .errors import BrokerUnreachable, ProtocolRejected, ToolTimeout
+from .common import ToolResult, batches, configure_socket, unreachable
+from .core import (Action, Ask, Cancel, Connect, Deadline, Event, Received, Resend, Resolve, SendBroker, SendDirect,
+                   Submit, Tick, Welcomed)
+from .errors import BrokerUnreachable
+from .shell import ShellBase, WelcomeFlag
 
 
 class _Done:
@@ -75,17 +68,23 @@ class _Done:
 
 
 class _Pending:
-    __slots__ = ("event", "value", "msg", "future", "frames")
+    """A caller's waiter: handed to the core with its call and back in ``Resolve`` with the call's value."""
 
-    def __init__(self, msg: Any, frames: list[bytes] | None = None) -> None:
+    __slots__ = ("event", "value", "future", "rid", "at")
+
+    def __init__(self, rid: str | None = None, at: float = 0.0) -> None:
         self.event = _Done()
         self.value: Any = None
-        self.msg = msg
         self.future: Future | None = None
-        self.frames = frames  # ``msg`` encoded once, when it was checked; sent (and resent) as is
+        self.rid = rid
+        self.at = at  # the call's deadline (its start + timeout)
 
 
-class Client:
+class _WelcomeEvent(WelcomeFlag, threading.Event):
+    """The connected flag callers wait on, kept equal to the core's ``welcomed``."""
+
+
+class Client(ShellBase):
     """A connection to a Libra broker. ``connect_timeout=None`` skips waiting for the broker's welcome.
     ``direct=True``: calls of tools an actor runs inline go straight to that actor under a lease from the
     broker (``libra.client.direct``)."""
@@ -93,36 +92,22 @@ class Client:
     def __init__(self, broker_url: str, *, client_id: str | None = None, connect_timeout: float | None = 5.0,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, curve: CurveClient | None = None,
                  direct: bool = False) -> None:
-        self.broker_url = parse_endpoint(broker_url)  # BadAddress (a LibraError) before any socket
-        self.client_id = client_id or new_client_id()
-        self.max_frame_bytes = max_frame_bytes
-        self._ids = RequestIds(self.client_id)
-        self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._curve = configure_socket(self._sock, max_frame_bytes, curve)
-        self.endpoint = resolve(broker_url)  # the broker's ipc path when it is on this host (libra.transport.endpoints)
-        self._sock.connect(self.endpoint)
+        self._open(zmq.Context, broker_url, client_id, max_frame_bytes, curve, direct, last_rx=time.monotonic())
+        self._core_lock = threading.RLock()  # the core is driven by whichever thread holds this
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the socket lock: its holder leads (polls, flushes, drains)
         self._outbox: deque[list[bytes]] = deque()  # encoded messages; flushed as batches
-        self._pending: dict[str, _Pending] = {}
-        self._welcomed = threading.Event()
-        self._last_rx = time.monotonic()
-        self._last_ping = 0.0
-        self._ping_s = 1.0  # while requests wait, ping the broker this often if it is silent
-        self._gate = ReconnectGate(retry_s=2 * self._ping_s)
-        self._limit = max_frame_bytes  # the smaller of ours and the broker's (from its welcome)
+        self._welcomed = _WelcomeEvent(self._core)
         self._closed = False
-        self._direct = DirectRoutes() if direct and not self._curve else None
         self._dsocks: dict[str, zmq.Socket] = {}  # actor direct endpoint -> socket (made by the leader)
         self._doutbox: deque[tuple[str, list[bytes]]] = deque()
-        self._next_idle_check = 0.0
-        self._send(m.ClientHello(self.client_id, os.getpid()))
+        self._handle(Connect(), time.monotonic())
+        self._kick()
         if connect_timeout is not None:
             try:
                 self.wait_connected(connect_timeout)
@@ -133,7 +118,7 @@ class Client:
     # ------------------------------------------------------------------ public API
     def wait_connected(self, timeout: float) -> None:
         """Block until the broker welcomed us; raise BrokerUnreachable after ``timeout`` seconds."""
-        p = _Pending(None)
+        p = _Pending()
         deadline = time.monotonic() + timeout
         while not self._welcomed.is_set():
             if time.monotonic() >= deadline:
@@ -152,19 +137,17 @@ class Client:
     def request(self, kind: str, name: str, args: Any = None, trajectory: str | None = None,
                 timeout: float = 60.0, *, request_id: str | None = None) -> ToolResult:
         """Submit any kind of work (``action``, ``generate``, ...) and wait for its one reply."""
-        rid = request_id or self._ids.next()
-        p = self._submit_call(rid, kind, name, args, trajectory, timeout, request_id is not None)
-        return self._result(p, rid, timeout)
+        p = self._call(request_id, kind, name, args, trajectory, timeout)
+        return self._result(p)
 
     def submit_tool(self, tool: str, args: Any = None, trajectory: str | None = None,
                     timeout: float = 60.0) -> "Future[ToolResult]":
         """Non-blocking call; the future resolves when some thread waits on this client (``gather``)."""
-        rid = self._ids.next()
-        p = self._submit_call(rid, "action", tool, args, trajectory, timeout, False)
+        p = self._call(None, "action", tool, args, trajectory, timeout)
         fut: Future = Future()
         p.future = fut
-        fut.libra_started = start = time.monotonic()  # type: ignore[attr-defined]
-        fut.libra_deadline = start + timeout  # type: ignore[attr-defined]
+        fut.libra_started = p.at - timeout  # type: ignore[attr-defined]
+        fut.libra_deadline = p.at  # type: ignore[attr-defined]
         fut.libra_pending = p  # type: ignore[attr-defined]
         if p.event.is_set():
             self._resolve_future(p)
@@ -175,16 +158,7 @@ class Client:
         out: list[ToolResult | Exception] = []
         for fut in futures:
             p: _Pending = fut.libra_pending  # type: ignore[attr-defined]
-            deadline: float = fut.libra_deadline  # type: ignore[attr-defined]
-            while not p.event.is_set() and time.monotonic() < deadline:
-                self._lead_or_wait(p, deadline)
-            if not p.event.is_set():
-                self._pending.pop(p.msg.request_id, None)
-                if self._direct is not None:
-                    self._direct.answered(p.msg.request_id)
-                p.value = self._timeout_error(p.msg.request_id, p.msg.timeout_s,
-                                              time.monotonic() - fut.libra_started)  # type: ignore[attr-defined]
-                p.event.set()
+            self._wait(p)
             self._resolve_future(p)
             exc = fut.exception()
             out.append(exc if exc is not None else fut.result())
@@ -193,18 +167,21 @@ class Client:
     def end_trajectory(self, trajectory: str, total_output_tokens: int = 0, ok: bool = True) -> None:
         """Tell the broker ``trajectory`` is finished (the rollout router learns from its length) or
         abandoned (``ok=False``). Fire and forget: there is no reply."""
-        self._send(m.EndTrajectory(trajectory, max(0, int(total_output_tokens)), ok))
+        self._outbox.append(encode(m.EndTrajectory(trajectory, max(0, int(total_output_tokens)), ok)))
+        self._kick()
 
     def status(self, timeout: float = 5.0) -> m.StatusReply:
         """A cluster snapshot (actors, queues, counters)."""
-        rid = self._ids.next()
-        p = self._submit(m.StatusRequest(rid))
-        deadline = time.monotonic() + timeout
+        rid = self._core.ids.next()
+        p = _Pending(rid, time.monotonic() + timeout)
+        self._handle(Ask(m.StatusRequest(rid), p), time.monotonic())
+        self._kick()
         while not p.event.is_set():
-            if time.monotonic() >= deadline:
-                self._pending.pop(rid, None)
+            now = time.monotonic()
+            if now >= p.at:
+                self._handle(Cancel(rid), now)
                 raise BrokerUnreachable(f"no status reply from {self.broker_url} within {timeout}s")
-            self._lead_or_wait(p, deadline)
+            self._lead_or_wait(p, p.at)
         if isinstance(p.value, Exception):
             raise p.value
         return p.value
@@ -212,10 +189,13 @@ class Client:
     def direct(self, actor_id: str, kinds: list[str], mode: str = "finish", config: dict | None = None,
                timeout: float = 5.0) -> int:
         """Operator call: tell an actor to accept ``kinds``. Returns the directive id."""
-        rid = self._ids.next()
-        p = self._submit(m.DirectRequest(rid, actor_id, list(kinds), mode, dict(config or {})))
-        res = self._result(p, rid, timeout)
-        return int(res.output)
+        rid = self._core.ids.next()
+        start = time.monotonic()
+        p = _Pending(rid, start + timeout)
+        self._handle(Ask(m.DirectRequest(rid, actor_id, list(kinds), mode, dict(config or {})), p, timeout, p.at),
+                     start)
+        self._kick()
+        return int(self._result(p).output)
 
     def close(self) -> None:
         if self._closed:
@@ -239,61 +219,59 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ internals
-    def _timeout_error(self, rid: str, timeout: float, elapsed: float) -> Exception:
-        """The call's deadline passed: BrokerUnreachable if the broker never welcomed us, else ToolTimeout;
-        either says how long the call really waited."""
-        if not self._welcomed.is_set():
-            return BrokerUnreachable(unreachable(self.broker_url, self._curve, round(elapsed, 2)))
-        return ToolTimeout(f"request {rid} got no reply within {timeout:g}s (gave up after {elapsed:.2f}s)")
+    # ------------------------------------------------------------------ driving the core
+    def _handle(self, event: Event, now: float) -> None:
+        """Feed ``event`` to the core and carry out its actions (sends are queued; the caller kicks)."""
+        with self._core_lock:
+            actions = self._core.handle(event, now)
+            for a in actions:
+                self._apply(a)
 
-    def _submit_call(self, rid: str, kind: str, name: str, args: Any, trajectory: str | None, timeout: float,
-                     explicit_id: bool) -> _Pending:
-        """Send one call: straight to an actor when a direct lease covers it, else through the broker."""
-        d = self._direct
-        if d is not None:
-            now = time.monotonic()
-            lease, ask = d.route(kind, name, trajectory, explicit_id, now)
-            if ask:
-                lrid = self._ids.next()
-                d.asked(lrid, name, now)
-                self._send(m.LeaseRequest(lrid, "action", name))
-            if lease is not None:
-                call = m.DirectCall(rid, lease.lease_id, kind, name, args, served_timeout(timeout))
-                p = _Pending(call, encode_checked(call, self._limit))
-                d.sent(rid, lease)
-                self._pending[rid] = p
-                self._doutbox.append((lease.endpoint, p.frames))
-                self._kick()
-                return p
-        return self._submit(m.Submit(rid, kind, name, args, trajectory, served_timeout(timeout)))
+    def _apply(self, a: Action) -> None:
+        t = type(a)
+        if t is Resolve:
+            self._complete(a.waiter, a.value)  # type: ignore[union-attr]
+        elif t is SendBroker:
+            self._outbox.append(a.frames)  # type: ignore[union-attr]
+        elif t is SendDirect:
+            self._doutbox.append((a.endpoint, a.frames))  # type: ignore[union-attr]
+        elif t is Resend:
+            self._outbox.extend(a.frames)  # type: ignore[union-attr]
+        elif t is Welcomed:
+            (self._welcomed.set if a.value else self._welcomed.clear)()  # type: ignore[union-attr]
+        # ArmTimer: no timer here; each waiting thread watches its own call's deadline (_wait)
 
-    def _submit(self, msg: Any) -> _Pending:
-        # BadRequest / PayloadTooLarge here, in the caller's thread, before anything is sent.
-        p = _Pending(msg, encode_checked(msg, self._limit))
-        self._pending[msg.request_id] = p
-        self._send_frames(p.frames)
+    def _call(self, request_id: str | None, kind: str, name: str, args: Any, trajectory: str | None,
+              timeout: float) -> _Pending:
+        """Hand one call to the core (BadRequest / PayloadTooLarge here, in the caller's thread, before
+        anything is sent) and send what it says."""
+        rid = request_id or self._core.ids.next()
+        start = time.monotonic()
+        p = _Pending(rid, start + timeout)
+        self._handle(Submit(rid, kind, name, args, trajectory, timeout, p.at, p, request_id is not None), start)
+        self._kick()
         return p
 
-    def _result(self, p: _Pending, rid: str, timeout: float) -> ToolResult:
-        """Wait for ``p``'s reply until ``timeout`` seconds from now, the caller's deadline (to within one poll
-        tick, 50 ms): a broker that is gone, or answers late, does not stretch it."""
-        start = time.monotonic()
-        deadline = start + timeout
+    def _wait(self, p: _Pending) -> None:
+        """Wait for ``p``'s value until its deadline, the caller's own (to within one poll tick, 50 ms): a
+        broker that is gone, or answers late, does not stretch it; then the core fails the call."""
         while not p.event.is_set():
             now = time.monotonic()
-            if now >= deadline:
-                self._pending.pop(rid, None)
-                if self._direct is not None:
-                    self._direct.answered(rid)
-                raise self._timeout_error(rid, timeout, now - start)
-            self._lead_or_wait(p, deadline)
+            if now < p.at:
+                self._lead_or_wait(p, p.at)
+                continue
+            self._handle(Deadline(), now)
+            if not p.event.is_set():  # answered at this moment by the leader: its value is on its way
+                p.event.wait(0.002)
+
+    def _result(self, p: _Pending) -> Any:
+        self._wait(p)
         if isinstance(p.value, Exception):
             raise p.value
         return p.value
 
     def _complete(self, p: _Pending, value: Any) -> None:
-        """``p`` has its answer (taken off ``_pending`` by the caller): wake its waiter, resolve its future."""
+        """``p`` has its answer: wake its waiter, resolve its future."""
         p.value = value
         p.event.set()
         self._resolve_future(p)
@@ -313,13 +291,7 @@ class Client:
         except InvalidStateError:
             pass
 
-    def _send(self, msg: Any) -> None:
-        self._send_frames(encode(msg))
-
-    def _send_frames(self, frames: list[bytes]) -> None:
-        self._outbox.append(frames)
-        self._kick()
-
+    # ------------------------------------------------------------------ sockets
     def _kick(self) -> None:
         while self._outbox or self._doutbox:
             if self._lock.acquire(blocking=False):
@@ -373,30 +345,19 @@ class Client:
             try:
                 self._flush()
                 while not target.is_set():
-                    remaining = deadline - time.monotonic()
+                    now = time.monotonic()
+                    remaining = deadline - now
                     if remaining <= 0:
                         break
-                    now = time.monotonic()
-                    if self._pending and now - self._last_rx > self._ping_s and now - self._last_ping > self._ping_s:
-                        # A restarted broker does not know us; our ping makes it say Disconnect, and we then
-                        # say hello again and resend every unanswered request (same ids: never run twice).
-                        self._last_ping = now
-                        self._outbox.append(encode(m.Heartbeat()))
-                        self._flush()
-                    if self._direct is not None and now >= self._next_idle_check:
-                        self._next_idle_check = now + 1.0
-                        for lease_id in self._direct.idle(now):  # its actor's credit goes back to the broker
-                            self._outbox.append(encode(m.LeaseEnd(lease_id, "idle")))
+                    self._handle(Tick(), now)  # a heartbeat while calls wait on a silent broker; idle leases
                     for sock, _ in self._poller.poll(min(50, max(1, int(remaining * 1000)))):
-                        if sock is self._sock:
-                            self._drain()
-                        elif sock == self._wake_r:
+                        if sock == self._wake_r:
                             try:
                                 os.read(self._wake_r, 65536)
                             except BlockingIOError:
                                 pass
                         else:
-                            self._drain_direct(sock)
+                            self._drain(sock)
                     self._flush()
             finally:
                 self._lock.release()
@@ -405,81 +366,12 @@ class Client:
         else:
             target.wait(min(0.002, max(0.0, deadline - time.monotonic())))
 
-    def _drain(self) -> None:
-        for frames in recv_ready(self._sock, 10_000):
-            try:
-                decoded = decode_many(frames, self.max_frame_bytes)
-            except ProtocolError:
-                continue  # a broker never sends garbage; a mismatched version is reported on timeout
-            self._last_rx = time.monotonic()
-            for d in decoded:
-                self._dispatch(d.msg)
-
-    def _drain_direct(self, sock: zmq.Socket) -> None:
-        d = self._direct
-        assert d is not None
+    def _drain(self, sock: zmq.Socket) -> None:
+        """Hand what the broker's socket (or an actor's direct one) has ready to the core."""
+        direct = sock is not self._sock
         for frames in recv_ready(sock, 10_000):
             try:
                 decoded = decode_many(frames, self.max_frame_bytes)
             except ProtocolError:
-                continue
-            for x in decoded:
-                msg = x.msg
-                if type(msg) is not m.Reply:
-                    continue
-                if msg.error_code == LEASE_ENDED:  # refused before it ran: send it through the broker
-                    d.refused(msg.request_id, time.monotonic())
-                    self._via_broker(msg.request_id, 0)
-                    continue
-                rid = msg.request_id
-                d.answered(rid)
-                p = self._pending.get(rid)
-                if p is not None and type(p.msg) is m.DirectCall:  # else sent via the broker since: it answers
-                    del self._pending[rid]
-                    self._complete(p, result_or_error(msg))
-
-    def _via_broker(self, rid: str, prior_attempts: int) -> None:
-        """Send unanswered direct call ``rid`` through the broker instead (same request id)."""
-        p = self._pending.get(rid)
-        if p is None or type(p.msg) is not m.DirectCall:
-            return
-        c = p.msg
-        p.msg = m.Submit(rid, c.kind, c.name, c.args, None, c.timeout_s, prior_attempts)
-        p.frames = encode(p.msg)
-        self._outbox.append(p.frames)
-
-    def _dispatch(self, msg: Any) -> None:
-        t = type(msg)
-        d = self._direct
-        if t is m.Reply and d is not None and msg.request_id in d.asking:
-            _, surplus = d.on_lease_reply(msg, time.monotonic())
-            if surplus is not None:
-                self._outbox.append(encode(m.LeaseEnd(surplus, "surplus")))
-            return
-        if t is m.Reply or t is m.StatusReply:
-            p = self._pending.pop(msg.request_id, None)
-            if p is not None:
-                self._complete(p, result_or_error(msg) if t is m.Reply else msg)
-        elif t is m.Welcome:
-            self._limit = min(self.max_frame_bytes, msg.max_frame_bytes or self.max_frame_bytes)
-            self._welcomed.set()
-            if self._gate.on_welcome():  # a reconnect is complete: resend each unanswered request once
-                for p in list(self._pending.values()):
-                    if p.msg is not None and type(p.msg) is not m.DirectCall:  # direct: its actor answers
-                        self._outbox.append(p.frames)
-        elif t is m.LeaseEnd:
-            if d is not None:  # a lost actor's unanswered calls go through the broker
-                for rid in d.ended(msg.lease_id, msg.lost):
-                    self._via_broker(rid, 1)
-        elif t is m.Error:
-            p = self._pending.pop(msg.request_id, None) if msg.request_id else None
-            if p is not None:
-                self._complete(p, ProtocolRejected(f"broker rejected request: {msg.message}"))
-        elif t is m.Disconnect:
-            # The broker does not know us (it restarted or expired us): one hello per reconnect; the
-            # unanswered requests follow once, when the welcome comes (see ReconnectGate).
-            if self._gate.on_disconnect(time.monotonic()):
-                self._welcomed.clear()
-                if d is not None:
-                    d.reset()  # a new broker session knows none of our leases
-                self._outbox.append(encode(m.ClientHello(self.client_id, os.getpid())))
+                continue  # a broker never sends garbage; a mismatched version is reported on timeout
+            self._handle(Received([d.msg for d in decoded], direct), time.monotonic())
