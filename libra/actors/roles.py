@@ -17,13 +17,11 @@ from typing import Any
 
 from libra.logging import get_logger
 
-from .rollout_role import (ROLLOUT_ENGINE_ENV, RolloutRole, make_rollout_engine, read_weights_file, write_slot_record,
-                           write_weights_file)
+from .rollout_role import ROLLOUT_ENGINE_ENV, RolloutRole, make_rollout_engine, write_slot_record
 from .tools import Handler, ToolError, WorkContext
 from .train_role import TrainRole
 
-__all__ = ["ROLLOUT_ENGINE_ENV", "HybridRole", "RolloutRole", "TrainRole", "make_rollout_engine",
-           "read_weights_file", "role_handlers", "write_weights_file"]
+__all__ = ["ROLLOUT_ENGINE_ENV", "HybridRole", "RolloutRole", "TrainRole", "make_rollout_engine", "role_handlers"]
 
 log = get_logger("libra.roles")
 

@@ -1,5 +1,4 @@
-"""The ``rollout`` role: a rollout engine behind a turn batcher, serving ``generate`` work, and the weights
-file format of the documented file fallback.
+"""The ``rollout`` role: a rollout engine behind a turn batcher, serving ``generate`` work.
 
 Role: turn an actor slot into a rollout instance behind the ``ActorRuntime(handlers={(kind, name): fn(args,
 ctx)})`` interface. The payloads are typed: :class:`~libra.protocol.payloads_rollout.GenerateArgs` in,
@@ -48,8 +47,8 @@ Contracts:
   ``restart_errors``, ``context_too_long`` and ``memory_releases`` after a failure; and the fields of
   ``record`` (a hybrid slot's role switches).
 - Fallback (documented, not used by ``python -m libra run``): a weights ref with a ``path`` instead of an
-  ``endpoint`` is read from a :func:`write_weights_file` file, for weights on shared storage (e.g. a
-  checkpoint) when no data-plane route to a trainer exists.
+  ``endpoint`` is read from a weights file (:mod:`libra.weights.file`), for weights on shared storage (e.g.
+  a checkpoint) when no data-plane route to a trainer exists.
 - KV use: after each batch the engine's KV reading (used fraction of its KV budget, sequences holding it;
   ``libra.engines.kv_use``) goes to ``on_kv_use`` (the runtime posts it to the actor core, which re-bids when
   the sequences that fit move by more than ``$LIBRA_KV_REBID_THRESHOLD`` of the batch size, default 0.1).
@@ -67,7 +66,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import struct
 import threading
 import time
 from concurrent.futures import Future
@@ -78,12 +76,13 @@ from libra.logging import get_logger
 from libra.protocol.payloads_base import PayloadError
 from libra.protocol.payloads_refs import WeightsRef
 from libra.protocol.payloads_rollout import GenerateArgs, GenerateResult
+from libra.weights.file import read_weights_file
 
 from .rollout_failures import EngineKeeper
 from .tools import ToolError, WorkContext
 
 __all__ = ["KV_REBID_ENV", "ROLLOUT_ENGINE_ENV", "RolloutRole", "attach_kv_reports", "make_rollout_engine",
-           "read_weights_file", "set_torch_threads", "write_slot_record", "write_weights_file"]
+           "set_torch_threads", "write_slot_record"]
 
 log = get_logger("libra.roles")
 
@@ -99,36 +98,6 @@ def write_slot_record(run_dir: str | Path, slot: str, record: dict[str, Any]) ->
     os.replace(tmp, d / f"{slot}.json")
 
 
-def write_weights_file(path: Path, state_dict: Any, version: int) -> Path:
-    """Write ``state_dict`` as weights version ``version`` to ``path`` atomically."""
-    from libra.weights.format import pack_state_dict
-
-    header, chunks = pack_state_dict(state_dict, version=version)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("wb") as fh:
-        fh.write(struct.pack("<Q", len(header)))
-        fh.write(header)
-        for c in chunks:
-            fh.write(c)
-    os.replace(tmp, path)
-    return path
-
-
-def read_weights_file(path: str | Path) -> tuple[dict[str, Any], int]:
-    """Read a file from :func:`write_weights_file`; returns ``(state_dict, version)``."""
-    from libra.weights.format import read_header, unpack_state_dict
-
-    data = Path(path).read_bytes()
-    (n,) = struct.unpack_from("<Q", data, 0)
-    header = data[8 : 8 + n]
-    hdr = read_header(header)
-    stream = memoryview(data)[8 + n :]
-    chunks = [stream[i : i + hdr.chunk_size] for i in range(0, hdr.total_bytes, hdr.chunk_size)]
-    sd, hdr = unpack_state_dict(header, chunks)
-    return sd, int(hdr.version or 0)
-
-
 def set_torch_threads(n: int) -> None:
     """Limit torch to ``n`` CPU threads (0: torch's default)."""
     import torch
@@ -140,8 +109,9 @@ def set_torch_threads(n: int) -> None:
 def make_rollout_engine(model_dir: str, max_batch: int, placement: Any = None, *, tp: int = 1,
                         devices: tuple[int, ...] = ()) -> Any:
     """The rollout engine ``$LIBRA_ROLLOUT_ENGINE`` names (``hf`` by default; see the module contracts), on
-    ``placement`` (a :class:`~libra.engines.device.placement.Placement`; CPU float32 when None). ``tp > 1`` (a TP group's
-    leader over ``devices``) needs vLLM: the HF engine raises :class:`~libra.engines.device.errors.TPUnsupported`."""
+    ``placement`` (a :class:`~libra.engines.device.placement.Placement`; CPU float32 when None). ``tp > 1``
+    (a TP group's leader over ``devices``) needs vLLM: the HF engine raises
+    :class:`~libra.engines.device.errors.TPUnsupported`."""
     from libra.engines.device.errors import TPUnsupported
     from libra.engines.device.placement import apply_memory_budget
 

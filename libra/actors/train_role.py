@@ -92,7 +92,7 @@ class TrainRole:
         self.run_dir = Path(run_dir) if run_dir else None
         self.slot = slot
         self.trainer: Any = None
-        self.placement = placement  # libra.engines.device.placement.Placement: the trainer's device and dtype (None: CPU fp32)
+        self.placement = placement  # device.placement.Placement: the trainer's device and dtype (None: CPU fp32)
         self.rank: int | None = None
         self.keys = DataPlaneKeys.from_env()
         self.fetch_timeout_s = fetch_timeout_s

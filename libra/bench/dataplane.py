@@ -73,7 +73,7 @@ def _best(fn: Any, repeat: int) -> float:
 
 def bench_weights(sizes_mib: list[float], repeat: int, directory: str | None) -> list[dict[str, Any]]:
     """Publish-to-usable seconds of the data plane and of the file path for each size (best of ``repeat``)."""
-    from libra.actors.roles import read_weights_file, write_weights_file
+    from libra.weights.file import read_weights_file, write_weights_file
     from libra.dataplane import DataPlaneServer, fetch_state_dict
     from libra.weights.torch_dist import TorchWeightFetcher, TorchWeightPublisher
 

@@ -54,7 +54,7 @@ class WeightsRef(Payload, frozen=True, kw_only=True):
     Three forms: a data-plane ref (``endpoint``, ``name``, ``server_key``, ``bytes``: trainer rank 0's
     :class:`~libra.dataplane.DataPlaneWeightPublisher`), a torch.distributed ref (``transport="torch"``,
     ``backend``, ``endpoint`` of the publisher's store: ``libra.weights.torch_dist``), or a file (``path`` of a
-    ``write_weights_file`` file on shared storage, the documented fallback)."""
+    ``libra.weights.file.write_weights_file`` file on shared storage, the documented fallback)."""
 
     WHAT = "weights ref"
     OMIT_DEFAULT = ("transport", "backend", "path")
@@ -74,7 +74,7 @@ class WeightsRef(Payload, frozen=True, kw_only=True):
     backend: str | None = None
     """The torch.distributed backend (``gloo``/``nccl``) of a torch ref."""
     path: str | None = None
-    """A weights file (``write_weights_file``) instead of an endpoint."""
+    """A weights file (``libra.weights.file.write_weights_file``) instead of an endpoint."""
 
     def __post_init__(self) -> None:
         if self.endpoint is None and self.path is None:

@@ -5,6 +5,8 @@ carries the :mod:`.format` stream for other objects too, can import it without a
 
 - :mod:`.format`: a state dict as a msgpack header plus raw, CRC-checked byte chunks, and back (no pickle).
   The data plane serves these streams; training shards and KV contexts use the same format.
+- :mod:`.file`: one version as a single file (the format's header and chunks), for weights on shared
+  storage: the documented fallback of a weights ref with a ``path``.
 - :mod:`.packed`: a received stream kept as its verified chunks, a lazy state dict that decodes straight
   into a rollout model's own tensors (one copy, tied weights once).
 - :mod:`.transport`: the weights-transport interface (``WeightPublisher.publish(version, state_dict) ->

@@ -15,7 +15,8 @@ import torch
 
 from libra.actors.__main__ import parse_roles
 from libra.actors.roles import role_handlers
-from libra.actors.rollout_role import RolloutRole, read_weights_file, write_weights_file
+from libra.actors.rollout_role import RolloutRole
+from libra.weights.file import read_weights_file, write_weights_file
 from libra.actors.train_role import TrainRole
 from libra.actors.tools import ToolError, WorkContext
 from libra.dataplane import DataPlaneServer
