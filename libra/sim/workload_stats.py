@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
@@ -77,6 +78,119 @@ def _drift(steps: list[int], means: list[float]) -> tuple[float, float, float]:
     return float(intercept), float(intercept + slope), 1.0 - resid / spread if spread > 0 else 1.0
 
 
+@dataclass(frozen=True)
+class _Columns:
+    """The per-trajectory numbers of a trace as arrays (lengths in tokens), and its sorted steps."""
+
+    step: np.ndarray
+    total: np.ndarray
+    gen: np.ndarray
+    payload: np.ndarray
+    prompt: np.ndarray
+    work: np.ndarray
+    calls: np.ndarray
+    fails: np.ndarray
+    steps: list[int]
+
+
+def _columns(trajs: Sequence[TrajectorySpec]) -> _Columns:
+    def col(attr: str) -> np.ndarray:
+        return np.array([getattr(t, attr) for t in trajs], dtype=float)
+
+    return _Columns(step=np.array([t.step for t in trajs]), total=col("total_tokens"), gen=col("total_gen_tokens"),
+                    payload=col("total_payload_tokens"), prompt=col("prompt_tokens"), work=col("decode_work"),
+                    calls=col("num_tool_calls"), fails=col("num_failures"), steps=sorted({t.step for t in trajs}))
+
+
+def _length_stats(c: _Columns, max_total: int) -> dict[str, Any]:
+    """Means, length percentiles, the share at the cap, and the drift of the per-step mean length."""
+    mean_by_step = [float(c.total[c.step == s].mean()) for s in c.steps]
+    fit_start, fit_end, fit_r2 = _drift(c.steps, mean_by_step)
+    return {
+        "mean_total": float(c.total.mean()),
+        "mean_gen": float(c.gen.mean()),
+        "mean_payload": float(c.payload.mean()),
+        "mean_prompt": float(c.prompt.mean()),
+        "mean_tool_calls": float(c.calls.mean()),
+        "failure_rate": float(c.fails.sum() / c.calls.sum()) if c.calls.sum() else 0.0,
+        "p50_total": float(np.percentile(c.total, 50)),
+        "p90_total": float(np.percentile(c.total, 90)),
+        "p99_total": float(np.percentile(c.total, 99)),
+        "max_total": float(c.total.max()),
+        "frac_at_cap": float((c.total >= max_total).mean()),
+        "mean_total_by_step": mean_by_step,
+        "drift_fit_start": fit_start,
+        "drift_fit_end": fit_end,
+        "drift_fit_r2": fit_r2,
+    }
+
+
+def _concentration(c: _Columns) -> dict[str, float]:
+    """The long tail: the top 10% (by generated tokens) share of decode work and of generated tokens."""
+    by_step = [c.step == s for s in c.steps]
+    return {
+        "top10_share_decode_work": _top_share(c.gen, c.work),
+        "top10_share_gen_tokens": _top_share(c.gen, c.gen),
+        "top10_share_decode_work_per_step_mean": float(np.mean([_top_share(c.gen[m], c.work[m]) for m in by_step])),
+        "top10_share_gen_tokens_per_step_mean": float(np.mean([_top_share(c.gen[m], c.gen[m]) for m in by_step])),
+    }
+
+
+def _tail_summaries(c: _Columns) -> dict[str, Any]:
+    """Tool outcome → length: the final length of the trajectories by tool-returned tokens and failures."""
+
+    def summary(mask: np.ndarray, prefix: str) -> dict[str, Any]:
+        n = int(mask.sum())
+        sel = c.total[mask]
+        return {
+            f"{prefix}_n": n,
+            f"{prefix}_mean_total": float(sel.mean()) if n else None,
+            f"{prefix}_p10_total": float(np.percentile(sel, 10)) if n else None,
+            f"{prefix}_p90_total": float(np.percentile(sel, 90)) if n else None,
+            f"{prefix}_frac_over_40k": float((sel > 40_000).mean()) if n else None,
+        }
+
+    over = c.total > 40_000
+    return {
+        **summary((c.payload >= 500) & (c.payload <= 1500), "tool_tokens_1k"),
+        **summary((c.payload >= 11_000) & (c.payload <= 14_000), "tool_tokens_12k"),
+        **summary(c.fails >= 4, "failures_4plus"),
+        **summary(c.fails >= 8, "failures_8plus"),
+        **summary(c.fails == 0, "failures_0"),
+        "over_40k_min_failures": int(c.fails[over].min()) if over.any() else None,
+    }
+
+
+def _centred(c: _Columns) -> tuple[np.ndarray, np.ndarray]:
+    """Generated tokens and log total length with each step's mean removed (the drift taken out)."""
+    centred_gen = c.gen.copy()
+    centred_log = np.log(c.total)
+    for s in c.steps:
+        mask = c.step == s
+        centred_gen[mask] -= c.gen[mask].mean()
+        centred_log[mask] -= centred_log[mask].mean()
+    return centred_gen, centred_log
+
+
+def _group_variance(trajs: Sequence[TrajectorySpec], centred_log: np.ndarray) -> tuple[int, float]:
+    """The number of GRPO groups and the between-group share of the within-step variance of log length."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for idx, t in enumerate(trajs):
+        groups[t.group].append(idx)
+    between = sum(len(ix) * float(centred_log[ix].mean()) ** 2 for ix in groups.values())
+    within = float((centred_log**2).sum())
+    return len(groups), between / within if within > 0 else 0.0
+
+
+def _correlations(c: _Columns, centred_gen: np.ndarray) -> dict[str, float]:
+    """Pearson correlations of prompt tokens, failures and tool tokens with the step-centred generated tokens."""
+    return {
+        "corr_prompt_total": _corr(c.prompt, centred_gen),
+        "corr_failures_total": _corr(c.fails, centred_gen),
+        "corr_payload_total": _corr(c.payload, centred_gen),
+    }
+
+
 def workload_stats(
     trajs: Sequence[TrajectorySpec],
     *,
@@ -107,81 +221,19 @@ def workload_stats(
     """
     if not trajs:
         raise ValueError("workload_stats needs at least one trajectory")
-    steps = sorted({t.step for t in trajs})
-    step_arr = np.array([t.step for t in trajs])
-    total = np.array([t.total_tokens for t in trajs], dtype=float)
-    gen = np.array([t.total_gen_tokens for t in trajs], dtype=float)
-    payload = np.array([t.total_payload_tokens for t in trajs], dtype=float)
-    prompt = np.array([t.prompt_tokens for t in trajs], dtype=float)
-    work = np.array([t.decode_work for t in trajs], dtype=float)
-    calls = np.array([t.num_tool_calls for t in trajs], dtype=float)
-    fails = np.array([t.num_failures for t in trajs], dtype=float)
-
-    mean_by_step = [float(total[step_arr == s].mean()) for s in steps]
-    fit_start, fit_end, fit_r2 = _drift(steps, mean_by_step)
-
-    # Remove the drift before correlating, and measure how much of the rest the GRPO group explains.
-    centred_gen = gen.copy()
-    centred_log = np.log(total)
-    for s in steps:
-        mask = step_arr == s
-        centred_gen[mask] -= gen[mask].mean()
-        centred_log[mask] -= centred_log[mask].mean()
-    groups: dict[str, list[int]] = defaultdict(list)
-    for idx, t in enumerate(trajs):
-        groups[t.group].append(idx)
-    between = sum(len(ix) * float(centred_log[ix].mean()) ** 2 for ix in groups.values())
-    within = float((centred_log**2).sum())
-
-    def summary(mask: np.ndarray, prefix: str) -> dict[str, Any]:
-        n = int(mask.sum())
-        sel = total[mask]
-        return {
-            f"{prefix}_n": n,
-            f"{prefix}_mean_total": float(sel.mean()) if n else None,
-            f"{prefix}_p10_total": float(np.percentile(sel, 10)) if n else None,
-            f"{prefix}_p90_total": float(np.percentile(sel, 90)) if n else None,
-            f"{prefix}_frac_over_40k": float((sel > 40_000).mean()) if n else None,
-        }
-
+    c = _columns(trajs)
+    centred_gen, centred_log = _centred(c)
+    n_groups, group_share = _group_variance(trajs, centred_log)
     stats: dict[str, Any] = {
         "trajectories": len(trajs),
-        "steps": len(steps),
-        "groups": len(groups),
-        "mean_total": float(total.mean()),
-        "mean_gen": float(gen.mean()),
-        "mean_payload": float(payload.mean()),
-        "mean_prompt": float(prompt.mean()),
-        "mean_tool_calls": float(calls.mean()),
-        "failure_rate": float(fails.sum() / calls.sum()) if calls.sum() else 0.0,
-        "p50_total": float(np.percentile(total, 50)),
-        "p90_total": float(np.percentile(total, 90)),
-        "p99_total": float(np.percentile(total, 99)),
-        "max_total": float(total.max()),
-        "frac_at_cap": float((total >= max_total).mean()),
-        "mean_total_by_step": mean_by_step,
-        "drift_fit_start": fit_start,
-        "drift_fit_end": fit_end,
-        "drift_fit_r2": fit_r2,
-        "top10_share_decode_work": _top_share(gen, work),
-        "top10_share_gen_tokens": _top_share(gen, gen),
-        "top10_share_decode_work_per_step_mean": float(
-            np.mean([_top_share(gen[step_arr == s], work[step_arr == s]) for s in steps])
-        ),
-        "top10_share_gen_tokens_per_step_mean": float(
-            np.mean([_top_share(gen[step_arr == s], gen[step_arr == s]) for s in steps])
-        ),
-        **summary((payload >= 500) & (payload <= 1500), "tool_tokens_1k"),
-        **summary((payload >= 11_000) & (payload <= 14_000), "tool_tokens_12k"),
-        **summary(fails >= 4, "failures_4plus"),
-        **summary(fails >= 8, "failures_8plus"),
-        **summary(fails == 0, "failures_0"),
-        "over_40k_min_failures": int(fails[total > 40_000].min()) if (total > 40_000).any() else None,
+        "steps": len(c.steps),
+        "groups": n_groups,
+        **_length_stats(c, max_total),
+        **_concentration(c),
+        **_tail_summaries(c),
         **_cascade(trajs),
-        "corr_prompt_total": _corr(prompt, centred_gen),
-        "corr_failures_total": _corr(fails, centred_gen),
-        "corr_payload_total": _corr(payload, centred_gen),
-        "group_share_of_variance": between / within if within > 0 else 0.0,
+        **_correlations(c, centred_gen),
+        "group_share_of_variance": group_share,
     }
     if routing:
         for key, value in routing_accuracy(trajs, bucket_thresholds, size_thresholds).items():
