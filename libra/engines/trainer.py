@@ -78,6 +78,7 @@ from libra.engines.grpo import (
     split_balanced,
     token_logprobs,
 )
+from libra.engines.train_metrics import step_metrics
 from libra.logging import get_logger
 from libra.weights.format import tie_like
 
@@ -300,13 +301,36 @@ class GRPOTrainer:
             micro = [list(mb) for mb in micro_batches if len(mb)]
             if sorted(i for mb in micro for i in mb) != list(range(len(batch))):
                 raise ValueError(f"micro_batches must cover the batch's {len(batch)} sequences exactly once")
+        if group_ready is not None and self.parallel != "ddp":
+            raise ValueError(f"group_ready (collectives after the passes) needs parallel='ddp', not {self.parallel!r}")
+        sums, g_tokens, g_sequences = self._reduced_gradients(batch, micro, group_ready)
+        grad_norm = fsdp.grad_norm_value(torch.nn.utils.clip_grad_norm_(self._params, c.max_grad_norm))
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=False)
+            raise TrainingDiverged(f"step {self.step + 1}: gradient norm is {grad_norm}; weights left unchanged")
+        if before_update is not None:
+            before_update()
+        self.optimizer.step()
+        self.step += 1
+        self.weights_version += 1
+        metrics = step_metrics(sums.tolist(), grad_norm, g_tokens, g_sequences, micro_batches=len(micro),
+                               step=self.step, weights_version=self.weights_version,
+                               lr=self.optimizer.param_groups[0]["lr"], started=started)
+        log.info("train_step_done", step=self.step, version=self.weights_version, loss=metrics["loss"],
+                 grad_norm=grad_norm)
+        return metrics
+
+    def _reduced_gradients(self, batch: TrainBatch, micro: list[list[int]],
+                           group_ready: Callable[[], None] | None) -> tuple[torch.Tensor, float, float]:
+        """This rank's passes over ``micro`` and the step's collectives up to the reduced gradient (see
+        :meth:`train_step`): returns the global diagnostic sums (loss, clipped tokens, ratio sum, kl sum),
+        loss tokens and sequences. Raises :class:`TrainStepFailed` when a rank's pass failed."""
+        c = self.config
         counts = torch.tensor(
             [float(batch.num_loss_tokens()), float(batch.num_sequences_with_loss()), float(len(batch))],
             dtype=torch.float64,
         )
         deferred = group_ready is not None
-        if deferred and self.parallel != "ddp":
-            raise ValueError(f"group_ready (collectives after the passes) needs parallel='ddp', not {self.parallel!r}")
         if not deferred:
             self._all_reduce_cpu(counts)
         g_tokens, g_seqs, g_sequences = counts.tolist()
@@ -344,33 +368,7 @@ class GRPOTrainer:
                 p.grad.mul_(1.0 / max(global_normalizer(), 1.0))
         elif self.parallel == "ddp":
             self._all_reduce_grads()
-        grad_norm = fsdp.grad_norm_value(torch.nn.utils.clip_grad_norm_(self._params, c.max_grad_norm))
-        if not math.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=False)
-            raise TrainingDiverged(f"step {self.step + 1}: gradient norm is {grad_norm}; weights left unchanged")
-        if before_update is not None:
-            before_update()
-        self.optimizer.step()
-        self.step += 1
-        self.weights_version += 1
-        loss, clipped, ratio_sum, kl_sum = sums.tolist()
-        denom = max(g_tokens, 1.0)
-        metrics = {
-            "loss": loss,
-            "grad_norm": grad_norm,
-            "clip_frac": clipped / denom,
-            "ratio_mean": ratio_sum / denom if g_tokens else 1.0,
-            "kl_mean": kl_sum / denom,
-            "num_tokens": g_tokens,
-            "num_sequences": g_sequences,
-            "micro_batches": float(len(micro)),
-            "step": float(self.step),
-            "weights_version": float(self.weights_version),
-            "lr": float(self.optimizer.param_groups[0]["lr"]),
-            "step_time_s": time.perf_counter() - started,
-        }
-        log.info("train_step_done", step=self.step, version=self.weights_version, loss=loss, grad_norm=grad_norm)
-        return metrics
+        return sums, g_tokens, g_sequences
 
     def _passes(self, batch: TrainBatch, micro: list[list[int]], passes: int,
                 normalizer: float) -> tuple[torch.Tensor, tuple[str, str] | None]:
