@@ -128,7 +128,7 @@ class AsyncClient(ShellBase):
             raise BrokerUnreachable(f"no status reply from {self.broker_url} within {timeout}s") from None
 
     async def job_submit(self, name: str, spec: dict[str, Any], rows: list[Any], timeout: float = 30.0) -> Any:
-        """Start RL job ``name`` inside the broker (``libra.broker.job``); returns the Reply's output.
+        """Start RL job ``name`` inside the broker (``libra.broker.job_host``); returns the Reply's output.
         A bad spec raises the typed error the broker answered (``BadRequest``-style ``LibraError``)."""
         return (await self._ask_reply(m.JobSubmit(self._core.ids.next(), name, spec, rows), timeout)).output
 
