@@ -222,7 +222,7 @@ def earl_run(points: int = 12, min_context: float = 1024.0, max_context: float =
     contexts = np.geomspace(min_context, max_context, points)
     rows = []
     for load in loads:
-        loop = EarlLoop(EarlSettings(configs=list(configs)), cm)  # the broker's loop, as planning.Planning runs it
+        loop = EarlLoop(EarlSettings(configs=list(configs)), cm)  # the broker's loop, as plan_rounds.Planning runs it
         tp = 0  # no rollout TP yet: the first decision places it
         for step, ctx in enumerate(contexts):
             for _ in range(loop.settings.window):

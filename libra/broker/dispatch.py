@@ -10,7 +10,7 @@ deadline, cancel) and produces the one Reply of every request. It returns what t
 
 It reads and updates the session registry's records (their work fields: ``held``, ``cores_used``,
 ``targeted``, ``completed``), the work table, the rollout router's bookkeeping and the action policy, all
-through their public interfaces, and the job board (``jobs.JobBoard``) for the replies of work a job owns
+through their public interfaces, and the job board (``job_board.JobBoard``) for the replies of work a job owns
 and the weights a job published.
 """
 

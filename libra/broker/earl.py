@@ -7,7 +7,7 @@ count, prompt + generated + tool tokens, and the turn's stated length); every ``
 (live trajectories), the GPU actors in rollout roles and the largest TP their engines serve. The decision is the
 :class:`~libra.policies.parallelism.selector.ParallelismSelector`'s over a profile table built from the planner's
 cost model for its ``hardware`` / ``model`` (``source = "cost_model"``, the exact OOM guard) or the EARL Fig. 3
-table (``source = "earl_fig3"``, TP 4 and 8). A switch is applied by ``planning.Planning`` as a plan (:func:`
+table (``source = "earl_fig3"``, TP 4 and 8). A switch is applied by ``plan_rounds.Planning`` as a plan (:func:`
 earl_plan`) through role directives, the same path as the planner's plans.
 
 Rules:

@@ -62,7 +62,7 @@ class Direct:
 
 @dataclass(frozen=True, slots=True)
 class ApplyPlan:
-    """Move the GPU actors to the roles of ``plan`` (a planner ``Plan``); raises ``pools.PlanError`` when it
+    """Move the GPU actors to the roles of ``plan`` (a planner ``Plan``); raises ``plan_applier.PlanError`` when it
     does not fit the actors connected now."""
 
     plan: Any

@@ -19,8 +19,8 @@ gathers the commands they return. The components, each in its own module:
   with ``retries_exhausted``; a result carrying a stale lease is dropped) and produces each request's one
   Reply;
 - ``rollout.RolloutRouting`` (where each generate turn runs), ``actions.ActionPlacement`` (which queued
-  actions start, with how many cores), ``jobs.JobBoard`` (RL jobs hosted in the broker),
-  ``planning.Planning`` (plans → role directives, and the broker planner's rounds).
+  actions start, with how many cores), ``job_board.JobBoard`` (RL jobs hosted in the broker),
+  ``plan_rounds.Planning`` (plans → role directives, and the broker planner's rounds).
 
 Mutation rule: state changes only inside ``handle``. ``direct``, ``apply_plan`` and ``restore`` are thin
 entry points that build the matching event and hand it to ``handle``.
@@ -203,7 +203,7 @@ class BrokerState:
 
     def apply_plan(self, plan: Any, now: float) -> list[Command]:
         """Move GPU actors to the roles of ``plan`` without stopping anything (``handle(ApplyPlan(plan))``;
-        see ``planning.Planning.apply``). Raises ``PlanError`` when the plan does not fit."""
+        see ``plan_rounds.Planning.apply``). Raises ``PlanError`` when the plan does not fit."""
         return self.handle(ApplyPlan(plan), now)
 
     def restore(self, accepted: list[tuple[str, str, dict[str, Any]]],
@@ -235,7 +235,7 @@ class BrokerState:
 
     @property
     def jobs(self) -> dict[str, Any]:
-        """The RL jobs this broker hosts (``job.JobHost``) by name."""
+        """The RL jobs this broker hosts (``job_host.JobHost``) by name."""
         return self._jobs.hosts
 
     @property
