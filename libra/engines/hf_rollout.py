@@ -391,14 +391,14 @@ class HFRolloutEngine:
         digest.update(toks)
         self.kv_cache.put(key, ContextEntry(ids, digest, kv, valid.numel(), version))
 
-    def _generate_batch(self, reqs: Sequence[GenRequest], version: int,
-                        keys: Sequence[str | None]) -> list[GenResult]:
+    def _prefill(self, reqs: Sequence[GenRequest], reuse: Sequence[ContextEntry | None],
+                 past: Sequence[int]) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """One forward pass over every row's prompt tail not covered by its cached KV (``past`` positions of
+        ``reuse``), left-padded, on top of that KV (:meth:`_past_cache`). Returns the last position's logits
+        (fp32), the KV cache and the attention mask (cached positions, then the tail's)."""
         dev = self.device
         bsz = len(reqs)
-        lens = [len(r.prompt_ids) for r in reqs]
-        reuse = [self._reusable(k, r, version) for k, r in zip(keys, reqs)]
-        past = [e.kv_len if e is not None else 0 for e in reuse]
-        tails = [n - p for n, p in zip(lens, past)]
+        tails = [len(r.prompt_ids) - p for r, p in zip(reqs, past)]
         pw, width = max(past), max(tails)
         ids = torch.full((bsz, width), self._pad_id, dtype=torch.long)
         tail_mask = torch.zeros((bsz, width), dtype=torch.long)
@@ -418,7 +418,17 @@ class HFRolloutEngine:
             use_cache=True,
             logits_to_keep=1,
         )
-        logits = out.logits[:, -1, :].float()
+        return out.logits[:, -1, :].float(), cache, mask
+
+    def _generate_batch(self, reqs: Sequence[GenRequest], version: int,
+                        keys: Sequence[str | None]) -> list[GenResult]:
+        """One batch: the prefill (:meth:`_prefill`), then one decode step per token until every row ends."""
+        dev = self.device
+        bsz = len(reqs)
+        lens = [len(r.prompt_ids) for r in reqs]
+        reuse = [self._reusable(k, r, version) for k, r in zip(keys, reqs)]
+        past = [e.kv_len if e is not None else 0 for e in reuse]
+        logits, cache, mask = self._prefill(reqs, reuse, past)
 
         rows = list(range(bsz))  # cache row j serves request rows[j]
         next_pos = torch.tensor(lens, dtype=torch.long, device=dev)
