@@ -1,20 +1,15 @@
-"""Pieces shared by the sync and asyncio clients: results, ids, socket setup, reply mapping."""
+"""Pieces shared by the client core and its shells: results, ids, timeouts, the reconnect gate, request checks and
+reply mapping. No sockets (those helpers are in ``shell``)."""
 
 from __future__ import annotations
 
 import itertools
-import os
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import zmq
-
 from libra.protocol import encode
 from libra.protocol import messages as m
-from libra.transport.endpoints import resolve
-from libra.transport.security import CurveClient, apply_client
 
 from .errors import BadRequest, PayloadTooLarge, error_from_reply
 
@@ -88,36 +83,6 @@ class RequestIds:
 
     def next(self) -> str:
         return f"{self._prefix}:{next(self._n)}"
-
-
-def new_client_id() -> str:
-    return f"c-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-def configure_socket(sock: zmq.Socket, max_frame_bytes: int, curve: CurveClient | None = None) -> bool:
-    """Socket options every client uses; CURVE keys when ``curve`` (or the LIBRA_CURVE_* env) is set.
-    Returns whether the connection uses CURVE."""
-    curve = curve or CurveClient.from_env()
-    if curve is not None:
-        apply_client(sock, curve)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IDENTITY, b"c-" + uuid.uuid4().bytes)
-    sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
-    sock.setsockopt(zmq.SNDHWM, 1_000_000)
-    sock.setsockopt(zmq.RCVHWM, 1_000_000)
-    return curve is not None
-
-
-def open_dealer(ctx: zmq.Context, broker_url: str, max_frame_bytes: int,
-                curve: CurveClient | None) -> tuple[zmq.Socket, bool, str]:
-    """A client's DEALER socket to the broker, configured (:func:`configure_socket`) and connected:
-    ``(socket, whether it uses CURVE, the endpoint connected to)`` (the broker's ipc path when it is on this
-    host: ``libra.transport.endpoints.resolve``)."""
-    sock = ctx.socket(zmq.DEALER)
-    uses_curve = configure_socket(sock, max_frame_bytes, curve)
-    endpoint = resolve(broker_url)
-    sock.connect(endpoint)
-    return sock, uses_curve, endpoint
 
 
 def unreachable(url: str, curve: bool, timeout: float | None = None) -> str:

@@ -1,17 +1,49 @@
-"""What the two client shells (``sync.Client``, ``aio.AsyncClient``) share: opening the broker socket, making
-the :class:`~libra.client.core.ClientCore` they drive, and the core's tables under their old private names."""
+"""What the two client shells (``sync.Client``, ``aio.AsyncClient``) share: the socket setup every client uses,
+opening the broker socket, making the :class:`~libra.client.core.ClientCore` they drive, and the core's tables
+under their old private names."""
 
 from __future__ import annotations
 
 import os
+import uuid
 from typing import Any
 
+import zmq
 
-from libra.transport.endpoints import parse_endpoint
-from libra.transport.security import CurveClient
+from libra.transport.endpoints import parse_endpoint, resolve
+from libra.transport.security import CurveClient, apply_client
 
-from .common import new_client_id, open_dealer
 from .core import ClientCore
+
+
+def new_client_id() -> str:
+    return f"c-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def configure_socket(sock: zmq.Socket, max_frame_bytes: int, curve: CurveClient | None = None) -> bool:
+    """Socket options every client uses; CURVE keys when ``curve`` (or the LIBRA_CURVE_* env) is set.
+    Returns whether the connection uses CURVE."""
+    curve = curve or CurveClient.from_env()
+    if curve is not None:
+        apply_client(sock, curve)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IDENTITY, b"c-" + uuid.uuid4().bytes)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+    sock.setsockopt(zmq.SNDHWM, 1_000_000)
+    sock.setsockopt(zmq.RCVHWM, 1_000_000)
+    return curve is not None
+
+
+def open_dealer(ctx: zmq.Context, broker_url: str, max_frame_bytes: int,
+                curve: CurveClient | None) -> tuple[zmq.Socket, bool, str]:
+    """A client's DEALER socket to the broker, configured (:func:`configure_socket`) and connected:
+    ``(socket, whether it uses CURVE, the endpoint connected to)`` (the broker's ipc path when it is on this
+    host: ``libra.transport.endpoints.resolve``)."""
+    sock = ctx.socket(zmq.DEALER)
+    uses_curve = configure_socket(sock, max_frame_bytes, curve)
+    endpoint = resolve(broker_url)
+    sock.connect(endpoint)
+    return sock, uses_curve, endpoint
 
 
 class ShellBase:
@@ -72,4 +104,4 @@ class WelcomeFlag:
         super().clear()  # type: ignore[misc]
 
 
-__all__ = ["ShellBase", "WelcomeFlag"]
+__all__ = ["ShellBase", "WelcomeFlag", "configure_socket", "open_dealer"]

@@ -30,11 +30,11 @@ from libra.protocol import messages as m
 from libra.transport.security import CurveClient
 from libra.transport.zmqio import recv_ready, send_frames
 
-from .common import ToolResult, batches, configure_socket, unreachable
+from .common import ToolResult, batches, unreachable
 from .core import (Action, Ask, Cancel, Connect, Deadline, Event, Received, Resend, Resolve, SendBroker, SendDirect,
                    Submit, Tick, Welcomed)
 from .errors import BrokerUnreachable
-from .shell import ShellBase, WelcomeFlag
+from .shell import ShellBase, WelcomeFlag, configure_socket
 
 
 class _Done:

@@ -184,3 +184,21 @@ def test_idle_leases_go_back_on_the_keepalive_tick() -> None:
 def test_an_unknown_event_is_a_type_error_naming_it() -> None:
     with pytest.raises(TypeError, match="unknown event str"):
         _core().handle("tick", 0.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("module", ["core", "common"])
+def test_the_core_imports_no_socket_thread_event_loop_or_clock(module: str) -> None:
+    import ast
+    from pathlib import Path
+
+    import libra.client
+
+    path = Path(libra.client.__file__).with_name(f"{module}.py")
+    banned = {"asyncio", "logging", "os", "select", "socket", "threading", "time", "uuid", "zmq"}
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    assert not found & banned, f"libra/client/{module}.py imports {sorted(found & banned)}"
