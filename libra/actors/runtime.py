@@ -25,15 +25,14 @@ from typing import Any, Callable
 
 import zmq
 
-from libra.transport import sdnotify
 from libra.engines.device.slots import slot_gpu_index
 from libra.engines.device.tp_groups import engine_labels_from_env
-from libra.transport.endpoints import resolve
 from libra.logging import bind_context, configure, get_logger
-from libra.protocol import ProtocolError, decode_many, encode, encode_batch, encode_many
-from libra.protocol import messages as m
+from libra.protocol import ProtocolError, decode_many, encode, encode_batch, encode_many, messages as m
 from libra.protocol.errors import ErrorCode, ProtocolCode
 from libra.protocol.payloads_actions import TOOL_DECLS_LABEL
+from libra.transport import sdnotify
+from libra.transport.endpoints import resolve
 from libra.transport.security import CurveClient, apply_client
 from libra.transport.zmqio import NOBLOCK, close_socket, recv_ready, send_frames
 
