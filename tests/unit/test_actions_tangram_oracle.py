@@ -67,6 +67,21 @@ def brute_split(el: list[ActionSpec], units: int, top: int | None = None) -> tup
     return list(scored[0][1]) + [0] * (len(el) - top), scored[0][0]
 
 
+def greedy_split(el: list[ActionSpec], units: int, top: int | None = None) -> tuple[list[int], float]:
+    """Convex curves only: hand out the units one at a time, each to the largest marginal gain (the earliest
+    action on a tie). Optimal for a separable convex problem (exchange argument); checked against
+    :func:`brute_split` below."""
+    assert top is None and all(s.convex for s in el)
+    extras = [0] * len(el)
+    for _ in range(units):
+        gains = [(s.durations[s.min_units + e] - s.durations[s.min_units + e + 1], -i)
+                 for i, (s, e) in enumerate(zip(el, extras)) if e < s.span]
+        if not gains or max(gains)[0] <= 0:
+            break
+        extras[-max(gains)[1]] += 1
+    return extras, sum(s.durations[s.min_units + e] for s, e in zip(el, extras))
+
+
 def _fit(w: ActionSpec, p: int) -> int:
     """The most units ``w`` can run on with ``p`` free: at most its maximum, an allowed size, at least its min."""
     m = max(min(p, w.max_units), w.min_units)
@@ -139,10 +154,10 @@ def _window(queue: list[ActionSpec], free: dict, window: int, lookahead: int, ma
     return cand, avail, waiting
 
 
-def _j(r, kept, evicted, waiting, units, brel, now, top):
+def _j(r, kept, evicted, waiting, units, brel, now, top, split):
     """``J`` of one trial and its split (``top``: how many elastic candidates the split may widen)."""
     el = [s for _p, s in kept if s.span]
-    extras, cost = brute_split(el, units, top)
+    extras, cost = split(el, units, top)
     fixed = [s for _p, s in kept if not s.span]
     crel = [(now + s.min_duration, s.demand[r]) for s in fixed]
     crel += [(now + s.durations[s.min_units + e], s.min_units + e) for s, e in zip(el, extras)]
@@ -150,7 +165,8 @@ def _j(r, kept, evicted, waiting, units, brel, now, top):
     return cost + sum(s.min_duration for s in fixed) + oracle_estimate(r, crel, brel, units - sum(extras), order, now), extras
 
 
-def oracle_schedule(queue, free, running, now, *, window, depth, lookahead, keep_head, dp_top) -> tuple[list, int]:
+def oracle_schedule(queue, free, running, now, *, window, depth, lookahead, keep_head, dp_top,
+                    split=brute_split) -> tuple[list, int]:
     """The decision as documented; returns ``(grants in queue order, evictions)``."""
     cand, avail, waiting = _window(queue, free, window, lookahead, 4 * window + lookahead)
     units_of = {s.id: dict(s.demand) for _p, s in cand}
@@ -170,13 +186,13 @@ def oracle_schedule(queue, free, running, now, *, window, depth, lookahead, keep
         # Convex curves only: the exact greedy widens every candidate; else the DP widens the first dp_top
         # (the partition's candidates decide, for every trial).
         top = None if all(s.convex for _p, s in group) else dp_top
-        j, extras = _j(r, group, [], waiting.get(r, []), units, brel, now, top)
+        j, extras = _j(r, group, [], waiting.get(r, []), units, brel, now, top, split)
         if depth:
             for _ in range(depth):
                 if k <= (1 if keep_head else 0):
                     break
                 units2 = units + group[k - 1][1].demand.get(r, 0)
-                j2, extras2 = _j(r, group[: k - 1], group[k - 1:], waiting.get(r, []), units2, brel, now, top)
+                j2, extras2 = _j(r, group[: k - 1], group[k - 1:], waiting.get(r, []), units2, brel, now, top, split)
                 if abs(j2 - (j - 1e-9)) < 1e-12:  # the sums here and there may round apart
                     raise Ambiguous("an eviction on the threshold")
                 if j2 >= j - 1e-9:
@@ -256,6 +272,40 @@ def test_decisions_match_the_oracle_on_small_instances(resources: list[str]) -> 
             continue
         assert ElasticScheduler(**p).schedule(ActionQueue(queue), free, RunningSet(running), now) == want_open
     assert ambiguous < decided // 20 and with_evictions > 50, (decided, ambiguous, with_evictions)
+
+
+def test_greedy_split_is_the_brute_force_split_on_convex_curves() -> None:
+    rng = random.Random(5)
+    for _ in range(500):
+        el = [ActionSpec(f"b{i}", "t", "build", {"cpu": lo}, rng.uniform(0.5, 10.0),
+                         ElasticSpec("cpu", lo + rng.randint(0, 3), Amdahl(rng.uniform(0.1, 0.95))))
+              for i, lo in enumerate(rng.choice([1, 2]) for _ in range(rng.randint(1, 5)))]
+        units = rng.randint(0, 12)
+        ext, cost = greedy_split(el, units)
+        assert (ext, cost) == (brute_split(el, units)[0], pytest.approx(brute_split(el, units)[1], rel=1e-12))
+
+
+@pytest.mark.parametrize("m", [32, 64, 96, 128])
+def test_contended_coding_snapshots_match_the_oracle(m: int) -> None:
+    """The benchmark's shape at window 64 (builds up to 16 cores and one-core edits, 200 running 4-core
+    actions): the bulk window, the release horizon over many running releases, accepted evictions."""
+    rng = random.Random(m)
+    evicted = 0
+    for depth in (1, 2, 3):
+        for lookahead in (0, 4):
+            specs = []
+            for i in range(96):
+                if i % 2 == 0:
+                    specs.append(ActionSpec(f"q{i}", f"t{i}", "build", {"cpu": 1}, rng.lognormvariate(1.5, 1.0),
+                                            ElasticSpec("cpu", 16, Amdahl(rng.uniform(0.6, 0.8)))))
+                else:
+                    specs.append(ActionSpec(f"q{i}", f"t{i}", "edit", {"cpu": 1}, rng.lognormvariate(-1.0, 0.6)))
+            running = [RunningView(f"r{i}", f"rt{i}", {"cpu": 4}, rng.uniform(0.0, 3.0)) for i in range(200)]
+            p = {"window": 64, "depth": depth, "lookahead": lookahead, "keep_head": False, "dp_top": 32}
+            want, ev = oracle_schedule(specs, {"cpu": m}, running, 0.0, split=greedy_split, **p)
+            evicted += ev
+            assert ElasticScheduler(**p).schedule(specs, {"cpu": m}, RunningSet(running), 0.0) == want
+    assert evicted > 0
 
 
 def test_estimate_matches_the_oracle() -> None:
