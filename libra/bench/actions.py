@@ -6,9 +6,8 @@
    bubblewrap sandbox dispatch (``SandboxPool.run``) vs a plain ``subprocess.run`` of the same code, run
    interleaved in the same process. Target: warm − bare ≤ 5 ms (median, ``noop`` workload).
 2. **Scheduling decision latency** (reuses :mod:`libra.bench.actions_sched`): ``tangram`` (window 64, depth
-   2, the defaults) vs the FCFS ``fixed_dop(4)`` decision and the pre-optimisation reference scheduler on
-   the same snapshot (queue of 96 actions, 200 running), at 64 / 256 / 1,024 free cores, timed in
-   interleaved rounds. Target: ≤ 100 µs per decision at window 64.
+   2, the defaults) vs the FCFS ``fixed_dop(4)`` decision on the same snapshot (queue of 96 actions, 200
+   running), at 64 / 256 / 1,024 free cores, timed in interleaved rounds. Target: ≤ 100 µs per decision at window 64.
 3. **Simulator at paper scale** (15 × 256 = 3,840 cores, 40 GPUs): AI-coding at batch 1,280, mean ACT and
    cores used for ``tangram`` vs ``per_trajectory`` (peak-sized and evenly split sandboxes) vs
    ``fixed_dop`` 4/16, ratio = baseline ACT / tangram ACT (target ≥ 4.3× vs ``per_trajectory``); MOPD at
@@ -156,7 +155,7 @@ def _print(res: dict[str, Any]) -> None:
     lat = res["latency"]
     print("2. decision latency at window 64 (µs per decision, best of repeats)")
     for r in lat["rows"]:
-        print(f"   free {r['units']:>5}: tangram {r['tangram_us']:7.1f}  reference {r['reference_us']:7.1f}"
+        print(f"   free {r['units']:>5}: tangram {r['tangram_us']:7.1f}"
               f"  fixed_dop(4) {r['fixed_dop_us']:7.1f}  ratio {r['ratio']:.2f}  grants {r['grants']}")
     print(f"   worst {lat['worst_tangram_us']:.1f} µs (target <= 100 µs): {'met' if lat['meets_target'] else 'NOT met'}")
     sim = res.get("sim")

@@ -65,8 +65,8 @@ def split_sorted(
 ) -> tuple[list[int], float]:
     """The convex split of ``units`` over the elastic candidates ``el`` (negated gains ``negs``, spans
     ``spans``), whose capped negated gains are ``neg`` minus the multiset ``removed`` (both ascending; the
-    gains of evicted candidates), without building that difference in full: exactly
-    ``_ConvexSplit.solve`` of the reference after its ``drop_last`` calls.
+    gains of evicted candidates), without building that difference in full: exactly the convex split of
+    the remaining candidates.
 
     The ``units``-th smallest remaining value sits at position ``p = units - 1 + c`` of ``neg``, where ``c``
     counts the removed values ``<= neg[p]``; the cost sums the same values in the same (ascending) order as
@@ -147,7 +147,7 @@ def estimate_act(
 
     Projected releases ``(time, units)`` come from the running actions (``brel``, ascending) and from a heap
     of the scheduled candidates' (``crel``, ascending, so already a heap) and of each waiting action once
-    the estimate starts it: the reference's two heaps, the running one being a sorted list read in order.
+    the estimate starts it: two heaps in effect, the running one being a sorted list read in order.
     They are consumed in time order (a release overdue at ``now`` counts as ``now``), running releases first
     on equal times. ``pool`` units are free at ``now``. Waiting actions start in FCFS order: a fixed one as
     soon as its demand is free; an elastic one at the release (among the next ``max_wait_pops`` after it

@@ -41,7 +41,7 @@ speed instead of looping over the candidates in Python:
 - an eviction trial differs from the previous one by one candidate and a few freed units: the
   candidates' capped marginal gains are sorted once; a trial finds its threshold by walking past the
   evicted candidates' gains in that list (:func:`split_sorted`) and re-sums only its prefix (in the same
-  ascending order as the reference, so the sums are bit-identical);
+  ascending order as a split over the reduced list, so the sums are bit-identical);
 - the candidates' projected releases are built once (one pass over the window when every candidate runs
   at its minimum) and filtered by a provable pop horizon; a trial copies the short list and moves the few
   entries whose units changed;
@@ -59,11 +59,10 @@ windows that do recur are those of one or two candidates, already cheap. A lower
 estimates (shortest durations of the waiting actions) proved too weak to pay for itself (it skips ~5 % of
 the rejected trials on random instances, none on the benchmark's, where both trials are accepted).
 
-The decisions are identical to the first implementation, kept verbatim as
-:class:`libra.bench.tangram_ref.ReferenceElasticScheduler` (same grants and units in the same
-order, same floating-point arithmetic): ``tests/unit/test_actions_tangram_equiv.py`` checks that on
-randomised instances. Bounded work per decision: ``max_scan`` queue entries, ``window`` candidates,
-``depth + 1`` estimates of at most ``lookahead + depth`` waiting actions each.
+``tests/unit/test_actions_tangram_oracle.py`` checks the decisions against slow oracles written from this
+description (brute-force splits, a flat-list release simulation, the greedy eviction over them) on small
+instances and on the benchmark's contended snapshots. Bounded work per decision: ``max_scan`` queue
+entries, ``window`` candidates, ``depth + 1`` estimates of at most ``lookahead + depth`` waiting actions each.
 
 The eviction search (:func:`~libra.policies.actions.tangram_evict.evict_convex`,
 :func:`~libra.policies.actions.tangram_evict.evict_dp`) is in :mod:`libra.policies.actions.tangram_evict`.
