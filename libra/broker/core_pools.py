@@ -41,7 +41,7 @@ from libra.protocol.payloads_base import PayloadError
 
 from .sessions import ActorSession
 
-__all__ = ["CorePools", "parse_resources", "resources_of"]
+__all__ = ["CorePools", "parse_resources"]
 
 
 def parse_resources(sess: ActorSession) -> tuple[ActorResources, str | None]:
@@ -53,11 +53,6 @@ def parse_resources(sess: ActorSession) -> tuple[ActorResources, str | None]:
         return ActorResources.from_wire({k: sess.labels[k] for k in keys if k in sess.labels}), None
     except PayloadError as exc:
         return ActorResources(), str(exc)
-
-
-def resources_of(sess: ActorSession) -> ActorResources:
-    """The resources ``sess`` reported in its hello labels (none when they do not parse)."""
-    return parse_resources(sess)[0]
 
 
 def _mask(ids: Iterable[int]) -> int:

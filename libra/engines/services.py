@@ -216,15 +216,6 @@ class ServiceManager:
             s = self._placement.stats
             return {"hits": s.hits, "restores": s.restores, "evictions": s.evictions}
 
-    def replica_devices(self) -> dict[str, list[str]]:
-        """Devices of the resident replicas per service; evicted replicas hold only meta tensors."""
-        with self._cond:
-            out: dict[str, list[str]] = {}
-            for r in [*self._replicas.values(), *self._routed.values()]:
-                if r.resident:
-                    out.setdefault(r.service, []).append(str(r.device))
-            return out
-
     def storage_devices(self, service: str) -> set[str]:
         """Device types of every tensor of the replicas of ``service`` (empty when it has none resident)."""
         with self._cond:

@@ -135,10 +135,6 @@ class TableProfile:
         k = min(m, len(self.efficiency))
         return self.efficiency[k - 1] * k
 
-    def efficiency_at(self, m: int) -> float:
-        """``E(m)``."""
-        return self.speedup(m) / m
-
     @property
     def convex(self) -> bool:
         """Whether ``1/S(m)`` is convex over the table (then greedy splitting is exact)."""

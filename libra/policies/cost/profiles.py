@@ -169,11 +169,6 @@ class ModelProfile:
         return float(3 * self.hidden * self.intermediate)
 
     @property
-    def embedding_params(self) -> float:
-        """Input embedding plus (if untied) output head parameters."""
-        return float(self.vocab * self.hidden * (1 if self.tie_embeddings else 2))
-
-    @property
     def dense_params(self) -> float:
         """Parameters outside the routed experts (all of them for a dense model)."""
         return float(self.params) - self.n_layers * self.expert_params_per_layer

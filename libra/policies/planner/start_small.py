@@ -180,10 +180,6 @@ class StartSmallCosts:
             self._shifted[key] = _shift(cost, chain, self.offset, self.overlap_steps)
         return self._shifted[key]
 
-    def head_chain(self, tp: int, k: int) -> np.ndarray:
-        """The head's undivided critical path for every ``i0``."""
-        return self._head_both(tp, k)[1]
-
     def rest(self, tp: int, k: int) -> np.ndarray:
         """``rest(tp, k)[j, i]``: seconds of the busiest of ``k`` TP-``tp`` instances serving the rest of
         requests ``j..i-1`` (``inf`` for ``j >= i``; shifted by :attr:`offset`)."""
@@ -195,12 +191,6 @@ class StartSmallCosts:
             out[self.rest_seg.valid] = _shift(cost, chain, self.offset, self.overlap_steps)
             self._shifted[key] = out
         return out
-
-    def rest_chain(self, tp: int, k: int) -> np.ndarray:
-        """The matching undivided critical paths (``inf`` where ``j >= i``)."""
-        h = np.full((self.sample.size + 1,) * 2, np.inf)
-        h[self.rest_seg.valid] = self._rest_both(tp, k)[1]
-        return h
 
     def bucket(self, b: Bucket, head: bool) -> tuple[float, float]:
         """``(unshifted cost, chain)`` of one bucket of a layout."""
