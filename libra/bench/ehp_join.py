@@ -56,6 +56,35 @@ def _digest(model: Any) -> str:
     return h.hexdigest()
 
 
+def _publish_state(server: Any, refs: Any, state: Any, step: int, first: bool) -> None:
+    """Core rank 0 publishes its ``state`` (weights and AdamW moments, already copied) for the joiner of
+    ``step`` and puts its reference on ``refs``: on a thread when the joiner ``first`` joins the group (the
+    runtime's order), else on the step's path."""
+
+    def publish() -> None:
+        refs.put(server.publish_state_dict(f"ehp/state/s{step}", state, version=step - 1).to_wire())
+
+    if first:
+        threading.Thread(target=publish).start()
+    else:
+        publish()
+
+
+def _local_gradient(model: Any, opt: Any, seed: int | None, rows: int, width: int) -> None:
+    """This member's gradient of one step in ``.grad``: zeros, plus (``seed`` not None) one forward and
+    backward pass over ``rows`` random inputs drawn from ``seed``; a joiner's first step (``None``) keeps
+    the zeros."""
+    import torch
+
+    opt.zero_grad(set_to_none=False)
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    if seed is not None:
+        x = torch.randn(rows, width, generator=torch.Generator().manual_seed(seed))
+        model(x).pow(2).mean().backward()
+
+
 def _member(who: str, members_at: list[list[str]], width: int, port: int, refs: Any, out: Any,
             mode: str, rows: int) -> None:
     import torch
@@ -91,15 +120,7 @@ def _member(who: str, members_at: list[list[str]], width: int, port: int, refs: 
         t0 = time.perf_counter()
         joining = who == "hybrid" and step == k
         if who == "core0" and step == k:
-            state = snapshot(model, opt)
-
-            def publish(state: Any = state, step: int = step) -> None:
-                refs.put(server.publish_state_dict(f"ehp/state/s{step}", state, version=step - 1).to_wire())
-
-            if first:  # the runtime's order: copied on the step's path, packed and published on a thread
-                threading.Thread(target=publish).start()
-            else:
-                publish()
+            _publish_state(server, refs, snapshot(model, opt), step, first)
             join["publish_state_s"] = time.perf_counter() - t0
         if joining and not first:
             fetch()
@@ -115,14 +136,7 @@ def _member(who: str, members_at: list[list[str]], width: int, port: int, refs: 
         else:
             group.ensure(spec)
         sync = time.perf_counter() - s0
-        opt.zero_grad(set_to_none=False)
-        for p in model.parameters():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        if not joining:
-            g = torch.Generator().manual_seed(step * 7 + members.index(who))
-            x = torch.randn(rows, width, generator=g)
-            model(x).pow(2).mean().backward()
+        _local_gradient(model, opt, None if joining else step * 7 + members.index(who), rows, width)
         s0 = time.perf_counter()
         if forming is not None:
             forming.join()
