@@ -43,9 +43,10 @@ Contracts:
   ``torch.distributed.checkpoint`` (``checkpoints.py``).
 
 Not in this module: the GRPO formula and settings (``grpo.py``), the process group and collectives
-(``collectives.py``), sharding and precision (``fsdp.py``), deciding batches or staleness (the broker's job
-state), which rank trains on what (``libra.policies.parallelism.dispatch``), moving weights to rollout engines and
-shards to ranks (``libra.dataplane``, driven by ``libra.actors.train_role``).
+(``collectives.py``), sharding and precision (``fsdp.py``), the step's metrics dict (``train_metrics.py``),
+deciding batches or staleness (the broker's job state), which rank trains on what
+(``libra.policies.parallelism.dispatch``), moving weights to rollout engines and shards to ranks
+(``libra.dataplane``, driven by ``libra.actors.train_role``).
 """
 
 from __future__ import annotations
