@@ -188,7 +188,8 @@ class AsyncClient(ShellBase):
         elif t is ArmTimer:
             if self._deadline_handle is not None:
                 self._deadline_handle.cancel()
-            self._deadline_handle = asyncio.get_running_loop().call_at(a.at, self._on_deadlines)  # type: ignore[union-attr]
+            at: float = a.at  # type: ignore[union-attr]
+            self._deadline_handle = asyncio.get_running_loop().call_at(at, self._on_deadlines)
         elif t is Welcomed and self._welcomed is not None:
             (self._welcomed.set if a.value else self._welcomed.clear)()  # type: ignore[union-attr]
 

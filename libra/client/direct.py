@@ -16,8 +16,8 @@ What stays true:
   the loss, exactly as for brokered work an actor took with it;
 - a lease unused for ``idle_s`` is returned, so its actor's credit goes back to the broker.
 
-:class:`DirectRoutes` holds this bookkeeping for one client. It is pure: times come in as arguments, and the
-sync and asyncio clients do the sending.
+:class:`DirectRoutes` holds this bookkeeping for one client. It is pure: times come in as arguments; the client
+core (``core.ClientCore``) drives it and turns its answers into actions, which the sync and asyncio shells carry out.
 """
 
 from __future__ import annotations
