@@ -173,8 +173,6 @@ def trace(n: int = 500, window: int = 100) -> dict:
 
 
 def _trace_in(tmp: str, n: int, window: int) -> dict:
-    from libra.client import Client, UnknownTool
-
     from .broker_drive import drive, pct
 
     url = f"tcp://127.0.0.1:{free_port()}"
@@ -189,34 +187,8 @@ def _trace_in(tmp: str, n: int, window: int) -> dict:
     ap = ctx.Process(target=_actor_proc, args=(url, aout, stop), daemon=True)
     ap.start()
     clog: list = []
-    calls: list[tuple[str, int, int]] = []
-    unknown: list[tuple[str, int, int]] = []
     try:
-        with Client(url, connect_timeout=30) as c:
-            for i in range(300):  # warm up (and wait for the actor to bid)
-                c.call_tool("echo", i)
-            c._poller.unregister(c._sock)
-            real = c._sock
-            c._sock = _traced(real, clog)
-            c._poller.register(c._sock, zmq.POLLIN)
-            for i in range(n):
-                tag = f"hop-{i:07d}"
-                t0 = _ns()
-                r = c.call_tool("echo", tag, request_id=tag)
-                calls.append((tag, t0, _ns()))
-                if r.output != tag:
-                    raise RuntimeError(f"echo returned {r.output!r}")
-                tag = f"nop-{i:07d}"
-                t0 = _ns()
-                try:
-                    c.call_tool("no-such-tool", tag, request_id=tag)
-                    raise RuntimeError("an unknown tool was answered")
-                except UnknownTool:
-                    unknown.append((tag, t0, _ns()))
-            c._poller.unregister(c._sock)
-            c._sock = real
-            c._poller.register(real, zmq.POLLIN)
-            lat, per_s = drive(c, n, window)
+        calls, unknown, lat, per_s = _traced_calls(url, clog, n, window, drive)
     finally:
         stop.set()
         bp.join(20)
@@ -229,9 +201,60 @@ def _trace_in(tmp: str, n: int, window: int) -> dict:
         blog = pickle.load(f)
     with open(aout, "rb") as f:
         alog = pickle.load(f)
+    seg, total = _echo_segments(calls, clog, blog, alog)
+    seg0, total0 = _no_actor_segments(unknown, clog, blog)
+    return {
+        "loop": "current",
+        "calls": len(total),
+        "echo_total_us": _median(total),
+        "echo_segments_us": {k.split("|")[0] + f" [{i}]": _median(v) for i, (k, v) in enumerate(seg.items())},
+        "no_actor_total_us": _median(total0),
+        "no_actor_segments_us": {k.split("|")[0] + f" [{i}]": _median(v) for i, (k, v) in enumerate(seg0.items())},
+        "p50_us": pct(lat, 0.5) * 1e6,
+        "per_s": per_s,
+        "load_1m": os.getloadavg()[0],
+    }
+
+
+def _traced_calls(url: str, clog: list, n: int, window: int, drive: Any) -> tuple[list, list, list, float]:
+    """``n`` traced ``echo`` calls and ``n`` calls of an unknown tool through a client whose socket records every
+    frame in ``clog``; then the untraced closed-loop drive. Returns (calls, unknown, latencies, calls/s)."""
+    from libra.client import Client, UnknownTool
+
+    calls: list[tuple[str, int, int]] = []
+    unknown: list[tuple[str, int, int]] = []
+    with Client(url, connect_timeout=30) as c:
+        for i in range(300):  # warm up (and wait for the actor to bid)
+            c.call_tool("echo", i)
+        c._poller.unregister(c._sock)
+        real = c._sock
+        c._sock = _traced(real, clog)
+        c._poller.register(c._sock, zmq.POLLIN)
+        for i in range(n):
+            tag = f"hop-{i:07d}"
+            t0 = _ns()
+            r = c.call_tool("echo", tag, request_id=tag)
+            calls.append((tag, t0, _ns()))
+            if r.output != tag:
+                raise RuntimeError(f"echo returned {r.output!r}")
+            tag = f"nop-{i:07d}"
+            t0 = _ns()
+            try:
+                c.call_tool("no-such-tool", tag, request_id=tag)
+                raise RuntimeError("an unknown tool was answered")
+            except UnknownTool:
+                unknown.append((tag, t0, _ns()))
+        c._poller.unregister(c._sock)
+        c._sock = real
+        c._poller.register(real, zmq.POLLIN)
+        lat, per_s = drive(c, n, window)
+    return calls, unknown, lat, per_s
+
+
+def _echo_segments(calls: list, clog: list, blog: list, alog: list) -> tuple[dict[str, list[float]], list[float]]:
+    """Each traced echo call's stamps in the client, broker and actor logs, cut into SEGMENTS (µs)."""
     seg: dict[str, list[float]] = {}
-    seg0: dict[str, list[float]] = {}
-    total, total0 = [], []
+    total: list[float] = []
     ci = bi = ai = 0
     for tag, t0, t1 in calls:
         b = tag.encode()
@@ -251,9 +274,16 @@ def _trace_in(tmp: str, n: int, window: int) -> dict:
         for name, a, z in SEGMENTS:
             seg.setdefault(f"{name}|{a}", []).append((st[z] - st[a]) / 1e3)
         total.append((t1 - t0) / 1e3)
+    return seg, total
+
+
+def _no_actor_segments(unknown: list, clog: list, blog: list) -> tuple[dict[str, list[float]], list[float]]:
+    """The unknown-tool calls (answered by the broker alone), cut into SEGMENTS_NO_ACTOR (µs)."""
+    seg0: dict[str, list[float]] = {}
+    total0: list[float] = []
     for tag, t0, t1 in unknown:
         b = tag.encode()
-        st = {}
+        st: dict[str, int] = {}
         try:
             k, st["c_send"] = _find(clog, b, "s")
             _, st["b_recv1"] = _find(blog, b, "r")
@@ -266,17 +296,7 @@ def _trace_in(tmp: str, n: int, window: int) -> dict:
         for name, a, z in SEGMENTS_NO_ACTOR:
             seg0.setdefault(f"{name}|{a}", []).append((st[z] - st[a]) / 1e3)
         total0.append((t1 - t0) / 1e3)
-    return {
-        "loop": "current",
-        "calls": len(total),
-        "echo_total_us": _median(total),
-        "echo_segments_us": {k.split("|")[0] + f" [{i}]": _median(v) for i, (k, v) in enumerate(seg.items())},
-        "no_actor_total_us": _median(total0),
-        "no_actor_segments_us": {k.split("|")[0] + f" [{i}]": _median(v) for i, (k, v) in enumerate(seg0.items())},
-        "p50_us": pct(lat, 0.5) * 1e6,
-        "per_s": per_s,
-        "load_1m": os.getloadavg()[0],
-    }
+    return seg0, total0
 
 
 def compare(n: int = 300, rounds: int = 3, window: int = 100) -> list[dict]:

@@ -31,10 +31,7 @@ CLIENT_SHELLS = ("libra/client/sync.py", "libra/client/aio.py")
 
 #: Functions still over the limit while the lead splits them (issue #29): ``"path::qualified name"``. The
 #: lead empties this list; an entry that is no longer over the limit (or gone) fails the test too.
-LONG_ALLOWED: frozenset[str] = frozenset({
-    "libra/engines/sandbox/proc.py::SandboxProcess.execute",
-    "libra/bench/broker_hops.py::_trace_in",
-})
+LONG_ALLOWED: frozenset[str] = frozenset()
 
 
 @cache
