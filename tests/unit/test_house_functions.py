@@ -29,8 +29,8 @@ BENCH = "libra/bench/"
 #: The two client shells: their common logic belongs in the client core, not in both.
 CLIENT_SHELLS = ("libra/client/sync.py", "libra/client/aio.py")
 
-#: Functions still over the limit while the lead splits them (issue #29): ``"path::qualified name"``. The
-#: lead empties this list; an entry that is no longer over the limit (or gone) fails the test too.
+#: Functions allowed over the limit, as ``"path::qualified name"`` (none; an entry that is no longer over the
+#: limit, or gone, fails the test too, so the list cannot go stale).
 LONG_ALLOWED: frozenset[str] = frozenset()
 
 
