@@ -44,11 +44,17 @@ def test_step_and_episode_bars_follow_the_stream() -> None:
 
 def test_no_episode_bar_for_a_step_after_the_last() -> None:
     out = io.StringIO()
-    with JobProgress("j", 1, 4, file=out) as bar:
+    with JobProgress("j", 2, 4, file=out) as bar:
         bar.poll(0, True)
         bar.step(_record(1))
-        assert "training" not in bar.episodes_bar.postfix  # the new step's bar starts clean
-    assert "episodes of step 2" not in out.getvalue() and "all steps trained" in out.getvalue()
+        assert not bar.episodes_bar.postfix  # the new step's bar starts clean ...
+        drawn = out.getvalue()
+        assert "training" not in drawn[drawn.rindex("episodes of step 2"):]  # ... from its first drawing
+        bar.poll(0, True)
+        bar.step(_record(2))
+        assert bar.episodes_bar is None
+        bar.poll(3, False)  # a poll after the last step draws nothing more
+    assert "episodes of step 3" not in out.getvalue()
 
 
 def test_episodes_collected_beyond_the_step_are_capped() -> None:
