@@ -245,7 +245,8 @@ def build_parser(prog: str = "libra") -> argparse.ArgumentParser:
     r.add_argument("--broker", default=None, help="join this running broker instead of starting one")
     r.add_argument("--run-dir", default=None, help="override [job] run_dir")
     r.add_argument("--steps", type=int, default=None, help="override [job] steps")
-    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--no-progress", action="store_true",
+                   help="no progress bars (none from transformers either, here or in the job's processes)")
     r.add_argument("--resume", action="store_true",
                    help="continue the job in its run directory from its last checkpoint, in the same data order")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object")

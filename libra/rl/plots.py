@@ -85,6 +85,15 @@ def draw_distinct(ax: Any, xs: list[Any], series: list[tuple[str, list[float], d
     return [" = ".join(labels) for _, labels, _ in drawn]
 
 
+def _step_axis(ax: Any, steps: list[Any]) -> None:
+    """An x axis of ``steps``: whole numbers only (with one or two steps, exactly those)."""
+    from matplotlib.ticker import FixedLocator, MaxNLocator
+
+    few = sorted({int(x) for x in steps})
+    ax.xaxis.set_major_locator(FixedLocator(few) if len(few) <= 2 else MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+
+
 def _n_label(ns: list[int]) -> str:
     lo, hi = min(ns), max(ns)
     return f"n = {lo} per step" if lo == hi else f"n = {lo}-{hi} per step"
@@ -98,8 +107,11 @@ def _reward_axes(ax: Any, recs: list[dict[str, Any]], steps: list[Any]) -> None:
         band = [wilson_interval(sum(float(x) for x in r["rewards"]), n) for r, n in zip(recs, ns)]
         ax.fill_between(steps, [b[0] for b in band], [b[1] for b in band], alpha=0.2,
                         label=f"reward mean: Wilson 95 % interval ({_n_label(ns)})")
-        series = [("reward mean", [sum(float(x) for x in r["rewards"]) / n for r, n in zip(recs, ns)],
-                   {"marker": "o"})]
+        means = [sum(float(x) for x in r["rewards"]) / n for r, n in zip(recs, ns)]
+        if len(steps) == 1:  # a band over one step has no width: the interval as an error bar
+            ax.errorbar(steps, means, yerr=[[means[0] - band[0][0]], [band[0][1] - means[0]]], fmt="none",
+                        capsize=8, color="tab:blue", alpha=0.5)
+        series = [("reward mean", means, {"marker": "o"})]
     else:
         bands = reward_bands(recs)
         ax.fill_between(steps, [b[0] for b in bands], [b[2] for b in bands], alpha=0.2, label="reward p10-p90")
@@ -115,7 +127,7 @@ def _reward_axes(ax: Any, recs: list[dict[str, Any]], steps: list[Any]) -> None:
     ax.set_ylim(bottom=low)  # 0 unless a reward was negative
     if low == 0.0 and binary_rewards(recs):
         ax.set_ylim(0.0, 1.05)
-    ax.set_xlabel("step")
+    _step_axis(ax, steps)
     ax.set_ylabel("reward / accuracy")
     ax.legend(**_LEGEND)
     ax.set_title("reward per step")
@@ -137,7 +149,7 @@ def reward_figure(recs: list[dict[str, Any]], plt: Any) -> Any:
         draw_distinct(tx, steps, series)
         top = max([1.0] + [float(y) for _, ys, _ in series for y in ys if y is not None and not math.isnan(y)])
         tx.set_ylim(0.0, top * 1.05)
-        tx.set_xlabel("step")
+        _step_axis(tx, steps)
         tx.set_title("tool use")
         tx.legend(**_LEGEND)
     return fig
@@ -150,7 +162,7 @@ def throughput_figure(recs: list[dict[str, Any]], decisions: list[dict[str, Any]
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 7), layout="constrained")
     steps = [r["step"] for r in recs]
     a1.plot(steps, [r["tokens_per_s"] for r in recs], marker="o", label="generated tokens/s")
-    a1.set_xlabel("step")
+    _step_axis(a1, steps)
     a1.set_ylabel("generated tokens/s")
     a1.set_title("rollout throughput")
     for i, r in enumerate(recs):

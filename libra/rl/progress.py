@@ -139,7 +139,9 @@ class JobProgress:
             self.steps_bar = tqdm(total=steps, desc=f"libra run {name}", unit="step", position=0, file=out,
                                   mininterval=0)
             self.episodes_bar = tqdm(total=self.per_step, desc="  episodes of step 1", unit="ep", position=1,
-                                     leave=False, file=out, mininterval=0)
+                                     leave=False, file=out, mininterval=0,  # no rate: the count jumps per poll
+                                     bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
+            self.total_steps = steps
             self._route = console_writer(self.write)
             self._route.__enter__()
 
@@ -169,8 +171,15 @@ class JobProgress:
         self.steps_bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", acc=f"{rec['accuracy']:.2f}",
                                    tok_s=f"{rec['tokens_per_s']:.0f}", refresh=False)
         self.steps_bar.update(1)
+        if self.episodes_bar is None:
+            return
+        if self.steps_seen >= self.total_steps:  # no step after the last one: no episode bar either
+            self.episodes_bar.close()
+            self.episodes_bar = None
+            return
+        self.episodes_bar.set_postfix_str("", refresh=False)  # before reset() draws it
+        self.episodes_bar.set_description_str(f"  episodes of step {self.steps_seen + 1}", refresh=False)
         self.episodes_bar.reset(total=self.per_step)
-        self.episodes_bar.set_description(f"  episodes of step {self.steps_seen + 1}", refresh=True)
 
     def close(self) -> None:
         if self._route is not None:

@@ -116,3 +116,14 @@ def test_wilson_interval() -> None:
     lo, hi = wilson_interval(14, 20)
     assert lo == pytest.approx(0.4810, abs=1e-3) and hi == pytest.approx(0.8545, abs=1e-3)
     assert all(math.isnan(x) for x in wilson_interval(0, 0))
+
+
+def test_one_step_still_shows_its_interval_and_whole_steps() -> None:
+    fig = reward_figure(binary_records()[:1], plt)
+    try:
+        _check_readable(fig)
+        reward_ax = fig.axes[0]
+        assert reward_ax.containers, "the one step's Wilson interval is drawn as an error bar"
+        assert all(float(t).is_integer() for t in reward_ax.get_xticks())
+    finally:
+        plt.close(fig)

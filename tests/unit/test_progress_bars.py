@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,22 @@ def test_step_and_episode_bars_follow_the_stream() -> None:
     for seen in ("libra run arith", "episodes of step 1", "3/8", "8/8", "training", "episodes of step 2", "5/8",
                  "1/2", "reward=0.25", "acc=0.20", "step 1 had no GRPO signal"):
         assert seen in text, (seen, text)
+    assert not re.search(r"\bep/s", text)  # the count jumps from poll to poll: a rate would be noise
+
+
+def test_no_episode_bar_for_a_step_after_the_last() -> None:
+    out = io.StringIO()
+    with JobProgress("j", 2, 4, file=out) as bar:
+        bar.poll(0, True)
+        bar.step(_record(1))
+        assert not bar.episodes_bar.postfix  # the new step's bar starts clean ...
+        drawn = out.getvalue()
+        assert "training" not in drawn[drawn.rindex("episodes of step 2"):]  # ... from its first drawing
+        bar.poll(0, True)
+        bar.step(_record(2))
+        assert bar.episodes_bar is None
+        bar.poll(3, False)  # a poll after the last step draws nothing more
+    assert "episodes of step 3" not in out.getvalue()
 
 
 def test_episodes_collected_beyond_the_step_are_capped() -> None:
@@ -181,7 +198,7 @@ def test_smollm2_convert_draws_a_bar_of_its_stages(tmp_path: Path, monkeypatch: 
         monkeypatch.setattr(sys.modules["transformers"], name, Fake)
     smollm2._convert(tmp_path / smollm2.GGUF_NAME, tmp_path, progress=True)
     err = capsys.readouterr().err
-    assert "converting SmolLM2 once" in err and "5/5" in err
+    assert "converting SmolLM2 once" in err and f"{len(smollm2.STAGES)}/{len(smollm2.STAGES)}" in err
     for stage in smollm2.STAGES:
         assert stage in err, stage
     smollm2._convert(tmp_path / smollm2.GGUF_NAME, tmp_path, progress=False)

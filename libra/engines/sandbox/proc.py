@@ -85,6 +85,16 @@ class _Stream:
     open: bool = True
 
 
+@dataclass(slots=True)
+class _Run:
+    """One :meth:`SandboxProcess.execute` in flight: its pipes, outcome so far, and its times."""
+    streams: dict[str, _Stream]
+    outcome: RawOutcome
+    deadline: float
+    kill_at: float | None = None  # when we asked the zygote to kill
+    exit_at: float | None = None  # when the zygote reported the exit
+
+
 class SandboxProcess:
     """A started zygote for one workspace (see the module docstring)."""
 
@@ -274,92 +284,111 @@ class SandboxProcess:
         finally:
             os.close(out_w)
             os.close(err_w)
-        streams = {"stdout": _Stream(out_r, output_bytes), "stderr": _Stream(err_r, output_bytes)}
-        by_fd = {s.fd: (name, s) for name, s in streams.items()}
-        outcome = RawOutcome(b"", b"", {"stdout": False, "stderr": False}, None, 0.0)
-        deadline = start + timeout_s
-        kill_at: float | None = None  # when we asked the zygote to kill
-        exit_at: float | None = None  # when the zygote reported the exit
+        run = _Run({"stdout": _Stream(out_r, output_bytes), "stderr": _Stream(err_r, output_bytes)},
+                   RawOutcome(b"", b"", {"stdout": False, "stderr": False}, None, 0.0), start + timeout_s)
         sel = selectors.DefaultSelector()
         try:
-            for s in streams.values():
-                sel.register(s.fd, selectors.EVENT_READ)
+            for st in run.streams.values():
+                sel.register(st.fd, selectors.EVENT_READ)
             sel.register(self.sock, selectors.EVENT_READ)
-            while True:
-                now = clock()
-                pipes_open = any(s.open for s in streams.values())
-                if exit_at is not None and (not pipes_open or now >= exit_at + _EOF_GRACE_S):
-                    break
-                if outcome.sandbox_died and (not pipes_open or (kill_at is not None and now >= kill_at + kill_grace_s)):
-                    break
-                if outcome.killed is None and now >= deadline:
-                    outcome.killed, kill_at = "timeout", now
-                    self._request_kill()
-                if outcome.killed is None and cancel is not None and cancel.is_set():
-                    outcome.killed, kill_at = "cancelled", now
-                    self._request_kill()
-                if kill_at is not None and exit_at is None and not outcome.sandbox_died \
-                        and now >= kill_at + kill_grace_s:
-                    self.kill()  # the zygote did not report in time: tear the whole sandbox down
-                    outcome.sandbox_died = True
-                    break
-                if exit_at is not None:
-                    wait = exit_at + _EOF_GRACE_S - now
-                elif kill_at is not None:
-                    wait = kill_at + kill_grace_s - now
-                else:
-                    wait = deadline - now
-                if cancel is not None:
-                    wait = min(wait, 0.05)
-                for key, _ in sel.select(max(0.0, wait)):
-                    if key.fileobj is self.sock:
-                        if not self._fill():
-                            try:
-                                sel.unregister(self.sock)
-                            except (KeyError, ValueError, OSError):
-                                pass
-                            outcome.sandbox_died = True
-                            kill_at = kill_at if kill_at is not None else clock()
-                        while (msg := self._pop()) is not None:
-                            op = msg.get("op")
-                            if op == "started" and self.mode == "pgrp":
-                                self._action_pgid = msg.get("pid")
-                            elif op == "error":  # the zygote refused the request: treat it as broken
-                                outcome.sandbox_died = True
-                                kill_at = kill_at if kill_at is not None else clock()
-                            elif op == "exit":
-                                outcome.status = int(msg["status"])
-                                outcome.cpu_s = float(msg.get("cpu_s", 0.0))
-                                outcome.maxrss_kb = int(msg.get("maxrss_kb", 0))
-                                exit_at = clock()
-                        continue
-                    _, s = by_fd[key.fd]  # type: ignore[index]
-                    chunk = os.read(s.fd, _READ_CHUNK)
-                    if not chunk:
-                        sel.unregister(s.fd)
-                        s.open = False
-                        continue
-                    room = s.cap - len(s.data)
-                    if len(chunk) > room:
-                        s.data += chunk[:max(0, room)]
-                        s.truncated = True
-                        if outcome.killed is None:
-                            outcome.killed, kill_at = "output_limit", clock()
-                            self._request_kill()
-                    else:
-                        s.data += chunk
+            self._run_loop(run, sel, kill_grace_s, clock, cancel)
         finally:
             sel.close()
-            for s in streams.values():
-                os.close(s.fd)
-            if outcome.sandbox_died:
+            for st in run.streams.values():
+                os.close(st.fd)
+            if run.outcome.sandbox_died:
                 self.kill()
             self._action_pgid = None
+        outcome = run.outcome
         outcome.duration_s = clock() - start
-        outcome.stdout = bytes(streams["stdout"].data)
-        outcome.stderr = bytes(streams["stderr"].data)
-        outcome.truncated = {name: s.truncated for name, s in streams.items()}
+        outcome.stdout = bytes(run.streams["stdout"].data)
+        outcome.stderr = bytes(run.streams["stderr"].data)
+        outcome.truncated = {name: st.truncated for name, st in run.streams.items()}
         return outcome
+
+    def _run_loop(self, run: "_Run", sel: selectors.BaseSelector, kill_grace_s: float,
+                  clock: Callable[[], float], cancel: threading.Event | None) -> None:
+        """Until the action has exited and its pipes are drained (or the sandbox died): enforce the deadline,
+        the cancel flag and the kill grace, and read the zygote's reports and the action's output."""
+        by_fd = {st.fd: st for st in run.streams.values()}
+        while True:
+            wait = self._check_timers(run, clock(), kill_grace_s, cancel)
+            if wait is None:
+                return
+            for key, _ in sel.select(max(0.0, wait)):
+                if key.fileobj is self.sock:
+                    self._on_zygote(run, sel, clock)
+                else:
+                    self._on_output(run, sel, by_fd[key.fd], clock)  # type: ignore[index]
+
+    def _check_timers(self, run: "_Run", now: float, kill_grace_s: float,
+                      cancel: threading.Event | None) -> float | None:
+        """The loop's time rules at ``now``: None when the run is over, else how long to wait for I/O."""
+        outcome, pipes_open = run.outcome, any(st.open for st in run.streams.values())
+        if run.exit_at is not None and (not pipes_open or now >= run.exit_at + _EOF_GRACE_S):
+            return None
+        if outcome.sandbox_died and (not pipes_open or (run.kill_at is not None
+                                                        and now >= run.kill_at + kill_grace_s)):
+            return None
+        if outcome.killed is None and now >= run.deadline:
+            self._kill_for(run, "timeout", now)
+        if outcome.killed is None and cancel is not None and cancel.is_set():
+            self._kill_for(run, "cancelled", now)
+        if run.kill_at is not None and run.exit_at is None and not outcome.sandbox_died \
+                and now >= run.kill_at + kill_grace_s:
+            self.kill()  # the zygote did not report in time: tear the whole sandbox down
+            outcome.sandbox_died = True
+            return None
+        if run.exit_at is not None:
+            wait = run.exit_at + _EOF_GRACE_S - now
+        elif run.kill_at is not None:
+            wait = run.kill_at + kill_grace_s - now
+        else:
+            wait = run.deadline - now
+        return min(wait, 0.05) if cancel is not None else wait
+
+    def _kill_for(self, run: "_Run", why: str, now: float) -> None:
+        run.outcome.killed, run.kill_at = why, now
+        self._request_kill()
+
+    def _on_zygote(self, run: "_Run", sel: selectors.BaseSelector, clock: Callable[[], float]) -> None:
+        """The zygote's socket is readable: its ``started``/``error``/``exit`` reports, or its death."""
+        if not self._fill():
+            try:
+                sel.unregister(self.sock)
+            except (KeyError, ValueError, OSError):
+                pass
+            run.outcome.sandbox_died = True
+            run.kill_at = run.kill_at if run.kill_at is not None else clock()
+        while (msg := self._pop()) is not None:
+            op = msg.get("op")
+            if op == "started" and self.mode == "pgrp":
+                self._action_pgid = msg.get("pid")
+            elif op == "error":  # the zygote refused the request: treat it as broken
+                run.outcome.sandbox_died = True
+                run.kill_at = run.kill_at if run.kill_at is not None else clock()
+            elif op == "exit":
+                run.outcome.status = int(msg["status"])
+                run.outcome.cpu_s = float(msg.get("cpu_s", 0.0))
+                run.outcome.maxrss_kb = int(msg.get("maxrss_kb", 0))
+                run.exit_at = clock()
+
+    def _on_output(self, run: "_Run", sel: selectors.BaseSelector, st: "_Stream",
+                   clock: Callable[[], float]) -> None:
+        """One of the action's pipes is readable: keep up to its cap; past it, kill for ``output_limit``."""
+        chunk = os.read(st.fd, _READ_CHUNK)
+        if not chunk:
+            sel.unregister(st.fd)
+            st.open = False
+            return
+        room = st.cap - len(st.data)
+        if len(chunk) <= room:
+            st.data += chunk
+            return
+        st.data += chunk[:max(0, room)]
+        st.truncated = True
+        if run.outcome.killed is None:
+            self._kill_for(run, "output_limit", clock())
 
     def _request_kill(self) -> None:
         if self.mode == "pgrp" and self._action_pgid is not None:
