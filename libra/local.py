@@ -48,6 +48,11 @@ def wait_until(cond: Callable[[], Any], timeout: float, what: str, step: float =
     raise TimeoutError(f"timed out waiting for {what}")
 
 
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """The environment of a process a local cluster starts: this one's, unbuffered, plus ``extra``."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
+
+
 @dataclass
 class LocalCluster:
     """A broker plus an actor supervisor on ``127.0.0.1``. Use as a context manager."""
@@ -67,7 +72,7 @@ class LocalCluster:
         return f"tcp://127.0.0.1:{self.port}"
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        return child_env(self.env)
 
     def start(self, wait_actors: int | None = None, timeout: float = 60.0) -> "LocalCluster":
         if not self.port:

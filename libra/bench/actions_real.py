@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from libra.local import free_port, stop_process, wait_until
+from libra.local import child_env, free_port, stop_process, wait_until
 from libra.rl.config import toml_value
 
 __all__ = ["PYTEST_FILES", "PlacementCluster", "burst", "compare", "toml_broker"]
@@ -70,16 +70,13 @@ class PlacementCluster:
     def url(self) -> str:
         return f"tcp://127.0.0.1:{self.port}"
 
-    def _env(self) -> dict[str, str]:
-        return {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
-
     def _start_broker(self) -> None:
         assert self._dir is not None
         cfg = Path(self._dir.name) / "broker.toml"
         cfg.write_text(toml_broker(self.broker))
         self.broker_proc = subprocess.Popen(
             [sys.executable, "-m", "libra.broker", "--bind", self.url, "--config", str(cfg), "--log-level",
-             self.log_level], env=self._env())
+             self.log_level], env=child_env(self.env))
 
     def start(self, timeout: float = 90.0) -> "PlacementCluster":
         self._dir = tempfile.TemporaryDirectory(prefix="libra-placement-")
@@ -89,7 +86,7 @@ class PlacementCluster:
             for slot, extra in self.actors:
                 self.procs.append(subprocess.Popen(
                     [sys.executable, "-m", "libra.actors.runtime", "--broker", self.url, "--slot", slot,
-                     "--log-level", self.log_level, *extra], env=self._env()))
+                     "--log-level", self.log_level, *extra], env=child_env(self.env)))
             self.wait_ready(timeout)
         except BaseException:
             self.stop()
