@@ -14,8 +14,9 @@ entries, for work still running and for results it has not delivered. For each e
 Work restored from a journal is *parked* (queued, in no queue) until the actors that may still run it are
 back. The journal's ``start`` records say which actor (``holder``) was given each started piece. When a
 holder says hello again, it lists everything it holds, so whatever of its restored work it does not claim
-is queued at once; once every holder is back, the work that never started is queued too (no actor can be
-running it). The grace period (long enough for every surviving actor to notice the restart, back off and
+is queued at once, and the journaled start it does not claim is taken back from the work's ``attempt`` (the
+hello lists everything the actor runs and every result it may not have delivered, so that start never reached
+it); once every holder is back, the work that never started is queued too (no actor can be running it). The grace period (long enough for every surviving actor to notice the restart, back off and
 say hello again) is only the upper bound, for holders that never come back (they died with the broker):
 what is still parked then is queued and runs again, and its ``attempt`` counts that new start. So a broker
 restart never runs a piece of work twice while its actor lives, and waits for no one it has heard from.
@@ -82,6 +83,10 @@ class Adoption:
         if self.grace_until is None or actor_id not in self.awaited:
             return
         self.awaited.discard(actor_id)
+        for wid in self.table.parked:  # its hello lists all it runs and every result not surely delivered: a
+            w = self.table.works[wid]  # start of its that it does not claim never reached it, so it is no attempt
+            if w.holder == actor_id and w.attempt > 0:
+                w.attempt -= 1
         self._release(now, out, f"{actor_id} is back",
                       lambda w: w.holder == actor_id or (not w.holder and not self.awaited))
 
