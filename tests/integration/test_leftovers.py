@@ -9,24 +9,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from libra.local import free_port
+from libra.local import free_port, wait_until
 
 pytestmark = [pytest.mark.integration]
 
-
-def _wait(cond, timeout: float, what: str) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _files(tmp: Path, ipc: Path, pid: int) -> list[str]:
@@ -43,14 +34,14 @@ def test_killed_and_stopped_slots_leave_no_sandbox_root_or_socket_file(tmp_path:
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         parent = psutil.Process(sup.pid)
-        _wait(lambda: len(parent.children()) == 1, 60.0, "the slot process")
+        wait_until(lambda: len(parent.children()) == 1, 60.0, "the slot process")
         first = parent.children()[0].pid
-        _wait(lambda: len(_files(tmp, ipc, first)) == 2, 120.0, "the slot's sandbox root and socket file")
+        wait_until(lambda: len(_files(tmp, ipc, first)) == 2, 120.0, "the slot's sandbox root and socket file")
         os.kill(first, signal.SIGKILL)
-        _wait(lambda: not _files(tmp, ipc, first), 60.0, "the supervisor to sweep the killed slot's files")
-        _wait(lambda: [c.pid for c in parent.children()] not in ([], [first]), 60.0, "the restarted slot")
+        wait_until(lambda: not _files(tmp, ipc, first), 60.0, "the supervisor to sweep the killed slot's files")
+        wait_until(lambda: [c.pid for c in parent.children()] not in ([], [first]), 60.0, "the restarted slot")
         second = parent.children()[0].pid
-        _wait(lambda: len(_files(tmp, ipc, second)) == 2, 120.0, "the restarted slot's files")
+        wait_until(lambda: len(_files(tmp, ipc, second)) == 2, 120.0, "the restarted slot's files")
         sup.send_signal(signal.SIGTERM)
         assert sup.wait(60) == 0
         assert os.listdir(tmp) == [] and os.listdir(ipc) == []
@@ -66,7 +57,7 @@ def test_an_actor_stopped_with_sigterm_removes_its_own_files(tmp_path: Path) -> 
     actor = subprocess.Popen([sys.executable, "-m", "libra.actors.runtime", "--broker", url, "--slot", "cpu0",
                               "--allow-unisolated"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait(lambda: len(_files(tmp, ipc, actor.pid)) == 2, 120.0, "the actor's sandbox root and socket file")
+        wait_until(lambda: len(_files(tmp, ipc, actor.pid)) == 2, 120.0, "the actor's sandbox root and socket file")
         actor.send_signal(signal.SIGTERM)
         assert actor.wait(60) == 0
         assert os.listdir(tmp) == [] and os.listdir(ipc) == []  # no supervisor swept them: the actor did
@@ -97,7 +88,7 @@ def test_a_broker_stopped_with_sigterm_removes_its_ipc_file(tmp_path: Path) -> N
                               env={**os.environ, "LIBRA_IPC_DIR": str(ipc)},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait(lambda: (ipc / f"broker-{port}.sock").exists(), 60.0, "the broker's ipc file")
+        wait_until(lambda: (ipc / f"broker-{port}.sock").exists(), 60.0, "the broker's ipc file")
         broker.send_signal(signal.SIGTERM)
         assert broker.wait(60) == 0
         assert os.listdir(ipc) == []
