@@ -34,6 +34,7 @@ BENCHMARKS = {
     "endpoint": ("libra.bench.endpoint", "a turn through the OpenAI-compatible endpoint vs session.generate directly, same cluster and run"),
     "job": ("libra.bench.job", "one RL job under policy static vs the default libra, same seed: time per step, tokens/s, idle share, reward vs wall"),
     "peer_trl": ("libra.bench.peer_trl", "the bundled job's task under TRL's GRPOTrainer vs libra run, same seeds: s/step, step 1, accuracy vs wall (needs the peer extra)"),
+    "control_plane": ("libra.bench.control_plane", "one broker holding 100-20,000 synthetic idle actors: broker CPU per actor-second, RSS, heartbeat gaps, wrongly lost, status and echo p50/p99 vs 10 actors"),
     "gpu_checks": ("libra.bench.gpu_checks", "GPU-check programs: bf16 learning vs fp32, memory freed by a role switch, a trainer OOM (--device)"),
 }
 
