@@ -103,6 +103,7 @@ def point(n: int, seconds: float, farms: int, calls: int, heartbeat_s: float) ->
     import psutil
 
     with LocalCluster(cpu_slots=1, broker_args=["--no-ipc", "--heartbeat-s", str(heartbeat_s)],
+                      actor_args=["--no-sandbox"],
                       env={"LIBRA_IPC": "0"}) as cl:
         assert cl.broker is not None
         fs = _start_farms(cl.url, n, max(1, min(farms, n // 500 + 1)), heartbeat_s)

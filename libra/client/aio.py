@@ -31,6 +31,7 @@ from .common import ToolResult, batches, unreachable
 from .core import (Action, ArmTimer, Ask, Cancel, Connect, Deadline, Event, Received, Resend, Resolve, SendBroker,
                    SendDirect, Submit, Tick, Welcomed)
 from .errors import BrokerUnreachable
+from .probe import port_accepts
 from .shell import ShellBase, WelcomeFlag, configure_socket
 
 
@@ -74,7 +75,7 @@ class AsyncClient(ShellBase):
                 await asyncio.wait_for(self._welcomed.wait(), timeout)
             except asyncio.TimeoutError:
                 waited = round(loop.time() - start, 2)
-                raise BrokerUnreachable(unreachable(self.broker_url, self._curve, waited)) from None
+                raise BrokerUnreachable(unreachable(self.broker_url, self._curve, waited, port_accepts(self.broker_url))) from None
         return self
 
     def _ensure_reader(self) -> None:

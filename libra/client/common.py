@@ -85,14 +85,25 @@ class RequestIds:
         return f"{self._prefix}:{next(self._n)}"
 
 
-def unreachable(url: str, curve: bool, timeout: float | None = None) -> str:
-    """Why a broker may not answer, in words a user can act on (a CURVE mismatch looks like silence)."""
+def unreachable(url: str, curve: bool, timeout: float | None = None, port_open: bool | None = None) -> str:
+    """Why a broker may not answer, in words a user can act on (a CURVE mismatch looks like silence, and so does
+    a saturated broker loop). ``port_open``: whether the broker's TCP port accepted a connection (the shells ask
+    :func:`libra.client.probe.port_accepts`; ``None``: not checked). When it did, an overloaded broker (or
+    another program on that port) is named first, the CURVE keys second."""
     head = f"no answer from the broker at {url}" + (f" within {timeout:g}s" if timeout is not None else "")
+    if port_open:
+        head += (": its port accepts connections but nothing answered, so the broker may be overloaded (its loop "
+                 "saturated: check its CPU and the number of actors and clients) or the program there is not a "
+                 "libra broker. A second possibility:")
+    elif port_open is None:
+        head += ": is it running there, or overloaded (a saturated broker is silent too: check its CPU)?"
+    else:
+        head += ": is it running there?"
     if curve:
-        return (f"{head}: is it running there? This client uses CURVE keys: the broker refuses it when this "
+        return (f"{head} This client uses CURVE keys: the broker refuses it when this "
                 "client's public key is not in its --curve-allow directory or LIBRA_BROKER_KEY is not the "
                 "broker's public key (the broker logs each refused handshake)")
-    return (f"{head}: is it running there? If the broker requires CURVE keys (started with --curve-secret), "
+    return (f"{head} If the broker requires CURVE keys (started with --curve-secret), "
             "this client needs them too: set LIBRA_CURVE_SECRET to this client's secret key file and "
             "LIBRA_BROKER_KEY to the broker's public key file, and put this client's public key in the "
             "broker's --curve-allow directory ('libra keys' creates key pairs)")
