@@ -71,7 +71,16 @@ def _lat(fn: Any, n: int) -> list[float]:
     return out
 
 
-def _echo(c: Client, n: int) -> dict[str, float]:
+def _echo(url: str, n: int, direct: bool) -> dict[str, Any]:
+    """p50/p99 of ``n`` echo calls (after 20 warm-up ones); a failure (a saturated broker) ends it, named."""
+    try:
+        with Client(url, connect_timeout=60, direct=direct) as c:
+            return _echo_on(c, n)
+    except Exception as exc:  # noqa: BLE001 - reported in the row, the sweep goes on
+        return {"p50_ms": None, "p99_ms": None, "error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def _echo_on(c: Client, n: int) -> dict[str, Any]:
     def one(i: int) -> None:
         r = c.call_tool("echo", {"i": i}, timeout=30.0)
         if r.output != {"i": i}:
@@ -82,20 +91,27 @@ def _echo(c: Client, n: int) -> dict[str, float]:
     return {"p50_ms": pct(xs, 0.5) * 1e3, "p99_ms": pct(xs, 0.99) * 1e3}
 
 
+def _status(url: str, n: int = 1) -> tuple[Any, list[float], str]:
+    """The last of ``n`` status replies and their latencies; ``(None, [], error)`` if the broker did not answer."""
+    try:
+        with Client(url, connect_timeout=60) as c:
+            lat = _lat(lambda i: c.status(timeout=60), n)
+            return c.status(timeout=60), lat, ""
+    except Exception as exc:  # noqa: BLE001 - an overloaded broker is a result here
+        return None, [], f"{type(exc).__name__}: {exc}"[:300]
+
+
 def _wait_registered(cl: LocalCluster, farms: list, n: int, timeout: float) -> tuple[float, int]:
     """Seconds until all ``n`` synthetic actors are in the broker's status, and the last count seen."""
     t0 = time.monotonic()
     seen = 0
-    with Client(cl.url, connect_timeout=30) as c:
-        while time.monotonic() - t0 < timeout:
-            if sum(_ask(farms, "count")) >= n:
-                try:
-                    seen = _synthetic(c.status(timeout=30.0))
-                except Exception:  # a saturated broker: keep waiting until the deadline
-                    seen = -1
-                if seen >= n:
-                    break
-            time.sleep(0.5)
+    while time.monotonic() - t0 < timeout:
+        if sum(_ask(farms, "count")) >= n:
+            st, _, _ = _status(cl.url)
+            seen = _synthetic(st) if st is not None else -1  # -1: the broker did not answer
+            if seen >= n:
+                break
+        time.sleep(0.5)
     return time.monotonic() - t0, seen
 
 
@@ -109,21 +125,17 @@ def point(n: int, seconds: float, farms: int, calls: int, heartbeat_s: float) ->
         fs = _start_farms(cl.url, n, max(1, min(farms, n // 500 + 1)), heartbeat_s)
         try:
             reg_s, seen = _wait_registered(cl, fs, n, timeout=60 + n / 50)
-            with Client(cl.url, connect_timeout=30) as c:
-                exp0 = c.status(timeout=60).stats.get("actors_expired", 0)
+            st0, _, _ = _status(cl.url)
+            exp0 = st0.stats.get("actors_expired", 0) if st0 is not None else 0
             _ask(fs, "measure")
             cpu0, t0 = cpu_s(cl.broker.pid), time.monotonic()
             time.sleep(seconds)
             cpu1, t1 = cpu_s(cl.broker.pid), time.monotonic()
             rep = _ask(fs, "report")
             rss = psutil.Process(cl.broker.pid).memory_info().rss
-            with Client(cl.url, connect_timeout=30) as c:
-                st_lat = _lat(lambda i: c.status(timeout=60), 10)
-                st = c.status(timeout=60)
-                broker = _echo(c, calls)
-            with Client(cl.url, connect_timeout=30, direct=True) as c:
-                direct = _echo(c, calls)
-            exp1 = st.stats.get("actors_expired", 0)
+            st, st_lat, st_err = _status(cl.url, 10)
+            broker, direct = _echo(cl.url, calls, False), _echo(cl.url, calls, True)
+            exp1 = st.stats.get("actors_expired", 0) if st is not None else exp0
             rep2 = _ask(fs, "report")  # the farms' Disconnects over the echo phase too
         finally:
             try:
@@ -136,7 +148,8 @@ def point(n: int, seconds: float, farms: int, calls: int, heartbeat_s: float) ->
     wall = t1 - t0
     gaps = [g for r in rep for g in r["gaps"]]
     return {
-        "actors": n, "farms": len(fs), "register_s": round(reg_s, 2), "seen_in_status": _synthetic(st),
+        "actors": n, "farms": len(fs), "register_s": round(reg_s, 2), "seen_in_status": _synthetic(st) if st is not None else None,
+        "status_error": st_err,
         "seen_before_hold": seen, "broker_cpu_per_s": (cpu1 - cpu0) / wall,
         "broker_cpu_us_per_actor_s": (cpu1 - cpu0) / wall / n * 1e6, "broker_rss_mb": rss / 2**20,
         "heartbeats_sent": sum(r["heartbeats_sent"] for r in rep),
@@ -144,7 +157,8 @@ def point(n: int, seconds: float, farms: int, calls: int, heartbeat_s: float) ->
         "broker_gap_p50_s": pct(gaps, 0.5) if gaps else None, "broker_gap_p99_s": pct(gaps, 0.99) if gaps else None,
         "wrongly_lost": (exp1 - exp0) + sum(r["disconnects"] for r in rep) + sum(r["disconnects"] for r in rep2),
         "broker_actors_expired": exp1 - exp0, "unexpected_frames": sum(r["unexpected"] for r in rep2),
-        "status_p50_ms": pct(st_lat, 0.5) * 1e3, "status_p99_ms": pct(st_lat, 0.99) * 1e3,
+        "status_p50_ms": pct(st_lat, 0.5) * 1e3 if st_lat else None,
+        "status_p99_ms": pct(st_lat, 0.99) * 1e3 if st_lat else None,
         "echo_broker": broker, "echo_direct": direct,
     }
 
@@ -157,7 +171,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     base = rows[0]
     for r in rows:
         for via in ("echo_broker", "echo_direct"):
-            r[via]["p50_ratio"] = r[via]["p50_ms"] / base[via]["p50_ms"]
+            ok = r[via]["p50_ms"] is not None and base[via]["p50_ms"]
+            r[via]["p50_ratio"] = r[via]["p50_ms"] / base[via]["p50_ms"] if ok else None
     res = {"bench": "control_plane", "seconds": args.seconds, "heartbeat_s": args.heartbeat_s,
            "calls": args.calls, "baseline_actors": BASELINE, "points": rows}
     if args.out:
@@ -176,14 +191,26 @@ def fmt(res: dict[str, Any]) -> str:
         g50, g99 = r["broker_gap_p50_s"], r["broker_gap_p99_s"]
         gap = f"{g50:.2f}/{g99:.2f}" if g50 is not None else "-"
         eb, ed = r["echo_broker"], r["echo_direct"]
-        lines.append(
-            f"{r['actors']:>7} {r['broker_cpu_per_s']:>6.3f} {r['broker_cpu_us_per_actor_s']:>8.1f} "
-            f"{r['broker_rss_mb']:>7.1f} {r['heartbeats_sent']:>8} {r['broker_heartbeats_received']:>7} {gap:>14} "
-            f"{r['wrongly_lost']:>5} {r['seen_in_status']:>7} "
-            f"{r['status_p50_ms']:>6.1f}/{r['status_p99_ms']:<7.1f} "
-            f"{eb['p50_ms']:>8.2f}/{eb['p99_ms']:<7.2f} ({eb['p50_ratio']:.2f}x) "
-            f"{ed['p50_ms']:>11.2f}/{ed['p99_ms']:<7.2f} ({ed['p50_ratio']:.2f}x)")
+        lines.append(_row(r, gap, eb, ed))
+    for r in res["points"]:
+        for what, err in (("status", r["status_error"]), ("echo broker", r["echo_broker"].get("error")),
+                          ("echo direct", r["echo_direct"].get("error"))):
+            if err:
+                lines.append(f"  {r['actors']} actors, {what} failed: {err}")
     return "\n".join(lines)
+
+
+def _f(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _row(r: dict[str, Any], gap: str, eb: dict[str, Any], ed: dict[str, Any]) -> str:
+    return (f"{r['actors']:>7} {r['broker_cpu_per_s']:>6.3f} {r['broker_cpu_us_per_actor_s']:>8.1f} "
+            f"{r['broker_rss_mb']:>7.1f} {r['heartbeats_sent']:>8} {r['broker_heartbeats_received']:>7} {gap:>14} "
+            f"{r['wrongly_lost']:>5} {_f(r['seen_in_status'], 'd'):>7} "
+            f"{_f(r['status_p50_ms'], '.1f'):>6}/{_f(r['status_p99_ms'], '.1f'):<7} "
+            f"{_f(eb['p50_ms'], '.2f'):>8}/{_f(eb['p99_ms'], '.2f'):<7} ({_f(eb['p50_ratio'], '.2f')}x) "
+            f"{_f(ed['p50_ms'], '.2f'):>11}/{_f(ed['p99_ms'], '.2f'):<7} ({_f(ed['p50_ratio'], '.2f')}x)")
 
 
 def main(argv: list[str] | None = None) -> int:
