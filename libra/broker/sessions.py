@@ -21,6 +21,7 @@ from typing import Any
 from libra.protocol import messages as m
 
 from .events import Send
+from .liveness import LivenessHeap
 
 __all__ = ["ACTOR_MAX_BACKOFF_S", "ActorSession", "ClientSession", "SessionRegistry"]
 
@@ -93,7 +94,11 @@ class SessionRegistry:
         self.register_s = 2 * heartbeat_s * liveness + ACTOR_MAX_BACKOFF_S
         self.empty_since: float | None = None  # since when no actor is connected (None: no tick yet)
         self._client_idle_s = client_idle_s
-        self._offers: dict[str, frozenset[str]] = {}  # kind -> names offered by live actors
+        self._offered: dict[str, dict[str, int]] = {}  # kind -> name -> how many live actors offer it
+        self._offers: dict[str, frozenset[str]] = {}  # kind -> names offered by live actors (from _offered)
+        self._by_id: dict[str, ActorSession] = {}  # actor id -> its live session
+        self._liveness = LivenessHeap(heartbeat_s, self._dead_after)
+        self._opened = itertools.count(1)
         self._sessions = itertools.count(1)
         self._directives = itertools.count(1)
 
@@ -103,10 +108,7 @@ class SessionRegistry:
         return peer in self.actors or peer in self.clients
 
     def actor_by_id(self, actor_id: str) -> ActorSession | None:
-        for s in self.actors.values():
-            if s.actor_id == actor_id:
-                return s
-        return None
+        return self._by_id.get(actor_id)
 
     def client_for(self, peer: bytes, client_id: str) -> ClientSession | None:
         """The client session at ``peer``, else any session of client ``client_id`` (it reconnected)."""
@@ -190,8 +192,13 @@ class SessionRegistry:
         sess.directive_config = dict(role) if isinstance(role, dict) else {}
         cores = msg.labels.get("cores")
         sess.cores = cores if type(cores) is int and cores > 0 else max(1, msg.capacity)
+        old = self.actors.get(peer)
+        if old is not None:  # the caller drops it first; never leave a stale index entry behind
+            self._forget(old)
         self.actors[peer] = sess
-        self._refresh_offers()
+        self._by_id[sess.actor_id] = sess
+        self._liveness.add(sess, next(self._opened))
+        self._count_offers(caps, 1)
         return sess
 
     def close_actor(self, peer: bytes, now: float) -> ActorSession | None:
@@ -199,7 +206,7 @@ class SessionRegistry:
         caller's to take back. The last actor gone starts the registration window again (:meth:`refusal`)."""
         sess = self.actors.pop(peer, None)
         if sess is not None:
-            self._refresh_offers()
+            self._forget(sess)
             if not self.actors:
                 self.empty_since = now
         return sess
@@ -261,14 +268,13 @@ class SessionRegistry:
         """On the timer, for the actor at ``peer``: ``"dead"`` (silent too long: the caller drops it),
         ``"heartbeat"`` (a heartbeat is due: counted as sent now) or None."""
         sess = self.actors.get(peer)
-        if sess is None:
-            return None
-        if self.silent(sess, now):
-            return "dead"
-        if now - sess.last_sent >= self._heartbeat_s:
-            sess.last_sent = now
-            return "heartbeat"
-        return None
+        return None if sess is None else self._liveness.verdict(sess, now)
+
+    def due(self, now: float) -> list[tuple[bytes, str]]:
+        """On the timer: the actors with a verdict of :meth:`liveness` at ``now`` (``"dead"``: the caller
+        drops them; ``"heartbeat"``: counted as sent now), in the order they connected. Costs the actors
+        that are due, not all of them (``liveness.LivenessHeap``)."""
+        return self._liveness.due(self.actors, now)
 
     def on_tick(self, now: float) -> None:
         """On the timer: start the registration clock (:meth:`refusal`) at the first tick; forget silent
@@ -279,9 +285,25 @@ class SessionRegistry:
             if cs.inflight <= 0 and now - cs.last_seen > self._client_idle_s:
                 del self.clients[peer]
 
-    def _refresh_offers(self) -> None:
-        offers: dict[str, set[str]] = {}
-        for s in self.actors.values():
-            for kind, names in s.capabilities.items():
-                offers.setdefault(kind, set()).update(names)
-        self._offers = {k: frozenset(v) for k, v in offers.items()}
+    def _forget(self, sess: ActorSession) -> None:
+        """Take ``sess`` out of the actor id index, the liveness heap and the offers."""
+        if self._by_id.get(sess.actor_id) is sess:
+            del self._by_id[sess.actor_id]
+        self._liveness.discard(sess.peer)
+        self._count_offers(sess.capabilities, -1)
+
+    def _count_offers(self, caps: dict[str, frozenset[str]], delta: int) -> None:
+        """An actor offering ``caps`` came (``delta`` 1) or left (-1): the offers of its kinds change."""
+        for kind, names in caps.items():
+            counts = self._offered.setdefault(kind, {})
+            for name in names:
+                n = counts.get(name, 0) + delta
+                if n > 0:
+                    counts[name] = n
+                else:
+                    counts.pop(name, None)
+            if counts:
+                self._offers[kind] = frozenset(counts)
+            else:
+                del self._offered[kind]
+                self._offers.pop(kind, None)

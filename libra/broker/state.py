@@ -357,10 +357,11 @@ class BrokerState:
             if self._sessions.rebid(sess, msg.capacity):
                 self._dispatch.fill(sess, now, out)
             return
+        was_rollout = "generate" in sess.accepting or sess.targeted > 0 or sess.directive is not None
         if self._sessions.bid(sess, msg.kinds, msg.capacity):  # it finished switching: the plan's next wave
             out.extend(self._planning.switched(sess.actor_id, now))
         bucket = self.rollout.bucket_of_actor(sess.directive_config)
-        if bucket != sess.bucket or "generate" not in sess.accepting:
+        if was_rollout and (bucket != sess.bucket or "generate" not in sess.accepting):  # turns waiting for it
             self._dispatch.release_targets(peer)
             self._dispatch.refill_others(sess, now, out)
         sess.bucket = bucket
@@ -461,8 +462,7 @@ class BrokerState:
     # ------------------------------------------------------------------ timers
     def _on_tick(self, now: float) -> list[Command]:
         out: list[Command] = []
-        for peer in list(self._sessions.actors):
-            verdict = self._sessions.liveness(peer, now)
+        for peer, verdict in self._sessions.due(now):
             if verdict == "dead":
                 self.stats["actors_expired"] += 1
                 self._drop_actor(peer, now, out, "actor expired", lost=True)

@@ -1,0 +1,149 @@
+"""Actor liveness by a deadline heap (libra.broker.liveness): the same verdicts as a scan of every session
+each tick, at the same ticks, exactly once; plus the registry's O(1) actor-id index and counted offers."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+from libra.broker.events import PeerMessage, Tick
+from libra.broker.liveness import LivenessHeap
+from libra.broker.state import BrokerConfig, BrokerState
+from libra.protocol import messages as m
+
+
+class Broker:
+    def __init__(self) -> None:
+        self.s = BrokerState(BrokerConfig(heartbeat_s=1.0, liveness=3))
+        self.now = 0.0
+
+    def msg(self, peer: bytes, msg: object) -> list:
+        out = self.s.handle(PeerMessage(peer, msg), self.now)
+        self.s.validate()
+        return out
+
+    def hello(self, peer: bytes, actor_id: str, tools: tuple[str, ...] = ("echo",)) -> None:
+        self.msg(peer, m.ActorHello(actor_id, "h", actor_id, 1, {"action": list(tools)}, ["action"], 1))
+        self.msg(peer, m.Bid(["action"], 1))
+
+    def tick(self, dt: float) -> list:
+        self.now += dt
+        out = self.s.handle(Tick(), self.now)
+        self.s.validate()
+        return out
+
+
+def expiries(out: list, peer: bytes | None = None) -> list:
+    return [c for c in out if isinstance(getattr(c, "msg", None), m.Disconnect) and "expired" in c.msg.reason
+            and (peer is None or c.peer == peer)]
+
+
+def test_silent_actor_is_lost_exactly_once_at_the_first_tick_past_liveness() -> None:
+    b = Broker()
+    b.hello(b"p1", "a1")
+    lost_at = []
+    for _ in range(40):  # 10 s of 0.25 s ticks; dead after 3 silent heartbeat intervals (now - last_seen > 3)
+        if expiries(b.tick(0.25), b"p1"):
+            lost_at.append(b.now)
+    assert lost_at == [3.25]
+    assert b.s.stats["actors_expired"] == 1
+    assert b.s.actors == {}
+
+
+def test_chatty_actor_is_never_lost_and_gets_one_heartbeat_a_second() -> None:
+    b = Broker()
+    b.hello(b"p1", "a1")
+    b.hello(b"p2", "a2")  # silent: lost, while p1 stays
+    beats = 0
+    for i in range(1, 241):  # 60 s
+        out = b.tick(0.25)
+        beats += sum(1 for c in out if c.peer == b"p1" and isinstance(c.msg, m.Heartbeat))
+        assert not expiries(out, b"p1")
+        if i % 4 == 0:
+            b.msg(b"p1", m.Heartbeat())
+    assert b.s.stats["actors_expired"] == 1
+    assert [s.actor_id for s in b.s.actors.values()] == ["a1"]
+    assert 58 <= beats <= 60
+
+
+def test_reconnect_on_a_new_socket_replaces_the_old_entry() -> None:
+    b = Broker()
+    b.hello(b"old", "a1")
+    b.tick(2.0)
+    b.hello(b"new", "a1")  # the same actor on a new socket: the old session goes, its heap entry goes stale
+    assert list(b.s.actors) == [b"new"]
+    lost_at = []
+    for _ in range(40):
+        out = b.tick(0.25)
+        assert not expiries(out, b"old")
+        if expiries(out, b"new"):
+            lost_at.append(b.now)
+    assert lost_at == [5.25]  # 3 s after the new hello at t=2, not after the old one
+
+
+def test_goodbye_then_hello_on_the_same_socket_counts_from_the_new_session() -> None:
+    b = Broker()
+    b.hello(b"p1", "a1")
+    b.tick(2.5)
+    b.msg(b"p1", m.Goodbye("restart"))
+    assert b.s.actors == {}
+    b.tick(0.5)
+    b.hello(b"p1", "a1")  # t = 3: the first session's deadline (3) must not expire this one
+    lost_at = [b.now for _ in range(40) if expiries(b.tick(0.25), b"p1")]
+    assert lost_at == [6.25]
+    assert b.s.stats["actors_expired"] == 1
+
+
+def test_heap_gives_the_scan_verdicts_under_random_traffic() -> None:
+    """The oracle: every tick, scan every live session in open order (dead if silent for more than
+    dead_after, else a heartbeat if nothing was sent for heartbeat_s, then counted as sent)."""
+    rng = random.Random(7)
+    hb, dead_after = 1.0, 3.0
+    heap = LivenessHeap(hb, dead_after)
+    live: dict[bytes, SimpleNamespace] = {}
+    shadow: dict[bytes, list[float]] = {}  # peer -> [last_seen, last_sent] as the scan sees them
+    now, opened = 0.0, 0
+    for _ in range(3000):
+        now += rng.choice((0.05, 0.25, 0.25, 0.5, 1.3))
+        for _ in range(rng.randrange(4)):
+            peer = b"p%d" % rng.randrange(30)
+            r = rng.random()
+            if peer not in live and r < 0.5:
+                opened += 1
+                live[peer] = SimpleNamespace(peer=peer, last_seen=now, last_sent=now)
+                shadow[peer] = [now, now]
+                heap.add(live[peer], opened)
+            elif peer in live and r < 0.1:
+                heap.discard(peer)
+                del live[peer], shadow[peer]
+            elif peer in live:  # a frame from it, or (sometimes) traffic the broker sent it
+                live[peer].last_seen = shadow[peer][0] = now
+                if r > 0.8:
+                    live[peer].last_sent = shadow[peer][1] = now
+        want = []
+        for peer, clocks in shadow.items():
+            if now - clocks[0] > dead_after:
+                want.append((peer, "dead"))
+            elif now - clocks[1] >= hb:
+                clocks[1] = now
+                want.append((peer, "heartbeat"))
+        got = heap.due(live, now)
+        assert got == want
+        for peer, verdict in got:
+            if verdict == "dead":
+                del live[peer], shadow[peer]
+    assert len(heap) == len(live)
+
+
+def test_actor_index_and_offers_follow_sessions() -> None:
+    b = Broker()
+    b.hello(b"p1", "a1", ("echo", "sleep"))
+    b.hello(b"p2", "a2", ("echo",))
+    reg = b.s._sessions
+    assert reg.actor_by_id("a2").peer == b"p2"
+    assert reg.offers("action") == {"echo", "sleep"}
+    b.msg(b"p1", m.Goodbye("done"))
+    assert reg.actor_by_id("a1") is None
+    assert reg.offers("action") == {"echo"}
+    b.msg(b"p2", m.Goodbye("done"))
+    assert reg.offers("action") == frozenset()
