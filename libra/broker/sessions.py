@@ -97,6 +97,7 @@ class SessionRegistry:
         self._offered: dict[str, dict[str, int]] = {}  # kind -> name -> how many live actors offer it
         self._offers: dict[str, frozenset[str]] = {}  # kind -> names offered by live actors (from _offered)
         self._by_id: dict[str, ActorSession] = {}  # actor id -> its live session
+        self._capacities: dict[int, int] = {}  # capacity -> how many live actors bid it (best_actor's bound)
         self._liveness = LivenessHeap(heartbeat_s, self._dead_after)
         self._opened = itertools.count(1)
         self._sessions = itertools.count(1)
@@ -150,10 +151,13 @@ class SessionRegistry:
         """The actor with the most free credit that serves ``key`` (the first such one on ties)."""
         best: ActorSession | None = None
         best_free = 0
+        top = max(self._capacities, default=0)  # no actor has more free credit than the largest capacity
         for sess in self.actors.values():
             f = sess.free
             if f > best_free and sess.serves(*key):
                 best, best_free = sess, f
+                if f >= top:  # none after it can have more: the scan stops at the first fully free one
+                    break
         return best
 
     def rollout_instances(self) -> list[tuple[str, str, int, int, str]]:
@@ -198,6 +202,7 @@ class SessionRegistry:
         self.actors[peer] = sess
         self._by_id[sess.actor_id] = sess
         self._liveness.add(sess, next(self._opened))
+        self._count_capacity(sess.capacity, 1)
         self._count_offers(caps, 1)
         return sess
 
@@ -226,19 +231,30 @@ class SessionRegistry:
         """The actor bids for ``kinds`` with ``capacity``: it is open again. Returns whether it was
         switching (a directive drained)."""
         sess.accepting = frozenset(k for k in kinds if k in sess.capabilities)
-        sess.capacity = max(0, capacity)
+        self._set_capacity(sess, capacity)
         switched = sess.directive is not None
         sess.directive = None
         return switched
 
-    @staticmethod
-    def rebid(sess: ActorSession, capacity: int) -> bool:
+    def rebid(self, sess: ActorSession, capacity: int) -> bool:
         """A ready actor's new capacity (``Bid.rebid``: its KV credit moved); ignored while a directive drains
         (the bid that ends the drain brings its own). Returns whether the credit changed."""
         if sess.directive is not None or capacity == sess.capacity:
             return False
-        sess.capacity = max(0, capacity)
+        self._set_capacity(sess, capacity)
         return True
+
+    def _set_capacity(self, sess: ActorSession, capacity: int) -> None:
+        self._count_capacity(sess.capacity, -1)
+        sess.capacity = max(0, capacity)
+        self._count_capacity(sess.capacity, 1)
+
+    def _count_capacity(self, capacity: int, delta: int) -> None:
+        n = self._capacities.get(capacity, 0) + delta
+        if n > 0:
+            self._capacities[capacity] = n
+        else:
+            self._capacities.pop(capacity, None)
 
     def direct(self, actor_id: str, kinds: list[str] | tuple[str, ...], now: float, mode: str = "finish",
                config: dict[str, Any] | None = None) -> Send:
@@ -291,6 +307,7 @@ class SessionRegistry:
             del self._by_id[sess.actor_id]
         self._liveness.discard(sess.peer)
         self._count_offers(sess.capabilities, -1)
+        self._count_capacity(sess.capacity, -1)
 
     def _count_offers(self, caps: dict[str, frozenset[str]], delta: int) -> None:
         """An actor offering ``caps`` came (``delta`` 1) or left (-1): the offers of its kinds change."""

@@ -147,3 +147,29 @@ def test_actor_index_and_offers_follow_sessions() -> None:
     assert reg.offers("action") == {"echo"}
     b.msg(b"p2", m.Goodbye("done"))
     assert reg.offers("action") == frozenset()
+
+
+def test_best_actor_stops_early_but_picks_what_a_full_scan_picks() -> None:
+    """best_actor stops at the first serving actor with the largest capacity free; a full scan (the most
+    free credit, the first on ties) must agree under random capacities, rebids, held work and goodbyes."""
+    rng = random.Random(3)
+    b = Broker()
+    reg = b.s._sessions
+    for i in range(40):
+        tools = ("echo",) if i % 3 else ("echo", "sleep")
+        b.hello(b"p%d" % i, f"a{i}", tools)
+    for step in range(400):
+        sess = rng.choice(list(reg.actors.values()))
+        r = rng.random()
+        if r < 0.3:
+            reg.rebid(sess, rng.randrange(0, 5))
+        elif r < 0.6:
+            sess.held = {f"w{step}-{j}" for j in range(rng.randrange(0, 3))}
+        elif r < 0.65 and len(reg.actors) > 5:
+            reg.close_actor(sess.peer, 0.0)
+        for key in (("action", "echo"), ("action", "sleep")):
+            want, most = None, 0
+            for s in reg.actors.values():
+                if s.free > most and s.serves(*key):
+                    want, most = s, s.free
+            assert reg.best_actor(key) is want
