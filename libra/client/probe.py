@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import socket
 
+from libra.transport.endpoints import tcp_host_port
+
 
 def port_accepts(url: str, timeout: float = 0.5) -> bool | None:
     """Whether a TCP connect to ``url``'s host and port succeeds; ``None`` for a non-TCP or unparsable url."""
-    if not url.startswith("tcp://"):
-        return None
-    host, _, port = url[len("tcp://"):].rpartition(":")
-    try:
-        addr = (host.strip("[]") or "127.0.0.1", int(port))
-    except ValueError:
+    hp = tcp_host_port(url)
+    if hp is None:
         return None
     try:
-        with socket.create_connection(addr, timeout=timeout):
+        with socket.create_connection((hp[0] or "127.0.0.1", hp[1]), timeout=timeout):
             return True
     except OSError:
         return False

@@ -39,14 +39,21 @@ def ipc_path_for_port(port: int) -> Path:
     return ipc_dir() / f"broker-{port}.sock"
 
 
-def tcp_port(endpoint: str) -> int | None:
-    """The port of a ``tcp://host:port`` endpoint, else None (wildcard ``*`` ports included)."""
+def tcp_host_port(endpoint: str) -> tuple[str, int] | None:
+    """The host (IPv6 brackets removed) and port of a ``tcp://host:port`` endpoint, else None (wildcard ``*``
+    ports included)."""
     if not endpoint.startswith("tcp://"):
         return None
-    tail = endpoint[len("tcp://"):].rsplit(":", 1)
-    if len(tail) != 2 or not tail[1].isdigit():
+    host, port = _host_port(endpoint[len("tcp://"):])
+    if port is None or not port.isdigit():
         return None
-    return int(tail[1])
+    return host.strip("[]"), int(port)
+
+
+def tcp_port(endpoint: str) -> int | None:
+    """The port of a ``tcp://host:port`` endpoint, else None (wildcard ``*`` ports included)."""
+    hp = tcp_host_port(endpoint)
+    return hp[1] if hp else None
 
 
 def is_loopback_tcp(endpoint: str) -> bool:
