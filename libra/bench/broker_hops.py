@@ -173,7 +173,7 @@ def trace(n: int = 500, window: int = 100) -> dict:
 
 
 def _trace_in(tmp: str, n: int, window: int) -> dict:
-    from .broker_drive import drive, pct
+    from .broker_drive import pct
 
     url = f"tcp://127.0.0.1:{free_port()}"
     bout, aout = os.path.join(tmp, "broker.pkl"), os.path.join(tmp, "actor.pkl")
@@ -188,7 +188,7 @@ def _trace_in(tmp: str, n: int, window: int) -> dict:
     ap.start()
     clog: list = []
     try:
-        calls, unknown, lat, per_s = _traced_calls(url, clog, n, window, drive)
+        calls, unknown, lat, per_s = _traced_calls(url, clog, n, window)
     finally:
         stop.set()
         bp.join(20)
@@ -216,10 +216,12 @@ def _trace_in(tmp: str, n: int, window: int) -> dict:
     }
 
 
-def _traced_calls(url: str, clog: list, n: int, window: int, drive: Any) -> tuple[list, list, list, float]:
+def _traced_calls(url: str, clog: list, n: int, window: int) -> tuple[list, list, list, float]:
     """``n`` traced ``echo`` calls and ``n`` calls of an unknown tool through a client whose socket records every
     frame in ``clog``; then the untraced closed-loop drive. Returns (calls, unknown, latencies, calls/s)."""
     from libra.client import Client, UnknownTool
+
+    from .broker_drive import drive
 
     calls: list[tuple[str, int, int]] = []
     unknown: list[tuple[str, int, int]] = []
