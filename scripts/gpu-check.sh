@@ -17,7 +17,8 @@
 # Usage: scripts/gpu-check.sh OUT_DIR      (from the repository root or anywhere)
 #   device tool: command "scripts/gpu-check.sh $OUT", carry [".gpu-wheels"], timeout_s 420
 # GPU_CHECK_DRY_RUN=1: the same steps on the CPU (tiny model, no install, no nvidia-smi), to try the script
-# anywhere; PYTHON picks the interpreter (default python3).
+# anywhere; PYTHON picks the interpreter (default python3). GPU_CHECK_STEPS="pytest-gpu bench-engines" reruns only
+# the named steps (setup always runs), for a second run that spends the device minutes on what failed.
 set -u
 OUT="${1:?usage: scripts/gpu-check.sh OUT_DIR}"
 mkdir -p "$OUT"
@@ -26,6 +27,7 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 DRY="${GPU_CHECK_DRY_RUN:-0}"
 BUDGET_S="${GPU_CHECK_BUDGET_S:-330}"
+STEPS="${GPU_CHECK_STEPS:-}"  # e.g. "pytest-gpu bench-engines": only those (setup always runs); empty: all
 SCRATCH="$(mktemp -d /tmp/libra-gpu-check.XXXXXX)"
 START=$SECONDS
 if [ "$DRY" = 1 ]; then DEV=cpu; SHAPE=(); else DEV=cuda; SHAPE=(--shape qwen2-0.5b); fi
@@ -35,6 +37,10 @@ echo "gpu-check $(date -u +%FT%TZ) dry_run=$DRY budget_s=$BUDGET_S commit=$(git 
 step() {  # step NAME SECONDS LOG COMMAND...   (a shell function runs its own commands under `limit`)
   local name=$1 secs=$2 log=$3; shift 3
   local left=$((BUDGET_S - (SECONDS - START) - 5)) t0=$SECONDS rc
+  if [ -n "$STEPS" ] && [ "$name" != setup ] && [[ " $STEPS " != *" $name "* ]]; then
+    echo "$name rc=skipped seconds=0 limit=0 (not in GPU_CHECK_STEPS)" | tee -a "$OUT/summary.txt"
+    return 0
+  fi
   if [ "$left" -lt 15 ]; then
     echo "$name rc=skipped seconds=0 limit=0 (budget spent)" | tee -a "$OUT/summary.txt"
     return 0
@@ -144,7 +150,7 @@ job() {
 step job 110 "$OUT/03-job.log" job
 
 step bench-engines 90 "$OUT/04-bench.log" "$PY" -m libra.bench engines --device "$DEV" "${SHAPE[@]}" \
-  --batches 1 8 32 --prompt-len 64 --new-tokens 64 --train-sequences 16 --micro-batch-tokens 4096 --repeats 2
+  --batches 1 32 --prompt-len 64 --new-tokens 32 --train-sequences 16 --micro-batch-tokens 4096 --repeats 1
 step bench-rollout 60 "$OUT/04-bench.log" "$PY" -m libra.bench rollout --device "$DEV" "${SHAPE[@]}" \
   --requests 128 --new-tokens 64 --batch 32 --threads 4
 

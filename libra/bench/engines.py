@@ -62,6 +62,15 @@ def timed(fn: Callable[[], T], device: str | torch.device) -> tuple[T, float]:
     return out, _clock() - t0
 
 
+def _progress(what: str) -> None:
+    """One line on stderr as each part finishes, so a run cut off by a time limit still shows how far it got
+    and what each part cost."""
+    print(f"[engines {time.monotonic() - _T0:7.1f} s] {what}", file=sys.stderr, flush=True)
+
+
+_T0 = time.monotonic()  # progress lines only; timed() alone reads _clock
+
+
 def _prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(5, vocab, (length,), generator=gen).tolist() for _ in range(batch)]
@@ -112,6 +121,7 @@ def bench_rollout(model_dir: str, batches: list[int], prompt_len: int, new_token
     else:
         engine = HFRolloutEngine(model_dir, device=device, dtype=dtype, max_batch_size=max(batches))
     model = engine.model
+    _progress(f"rollout engine built on {device}")
     model.generation_config.eos_token_id = None
     pad_id = int(model.config.pad_token_id or 0)
     rows = []
@@ -133,6 +143,7 @@ def bench_rollout(model_dir: str, batches: list[int], prompt_len: int, new_token
             base.append(n / secs)
         o, b = statistics.median(ours), statistics.median(base)
         rows.append({"batch": bsz, "ours_tok_s": o, "hf_generate_tok_s": b, "ratio": o / b})
+        _progress(f"rollout batch {bsz}: ours {o:.0f} tok/s, generate {b:.0f} tok/s, ratio {o / b:.3f}")
     return rows
 
 
@@ -173,6 +184,7 @@ def bench_train(model_dir: str, n_seq: int, prompt_len: int, new_tokens: int, mi
     ids, attn, mask, _, _ = batch.to_tensors(device)
     floor_model = _floor_model(Path(model_dir), random_init, device)
     floor_opt = torch.optim.AdamW(floor_model.parameters(), lr=1e-5)
+    _progress("trainer and floor model built")
     dev_type = torch.device(device).type
 
     def floor_step() -> None:  # the trainer's precision: fp32 weights and AdamW, the passes autocast to dtype
@@ -191,6 +203,7 @@ def bench_train(model_dir: str, n_seq: int, prompt_len: int, new_tokens: int, mi
         ours.append(secs)
         base.append(timed(floor_step, device)[1])
     o, b = statistics.median(ours), statistics.median(base)
+    _progress(f"train step: ours {o:.3f} s, floor {b:.3f} s, ratio {o / b:.3f}")
     tokens = sum(batch.lengths())
     return {
         "sequences": n_seq,

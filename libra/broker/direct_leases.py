@@ -6,7 +6,7 @@ queueing and placement, yet a brokered call costs it four socket hops instead of
 it, list it under ``labels["direct_tools"]`` and are not switching roles, the one holding the fewest leases
 (at most ``direct_leases_per_actor``; 0 turns direct calls off), tells it (``LeaseGrant``), and answers the
 client with the actor's direct endpoint once the actor said ``LeaseReady``. The client then sends
-``DirectCall``\s to the actor and the actor answers them itself; it reports what it answered
+``DirectCall`` messages to the actor and the actor answers them itself; it reports what it answered
 (``LeaseReport``) for the counters. A lease takes none of the actor's credit: inline calls never occupy its
 worker pool, so brokered work is not starved by clients that hold leases.
 

@@ -207,7 +207,7 @@ class JobPoll:
 class LeaseRequest:
     """C→B: ask for a direct lease on ``kind``/``name``: the broker picks an actor that runs it inline
     (constant-time, on its socket thread) and answers with a Reply whose output is ``{"lease",
-    "actor_id", "host", "endpoint", "ipc"}``, or ``no_lease``. The client then sends ``DirectCall``\s to that
+    "actor_id", "host", "endpoint", "ipc"}``, or ``no_lease``. The client then sends ``DirectCall`` messages to that
     actor's endpoint, with no broker hop (see ``libra.client.direct``)."""
 
     KIND: ClassVar[int] = 0x10

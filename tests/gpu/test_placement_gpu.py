@@ -59,8 +59,13 @@ def test_a_role_switch_gives_the_engines_gpu_memory_back(model_dir, tmp_path) ->
     before, after = sw["memory_before"], sw["memory_after"]
     assert sw["released"] == ["rollout"] and sw["gc_needed"] is False, sw
     assert before["allocated_bytes"] >= held > after["allocated_bytes"], sw
-    assert after["reserved_bytes"] < before["reserved_bytes"], sw  # empty_cache gave the blocks back
-    assert after["device_free_bytes"] > before["device_free_bytes"], sw
+    # The tiny model's 0.3 MB of weights share the allocator's small 2 MiB segments with what earlier tests and
+    # cuBLAS left, so empty_cache may have no whole segment to give back (seen on an H100, 2026-11-27: 100 MiB
+    # reserved before and after). The switch must not grow either; the drop at a real size (1,046 -> 98 MiB
+    # allocated at the Qwen2-0.5B shape) is the GPU check's `switch` step (gpu_checks.switch_memory, which passes
+    # only when every switch returns the allocated memory).
+    assert after["reserved_bytes"] <= before["reserved_bytes"], sw
+    assert after["device_free_bytes"] >= before["device_free_bytes"], sw
 
 
 def test_a_real_cuda_oom_is_an_oom_failure_and_the_engine_keeps_serving(model_dir, tmp_path) -> None:
