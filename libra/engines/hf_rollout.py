@@ -56,6 +56,7 @@ import torch
 import transformers.generation.utils  # noqa: E402, F401
 
 from libra.engines.kv_cache import ContextEntry, KVCache
+from libra.engines.sampling import sample_next_tokens
 from libra.engines.rollout_base import (
     EngineError,
     GenRequest,
@@ -83,53 +84,6 @@ def cache_kwarg(model: Any) -> str:
     except (TypeError, ValueError):
         return "past_key_values"
     return "cache" if "cache" in params else "past_key_values"
-
-
-def sample_next_tokens(
-    logits: torch.Tensor,
-    temperatures: torch.Tensor,
-    top_ps: torch.Tensor,
-    generators: Sequence[torch.Generator],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Pick one token per row of ``logits`` [B, V] (float32).
-
-    Row ``b`` is greedy (argmax) if ``temperatures[b] == 0``; otherwise it is drawn from
-    ``softmax(logits[b] / temperatures[b])`` restricted to the smallest top-probability set whose mass
-    reaches ``top_ps[b]`` (always at least one token), by inverse-CDF with one uniform number from
-    ``generators[b]`` (a CPU generator). Returns ``(tokens [B] long, policy_logprobs [B],
-    sampling_logprobs [B])``: ``policy_logprobs`` is ``log_softmax(logits)`` at the chosen token
-    (temperature 1, full vocabulary); ``sampling_logprobs`` is the log-prob under the distribution
-    actually sampled from (``0.0`` for greedy rows).
-    """
-    bsz, vocab = logits.shape
-    policy_lp = torch.log_softmax(logits, dim=-1)
-    greedy = temperatures <= 0
-    tokens = torch.argmax(logits, dim=-1)
-    sampling_lp = torch.zeros(bsz, dtype=torch.float32, device=logits.device)
-    if bool(greedy.all()):
-        return tokens, policy_lp.gather(1, tokens[:, None]).squeeze(1), sampling_lp
-    temps = torch.where(greedy, torch.ones_like(temperatures), temperatures)
-    probs = torch.softmax(logits / temps[:, None], dim=-1)
-    if bool((top_ps < 1.0).any()):
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-        mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
-        drop_sorted = mass_before >= top_ps[:, None]  # the first token always has mass_before == 0
-        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    uniforms = torch.tensor(
-        [float(torch.rand((), generator=g)) if not bool(greedy[b]) else 0.0 for b, g in enumerate(generators)],
-        dtype=probs.dtype,
-        device=probs.device,
-    )
-    cdf = torch.cumsum(probs, dim=-1)
-    targets = uniforms * cdf[:, -1]
-    # right=True: first index with cdf > target, so zero-probability tokens can never be chosen.
-    drawn = torch.searchsorted(cdf, targets[:, None], right=True).squeeze(1).clamp_(max=vocab - 1)
-    tokens = torch.where(greedy, tokens, drawn)
-    chosen_p = probs.gather(1, tokens[:, None]).squeeze(1)
-    sampling_lp = torch.where(greedy, sampling_lp, torch.log(chosen_p))
-    return tokens, policy_lp.gather(1, tokens[:, None]).squeeze(1), sampling_lp
 
 
 def _shape_in(state_dict: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
@@ -434,6 +388,8 @@ class HFRolloutEngine:
         next_pos = torch.tensor(lens, dtype=torch.long, device=dev)
         temps = torch.tensor([r.temperature for r in reqs], dtype=torch.float32, device=dev)
         top_ps = torch.tensor([r.top_p for r in reqs], dtype=torch.float32, device=dev)
+        greedy = [r.temperature <= 0 for r in reqs]  # on the host: no device read per row and token
+        nucleus = any(r.top_p < 1.0 for r in reqs)
         gens = [self._generator(r.seed) for r in reqs]
         stops = [frozenset(r.stop_token_ids) for r in reqs]
         toks: list[list[int]] = [[] for _ in reqs]
@@ -442,9 +398,12 @@ class HFRolloutEngine:
         reasons: list[str] = ["length"] * bsz
 
         while True:
-            chosen, lp, slp = sample_next_tokens(logits, temps, top_ps, [gens[b] for b in rows])
+            chosen, lp, slp = sample_next_tokens(logits, temps, top_ps, [gens[b] for b in rows],
+                                                 greedy_rows=[greedy[b] for b in rows], nucleus=nucleus)
+            # one device read a token for all three (token ids < 2**53 are exact in float64)
+            host_t, host_lp, host_slp = torch.stack([chosen.double(), lp.double(), slp.double()]).tolist()
             keep: list[int] = []
-            for j, (b, t, a, s) in enumerate(zip(rows, chosen.tolist(), lp.tolist(), slp.tolist())):
+            for j, (b, t, a, s) in enumerate(zip(rows, map(int, host_t), host_lp, host_slp)):
                 toks[b].append(t)
                 lps[b].append(a)
                 slps[b].append(s)
