@@ -279,11 +279,11 @@ def _delegate(module: str, argv: list[str], prog: str) -> int:
 def _bad_broker(command: str, address: str | None) -> int | None:
     """2, with one line saying why, when ``--broker`` is not an address a client can connect to."""
     from libra.client.errors import BadAddress
-    from libra.transport.endpoints import parse_endpoint
+    from libra.transport.endpoints import parse_endpoints
 
     try:
         if address is not None:
-            parse_endpoint(address)
+            parse_endpoints(address)  # one address, or a comma-separated list (a primary and standbys)
     except BadAddress as exc:
         print(f"libra {command}: {exc}", file=sys.stderr)
         return 2

@@ -11,7 +11,7 @@ import signal
 import socket
 import sys
 
-from libra.transport.endpoints import parse_endpoint
+from libra.transport.endpoints import parse_endpoints
 from libra.logging import configure, get_logger
 
 from libra.engines.device.dtypes import DTYPE_ENV, parse_dtype
@@ -27,7 +27,10 @@ def build_parser(prog: str = "python -m libra.actors") -> argparse.ArgumentParse
         prog=prog,
         description="Start and supervise one Libra actor process per GPU and CPU slot on this host.",
     )
-    p.add_argument("--broker", required=True, help="broker endpoint, e.g. tcp://10.0.0.1:5555")
+    p.add_argument("--broker", required=True,
+                   help="broker endpoint, e.g. tcp://10.0.0.1:5555, or a comma-separated list of a primary and "
+                        "standbys (tcp://10.0.0.1:5555,tcp://10.0.0.2:5555): each slot moves to the next address "
+                        "when the broker it uses goes silent")
     p.add_argument("--cpu-slots", type=int, default=None,
                    help="number of CPU slots (default: cores - 1, at least 1)")
     p.add_argument("--gpu-slots", default="auto",
@@ -141,7 +144,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     configure(args.log_level, cache=True)
     log = get_logger("libra.actors")
     try:
-        parse_endpoint(args.broker)  # BadAddress (a ValueError): said once here, not by every slot in a loop
+        parse_endpoints(args.broker)  # BadAddress (a ValueError): said once here, not by every slot in a loop
         parse_dtype(args.dtype)
         if not 0.0 <= args.gpu_memory_fraction <= 1.0:
             raise ValueError(f"--gpu-memory-fraction must be within [0, 1], got {args.gpu_memory_fraction}")

@@ -40,9 +40,11 @@ class SilenceHint:
         return fire
 
 
-def silence_hint(broker_url: str, curve: bool) -> str:
-    """The likely causes of an unanswered hello, in words an operator can act on."""
-    head = (f"the broker at {broker_url} has not answered this actor's hello (the actor keeps retrying): "
+def silence_hint(broker_url: str, curve: bool, others: tuple[str, ...] = ()) -> str:
+    """The likely causes of an unanswered hello, in words an operator can act on. ``others``: the rest of the
+    actor's broker address list (it tries them in turn)."""
+    retry = f"the actor tries {', '.join(others)} next, then this one again" if others else "the actor keeps retrying"
+    head = (f"the broker at {broker_url} has not answered this actor's hello ({retry}): "
             f"is a broker running there ('libra broker --bind {broker_url}')?")
     if curve:
         key = os.environ.get("LIBRA_BROKER_KEY", "LIBRA_BROKER_KEY")
@@ -63,10 +65,15 @@ _HINTS: WeakKeyDictionary[Any, SilenceHint] = WeakKeyDictionary()
 def log_note(rt: Any, note: Any) -> None:
     """Log a state-machine ``Note`` on the runtime's logger, at its level; after the first ``broker_silent``
     of an unanswered hello, the ``broker_unanswered`` warning (:func:`silence_hint`) once."""
-    getattr(rt.log, note.level, rt.log.info)(note.event, **note.fields)
+    urls = getattr(rt, "broker_urls", None) or [rt.broker_url]
+    fields = note.fields
+    if len(urls) > 1 and note.event == "broker_silent":  # name the address that was silent
+        fields = {**fields, "broker": rt.broker_url}
+    getattr(rt.log, note.level, rt.log.info)(note.event, **fields)
     hint = _HINTS.get(rt)
     if hint is None:
         hint = _HINTS[rt] = SilenceHint()
     if hint.on_note(note.event):
-        rt.log.warning("broker_unanswered", broker=rt.broker_url, endpoint=rt.endpoint,
-                       curve=rt.curve is not None, hint=silence_hint(rt.broker_url, rt.curve is not None))
+        others = tuple(u for u in urls if u != rt.broker_url)
+        rt.log.warning("broker_unanswered", broker=rt.broker_url, endpoint=rt.endpoint, curve=rt.curve is not None,
+                       hint=silence_hint(rt.broker_url, rt.curve is not None, others))

@@ -32,12 +32,12 @@ from libra.protocol import ProtocolError, decode_many, encode, encode_batch, enc
 from libra.protocol.errors import ErrorCode, ProtocolCode
 from libra.protocol.payloads_actions import TOOL_DECLS_LABEL
 from libra.transport import sdnotify
-from libra.transport.endpoints import resolve
-from libra.transport.security import CurveClient, apply_client
+from libra.transport.security import CurveClient
 from libra.transport.zmqio import NOBLOCK, close_socket, recv_ready, send_frames
 
 from .state import (ActorIdentity, ActorState, CancelWork, Connect, Note, Received, Reconfigure,
                     Reconfigured, SendMsg, Start, StartWork, Stop, Tick, WorkDone)
+from .connection import broker_urls, open_broker_socket
 from .diagnose import log_note
 from .direct import DirectLeaseTable, bind_direct
 from .slots import runtime_cuda_env
@@ -64,11 +64,12 @@ class ActorRuntime:
     about 18 µs (structlog's contextvars), more than an ``echo`` call's whole Python work, and an inline
     handler is constant-time and does not log. A handler that raises is still logged with the tool's name."""
 
-    def __init__(self, broker_url: str, ident: ActorIdentity, kinds: list[str], capacity: int,
+    def __init__(self, broker_url: str | list[str], ident: ActorIdentity, kinds: list[str], capacity: int,
                  handlers: dict[tuple[str, str], Handler], *, heartbeat_s: float = 1.0, liveness: int = 3,
                  reconfigure: Reconfigurer | None = None, max_frame_bytes: int = 64 * 1024 * 1024,
                  drain_s: float = 10.0, curve: CurveClient | None = None, direct: bool = False) -> None:
-        self.broker_url = broker_url
+        self.broker_urls = broker_urls(broker_url)  # one address, or a primary and standbys (BadAddress)
+        self.broker_url = self.broker_urls[0]  # the one connected to (the core moves on a silence)
         self.curve = curve or CurveClient.from_env()  # CurveZMQ keys (LIBRA_CURVE_SECRET / LIBRA_BROKER_KEY)
         self.handlers = handlers
         self.ctx = zmq.Context()
@@ -77,12 +78,13 @@ class ActorRuntime:
         self.direct_sock: zmq.Socket | None = None
         if direct and self.curve is None and self.direct.tools:
             self.direct_sock = self._bind_direct(ident, max_frame_bytes)
-        self.state = ActorState(ident, kinds, capacity, heartbeat_s=heartbeat_s, liveness=liveness)
+        self.state = ActorState(ident, kinds, capacity, heartbeat_s=heartbeat_s, liveness=liveness,
+                                addresses=len(self.broker_urls))
         self.reconfigure = reconfigure or (lambda kinds, config: None)
         self.max_frame_bytes = max_frame_bytes
         self.drain_s = drain_s
         self.sock: zmq.Socket | None = None
-        self.endpoint = broker_url  # what the socket is connected to (an ipc path on the broker's host)
+        self.endpoint = self.broker_url  # what the socket is connected to (an ipc path on the broker's host)
         self.poller = zmq.Poller()
         if self.direct_sock is not None:
             self.poller.register(self.direct_sock, zmq.POLLIN)
@@ -124,7 +126,7 @@ class ActorRuntime:
                 if ev is not None:
                     ev.set()
             elif t is Connect:
-                self._reconnect()
+                self._reconnect(c.address)
             elif t is Reconfigure:
                 self._pool.submit(self._run_reconfigure, c)
             elif t is Note:  # logged; an unanswered hello also gets the likely causes, once (diagnose.py)
@@ -140,23 +142,14 @@ class ActorRuntime:
             except zmq.Again:
                 self.log.warning("send_dropped_hwm", count=len(msgs[i : i + 256]))
 
-    def _reconnect(self) -> None:
+    def _reconnect(self, address: int = 0) -> None:
         self._outbuf.clear()  # queued for the old session: results among it are offered again in the hello
         if self.sock is not None:
             self.poller.unregister(self.sock)
             self.sock.close(0)
-        s = self.ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.IDENTITY, b"a-" + uuid.uuid4().bytes)
-        if self.curve is not None:
-            apply_client(s, self.curve)
-        s.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)
-        s.setsockopt(zmq.SNDHWM, 100_000)
-        s.setsockopt(zmq.RCVHWM, 100_000)
-        self.endpoint = resolve(self.broker_url)  # looked up at each connect: a broker may have moved
-        s.connect(self.endpoint)
-        self.sock = s
-        self.poller.register(s, zmq.POLLIN)
+        self.broker_url = self.broker_urls[address % len(self.broker_urls)]  # the core picks the address
+        self.sock, self.endpoint = open_broker_socket(self.ctx, self.broker_url, self.curve, self.max_frame_bytes)
+        self.poller.register(self.sock, zmq.POLLIN)
 
     def _post(self, event: Any) -> None:
         self._events.put(event)
@@ -369,7 +362,9 @@ def encode_sendable(msgs: list[Any]) -> list[bytes]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m libra.actors.runtime",
                                 description="Run ONE Libra actor slot (normally started by python -m libra.actors).")
-    p.add_argument("--broker", required=True, help="broker endpoint, e.g. tcp://127.0.0.1:5555")
+    p.add_argument("--broker", required=True,
+                   help="broker endpoint, e.g. tcp://127.0.0.1:5555, or a comma-separated list (a primary and a "
+                        "standby: the slot moves to the next when the one it uses is silent)")
     p.add_argument("--slot", required=True, help="slot name: cpuN or gpuN")
     p.add_argument("--actor-id", help="stable actor id (default HOST/SLOT)")
     p.add_argument("--instance", default=None,

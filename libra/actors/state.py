@@ -15,7 +15,9 @@ nothing until the next directive: the group's leader (rank 0) holds the one engi
 
 Liveness after Paranoid Pirate: any frame from the broker is a heartbeat; after ``liveness`` silent
 intervals the actor abandons the session, waits a back-off that doubles up to ``max_backoff_s``, and
-reconnects on a new socket.
+reconnects on a new socket. With a broker address list (``addresses > 1``: a primary and a standby) the
+reconnect after a silence goes to the next address, round robin (``Connect.address``); a ``Disconnect`` from a
+live broker (it restarted and forgot us) reconnects to the same one.
 
 Work survives a lost session (a broker restart, a network blip): what runs keeps running, a result that
 finishes without a session waits in ``unsent``, and so do the results sent in the last ``2 × heartbeat ×
@@ -135,7 +137,10 @@ class SendMsg:
 
 @dataclass(frozen=True, slots=True)
 class Connect:
-    """Close any current socket and open a fresh one (new identity) to the broker."""
+    """Close any current socket and open a fresh one (new identity) to the broker: the one at index
+    ``address`` of the actor's broker address list (always 0 with one address)."""
+
+    address: int = 0
 
 
 @dataclass(slots=True)  # not frozen: built per message on the hot path (see protocol.messages)
@@ -189,7 +194,7 @@ class ActorState:
 
     def __init__(self, ident: ActorIdentity, kinds: list[str], capacity: int, *, heartbeat_s: float = 1.0,
                  liveness: int = 3, initial_backoff_s: float = 0.1, max_backoff_s: float = 5.0,
-                 kv_rebid_threshold: float = 0.1) -> None:
+                 kv_rebid_threshold: float = 0.1, addresses: int = 1) -> None:
         if not 0.0 <= kv_rebid_threshold <= 1.0:
             raise ValueError(f"kv_rebid_threshold must be within [0, 1], got {kv_rebid_threshold!r}")
         self.ident = ident
@@ -223,6 +228,10 @@ class ActorState:
         self.stopping = False
         self.group: tuple[str, int, int] = ("", 1, 0)  # (name, tp, rank) of this slot's rollout TP group
         self.gpu: dict[str, float] = {}  # the last NVML sample of this slot's GPU (GPU slots only)
+        # the broker address list (``--broker A,B``): how many, and the one the next Connect opens; a silent
+        # broker moves the actor to the next (round robin), a live broker's Disconnect does not
+        self.addresses = max(1, addresses)
+        self.address = 0
 
     # ------------------------------------------------------------------
     def _go(self, to: ActorPhase) -> None:
@@ -257,7 +266,7 @@ class ActorState:
         self.sessions += 1
         self.last_recv = now
         self.connect_at = None
-        out.append(Connect())
+        out.append(Connect(self.address))
         self._send(self._hello(), now, out)
 
     # ------------------------------------------------------------------
@@ -453,8 +462,11 @@ class ActorState:
                 self._connect(now, out)
             return
         if now - self.last_recv > self.heartbeat_s * self.liveness:
-            out.append(Note("broker_silent", {"silent_s": round(now - self.last_recv, 3),
-                                              "retry_in_s": self.backoff_s}))
+            fields: dict[str, Any] = {"silent_s": round(now - self.last_recv, 3), "retry_in_s": self.backoff_s}
+            if self.addresses > 1:  # a silent broker may be gone for good: try the next address in the list
+                fields["address"], self.address = self.address, (self.address + 1) % self.addresses
+                fields["next_address"] = self.address
+            out.append(Note("broker_silent", fields))
             self._back_off(now, out)
             return
         if now - self.last_send >= self.heartbeat_s:

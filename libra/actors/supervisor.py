@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from libra.logging import get_logger
+from libra.transport.endpoints import parse_endpoints
 
 from .slots import slot_cuda_env
 
@@ -100,7 +101,7 @@ def sweep_slot_leftovers(pid: int) -> list[str]:
 
 
 class Supervisor:
-    def __init__(self, broker: str, slots: list[str], *, capacity: int = 4, restart: bool = True,
+    def __init__(self, broker: str | list[str], slots: list[str], *, capacity: int = 4, restart: bool = True,
                  extra_args: list[str] | None = None, grace_s: float = 10.0,
                  slot_args: dict[str, list[str]] | None = None,
                  slot_env: dict[str, dict[str, str]] | None = None) -> None:
@@ -111,6 +112,7 @@ class Supervisor:
         #: supervisor replace its old session, but refuses an actor id that another supervisor holds live.
         self.instance = uuid.uuid4().hex[:12]
         self.children = []
+        broker = ",".join(parse_endpoints(broker))  # one address or a list (each slot moves on a silence)
         for slot in slots:
             argv = [sys.executable, "-m", "libra.actors.runtime", "--broker", broker, "--slot", slot,
                     "--capacity", str(capacity), "--instance", self.instance, *(extra_args or []),

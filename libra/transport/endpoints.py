@@ -204,3 +204,41 @@ def parse_endpoint(addr: str, role: str = "connect") -> str:
 
         raise BadAddress(problem, address=addr if isinstance(addr, str) else repr(addr))
     return addr
+
+
+def split_endpoints(addrs: object) -> list[object]:
+    """The items of a broker address list: ``"tcp://A:5555,tcp://B:5555"`` (one string, as flags, env vars
+    and TOML give it) split at its commas, or a list/tuple as given. Pure; nothing is checked here."""
+    if isinstance(addrs, (list, tuple)):
+        return list(addrs)
+    if isinstance(addrs, str) and "," in addrs:
+        return addrs.split(",")
+    return [addrs]
+
+
+def endpoints_problem(addrs: object, role: str = "connect") -> str | None:
+    """Why ``addrs`` (one address or a list: :func:`split_endpoints`) is not a list of addresses a socket can
+    ``role`` to, naming the bad item and its place; None when every item is fine. One address: exactly
+    :func:`address_problem`'s sentence."""
+    items = split_endpoints(addrs)
+    if len(items) == 1:
+        return address_problem(items[0], role)
+    if not items:
+        return address_problem("", role)
+    for i, item in enumerate(items, 1):
+        problem = address_problem(item, role)
+        if problem is not None:
+            return f"item {i} of {len(items)} in the address list {addrs!r}: {problem}"
+    return None
+
+
+def parse_endpoints(addrs: object, role: str = "connect") -> list[str]:
+    """The addresses of ``addrs`` (``"tcp://A:5555,tcp://B:5555"``, a list or tuple, or one address) in
+    order, each checked as :func:`parse_endpoint` does; :class:`libra.client.errors.BadAddress` naming the
+    bad item otherwise. The first is the broker tried first; the rest are tried in turn when it is silent."""
+    problem = endpoints_problem(addrs, role)
+    if problem is not None:
+        from libra.client.errors import BadAddress  # lazy: libra.client imports this module
+
+        raise BadAddress(problem, address=addrs if isinstance(addrs, str) else repr(addrs))
+    return [str(a) for a in split_endpoints(addrs)]
