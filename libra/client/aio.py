@@ -28,8 +28,8 @@ from libra.transport.security import CurveClient
 from libra.transport.zmqio import recv_ready
 
 from .common import ToolResult, batches, unreachable
-from .core import (Action, ArmTimer, Ask, Cancel, Connect, Deadline, Event, Received, Resend, Resolve, SendBroker,
-                   SendDirect, Submit, Tick, Welcomed)
+from .core import (Action, ArmTimer, Ask, Cancel, Connect, Deadline, Event, MoveBroker, Received, Resend, Resolve,
+                   SendBroker, SendDirect, Submit, Tick, Welcomed)
 from .errors import BrokerUnreachable
 from .probe import port_accepts
 from .shell import ShellBase, WelcomeFlag, configure_socket
@@ -193,6 +193,18 @@ class AsyncClient(ShellBase):
             self._deadline_handle = asyncio.get_running_loop().call_at(at, self._on_deadlines)
         elif t is Welcomed and self._welcomed is not None:
             (self._welcomed.set if a.value else self._welcomed.clear)()  # type: ignore[union-attr]
+        elif t is MoveBroker:
+            self._move(a.url)  # type: ignore[union-attr]
+
+    def _move(self, url: str) -> None:
+        """The broker is silent: a socket to the next address, and a reader for it (the core says hello)."""
+        self._outbox.clear()  # every queued request is pending: resent after the new broker's welcome
+        old, reader = self._reopen(url), self._reader
+        self._nb = zmq.Socket.shadow(self._sock.underlying)
+        if reader is not None:
+            reader.cancel()
+            self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+        old.close(0)
 
     def _on_deadlines(self) -> None:
         """The core's timer: expire every call whose deadline passed; the core re-arms for the next."""

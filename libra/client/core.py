@@ -16,7 +16,12 @@ What the core holds:
 - the reconnect gate (``common.ReconnectGate``), the welcome state and the frame limit from the welcome;
 - direct-lease routing (``direct.DirectRoutes``): which calls go straight to an actor, and what happens to them
   when their lease ends;
-- the keepalive: one heartbeat while calls wait and the broker is silent, and idle leases given back.
+- the keepalive: one heartbeat while calls wait and the broker is silent, and idle leases given back;
+- the broker address list (``urls``: a primary and standbys). With more than one address, a broker silent for
+  ``ROTATE_AFTER_PINGS`` ping intervals while calls wait (or before its first welcome) is left for the next
+  address, round robin (:class:`MoveBroker`): the shell opens a new socket there, the core says hello, drops
+  the direct leases of the old broker's session and, after the welcome, resends each unanswered request once
+  (the ``ReconnectGate`` path: same request ids). A ``Disconnect`` from a live broker never moves the client.
 """
 
 from __future__ import annotations
@@ -34,9 +39,14 @@ from .direct import LEASE_ENDED, DirectRoutes
 from .errors import BrokerUnreachable, ProtocolRejected, ToolTimeout
 
 __all__ = [
-    "Action", "ArmTimer", "Ask", "Call", "Cancel", "ClientCore", "Connect", "Deadline", "Event", "Received",
-    "Resend", "Resolve", "SendBroker", "SendDirect", "Submit", "Tick", "Welcomed",
+    "Action", "ArmTimer", "Ask", "Call", "Cancel", "ClientCore", "Connect", "Deadline", "Event", "MoveBroker",
+    "ROTATE_AFTER_PINGS", "Received", "Resend", "Resolve", "SendBroker", "SendDirect", "Submit", "Tick", "Welcomed",
 ]
+
+#: With several broker addresses, the client moves to the next after this many ping intervals (``ping_s``) of
+#: silence while calls wait: long enough that one lost ping or a busy broker does not move it (a restarted
+#: broker answers the first ping with ``Disconnect``), short enough to follow a standby's takeover.
+ROTATE_AFTER_PINGS = 3
 
 
 # ---------------------------------------------------------------------------------------------------- events
@@ -148,7 +158,16 @@ class Welcomed:
     value: bool
 
 
-Action = Union[SendBroker, SendDirect, Resend, Resolve, ArmTimer, Welcomed]
+@dataclass(slots=True)
+class MoveBroker:
+    """Close the broker socket and open one to ``url`` (index ``address`` of the address list): the broker
+    before it was silent. Comes before the hello sent there."""
+
+    address: int
+    url: str
+
+
+Action = Union[SendBroker, SendDirect, Resend, Resolve, ArmTimer, Welcomed, MoveBroker]
 
 
 @dataclass(slots=True)
@@ -168,7 +187,11 @@ class ClientCore:
     BrokerUnreachable hint); ``direct``: route calls over direct leases (``libra.client.direct``)."""
 
     def __init__(self, broker_url: str, client_id: str, pid: int, max_frame_bytes: int, *, curve: bool = False,
-                 direct: bool = False, ping_s: float = 1.0, last_rx: float = 0.0) -> None:
+                 direct: bool = False, ping_s: float = 1.0, last_rx: float = 0.0,
+                 urls: list[str] | None = None) -> None:
+        self.urls = list(urls or [broker_url])  # the broker address list; broker_url is the one in use
+        self.address = self.urls.index(broker_url) if broker_url in self.urls else 0
+        self.moved_at: float | None = None  # when the hello went to the current address (None: not yet)
         self.broker_url = broker_url
         self.client_id = client_id
         self.pid = pid
@@ -204,6 +227,7 @@ class ClientCore:
             self._forget(event.request_id)  # type: ignore[union-attr]
             return []
         if t is Connect:
+            self.moved_at = now
             return [SendBroker(encode(m.ClientHello(self.client_id, self.pid)), urgent=True)]
         raise TypeError(f"ClientCore.handle: unknown event {type(event).__name__}")
 
@@ -278,7 +302,8 @@ class ClientCore:
         BrokerUnreachable if the broker never welcomed us, else ToolTimeout; either says how long it waited."""
         waited = now - (call.at or now) + call.timeout
         if not self.welcomed:
-            return BrokerUnreachable(unreachable(self.broker_url, self.curve, round(waited, 2)))
+            named = self.broker_url if len(self.urls) == 1 else " or ".join(self.urls)
+            return BrokerUnreachable(unreachable(named, self.curve, round(waited, 2)))
         return ToolTimeout(f"request {rid} got no reply within {call.timeout:g}s (gave up after {waited:.2f}s)")
 
     def _forget(self, rid: str) -> None:
@@ -291,6 +316,8 @@ class ClientCore:
         """A restarted broker does not know us; our ping makes it say Disconnect, and we then say hello again
         and resend every unanswered request (same ids: never run twice). Leases unused for a while go back
         (their actors' credit returns to the broker)."""
+        if self._silent_too_long(now):
+            return self._move(now)
         out: list[Action] = []
         if self.pending and now - self.last_rx > self.ping_s and now - self.last_ping > self.ping_s:
             self.last_ping = now
@@ -300,6 +327,26 @@ class ClientCore:
             for lease_id in self.direct.idle(now):
                 out.append(SendBroker(encode(m.LeaseEnd(lease_id, "idle")), urgent=True))
         return out
+
+    def _silent_too_long(self, now: float) -> bool:
+        """Several addresses, calls waiting (or no welcome yet), and nothing from this one for
+        ``ROTATE_AFTER_PINGS`` ping intervals since its hello: time to try the next."""
+        if len(self.urls) < 2 or self.moved_at is None or not (self.pending or not self.welcomed):
+            return False
+        return now - max(self.last_rx, self.moved_at) > self.ping_s * ROTATE_AFTER_PINGS
+
+    def _move(self, now: float) -> list[Action]:
+        """Leave a silent broker for the next address: a new socket, a hello, and (after the welcome) each
+        unanswered request resent once. The old session's direct leases are void (calls go via the broker)."""
+        self.address = (self.address + 1) % len(self.urls)
+        self.broker_url = self.urls[self.address]
+        self.moved_at = self.last_ping = now
+        self.welcomed = False
+        self.gate.since = now  # the welcome that answers this hello completes a reconnect (Resend)
+        if self.direct is not None:
+            self.direct.reset()
+        return [MoveBroker(self.address, self.broker_url), Welcomed(False),
+                SendBroker(encode(m.ClientHello(self.client_id, self.pid)), urgent=True)]
 
     # ---------------------------------------------------------------------------------------------- receiving
     def _received(self, ev: Received, now: float) -> list[Action]:

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import socket
 
-from libra.transport.endpoints import tcp_host_port
+from libra.transport.endpoints import split_endpoints, tcp_host_port
 
 
 def port_accepts(url: str, timeout: float = 0.5) -> bool | None:
-    """Whether a TCP connect to ``url``'s host and port succeeds; ``None`` for a non-TCP or unparsable url."""
+    """Whether a TCP connect to ``url``'s host and port succeeds; ``None`` for a non-TCP or unparsable url.
+    An address list (``tcp://A:5555,tcp://B:5555``): whether any of its ports accepts (``None`` if none is TCP)."""
+    items = split_endpoints(url)
+    if len(items) > 1:
+        found = [port_accepts(str(u), timeout) for u in items]
+        return True if True in found else (False if False in found else None)
     hp = tcp_host_port(url)
     if hp is None:
         return None

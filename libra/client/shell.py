@@ -10,7 +10,7 @@ from typing import Any
 
 import zmq
 
-from libra.transport.endpoints import parse_endpoint, resolve
+from libra.transport.endpoints import parse_endpoints, resolve
 from libra.transport.security import CurveClient, apply_client
 
 from .core import ClientCore
@@ -51,16 +51,27 @@ class ShellBase:
 
     _core: ClientCore
 
-    def _open(self, ctx_type: type, broker_url: str, client_id: str | None, max_frame_bytes: int,
-              curve: CurveClient | None, direct: bool, last_rx: float = 0.0) -> None:
-        self.broker_url = parse_endpoint(broker_url)  # BadAddress (a LibraError) before any socket
+    def _open(self, ctx_type: type, broker_url: str | list[str] | tuple[str, ...], client_id: str | None,
+              max_frame_bytes: int, curve: CurveClient | None, direct: bool, last_rx: float = 0.0) -> None:
+        # one address, or a list (``"tcp://A:5555,tcp://B:5555"``, a list or tuple): BadAddress before any socket
+        self.broker_urls = parse_endpoints(broker_url)
+        self.broker_url = self.broker_urls[0]  # the one in use (the core moves on when it is silent)
         self.client_id = client_id or new_client_id()
         self.max_frame_bytes = max_frame_bytes
         self._ctx = ctx_type()
-        self._sock, self._curve, self.endpoint = open_dealer(self._ctx, broker_url, max_frame_bytes, curve)
+        self._curve_keys = curve
+        self._sock, self._curve, self.endpoint = open_dealer(self._ctx, self.broker_url, max_frame_bytes, curve)
         # direct calls skip CURVE: an actor's direct socket is plain
         self._core = ClientCore(self.broker_url, self.client_id, os.getpid(), max_frame_bytes, curve=self._curve,
-                                direct=direct and not self._curve, last_rx=last_rx)
+                                direct=direct and not self._curve, last_rx=last_rx, urls=self.broker_urls)
+
+    def _reopen(self, url: str) -> Any:
+        """A new broker socket to ``url`` (the core's :class:`~libra.client.core.MoveBroker`): becomes
+        ``_sock``; returns the old one, for the shell to unregister and close."""
+        old = self._sock
+        self._sock, _, self.endpoint = open_dealer(self._ctx, url, self.max_frame_bytes, self._curve_keys)
+        self.broker_url = url
+        return old
 
     @property
     def _pending(self) -> dict:

@@ -31,8 +31,8 @@ from libra.transport.security import CurveClient
 from libra.transport.zmqio import recv_ready, send_frames
 
 from .common import ToolResult, batches, unreachable
-from .core import (Action, Ask, Cancel, Connect, Deadline, Event, Received, Resend, Resolve, SendBroker, SendDirect,
-                   Submit, Tick, Welcomed)
+from .core import (Action, Ask, Cancel, Connect, Deadline, Event, MoveBroker, Received, Resend, Resolve, SendBroker,
+                   SendDirect, Submit, Tick, Welcomed)
 from .errors import BrokerUnreachable
 from .probe import port_accepts
 from .shell import ShellBase, WelcomeFlag, configure_socket
@@ -240,6 +240,12 @@ class Client(ShellBase):
             self._outbox.extend(a.frames)  # type: ignore[union-attr]
         elif t is Welcomed:
             (self._welcomed.set if a.value else self._welcomed.clear)()  # type: ignore[union-attr]
+        elif t is MoveBroker:  # the broker is silent: the next address (the leader holds the socket lock)
+            self._outbox.clear()  # every queued request is pending: resent after the new broker's welcome
+            old = self._reopen(a.url)  # type: ignore[union-attr]
+            self._poller.unregister(old)
+            old.close(0)
+            self._poller.register(self._sock, zmq.POLLIN)
         # ArmTimer: no timer here; each waiting thread watches its own call's deadline (_wait)
 
     def _call(self, request_id: str | None, kind: str, name: str, args: Any, trajectory: str | None,
