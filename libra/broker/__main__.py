@@ -1,9 +1,14 @@
-"""``python -m libra.broker --bind tcp://HOST:PORT [--config FILE]``: run the broker."""
+"""``python -m libra.broker --bind tcp://HOST:PORT [--config FILE]``: run the broker.
+
+With ``--replicate-bind`` it also ships its journal to standby brokers; with ``--standby-of`` it is such a
+standby: it follows the primary's journal into its own ``--journal`` without binding ``--bind``, and takes over
+(binds and serves, as after a restart) when the primary falls silent (docs/failover.md)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import signal
 import sys
 
 from libra.transport import sdnotify
@@ -11,9 +16,10 @@ from libra.transport.endpoints import address_problem
 from libra.config import ConfigError, from_mapping, load_section
 from libra.transport.keys import KeyFileError
 from libra.logging import configure, get_logger
-from libra.transport.security import CurveServer, InsecureBind, require_curve_or_loopback
+from libra.transport.security import CurveClient, CurveServer, InsecureBind, require_curve_or_loopback
 
 from .config import BrokerConfig
+from .replication import ReplicationStandby
 from .server import BrokerServer
 
 
@@ -51,6 +57,19 @@ def build_parser(prog: str = "python -m libra.broker") -> argparse.ArgumentParse
     p.add_argument("--io-threads", type=int, default=1,
                    help="libzmq I/O threads (default %(default)s: one is enough up to tens of thousands of "
                         "messages/s; add one per ~2 busy cores beyond)")
+    p.add_argument("--replicate-bind", metavar="ENDPOINT",
+                   help="also serve the journal to standby brokers here, e.g. tcp://0.0.0.0:5556 (needs --journal): "
+                        "each pass's replies wait for the in-sync standbys' acks (docs/failover.md)")
+    p.add_argument("--standby-of", metavar="ENDPOINT",
+                   help="run as a standby of the primary whose --replicate-bind is ENDPOINT (needs --journal): follow "
+                        "its journal without binding --bind; take over when it has been silent --takeover-after-s")
+    p.add_argument("--standby-primary-key", metavar="FILE",
+                   help="the primary's public key (NAME.key) when the two brokers do not share --curve-secret's "
+                        "key pair (default: the standby's own public key)")
+    p.add_argument("--takeover-after-s", type=float, help="standby: seconds of primary silence before it takes over "
+                   "(default 3.0)")
+    p.add_argument("--replica-ack-timeout-s", type=float,
+                   help="primary: seconds to wait for a standby's ack before replying alone (default 1.0)")
     p.add_argument("--insecure", action="store_true",
                    help="allow plaintext on a non-loopback endpoint (otherwise refused without --curve-secret)")
     return p
@@ -66,16 +85,21 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         overrides = {k: v for k, v in {
             "heartbeat_s": args.heartbeat_s, "liveness": args.liveness,
             "max_frame_bytes": args.max_frame_bytes, "max_retries": args.max_retries,
+            "takeover_after_s": args.takeover_after_s, "replica_ack_timeout_s": args.replica_ack_timeout_s,
         }.items() if v is not None}
         if overrides:
             config = from_mapping(BrokerConfig, {**dataclasses.asdict(config), **overrides}, "command line")
-    except ConfigError as exc:
+    except ValueError as exc:  # ConfigError, or a value BrokerConfig refuses
         print(f"libra.broker: {exc}", file=sys.stderr)
         return 2
-    problem = address_problem(args.bind, "bind")  # a missing scheme is said as such, before the CURVE check
-    if problem is not None:
-        print(f"libra.broker: {problem}", file=sys.stderr)
-        return 2
+    for flag, endpoint, role in (("bind", args.bind, "bind"), ("replicate-bind", args.replicate_bind, "bind"),
+                                 ("standby-of", args.standby_of, "connect")):
+        problem = address_problem(endpoint, role) if endpoint else None  # a missing scheme, before the CURVE check
+        if problem is None and endpoint and flag != "bind" and not args.journal:
+            problem = f"--{flag} needs --journal (the journal is what is replicated)"
+        if problem is not None:
+            print(f"libra.broker: {problem}", file=sys.stderr)
+            return 2
     try:
         # systemd Type=notify: READY once bound and serving (a no-op outside systemd)
         curve = None
@@ -85,16 +109,23 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 return 2
             curve = CurveServer.from_files(args.curve_secret, args.curve_allow)
         require_curve_or_loopback(args.bind, curve is not None, args.insecure)
+        for endpoint in (args.replicate_bind, args.standby_of):
+            if endpoint:
+                require_curve_or_loopback(endpoint, curve is not None, args.insecure)
+        standby_curve = _standby_curve(args, curve)
     except (KeyFileError, InsecureBind) as exc:
         print(f"libra.broker: {exc}", file=sys.stderr)
         return 2
     if not args.router_state_interval_s > 0:
         print(f"libra.broker: --router-state-interval-s must be > 0, got {args.router_state_interval_s}", file=sys.stderr)
         return 2
+    if args.standby_of and not _stand_by(args, config, standby_curve):
+        sdnotify.stopping()
+        return 0  # stopped while standing by
     try:
         server = BrokerServer(args.bind, config, curve=curve, journal=args.journal,
                               router_state=args.router_state, router_state_interval_s=args.router_state_interval_s,
-                              ipc=not args.no_ipc, io_threads=args.io_threads,
+                              ipc=not args.no_ipc, io_threads=args.io_threads, replicate_bind=args.replicate_bind,
                               on_ready=lambda ep: sdnotify.ready(f"listening on {ep}"))
     except ValueError as exc:  # a setting the core rejects: router, buckets, planner table
         print(f"libra.broker: bad configuration: {exc}", file=sys.stderr)
@@ -119,6 +150,25 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     server.serve_forever()
     sdnotify.stopping()
     return 0
+
+
+def _standby_curve(args: argparse.Namespace, curve: CurveServer | None) -> CurveClient | None:
+    """The standby's CURVE identity towards its primary: the broker key pair, and the primary's public key
+    (its own when the pair of brokers shares one, as actors holding one broker key need)."""
+    if curve is None or not args.standby_of:
+        return None
+    server_key = (CurveClient.from_files(args.curve_secret, args.standby_primary_key).server_key
+                  if args.standby_primary_key else curve.public_key)
+    return CurveClient(curve.public_key, curve.secret_key, server_key)
+
+
+def _stand_by(args: argparse.Namespace, config: BrokerConfig, curve: CurveClient | None) -> bool:
+    """Follow the primary until it falls silent (True: take over) or a signal stops this process (False)."""
+    standby = ReplicationStandby(args.standby_of, args.journal, config, curve=curve)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: standby.stop())
+    sdnotify.ready(f"standby of {args.standby_of}")
+    return standby.follow()
 
 
 if __name__ == "__main__":

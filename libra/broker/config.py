@@ -41,3 +41,18 @@ class BrokerConfig:
     # [broker.engines]: {dtype, gpu_memory_fraction} for the engines of GPU actors the broker directs (sent in
     # every role directive; an actor's own --dtype / --gpu-memory-fraction hold until then). {} = the actors' own
     engines: dict[str, Any] = field(default_factory=dict)
+    # Journal replication to a standby broker (libra.broker.replication, docs/failover.md): how long a primary
+    # waits for an in-sync standby's ack of a pass's journal records before it sends the replies alone (and marks
+    # the standby lagging); how often it beats on the replication stream; how long a standby hears nothing
+    # before it takes over.
+    replica_ack_timeout_s: float = 1.0
+    replica_beat_s: float = 0.5
+    takeover_after_s: float = 3.0
+
+    def __post_init__(self) -> None:
+        for key in ("replica_ack_timeout_s", "replica_beat_s", "takeover_after_s"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"[broker] {key} must be > 0 seconds, got {getattr(self, key)!r}")
+        if not self.takeover_after_s > 2 * self.replica_beat_s:
+            raise ValueError(f"[broker] takeover_after_s ({self.takeover_after_s}) must exceed two replica beats "
+                             f"(replica_beat_s = {self.replica_beat_s}): a standby would take over from a live primary")

@@ -7,6 +7,11 @@ accepted requests that have no reply yet, and the most recent replies (so a clie
 gets the original answer instead of a second execution); an accepted request comes back with its work
 id and, when it was given to an actor, its last lease and attempt count (``start`` records). Payloads are
 msgpack, never pickle.
+
+Replication (``libra.broker.replication``): with ``shipping`` on, every record written is also kept, as
+``(op, client_id, request_id, data)``, until :meth:`take_shipped` hands the committed pass's records to the
+primary's replicator; a standby applies the same records with :meth:`apply` and starts from a primary's
+:meth:`snapshot` (``sqlite3`` ``serialize()``) with :meth:`replace`.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ class BrokerJournal:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
         self._pending = 0
+        self.shipping = False
+        self._shipped: list[tuple[str, str, str, dict[str, Any]]] = []
         self.db.execute("BEGIN")
 
     def accept(self, client_id: str, request_id: str, data: dict[str, Any]) -> None:
@@ -60,6 +67,8 @@ class BrokerJournal:
         """Append one record the core emitted (committed by the next :meth:`commit`)."""
         op = self.accept if rec.op == "accept" else self.start if rec.op == "start" else self.done
         op(rec.client_id, rec.request_id, rec.data)
+        if self.shipping:
+            self._shipped.append((rec.op, rec.client_id, rec.request_id, rec.data))
 
     def commit(self) -> None:
         if self._pending:
@@ -67,10 +76,51 @@ class BrokerJournal:
             self._pending = 0
             self.db.execute("BEGIN")
 
-    def prune(self) -> None:
-        """Keep only the newest ``keep_replies`` replies (bounded disk use)."""
-        self.db.execute("DELETE FROM done WHERE seq <= (SELECT MAX(seq) FROM done) - ?", (self.keep,))
+    def prune(self, keep: int | None = None) -> None:
+        """Keep only the newest ``keep`` (default ``keep_replies``) replies (bounded disk use)."""
+        keep = self.keep if keep is None else keep
+        self.db.execute("DELETE FROM done WHERE seq <= (SELECT MAX(seq) FROM done) - ?", (keep,))
         self._pending += 1
+        if self.shipping:
+            self._shipped.append(("prune", "", "", {"keep": keep}))
+
+    def take_shipped(self) -> list[tuple[str, str, str, dict[str, Any]]]:
+        """The records written since the last call (call it right after :meth:`commit`)."""
+        out, self._shipped = self._shipped, []
+        return out
+
+    def apply(self, records: list[tuple[str, str, str, dict[str, Any]]]) -> None:
+        """A standby: write a primary's batch of records and commit them."""
+        for op, client_id, request_id, data in records:
+            if op == "prune":
+                self.prune(int(data["keep"]))
+            elif op in ("accept", "start", "done"):
+                self.write(JournalWrite(op, client_id, request_id, data))  # type: ignore[arg-type]
+            else:
+                raise ValueError(f"journal record with unknown op {op!r}")
+        self.commit()
+
+    def snapshot(self) -> bytes:
+        """The whole committed journal database as bytes (``sqlite3`` ``serialize()``)."""
+        self.commit()
+        return self.db.serialize()
+
+    def replace(self, image: bytes) -> None:
+        """A standby: make this journal a copy of a primary's :meth:`snapshot`."""
+        raw = bytearray(image)
+        if len(raw) >= 20:
+            raw[18] = raw[19] = 1  # a WAL database's header says "WAL"; an in-memory copy must read it as rollback
+        mem = sqlite3.connect(":memory:")
+        try:
+            mem.deserialize(bytes(raw))
+            if self.db.in_transaction:
+                self.db.execute("COMMIT")
+            mem.backup(self.db)
+        finally:
+            mem.close()
+            if not self.db.in_transaction:
+                self.db.execute("BEGIN")
+        self._pending = 0
 
     def load(self) -> tuple[list[tuple[str, str, dict[str, Any]]], list[tuple[str, str, dict[str, Any]]]]:
         unpack = lambda b: msgpack.unpackb(b, raw=False)  # noqa: E731

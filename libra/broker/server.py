@@ -6,7 +6,9 @@ The socket is bound at ``bind`` and, for a TCP endpoint, also at a per-port Unix
 ticks the core every ``tick_s``. The commands: ``Send`` (queued per peer, sent at the end of the pass),
 ``JournalWrite`` (appended to the SQLite journal, committed before the pass's replies go out), ``Log`` (a
 structlog line) and ``StartPlannerSearch`` (a broker planner round's search, run on one worker thread and
-handed back as a ``PlannerDone`` event). A frame that fails to decode becomes a ``BadFrame`` event (the core
+handed back as a ``PlannerDone`` event). With ``replicate_bind`` (and a journal) the journal is also shipped to
+standby brokers (``libra.broker.replication``): each pass's records go out after the local commit and the
+in-sync standbys' acks are awaited before the pass's replies are sent. A frame that fails to decode becomes a ``BadFrame`` event (the core
 answers known peers with an ``Error`` and ignores strangers); an exception inside the core is logged
 with its traceback and counted, and the broker keeps serving. SIGTERM/SIGINT only set a flag.
 """
@@ -43,6 +45,7 @@ from .events import (
     Tick,
 )
 from .journal_store import BrokerJournal
+from .replication import ReplicationPrimary
 from .router_state import RouterStateFile
 from .state import BrokerState
 
@@ -59,7 +62,7 @@ class BrokerServer:
                  max_recv_per_poll: int = 2000, on_ready: Callable[[str], None] | None = None,
                  curve: CurveServer | None = None, journal: str | None = None,
                  router_state: str | None = None, router_state_interval_s: float = 60.0,
-                 ipc: bool = True, io_threads: int = 1) -> None:
+                 ipc: bool = True, io_threads: int = 1, replicate_bind: str | None = None) -> None:
         self.router_state = RouterStateFile(router_state, router_state_interval_s) if router_state else None
         config = config or BrokerConfig()
         self.config = self.router_state.apply(config) if self.router_state is not None else config
@@ -110,6 +113,10 @@ class BrokerServer:
             self.state.handle(Restore(accepted, done), time.monotonic())  # no commands: nothing is connected yet
             log.info("journal_restored", path=journal, restored=len(self.state.works), replies=len(done),
                      adopt_grace_s=self.state.adopt_grace_s)
+        if replicate_bind is not None and self.journal is None:
+            raise ValueError("replicate_bind needs a journal to replicate (--journal)")
+        self.replica = (ReplicationPrimary(self._ctx, replicate_bind, self.journal, self.config, curve)
+                        if replicate_bind is not None and self.journal is not None else None)
         self.metrics: BrokerMetrics | None = None  # optional Prometheus hook (set by __main__ / tests)
         # the broker planner's searches run on one worker thread, so a round never stalls the loop
         # (3 s at 512 GPUs); their result comes back to the core as a PlannerDone event
@@ -164,6 +171,8 @@ class BrokerServer:
     def _flush(self) -> None:
         if self.journal is not None:
             self.journal.commit()  # durable before any reply of this pass is sent
+            if self.replica is not None:
+                self.replica.ship()  # and on the in-sync standbys too
         outq, self._outq = self._outq, {}
         for peer, msgs in outq.items():
             self._flush_peer(peer, msgs)
@@ -228,11 +237,17 @@ class BrokerServer:
         next_tick = mono() + self._tick_s
         poller = zmq.Poller()  # one poller for the loop's life (Socket.poll builds a new one per call)
         poller.register(sock, zmq.POLLIN)
+        replica = self.replica
+        if replica is not None:
+            poller.register(replica.sock, zmq.POLLIN)
         poll = poller.poll
         try:
             while not self._stop.is_set():
                 timeout_ms = max(0, int((next_tick - mono()) * 1000))
-                if poll(timeout_ms):
+                ready = dict(poll(timeout_ms))
+                if replica is not None and replica.sock in ready:
+                    replica.pump(mono())
+                if sock in ready:
                     for frames in recv_ready(sock, self._max_recv):
                         now = mono()
                         peer = frames[0]
@@ -257,6 +272,8 @@ class BrokerServer:
                     self._flush()
                     if self.metrics is not None:
                         self.metrics.tick(now, self.core_errors)
+                    if replica is not None:
+                        replica.pump(now)
                     if self.router_state is not None:
                         self.router_state.maybe_save(self.state.rollout.router, now)
                     next_tick = now + self._tick_s
@@ -276,6 +293,8 @@ class BrokerServer:
                 self.metrics.close()
             if self._auth is not None:
                 self._auth.stop()
+            if self.replica is not None:
+                self.replica.close()
             if self.journal is not None:
                 self.journal.close()
             if self._own_ctx:
