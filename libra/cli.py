@@ -215,7 +215,8 @@ def build_parser(prog: str = "libra") -> argparse.ArgumentParser:
         sub.add_parser(name, help=text, add_help=False)  # parsed by the component itself (see main)
     s = sub.add_parser("status", help="show actors (slot, kinds, state, load) and queue depths",
                        description="Show the actors connected to a broker and its queue depths.")
-    s.add_argument("--broker", default="tcp://127.0.0.1:5555", help="broker endpoint (default: %(default)s)")
+    s.add_argument("--broker", default="tcp://127.0.0.1:5555",
+                   help="broker endpoint, or a comma-separated list (a primary and standbys) (default: %(default)s)")
     s.add_argument("--json", action="store_true", help="print one JSON object with 'actors', 'queues', 'stats'")
     s.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the broker")
     s.add_argument("--watch", action="store_true", help="live view, redrawn every --interval seconds until Ctrl-C")
