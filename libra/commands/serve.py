@@ -103,10 +103,10 @@ async def serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """``prog``: how the usage line names the command (``libra serve`` or ``python -m libra serve``)."""
     args = build_parser(*([prog] if prog else [])).parse_args(argv)
-    from libra.transport.endpoints import address_problem
+    from libra.transport.endpoints import endpoints_problem
     from libra.logging import configure
 
-    if (problem := address_problem(args.broker)) is not None:  # one line, not a traceback from the client
+    if (problem := endpoints_problem(args.broker)) is not None:  # one line, not a traceback from the client
         print(f"libra serve: {problem}", file=sys.stderr)
         return 2
     configure(args.log_level)

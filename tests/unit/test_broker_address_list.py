@@ -193,3 +193,17 @@ def test_an_unanswered_first_hello_moves_the_client_too() -> None:
     assert _moves(core.handle(ClientTick(), 100.0)) == []  # no hello yet: nothing to time
     core.handle(ClientConnect(), 100.0)
     assert _moves(core.handle(ClientTick(), 100.0 + PING * ROTATE_AFTER_PINGS + 0.01)) == [B]
+
+
+# ------------------------------------------------------------------------------------------- the wiring
+def test_the_cli_and_the_supervisor_take_a_list_and_name_a_bad_item(capsys: pytest.CaptureFixture) -> None:
+    from libra.actors.supervisor import Supervisor
+    from libra.cli import _bad_broker
+
+    assert _bad_broker("status", f"{A},{B}") is None
+    assert _bad_broker("status", f"{A},nope") == 2 and "item 2 of 2" in capsys.readouterr().err
+    sup = Supervisor([A, B], ["cpu0"])
+    argv = sup.children[0].argv
+    assert argv[argv.index("--broker") + 1] == f"{A},{B}"
+    with pytest.raises(BadAddress):
+        Supervisor(f"{A},{B}:x", ["cpu0"])
