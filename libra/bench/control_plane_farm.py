@@ -14,6 +14,7 @@ import zmq
 
 from libra.protocol import messages as m
 from libra.protocol.codec import decode_many, encode
+from libra.transport.fdlimit import raise_open_files_limit
 
 TOOL = "cp_idle"  # a tool no one calls: the synthetic actors must never be given the bench's echo calls
 
@@ -35,6 +36,7 @@ def _hello(i: int, per_host: int) -> m.ActorHello:
 class Farm:
     def __init__(self, url: str, first: int, count: int, heartbeat_s: float, per_host: int = 40) -> None:
         self.url, self.heartbeat_s, self.per_host = url, heartbeat_s, per_host
+        raise_open_files_limit("bench.control_plane.farm")  # each actor's socket takes a few descriptors
         self.ctx = zmq.Context()
         self.ctx.set(zmq.MAX_SOCKETS, count + 64)  # the default of 1,023 sockets per context is too few
         self.poller = zmq.Poller()
