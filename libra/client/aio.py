@@ -27,11 +27,10 @@ from libra.protocol import messages as m
 from libra.transport.security import CurveClient
 from libra.transport.zmqio import recv_ready
 
-from .common import ToolResult, batches, unreachable
+from .common import ToolResult, batches
 from .core import (Action, ArmTimer, Ask, Cancel, Connect, Deadline, Event, MoveBroker, Received, Resend, Resolve,
                    SendBroker, SendDirect, Submit, Tick, Welcomed)
 from .errors import BrokerUnreachable
-from .probe import port_accepts
 from .shell import ShellBase, WelcomeFlag, configure_socket
 
 
@@ -75,7 +74,7 @@ class AsyncClient(ShellBase):
                 await asyncio.wait_for(self._welcomed.wait(), timeout)
             except asyncio.TimeoutError:
                 waited = round(loop.time() - start, 2)
-                raise BrokerUnreachable(unreachable(self.broker_url, self._curve, waited, port_accepts(self.broker_url))) from None
+                raise BrokerUnreachable(self._unreachable(waited)) from None
         return self
 
     def _ensure_reader(self) -> None:

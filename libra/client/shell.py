@@ -13,7 +13,9 @@ import zmq
 from libra.transport.endpoints import parse_endpoints, resolve
 from libra.transport.security import CurveClient, apply_client
 
+from .common import unreachable
 from .core import ClientCore
+from .probe import port_accepts
 
 
 def new_client_id() -> str:
@@ -72,6 +74,11 @@ class ShellBase:
         self._sock, _, self.endpoint = open_dealer(self._ctx, url, self.max_frame_bytes, self._curve_keys)
         self.broker_url = url
         return old
+
+    def _unreachable(self, waited: float) -> str:
+        """Why no broker of the address list welcomed us within ``waited`` seconds (every address named)."""
+        named = self.broker_url if len(self.broker_urls) == 1 else " or ".join(self.broker_urls)
+        return unreachable(named, self._curve, waited, port_accepts(",".join(self.broker_urls)))
 
     @property
     def _pending(self) -> dict:

@@ -30,11 +30,10 @@ from libra.protocol import messages as m
 from libra.transport.security import CurveClient
 from libra.transport.zmqio import recv_ready, send_frames
 
-from .common import ToolResult, batches, unreachable
+from .common import ToolResult, batches
 from .core import (Action, Ask, Cancel, Connect, Deadline, Event, MoveBroker, Received, Resend, Resolve, SendBroker,
                    SendDirect, Submit, Tick, Welcomed)
 from .errors import BrokerUnreachable
-from .probe import port_accepts
 from .shell import ShellBase, WelcomeFlag, configure_socket
 
 
@@ -123,7 +122,7 @@ class Client(ShellBase):
         deadline = time.monotonic() + timeout
         while not self._welcomed.is_set():
             if time.monotonic() >= deadline:
-                raise BrokerUnreachable(unreachable(self.broker_url, self._curve, timeout, port_accepts(self.broker_url)))
+                raise BrokerUnreachable(self._unreachable(timeout))
             self._lead_or_wait(p, deadline, until=self._welcomed)
 
     def call_tool(self, tool: str, args: Any = None, trajectory: str | None = None, timeout: float = 60.0,

@@ -207,3 +207,13 @@ def test_the_cli_and_the_supervisor_take_a_list_and_name_a_bad_item(capsys: pyte
     assert argv[argv.index("--broker") + 1] == f"{A},{B}"
     with pytest.raises(BadAddress):
         Supervisor(f"{A},{B}:x", ["cpu0"])
+
+
+def test_no_broker_at_any_address_is_reported_naming_every_address() -> None:
+    from libra.client import BrokerUnreachable, Client
+    from libra.local import free_port
+
+    urls = [f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"]
+    with pytest.raises(BrokerUnreachable) as exc:
+        Client(urls, connect_timeout=0.2)
+    assert f"{urls[0]} or {urls[1]}" in str(exc.value) and "is it running there?" in str(exc.value)
