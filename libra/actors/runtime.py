@@ -32,6 +32,7 @@ from libra.protocol import ProtocolError, decode_many, encode, encode_batch, enc
 from libra.protocol.errors import ErrorCode, ProtocolCode
 from libra.protocol.payloads_actions import TOOL_DECLS_LABEL
 from libra.transport import sdnotify
+from libra.transport.fdlimit import raise_open_files_limit
 from libra.transport.security import CurveClient
 from libra.transport.zmqio import NOBLOCK, close_socket, recv_ready, send_frames
 
@@ -417,6 +418,7 @@ def _attach_reports(args: argparse.Namespace, handlers: dict, rt: ActorRuntime) 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure(args.log_level, cache=True)
+    raise_open_files_limit("actor")  # a trainer's data plane serves every rollout slot: one descriptor each
     host = pysocket.gethostname()
     actor_id = args.actor_id or f"{host}/{args.slot}"
     try:  # the slot's GPU (its supervisor already set it; a runtime started alone sets it by the same rule)
