@@ -43,9 +43,9 @@ def _url() -> str:
 
 
 def _broker(url: str, log: Path, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-    fh = log.open("ab")
-    return subprocess.Popen([sys.executable, "-m", "libra.broker", "--bind", url, "--log-level", "info", *args],
-                            stdout=fh, stderr=subprocess.STDOUT, env=child_env(env or {}))
+    with log.open("ab") as fh:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([sys.executable, "-m", "libra.broker", "--bind", url, "--log-level", "info", *args],
+                                stdout=fh, stderr=subprocess.STDOUT, env=child_env(env or {}))
 
 
 def _pair(workdir: Path, tag: str, heartbeat_s: float, takeover_after_s: float) -> tuple[str, str, list]:
