@@ -25,6 +25,7 @@ BENCHMARKS = {
     "dataplane": ("libra.bench.dataplane", "weights over the data plane vs the file path; dispatch imbalance vs round robin"),
     "router_state": ("libra.bench.router_state", "broker loop stall of a C-MLFQ tree save: frozen snapshot vs built on the loop"),
     "chaos": ("libra.bench.chaos", "broker SIGKILL mid-run: calls lost, executed twice, attempts > 1; re-attachment at 1,000 pending calls vs a broker that never crashed, and the first/last answer of the queued calls after a restart"),
+    "cluster_chaos": ("libra.bench.cluster_chaos", "the side-effect chaos run on 8 supervisors x 8 CPU slots: slots, a whole supervisor and the broker SIGKILLed with 1,000 calls in flight; lost, run twice, attempts vs chaos side_effects in the same run"),
     "calibration": ("libra.bench.calibration", "cost models and simulator vs the paper: Fig. 3 per GPU, Fig. 2a 1K vs 32K, static uniform / colocated (streaming vs barrier)"),
     "prefix_cache": ("libra.bench.prefix_cache", "per-turn latency with the KV cache kept on the instance vs re-prefill; broker bytes per turn, deltas vs whole contexts"),
     "ehp_join": ("libra.bench.ehp_join", "what a hybrid replica's join (state over the data plane, group re-formed) costs the core ranks vs no join"),

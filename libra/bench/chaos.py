@@ -106,6 +106,16 @@ def side_effects(workdir: Path, calls: int = 500, kill_after: int = 150, heartbe
         cluster.broker = None
         cluster.stop()
     runs = _ledger(ledger)
+    return {
+        **count_runs(results, runs, calls), "ran_before_kill": at_kill, "restored": stats.get("restored", 0), "adopted": stats.get("adopted", 0),
+        "revoked_at_hello": stats.get("revoked_at_hello", 0),
+        **_after_restart(runs, answered_at, (t_kill, t_restart, t_back), sleep_s / (slots * capacity)),
+    }
+
+
+def count_runs(results: list[Any], runs: list[tuple[str, float]], calls: int) -> dict[str, Any]:
+    """The counts of a side-effecting run: ``results[i]`` is call ``i``'s answer (a result or an exception),
+    ``runs`` the ledger (:func:`_ledger`). ``lost``: calls without a successful answer (``exit_code`` 0)."""
     counts = collections.Counter(i for i, _ in runs)
     ok: dict[int, Any] = {}
     for i, r in enumerate(results):
@@ -117,9 +127,6 @@ def side_effects(workdir: Path, calls: int = 500, kill_after: int = 150, heartbe
         "never_ran": sum(1 for i in range(calls) if counts[str(i)] == 0),
         "attempts_gt1": sum(1 for r in ok.values() if r.attempts > 1),
         "attempts_untrue": sum(1 for i, r in ok.items() if r.attempts != counts[str(i)]),
-        "ran_before_kill": at_kill, "restored": stats.get("restored", 0), "adopted": stats.get("adopted", 0),
-        "revoked_at_hello": stats.get("revoked_at_hello", 0),
-        **_after_restart(runs, answered_at, (t_kill, t_restart, t_back), sleep_s / (slots * capacity)),
     }
 
 
