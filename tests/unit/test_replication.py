@@ -226,3 +226,19 @@ def test_a_standby_that_misses_the_ack_deadline_is_marked_lagging(tmp_path):
     prim.close()
     pj.close()
     ctx.term()
+
+
+# -- command line ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv,said", [
+    (["--replicate-bind", "tcp://127.0.0.1:5556"], "--replicate-bind needs --journal"),
+    (["--standby-of", "tcp://127.0.0.1:5556"], "--standby-of needs --journal"),
+    (["--standby-of", "127.0.0.1:5556", "--journal", "j.sqlite"], "it has no scheme"),
+    (["--takeover-after-s", "0.5", "--journal", "j.sqlite"], "takeover_after_s (0.5) must exceed two replica beats"),
+    (["--replica-ack-timeout-s", "0", "--journal", "j.sqlite"], "replica_ack_timeout_s must be > 0"),
+])
+def test_broker_cli_refuses_bad_replication_flags(argv, said, capsys):
+    from libra.broker.__main__ import main
+
+    assert main(["--bind", "tcp://127.0.0.1:1", *argv]) == 2
+    assert said in capsys.readouterr().err
