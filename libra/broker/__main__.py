@@ -13,6 +13,7 @@ import sys
 
 from libra.transport import sdnotify
 from libra.transport.endpoints import address_problem
+from libra.transport.fdlimit import raise_open_files_limit
 from libra.config import ConfigError, from_mapping, load_section
 from libra.transport.keys import KeyFileError
 from libra.logging import configure, get_logger
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = build_parser(*([prog] if prog else [])).parse_args(argv)
     configure(args.log_level, cache=True)
     log = get_logger("libra.broker")
+    raise_open_files_limit("broker", advise=True)  # one descriptor per connected actor and client
     try:
         config = load_section(args.config, "broker", BrokerConfig) if args.config else BrokerConfig()
         overrides = {k: v for k, v in {

@@ -55,3 +55,22 @@ def test_closed_port_is_not_called_overloaded() -> None:
             c.status(timeout=1.0)
     msg = str(ei.value)
     assert "overloaded" not in msg and "is it running there?" in msg and "CURVE" in msg, msg
+
+
+def test_a_broker_started_with_256_open_files_holds_400_actors() -> None:
+    """A soft limit of 256 open files (the test process's, inherited by the broker it starts) would stop the
+    broker's accepts near 250 peers: the actors' hellos are never seen and the bench waits for ever. The broker
+    raises its soft limit to the hard one at start (libra.transport.fdlimit)."""
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"the hard open-files limit here is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        args = argparse.Namespace(actors="400", seconds=1.0, farms=2, calls=10, heartbeat_s=1.0, out=None)
+        res = control_plane.run(args)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    point = res["points"][-1]
+    assert point["actors"] == 400 and point["seen_in_status"] == 400, point
+    assert point["wrongly_lost"] == 0, point
