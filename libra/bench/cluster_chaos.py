@@ -314,6 +314,10 @@ def _fmt(r: dict[str, Any]) -> str:
         f"  broker counters (heartbeat {c['heartbeat_s']} s): before its kill {c.get('broker_stats_before_kill', '-')};"
         f" at the end {c.get('broker_stats_end')}",
     ]
+    if b is not None:
+        lines.append(f"chaos side_effects (2 slots, broker killed at {b['ran_before_kill']} runs): last queued call "
+                     f"answered {b['queued_last_answer_after_actors_s']} s after the actors re-registered "
+                     f"(drain floor {b['drain_floor_s']} s)")
     return "\n".join(lines)
 
 
