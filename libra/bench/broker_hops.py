@@ -83,11 +83,19 @@ def _broker_proc(url: str, out: str, ready: Any, stop: Any) -> None:
         return cmds
 
     srv.state.handle = traced_handle  # type: ignore[method-assign]
-    threading.Thread(target=lambda: (stop.wait(), srv.stop()), daemon=True).start()
+    threading.Thread(target=lambda: (_wait_for(stop), srv.stop()), daemon=True).start()
     ready.set()
     srv.serve_forever()
     del real
     _dump(out, log)
+
+
+def _wait_for(stop: Any) -> None:
+    """Until ``stop`` is set, by polling: a process that died inside ``Event.wait`` would leave its sleeper
+    counted, and the parent's ``stop.set()`` would then wait for it for ever (seen when the actor process
+    crashed at start)."""
+    while not stop.is_set():
+        time.sleep(0.05)
 
 
 def _actor_proc(url: str, out: str, stop: Any) -> None:
@@ -105,8 +113,8 @@ def _actor_proc(url: str, out: str, stop: Any) -> None:
     traced_echo.inline = True  # type: ignore[attr-defined]
 
     class TracedRuntime(ActorRuntime):
-        def _reconnect(self) -> None:
-            super()._reconnect()
+        def _reconnect(self, address: int = 0) -> None:
+            super()._reconnect(address)
             assert self.sock is not None
             self.poller.unregister(self.sock)
             self._untraced = self.sock  # keeps the real socket object alive
@@ -115,7 +123,7 @@ def _actor_proc(url: str, out: str, stop: Any) -> None:
 
     ident = ActorIdentity("hops/cpu0", "hops", "cpu0", os.getpid(), {"action": ["echo"]}, {"slot_kind": "cpu"})
     rt = TracedRuntime(url, ident, ["action"], 64, {("action", "echo"): traced_echo})
-    threading.Thread(target=lambda: (stop.wait(), rt.stop()), daemon=True).start()
+    threading.Thread(target=lambda: (_wait_for(stop), rt.stop()), daemon=True).start()
     rt.run()
     _dump(out, log)
 
