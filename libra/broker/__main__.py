@@ -81,7 +81,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = build_parser(*([prog] if prog else [])).parse_args(argv)
     configure(args.log_level, cache=True)
     log = get_logger("libra.broker")
-    raise_open_files_limit("broker", advise=True)  # one descriptor per connected actor and client
     try:
         config = load_section(args.config, "broker", BrokerConfig) if args.config else BrokerConfig()
         overrides = {k: v for k, v in {
@@ -121,6 +120,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if not args.router_state_interval_s > 0:
         print(f"libra.broker: --router-state-interval-s must be > 0, got {args.router_state_interval_s}", file=sys.stderr)
         return 2
+    raise_open_files_limit("broker", advise=True)  # one descriptor per connected actor and client
     if args.standby_of and not _stand_by(args, config, standby_curve):
         sdnotify.stopping()
         return 0  # stopped while standing by

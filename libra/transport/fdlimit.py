@@ -17,7 +17,9 @@ from libra.logging import get_logger
 
 log = get_logger("libra.transport.fdlimit")
 
-#: Below this hard limit a broker of a large cluster will run out of descriptors: say so at start-up.
+#: Below this hard limit a broker of 10,000 actors would run out of descriptors: say so at start-up ...
+LOW_HARD_LIMIT = 16_384
+#: ... and suggest this one (what deploy/systemd/libra-broker.service sets, and more).
 ADVISED_HARD_LIMIT = 65_536
 
 
@@ -35,7 +37,7 @@ class OpenFilesLimit:
 def raise_open_files_limit(component: str, *, advise: bool = False) -> OpenFilesLimit | None:
     """Lift this process's soft ``RLIMIT_NOFILE`` to its hard limit; returns the limits, or None where the
     platform has no ``resource`` module. Logs ``open_files_limit`` when it raised the limit, and a warning when
-    ``advise`` and the hard limit is below :data:`ADVISED_HARD_LIMIT` (how to raise it: ``LimitNOFILE=`` in the
+    ``advise`` and the hard limit is below :data:`LOW_HARD_LIMIT` (how to raise it: ``LimitNOFILE=`` in the
     unit, ``ulimit -Hn`` in the shell)."""
     try:
         import resource
@@ -53,7 +55,7 @@ def raise_open_files_limit(component: str, *, advise: bool = False) -> OpenFiles
     limits = OpenFilesLimit(before=soft, soft=new, hard=hard)
     if limits.raised:
         log.info("open_files_limit", component=component, soft_before=soft, soft=new, hard=hard)
-    if advise and hard != resource.RLIM_INFINITY and hard < ADVISED_HARD_LIMIT:
+    if advise and hard != resource.RLIM_INFINITY and hard < LOW_HARD_LIMIT:
         log.warning("open_files_limit_low", component=component, hard=hard, advised=ADVISED_HARD_LIMIT,
                     hint=f"about {max(hard - 64, 0)} peers fit; raise it with LimitNOFILE={ADVISED_HARD_LIMIT} in the "
                          f"systemd unit or `ulimit -Hn {ADVISED_HARD_LIMIT}` as root before starting")

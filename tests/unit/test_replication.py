@@ -237,8 +237,13 @@ def test_a_standby_that_misses_the_ack_deadline_is_marked_lagging(tmp_path):
     (["--takeover-after-s", "0.5", "--journal", "j.sqlite"], "takeover_after_s (0.5) must exceed two replica beats"),
     (["--replica-ack-timeout-s", "0", "--journal", "j.sqlite"], "replica_ack_timeout_s must be > 0"),
 ])
-def test_broker_cli_refuses_bad_replication_flags(argv, said, capsys):
+def test_broker_cli_refuses_bad_replication_flags(argv, said, capsys, monkeypatch):
+    from libra.broker import __main__ as broker_main
     from libra.broker.__main__ import main
+
+    # main() configures logging with cached loggers for the process it owns; in this test process that would
+    # freeze the loggers later tests capture
+    monkeypatch.setattr(broker_main, "configure", lambda *a, **k: None)
 
     assert main(["--bind", "tcp://127.0.0.1:1", *argv]) == 2
     assert said in capsys.readouterr().err
