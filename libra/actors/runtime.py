@@ -32,13 +32,13 @@ from libra.protocol import ProtocolError, decode_many, encode, encode_batch, enc
 from libra.protocol.errors import ErrorCode, ProtocolCode
 from libra.protocol.payloads_actions import TOOL_DECLS_LABEL
 from libra.transport import sdnotify
+from libra.transport.endpoints import parse_endpoints
 from libra.transport.fdlimit import raise_open_files_limit
 from libra.transport.security import CurveClient
-from libra.transport.zmqio import NOBLOCK, close_socket, recv_ready, send_frames
+from libra.transport.zmqio import NOBLOCK, close_socket, connect_dealer, recv_ready, send_frames
 
 from .state import (ActorIdentity, ActorState, CancelWork, Connect, Note, Received, Reconfigure,
                     Reconfigured, SendMsg, Start, StartWork, Stop, Tick, WorkDone)
-from .connection import broker_urls, open_broker_socket
 from .diagnose import log_note
 from .direct import DirectLeaseTable, bind_direct
 from .slots import runtime_cuda_env
@@ -69,7 +69,7 @@ class ActorRuntime:
                  handlers: dict[tuple[str, str], Handler], *, heartbeat_s: float = 1.0, liveness: int = 3,
                  reconfigure: Reconfigurer | None = None, max_frame_bytes: int = 64 * 1024 * 1024,
                  drain_s: float = 10.0, curve: CurveClient | None = None, direct: bool = False) -> None:
-        self.broker_urls = broker_urls(broker_url)  # one address, or a primary and standbys (BadAddress)
+        self.broker_urls = parse_endpoints(broker_url)  # one address, or a primary and standbys (BadAddress)
         self.broker_url = self.broker_urls[0]  # the one connected to (the core moves on a silence)
         self.curve = curve or CurveClient.from_env()  # CurveZMQ keys (LIBRA_CURVE_SECRET / LIBRA_BROKER_KEY)
         self.handlers = handlers
@@ -149,7 +149,8 @@ class ActorRuntime:
             self.poller.unregister(self.sock)
             self.sock.close(0)
         self.broker_url = self.broker_urls[address % len(self.broker_urls)]  # the core picks the address
-        self.sock, self.endpoint = open_broker_socket(self.ctx, self.broker_url, self.curve, self.max_frame_bytes)
+        self.sock, self.endpoint = connect_dealer(self.ctx, self.broker_url, identity_prefix=b"a-",
+                                                  max_frame_bytes=self.max_frame_bytes, hwm=100_000, curve=self.curve)
         self.poller.register(self.sock, zmq.POLLIN)
 
     def _post(self, event: Any) -> None:

@@ -10,12 +10,17 @@ from typing import Any
 
 import zmq
 
-from libra.transport.endpoints import parse_endpoints, resolve
-from libra.transport.security import CurveClient, apply_client
+from libra.transport.endpoints import parse_endpoints
+from libra.transport.security import CurveClient
+from libra.transport.zmqio import configure_dealer, connect_dealer
 
 from .common import unreachable
 from .core import ClientCore
 from .probe import port_accepts
+
+
+#: messages a client's socket queues each way (a burst of submits waits here, not in the caller)
+CLIENT_HWM = 1_000_000
 
 
 def new_client_id() -> str:
@@ -26,13 +31,7 @@ def configure_socket(sock: zmq.Socket, max_frame_bytes: int, curve: CurveClient 
     """Socket options every client uses; CURVE keys when ``curve`` (or the LIBRA_CURVE_* env) is set.
     Returns whether the connection uses CURVE."""
     curve = curve or CurveClient.from_env()
-    if curve is not None:
-        apply_client(sock, curve)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IDENTITY, b"c-" + uuid.uuid4().bytes)
-    sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
-    sock.setsockopt(zmq.SNDHWM, 1_000_000)
-    sock.setsockopt(zmq.RCVHWM, 1_000_000)
+    configure_dealer(sock, identity_prefix=b"c-", max_frame_bytes=max_frame_bytes, hwm=CLIENT_HWM, curve=curve)
     return curve is not None
 
 
@@ -41,11 +40,10 @@ def open_dealer(ctx: zmq.Context, broker_url: str, max_frame_bytes: int,
     """A client's DEALER socket to the broker, configured (:func:`configure_socket`) and connected:
     ``(socket, whether it uses CURVE, the endpoint connected to)`` (the broker's ipc path when it is on this
     host: ``libra.transport.endpoints.resolve``)."""
-    sock = ctx.socket(zmq.DEALER)
-    uses_curve = configure_socket(sock, max_frame_bytes, curve)
-    endpoint = resolve(broker_url)
-    sock.connect(endpoint)
-    return sock, uses_curve, endpoint
+    curve = curve or CurveClient.from_env()
+    sock, endpoint = connect_dealer(ctx, broker_url, identity_prefix=b"c-", max_frame_bytes=max_frame_bytes,
+                                    hwm=CLIENT_HWM, curve=curve)
+    return sock, curve is not None, endpoint
 
 
 class ShellBase:

@@ -22,10 +22,14 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import uuid
 import weakref
 from collections.abc import Iterator
 
 import zmq
+
+from libra.transport.endpoints import resolve
+from libra.transport.security import CurveClient, apply_client
 
 _SNDMORE = int(zmq.SNDMORE)
 _NOBLOCK = int(zmq.NOBLOCK)
@@ -92,3 +96,27 @@ def close_socket(sock: zmq.Socket, linger: int = 0) -> None:
         with contextlib.suppress(OSError):
             if stat.S_ISSOCK(os.lstat(path).st_mode):
                 os.unlink(path)
+
+
+def configure_dealer(sock: zmq.Socket, *, identity_prefix: bytes, max_frame_bytes: int, hwm: int,
+                     curve: CurveClient | None = None) -> None:
+    """The options of a DEALER that talks to the broker: CURVE keys when ``curve``, no linger, a fresh identity
+    (``identity_prefix`` + 16 random bytes), the frame limit, and ``hwm`` messages each way."""
+    if curve is not None:
+        apply_client(sock, curve)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IDENTITY, identity_prefix + uuid.uuid4().bytes)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+
+
+def connect_dealer(ctx: zmq.Context, url: str, *, identity_prefix: bytes, max_frame_bytes: int, hwm: int,
+                   curve: CurveClient | None = None) -> tuple[zmq.Socket, str]:
+    """A DEALER configured by :func:`configure_dealer` and connected to ``url``, and the endpoint it connected to
+    (the broker's ipc path when it is on this host: looked up at each connect, a broker may have moved)."""
+    sock = ctx.socket(zmq.DEALER)
+    configure_dealer(sock, identity_prefix=identity_prefix, max_frame_bytes=max_frame_bytes, hwm=hwm, curve=curve)
+    endpoint = resolve(url)
+    sock.connect(endpoint)
+    return sock, endpoint
