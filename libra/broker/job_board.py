@@ -150,6 +150,14 @@ class JobBoard:
     def any_active(self) -> bool:
         return any(h.active for h in self.hosts.values())
 
+    def wake_waiting(self) -> bool:
+        """True when the jobs need a pump: replies came in, or an active job has nothing outstanding (no
+        reply will come to pump it: a batch the Elastic Hybrid Pool was not ready for), which the core then
+        pumps on its tick."""
+        if any(h.active and not h.outstanding() for h in self.hosts.values()):
+            self.dirty = True
+        return self.dirty
+
     def last_step_times(self) -> tuple[float | None, float | None]:
         """``(rollout s, training s)`` of the newest RL step recorded by a job (None, None without one)."""
         newest: dict[str, Any] | None = None

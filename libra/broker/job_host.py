@@ -181,25 +181,32 @@ class JobHost(TrainSteps):
         return self.phase == RUNNING
 
     def take_work(self, now: float) -> list[JobWork]:
-        """Admit what the lag bound allows, cut a batch if one is ready; the work to submit now."""
+        """Admit what the lag bound allows, cut a batch if one is ready; the work to submit now. Admission
+        runs again after the cut: a cut drops the complete groups that went stale (or kept fewer than 2
+        trajectories), and their places must be admitted now, for when nothing is outstanding no reply will
+        come to call this again (the job would wait for ever)."""
         st = self.state
+        self._admit(now)
+        if self.active and self._train is None and (self.elastic is None or self.elastic.ready(self.spec.world_size)):
+            batch = st.cut_batch()
+            if batch is not None:
+                self._start_train(batch, now)
+            self._admit(now)
+        out, self._outbox = self._outbox, []
+        return out
+
+    def _admit(self, now: float) -> None:
+        st, s = self.state, self.spec
         while self.active and not st.finished and st.can_admit():
             g = st.admit(self.rows[st.admitted % len(self.rows)])
             for i in range(st.group_size):
                 self._n += 1
                 tag = f"ep:{g.gid}:{i}:{self._n}"
                 self._live[tag] = (g.gid, i, now)
-                s = self.spec
                 args = EpisodeArgs(job=self.name, row=g.prompt, group=g.gid, index=i,
                                    seed=s.seed * 1_000_003 + g.gid * 1000 + i * 10, episode=self._episode)
                 self._outbox.append(JobWork(tag, "episode", s.env, args.to_wire(), f"job:{self.name}/g{g.gid}/{i}",
                                             s.episode_timeout_s))
-        if self.active and self._train is None and (self.elastic is None or self.elastic.ready(self.spec.world_size)):
-            batch = st.cut_batch()
-            if batch is not None:
-                self._start_train(batch, now)
-        out, self._outbox = self._outbox, []
-        return out
 
     def on_reply(self, tag: str, ok: bool, output: Any, error: str, now: float, attempts: int = 1,
                  code: str = "") -> None:

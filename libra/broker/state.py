@@ -158,7 +158,7 @@ class BrokerState:
             return out
         if t is Tick:
             out = self._on_tick(now)
-            if self._jobs.dirty:
+            if self._jobs.wake_waiting():
                 self._pump_jobs(now, out)
             self._note_decisions(now)
             return out

@@ -148,12 +148,36 @@ def test_failed_and_malformed_episodes_shrink_the_group_and_are_counted() -> Non
     g2 = [w for w in works if w.args["group"] == 2]
     for i, w in enumerate(g2):
         h.on_reply(w.tag, True, summary(10 + i, float(i), [0]), "", 1.0)
-    train = h.take_work(1.0)
-    assert [w.kind for w in train] == ["train", "train"]  # group 0 (1 survivor) was dropped, 1 and 2 train
+    out = h.take_work(1.0)
+    train = [w for w in out if w.kind == "train"]
+    assert len(train) == 2  # group 0 (1 survivor) was dropped, 1 and 2 train
     assert h.state.dropped_groups == 1
-    again = h.take_work(1.0)  # the dropped group's slot is admitted again, with the next row
-    assert [(w.args["group"], w.args["row"]["pid"]) for w in again] == [(4, "p4")] * 3
+    # the dropped group's place is admitted again in the same call, with the next row
+    assert [(w.args["group"], w.args["row"]["pid"]) for w in out if w.kind == "episode"] == [(4, "p4")] * 3
+    assert h.take_work(1.0) == []
     assert sum(len(r) for r in train[0].args["parts"]) == 6
+
+
+def test_a_stale_group_dropped_at_the_cut_is_replaced_when_nothing_else_is_outstanding() -> None:
+    # the slot-crash run that hung: the last step's groups went stale while a killed rollout slot's turns were
+    # re-run, the cut dropped them with no episode or training outstanding, and no reply came to admit more
+    h = host(steps=2, prompts_per_step=1, max_policy_lag=0)
+    (w0, w1, w2) = h.take_work(0.0)
+    for i, w in enumerate((w0, w1, w2)):
+        h.on_reply(w.tag, True, summary(10 + i, float(i), [0]), "", 1.0)
+    (t0, t1) = h.take_work(1.0)
+    for w in (t0, t1):
+        out = {"rank": w.args["rank"], "weights_version": 1, "metrics": {"loss": 0.5}, "checksum": "c",
+               "weights": {"endpoint": "tcp://t:1", "name": "weights/v1", "version": 1} if w.args["rank"] == 0 else None}
+        h.on_reply(w.tag, True, out, "", 2.0)
+    step2 = h.take_work(2.0)
+    assert [w.kind for w in step2] == ["episode"] * 3
+    for i, w in enumerate(step2):  # turns served by weights older than the version the group was admitted at
+        h.on_reply(w.tag, True, summary(10 + i, float(i), [0]), "", 3.0)
+    assert not h.outstanding()
+    again = h.take_work(3.0)
+    assert h.state.dropped_groups == 1
+    assert [w.kind for w in again] == ["episode"] * 3 and h.outstanding()
 
 
 def test_a_failed_train_rank_fails_the_job_with_its_error() -> None:
@@ -261,3 +285,27 @@ def test_without_a_job_the_router_counts_a_step_every_router_step_s() -> None:
     assert s.rollout.steps == 3 and tree.rebuilds == 1  # steps at 110, 120, 131; rebuilt at step 2
     with pytest.raises(ValueError, match="router_step_s"):
         BrokerState(BrokerConfig(router_step_s=-1.0))
+
+
+def test_an_active_job_with_nothing_outstanding_is_pumped_on_the_tick() -> None:
+    # no reply will come for a job with nothing outstanding (a batch the Elastic Hybrid Pool was not ready for):
+    # the board asks the core for a pump on its tick, and only then
+    from libra.broker.job_board import JobBoard
+
+    class Waiting:
+        active, calls = True, 0
+
+        def outstanding(self) -> bool:
+            return False
+
+        def take_work(self, now: float) -> list:
+            self.calls += 1
+            return []
+
+    board, h = JobBoard(), Waiting()
+    board.hosts["w"] = h
+    assert board.wake_waiting() and board.dirty
+    board.pump(1.0, lambda *a: None, lambda *a: None)
+    assert h.calls == 1 and not board.dirty
+    h.active = False
+    assert not board.wake_waiting()
