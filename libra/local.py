@@ -1,7 +1,9 @@
 """Start a broker and actors as real processes on loopback, and stop them cleanly.
 
 Used by ``python -m libra demo``/``run``, the integration tests and the benchmarks, so that all of them
-exercise exactly what an operator runs (``python -m libra.broker`` and ``python -m libra.actors``).
+exercise exactly what an operator runs (``python -m libra.broker`` and ``python -m libra.actors``). Both get
+SIGTERM when the process (the thread) that started them dies (``libra.lifetime``): a killed ``libra run`` or
+test leaves nothing running.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from libra.lifetime import die_with_parent
 
 
 def free_port() -> int:
@@ -80,7 +84,7 @@ class LocalCluster:
         try:  # an interrupt or a failure while starting must not leave the processes behind
             self.broker = subprocess.Popen(
                 [sys.executable, "-m", "libra.broker", "--bind", self.url, "--log-level", self.log_level,
-                 *self.broker_args], env=self._env())
+                 *self.broker_args], env=self._env(), preexec_fn=die_with_parent(signal.SIGTERM))
             self._await_ipc()
             self.start_actors()
             self.wait_for_actors(self.cpu_slots if wait_actors is None else wait_actors, timeout)
@@ -107,7 +111,8 @@ class LocalCluster:
     def start_actors(self) -> None:
         self.actors = subprocess.Popen(
             [sys.executable, "-m", "libra.actors", "--broker", self.url, "--cpu-slots", str(self.cpu_slots),
-             "--gpu-slots", self.gpu_slots, "--log-level", self.log_level, *self.actor_args], env=self._env())
+             "--gpu-slots", self.gpu_slots, "--log-level", self.log_level, *self.actor_args], env=self._env(),
+            preexec_fn=die_with_parent(signal.SIGTERM))
 
     def status(self, timeout: float = 5.0) -> Any:
         from libra.client import Client

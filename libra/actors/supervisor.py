@@ -32,25 +32,13 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from libra.lifetime import die_with_parent
 from libra.logging import get_logger
 from libra.transport.endpoints import parse_endpoints
 
 from .slots import slot_cuda_env
 
 log = get_logger("libra.supervisor")
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the parent (the supervisor) dies. Best effort: no libc, no-op."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-
 
 def service_gpus_of(argv: Sequence[str]) -> int:
     """The ``--service-gpus G`` a slot's arguments give its model services (0 if none)."""
@@ -130,7 +118,7 @@ class Supervisor:
 
     def _spawn(self, c: _Child) -> None:
         # env: slot_environment, computed when the supervisor was built
-        c.proc = subprocess.Popen(c.argv, env=c.env, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        c.proc = subprocess.Popen(c.argv, env=c.env, preexec_fn=die_with_parent(signal.SIGKILL))
         c.started_at = time.monotonic()
         c.restart_at = None
         if c.restarts:  # a slot that died and came back: worth an operator's attention
