@@ -14,14 +14,15 @@ A directive that makes the slot a member (rank > 0) of a rollout TP group (``tp 
 nothing until the next directive: the group's leader (rank 0) holds the one engine over the group's GPUs.
 
 Liveness after Paranoid Pirate: any frame from the broker is a heartbeat; after ``liveness`` silent
-intervals the actor abandons the session, waits a back-off that doubles up to ``max_backoff_s``, and
+intervals (``heartbeat_s`` while it holds broker work, ``idle_heartbeat_s`` from the ``Welcome`` while it holds
+none: the broker beats idle actors less often) the actor abandons the session, waits a back-off that doubles up to ``max_backoff_s``, and
 reconnects on a new socket. With a broker address list (``addresses > 1``: a primary and a standby) the
 reconnect after a silence goes to the next address, round robin (``Connect.address``); a ``Disconnect`` from a
 live broker (it restarted and forgot us) reconnects to the same one.
 
 Work survives a lost session (a broker restart, a network blip): what runs keeps running, a result that
-finishes without a session waits in ``unsent``, and so do the results sent in the last ``2 × heartbeat ×
-liveness`` seconds (a broker killed just after they left may never have recorded them). The next
+finishes without a session waits in ``unsent``, and so do the results sent in the last ``2 × idle heartbeat
+× liveness`` seconds (a broker killed just after they left may never have recorded them). The next
 ``ActorHello`` lists all of it in ``held`` (``[work_id, lease, attempt]``); the broker adopts what it can
 and revokes the rest, and after ``Welcome`` the actor sends the results it still holds. Work held without
 a session past its budget is cancelled. Nothing is ever run twice because a session was lost.
@@ -205,6 +206,7 @@ class ActorState:
         self.kv_rebid_threshold = kv_rebid_threshold
         self.rebids = 0
         self.heartbeat_s = heartbeat_s
+        self.idle_heartbeat_s = heartbeat_s  # the broker's beat while we hold none of its work (from Welcome)
         self.liveness = liveness
         self.initial_backoff_s = initial_backoff_s
         self.max_backoff_s = max_backoff_s
@@ -313,6 +315,7 @@ class ActorState:
             if self.phase is not ActorPhase.CONNECTING:
                 return
             self.heartbeat_s, self.liveness = msg.heartbeat_s, msg.liveness
+            self.idle_heartbeat_s = max(msg.heartbeat_s, msg.idle_heartbeat_s)
             self.backoff_s = self.initial_backoff_s
             self._go(ActorPhase.READY)
             out.append(Note("actor_registered", {"session": msg.session, "broker": msg.broker_id,
@@ -454,14 +457,15 @@ class ActorState:
         if self.phase is ActorPhase.CONNECTING:
             self._expire_held(now, out)
         else:
-            window = 2 * self.heartbeat_s * self.liveness
+            window = 2 * self.idle_heartbeat_s * self.liveness  # the longest a silent broker goes unnoticed
             while self.recent and next(iter(self.recent.values()))[3] < now - window:
                 self.recent.popitem(last=False)
         if self.connect_at is not None:
             if now >= self.connect_at:
                 self._connect(now, out)
             return
-        if now - self.last_recv > self.heartbeat_s * self.liveness:
+        beat = self.heartbeat_s if self.running or self.waiting else self.idle_heartbeat_s
+        if now - self.last_recv > beat * self.liveness:
             fields: dict[str, Any] = {"silent_s": round(now - self.last_recv, 3), "retry_in_s": self.backoff_s}
             if self.addresses > 1:  # a silent broker may be gone for good: try the next address in the list
                 fields["address"], self.address = self.address, (self.address + 1) % self.addresses

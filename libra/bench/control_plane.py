@@ -6,7 +6,7 @@ fresh broker (``python -m libra.broker``, plain TCP on loopback, no ipc) and one
 socket each, in ``--farms`` processes) register. Once every one is in ``libra status`` they are held for
 ``--seconds``: reported are the broker's CPU seconds per wall second and per actor-second (psutil), its RSS, the
 gap between the broker's frames on an actor's socket (the broker does not answer heartbeats: it sends its own
-when it sent nothing for ``heartbeat_s``, so a gap past ``heartbeat_s`` is the loop falling behind), heartbeats
+when it sent an idle actor nothing for ``idle_heartbeat_s``, so a gap past that is the loop falling behind), heartbeats
 sent and broker heartbeats received, and the actors the broker declared lost while they were alive (its
 ``actors_expired`` counter plus the ``Disconnect`` frames the farms got). Then, with the actors still connected:
 ``Client.status`` latency, and p50/p99 of real ``echo`` calls through the broker and by direct lease
@@ -123,10 +123,12 @@ def _wait_registered(cl: LocalCluster, farms: list, n: int, timeout: float) -> t
     return time.monotonic() - t0, seen
 
 
-def point(n: int, seconds: float, farms: int, calls: int, heartbeat_s: float) -> dict[str, Any]:
+def point(n: int, seconds: float, farms: int, calls: int, heartbeat_s: float,
+          idle_heartbeat_s: float | None = None) -> dict[str, Any]:
     import psutil
 
-    with LocalCluster(cpu_slots=1, broker_args=["--no-ipc", "--heartbeat-s", str(heartbeat_s)],
+    idle = ["--idle-heartbeat-s", str(idle_heartbeat_s)] if idle_heartbeat_s is not None else []
+    with LocalCluster(cpu_slots=1, broker_args=["--no-ipc", "--heartbeat-s", str(heartbeat_s), *idle],
                       actor_args=["--no-sandbox"],
                       env={"LIBRA_IPC": "0"}) as cl:
         assert cl.broker is not None
@@ -156,7 +158,8 @@ def point(n: int, seconds: float, farms: int, calls: int, heartbeat_s: float) ->
     wall = t1 - t0
     gaps = [g for r in rep for g in r["gaps"]]
     return {
-        "actors": n, "farms": len(fs), "register_s": round(reg_s, 2), "seen_in_status": _synthetic(st) if st is not None else None,
+        "actors": n, "idle_heartbeat_s": idle_heartbeat_s if idle_heartbeat_s is not None else 3 * heartbeat_s,
+        "farms": len(fs), "register_s": round(reg_s, 2), "seen_in_status": _synthetic(st) if st is not None else None,
         "status_error": st_err,
         "seen_before_hold": seen, "broker_cpu_per_s": (cpu1 - cpu0) / wall,
         "broker_cpu_us_per_actor_s": (cpu1 - cpu0) / wall / n * 1e6, "broker_rss_mb": rss / 2**20,
@@ -175,15 +178,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     counts = [int(x) for x in str(args.actors).split(",") if x.strip()]
     if any(n <= 0 for n in counts):
         raise SystemExit(f"--actors: counts must be positive, got {args.actors!r}")
+    idles: list[float | None] = [float(x) for x in str(args.idle_heartbeat_s).split(",") if x.strip()] or [None]
     rows = []
-    for n in [BASELINE, *counts]:
-        rows.append(point(n, args.seconds, args.farms, args.calls, args.heartbeat_s))
-        print(f"control_plane: {n} actors done: {json.dumps(finite(rows[-1]))[:400]}", file=sys.stderr, flush=True)
-    base = rows[0]
-    for r in rows:
-        for via in ("echo_broker", "echo_direct"):
-            ok = r[via]["p50_ms"] is not None and base[via]["p50_ms"]
-            r[via]["p50_ratio"] = r[via]["p50_ms"] / base[via]["p50_ms"] if ok else None
+    for idle in idles:
+        first = len(rows)
+        for n in [BASELINE, *counts]:
+            rows.append(point(n, args.seconds, args.farms, args.calls, args.heartbeat_s, idle))
+            print(f"control_plane: {n} actors done: {json.dumps(finite(rows[-1]))[:400]}", file=sys.stderr, flush=True)
+        base = rows[first]  # echo is compared with the 10-actor point of the same setting
+        for r in rows[first:]:
+            for via in ("echo_broker", "echo_direct"):
+                ok = r[via]["p50_ms"] is not None and base[via]["p50_ms"]
+                r[via]["p50_ratio"] = r[via]["p50_ms"] / base[via]["p50_ms"] if ok else None
+    for r in rows:  # the broker's CPU against the first setting's at the same count (--idle-heartbeat-s 3,1)
+        ref = next(x for x in rows if x["actors"] == r["actors"])
+        r["cpu_vs_first_setting"] = (r["broker_cpu_per_s"] / ref["broker_cpu_per_s"]
+                                     if ref["broker_cpu_per_s"] > 0 else None)
     res = {"bench": "control_plane", "seconds": args.seconds, "heartbeat_s": args.heartbeat_s,
            "calls": args.calls, "baseline_actors": BASELINE, "points": rows}
     if args.out:
@@ -193,10 +203,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def fmt(res: dict[str, Any]) -> str:
-    head = (f"{'actors':>7} {'cpu/s':>6} {'us/act-s':>8} {'RSS MB':>7} {'hb sent':>8} {'bk hb':>7} "
+    head = (f"{'actors':>7} {'idle s':>6} {'cpu/s':>6} {'x 1st':>5} {'us/act-s':>8} {'RSS MB':>7} {'hb sent':>8} {'bk hb':>7} "
             f"{'gap p50/p99 s':>14} {'lost':>5} {'status':>7} {'st p50/p99 ms':>14} "
             f"{'echo bk p50/p99 ms (x10)':>25} {'echo direct p50/p99 ms (x10)':>29}")
-    lines = [f"bench control_plane: {res['seconds']} s per point, heartbeat {res['heartbeat_s']} s, "
+    lines = [f"bench control_plane: {res['seconds']} s per point, heartbeat {res['heartbeat_s']} s (idle: per row), "
              f"{res['calls']} echo calls each way; x10 = echo p50 / p50 at {res['baseline_actors']} actors", head]
     for r in res["points"]:
         g50, g99 = r["broker_gap_p50_s"], r["broker_gap_p99_s"]
@@ -216,7 +226,9 @@ def _f(x: float | None, spec: str) -> str:
 
 
 def _row(r: dict[str, Any], gap: str, eb: dict[str, Any], ed: dict[str, Any]) -> str:
-    return (f"{r['actors']:>7} {r['broker_cpu_per_s']:>6.3f} {r['broker_cpu_us_per_actor_s']:>8.1f} "
+    return (f"{r['actors']:>7} {r['idle_heartbeat_s']:>6.1f} {r['broker_cpu_per_s']:>6.3f} "
+            f"{_f(r['cpu_vs_first_setting'], '.2f'):>5} "
+            f"{r['broker_cpu_us_per_actor_s']:>8.1f} "
             f"{r['broker_rss_mb']:>7.1f} {r['heartbeats_sent']:>8} {r['broker_heartbeats_received']:>7} {gap:>14} "
             f"{r['wrongly_lost']:>5} {_f(r['seen_in_status'], 'd'):>7} "
             f"{_f(r['status_p50_ms'], '.1f'):>6}/{_f(r['status_p99_ms'], '.1f'):<7} "
@@ -232,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--farms", type=int, default=4, help="most actor-farm processes (one per 500 actors up to this)")
     p.add_argument("--calls", type=int, default=300, help="echo calls per point, through the broker and direct")
     p.add_argument("--heartbeat-s", type=float, default=1.0, help="the broker's heartbeat interval")
+    p.add_argument("--idle-heartbeat-s", default="",
+                   help="the broker's beat of idle actors, comma separated to compare settings in one run (e.g. "
+                        "3,1: the default against beating every second); default: the broker's (3 x heartbeat)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", help="also write the JSON result to this file")
     a = p.parse_args(argv)

@@ -34,6 +34,8 @@ def build_parser(prog: str = "python -m libra.broker") -> argparse.ArgumentParse
     p.add_argument("--config", help="TOML file with a [broker] table of BrokerConfig fields")
     p.add_argument("--heartbeat-s", type=float, help="heartbeat interval in seconds (default 1.0)")
     p.add_argument("--liveness", type=int, help="missed heartbeats before a peer is dead (default 3)")
+    p.add_argument("--idle-heartbeat-s", type=float,
+                   help="how often the broker beats an actor that holds none of its work (default 3 x heartbeat)")
     p.add_argument("--max-frame-bytes", type=int, help="largest accepted message (default 64 MiB)")
     p.add_argument("--max-retries", type=int, help="lost assignments tolerated per request (default 3)")
     p.add_argument("--log-level", default=None, help="debug|info|warning|error (default info)")
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     try:
         config = load_section(args.config, "broker", BrokerConfig) if args.config else BrokerConfig()
         overrides = {k: v for k, v in {
-            "heartbeat_s": args.heartbeat_s, "liveness": args.liveness,
+            "heartbeat_s": args.heartbeat_s, "liveness": args.liveness, "idle_heartbeat_s": args.idle_heartbeat_s,
             "max_frame_bytes": args.max_frame_bytes, "max_retries": args.max_retries,
             "takeover_after_s": args.takeover_after_s, "replica_ack_timeout_s": args.replica_ack_timeout_s,
         }.items() if v is not None}

@@ -166,6 +166,7 @@ class Adoption:
 
     def _hold(self, w: Work, sess: ActorSession, now: float) -> None:
         sess.held.add(w.work_id)
+        self.sessions.took_work(sess)
         actions = self.dispatch.actions
         if w.kind == "action" and actions is not None:
             actions.hold(w, sess, now)

@@ -19,6 +19,11 @@ class BrokerConfig:
     broker_id: str = "libra-broker"
     heartbeat_s: float = 1.0
     liveness: int = 3
+    # how often the broker beats an actor that holds none of its work (None: 3 x heartbeat_s). Its beats are
+    # most of an idle actor's cost to the broker (a send each); an actor still beats every heartbeat_s, so
+    # a dead actor is found as fast, while an idle actor finds a dead broker after liveness x this (it holds
+    # nothing that waits on it). heartbeat_s gives every actor the same beat.
+    idle_heartbeat_s: float | None = None
     max_frame_bytes: int = 64 * 1024 * 1024
     max_retries: int = 3  # lost assignments (actor death / lease expiry) tolerated per request
     lease_s: float = 3600.0  # longest a single assignment may run without a result
@@ -49,7 +54,15 @@ class BrokerConfig:
     replica_beat_s: float = 0.5
     takeover_after_s: float = 3.0
 
+    @property
+    def idle_beat_s(self) -> float:
+        """The interval the broker beats an idle actor at (``idle_heartbeat_s``, or 3 x ``heartbeat_s``)."""
+        return self.idle_heartbeat_s if self.idle_heartbeat_s is not None else 3 * self.heartbeat_s
+
     def __post_init__(self) -> None:
+        if self.idle_heartbeat_s is not None and not self.idle_heartbeat_s >= self.heartbeat_s:
+            raise ValueError(f"[broker] idle_heartbeat_s ({self.idle_heartbeat_s}) must be at least heartbeat_s "
+                             f"({self.heartbeat_s}): an idle actor is beaten less often, never more")
         for key in ("replica_ack_timeout_s", "replica_beat_s", "takeover_after_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"[broker] {key} must be > 0 seconds, got {getattr(self, key)!r}")

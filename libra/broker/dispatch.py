@@ -238,6 +238,7 @@ class Dispatcher:
         if self.journaling and not self.jobs.owns(w.client_id):  # a restart keeps its lease and attempt count
             out.append(start_record(w))
         sess.held.add(w.work_id)
+        self.sessions.took_work(sess)
         if w.kind == "action" and self.actions is not None:
             self.actions.hold(w, sess, now)
         sess.last_sent = now

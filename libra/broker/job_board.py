@@ -154,7 +154,7 @@ class JobBoard:
         """True when the jobs need a pump: replies came in, or an active job has nothing outstanding (no
         reply will come to pump it: a batch the Elastic Hybrid Pool was not ready for), which the core then
         pumps on its tick."""
-        if any(h.active and not h.outstanding() for h in self.hosts.values()):
+        if any(getattr(h, "active", False) and not h.outstanding() for h in self.hosts.values()):
             self.dirty = True
         return self.dirty
 

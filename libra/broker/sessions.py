@@ -84,7 +84,8 @@ class ClientSession:
 class SessionRegistry:
     """Actor and client sessions by socket identity (see the module docstring)."""
 
-    def __init__(self, heartbeat_s: float, liveness: int, client_idle_s: float) -> None:
+    def __init__(self, heartbeat_s: float, liveness: int, client_idle_s: float,
+                 idle_heartbeat_s: float | None = None) -> None:
         self.actors: dict[bytes, ActorSession] = {}
         self.clients: dict[bytes, ClientSession] = {}
         self._heartbeat_s = heartbeat_s
@@ -98,7 +99,7 @@ class SessionRegistry:
         self._offers: dict[str, frozenset[str]] = {}  # kind -> names offered by live actors (from _offered)
         self._by_id: dict[str, ActorSession] = {}  # actor id -> its live session
         self._capacities: dict[int, int] = {}  # capacity -> how many live actors bid it (best_actor's bound)
-        self._liveness = LivenessHeap(heartbeat_s, self._dead_after)
+        self._liveness = LivenessHeap(heartbeat_s, self._dead_after, idle_heartbeat_s)
         self._opened = itertools.count(1)
         self._sessions = itertools.count(1)
         self._directives = itertools.count(1)
@@ -285,6 +286,11 @@ class SessionRegistry:
         ``"heartbeat"`` (a heartbeat is due: counted as sent now) or None."""
         sess = self.actors.get(peer)
         return None if sess is None else self._liveness.verdict(sess, now)
+
+    def took_work(self, sess: ActorSession) -> None:
+        """``sess`` was just given work (after ``held`` grew): with its first it is beaten at the busy interval."""
+        if len(sess.held) == 1:
+            self._liveness.rekey(sess)
 
     def due(self, now: float) -> list[tuple[bytes, str]]:
         """On the timer: the actors with a verdict of :meth:`liveness` at ``now`` (``"dead"``: the caller

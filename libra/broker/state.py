@@ -104,7 +104,7 @@ class BrokerState:
              "unknown_tool", "busy", "duplicates", "actors_expired", "handbacks"),
             0,
         )
-        self._sessions = SessionRegistry(c.heartbeat_s, c.liveness, c.client_idle_s)
+        self._sessions = SessionRegistry(c.heartbeat_s, c.liveness, c.client_idle_s, c.idle_beat_s)
         self._table = WorkTable(c.reply_cache)
         self._jobs = JobBoard()
         self._jobs.ehp = ehp
@@ -319,7 +319,8 @@ class BrokerState:
 
     def _welcome(self) -> m.Welcome:
         c = self.config
-        return m.Welcome(self._sessions.new_session_id(), c.broker_id, c.heartbeat_s, c.liveness, c.max_frame_bytes)
+        return m.Welcome(self._sessions.new_session_id(), c.broker_id, c.heartbeat_s, c.liveness, c.max_frame_bytes,
+                         c.idle_beat_s)
 
     def _on_heartbeat(self, peer: bytes, msg: m.Heartbeat, now: float, out: list[Command]) -> None:
         if not self._sessions.known(peer):

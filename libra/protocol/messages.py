@@ -277,7 +277,10 @@ class LeaseGrant:
 
 @dataclass(slots=True)
 class Welcome:
-    """B→*: the hello was accepted. Carries the liveness contract both sides use."""
+    """B→*: the hello was accepted. Carries the liveness contract both sides use: a peer beats every
+    ``heartbeat_s`` and is dead after ``liveness`` silent intervals. The broker beats an actor that holds
+    none of its work only every ``idle_heartbeat_s`` (0: every ``heartbeat_s``), so such an actor calls the
+    broker silent after ``liveness`` of those."""
 
     KIND: ClassVar[int] = 0x20
     session: str
@@ -285,6 +288,7 @@ class Welcome:
     heartbeat_s: float
     liveness: int
     max_frame_bytes: int
+    idle_heartbeat_s: float = 0.0
 
 
 @dataclass(slots=True)

@@ -207,3 +207,33 @@ def test_a_directive_while_switching_is_held_and_follows_the_switch() -> None:
     out = a.handle(Reconfigured(2), 1.3)
     assert [d.directive_id for d in msgs(out, m.DirectiveDone)] == [2] and a.phase is ActorPhase.READY
     assert msgs(out, m.Bid)[0].kinds == ["action"] and a.next_directive is None
+
+
+def test_an_idle_actor_waits_liveness_idle_beats_for_the_broker_a_busy_one_liveness_beats() -> None:
+    # the broker beats an actor that holds none of its work only every idle_heartbeat_s (3 s here)
+    a = make()
+    a.handle(Start(), 0.0)
+    a.handle(Received(m.Welcome("s1", "b", 1.0, 3, 1 << 20, 3.0)), 0.0)
+    assert a.phase is ActorPhase.READY and a.idle_heartbeat_s == 3.0
+    assert msgs(a.handle(Tick(), 1.0), m.Heartbeat)  # it still beats every heartbeat_s itself
+    a.handle(Tick(), 8.9)  # silent 8.9 s, idle: within 3 x 3 s
+    assert a.phase is ActorPhase.READY
+    a.handle(Received(m.Heartbeat()), 9.0)
+    a.handle(assign("w1", 1), 9.5)
+    a.handle(Tick(), 12.4)  # busy: silent 2.9 s is within 3 x 1 s
+    assert a.phase is ActorPhase.READY
+    a.handle(Tick(), 12.6)  # silent 3.1 s while holding work: the broker is gone
+    assert a.phase is ActorPhase.CONNECTING
+
+
+def test_an_idle_actor_keeps_a_sent_result_as_long_as_it_may_take_to_notice_a_dead_broker() -> None:
+    a = make()
+    a.handle(Start(), 0.0)
+    a.handle(Received(m.Welcome("s1", "b", 1.0, 3, 1 << 20, 3.0)), 0.0)
+    a.handle(assign("w1", 1), 0.5)
+    assert msgs(a.handle(WorkDone("w1", 1, True, "x"), 1.0), m.WorkResult)
+    # the broker died just as the result left; idle now, the actor notices only after 9 s of silence
+    out = a.handle(Tick(), 0.5 + 9.1)
+    assert a.phase is ActorPhase.CONNECTING
+    out = a.handle(Tick(), 0.5 + 9.1 + a.backoff_s + 0.01)
+    assert msgs(out, m.ActorHello)[0].held == [["w1", 1, 1]]  # still offered to the next broker

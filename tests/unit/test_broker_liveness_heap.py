@@ -50,19 +50,35 @@ def test_silent_actor_is_lost_exactly_once_at_the_first_tick_past_liveness() -> 
     assert b.s.actors == {}
 
 
-def test_chatty_actor_is_never_lost_and_gets_one_heartbeat_a_second() -> None:
-    b = Broker()
+def test_chatty_actor_is_never_lost_and_is_beaten_every_idle_interval_while_idle_every_second_while_busy() -> None:
+    b = Broker()  # heartbeat 1 s, idle heartbeat 3 s (the default: 3 x heartbeat)
     b.hello(b"p1", "a1")
     b.hello(b"p2", "a2")  # silent: lost, while p1 stays
-    beats = 0
-    for i in range(1, 241):  # 60 s
+    beats = {"idle": 0, "busy": 0}
+    for i in range(1, 481):  # 120 s: the first 60 idle, the next 60 holding work
+        if i == 241:
+            b.msg(b"c", m.ClientHello("c1", 1))
+            out = b.msg(b"c", m.Submit("r1", "action", "echo", {"x": 1}))
+            assert [c for c in out if c.peer == b"p1" and isinstance(c.msg, m.Assign)]
         out = b.tick(0.25)
-        beats += sum(1 for c in out if c.peer == b"p1" and isinstance(c.msg, m.Heartbeat))
+        beats["idle" if i <= 240 else "busy"] += sum(1 for c in out if c.peer == b"p1" and isinstance(c.msg, m.Heartbeat))
         assert not expiries(out, b"p1")
         if i % 4 == 0:
             b.msg(b"p1", m.Heartbeat())
     assert b.s.stats["actors_expired"] == 1
     assert [s.actor_id for s in b.s.actors.values()] == ["a1"]
+    assert 19 <= beats["idle"] <= 20 and 58 <= beats["busy"] <= 60
+
+
+def test_idle_heartbeat_equal_to_heartbeat_beats_idle_actors_every_second_as_before() -> None:
+    b = Broker()
+    b.s = BrokerState(BrokerConfig(heartbeat_s=1.0, liveness=3, idle_heartbeat_s=1.0))
+    b.hello(b"p1", "a1")
+    beats = 0
+    for i in range(1, 241):
+        beats += sum(1 for c in b.tick(0.25) if c.peer == b"p1" and isinstance(c.msg, m.Heartbeat))
+        if i % 4 == 0:
+            b.msg(b"p1", m.Heartbeat())
     assert 58 <= beats <= 60
 
 
@@ -96,10 +112,11 @@ def test_goodbye_then_hello_on_the_same_socket_counts_from_the_new_session() -> 
 
 def test_heap_gives_the_scan_verdicts_under_random_traffic() -> None:
     """The oracle: every tick, scan every live session in open order (dead if silent for more than
-    dead_after, else a heartbeat if nothing was sent for heartbeat_s, then counted as sent)."""
+    dead_after, else a heartbeat if nothing was sent for heartbeat_s, idle_heartbeat_s while it holds no work,
+    then counted as sent)."""
     rng = random.Random(7)
-    hb, dead_after = 1.0, 3.0
-    heap = LivenessHeap(hb, dead_after)
+    hb, idle, dead_after = 1.0, 2.5, 3.0
+    heap = LivenessHeap(hb, dead_after, idle)
     live: dict[bytes, SimpleNamespace] = {}
     shadow: dict[bytes, list[float]] = {}  # peer -> [last_seen, last_sent] as the scan sees them
     now, opened = 0.0, 0
@@ -110,7 +127,7 @@ def test_heap_gives_the_scan_verdicts_under_random_traffic() -> None:
             r = rng.random()
             if peer not in live and r < 0.5:
                 opened += 1
-                live[peer] = SimpleNamespace(peer=peer, last_seen=now, last_sent=now)
+                live[peer] = SimpleNamespace(peer=peer, last_seen=now, last_sent=now, held=set())
                 shadow[peer] = [now, now]
                 heap.add(live[peer], opened)
             elif peer in live and r < 0.1:
@@ -120,11 +137,15 @@ def test_heap_gives_the_scan_verdicts_under_random_traffic() -> None:
                 live[peer].last_seen = shadow[peer][0] = now
                 if r > 0.8:
                     live[peer].last_sent = shadow[peer][1] = now
+                if r > 0.9:  # it takes work (the broker rekeys it), or hands its last back
+                    live[peer].held = set() if live[peer].held else {"w"}
+                    if live[peer].held:
+                        heap.rekey(live[peer])
         want = []
         for peer, clocks in shadow.items():
             if now - clocks[0] > dead_after:
                 want.append((peer, "dead"))
-            elif now - clocks[1] >= hb:
+            elif now - clocks[1] >= (hb if live[peer].held else idle):
                 clocks[1] = now
                 want.append((peer, "heartbeat"))
         got = heap.due(live, now)

@@ -244,8 +244,9 @@ def test_status_snapshot_shape(h: Harness) -> None:
 def test_heartbeats_are_sent_to_quiet_actors(h: Harness) -> None:
     h.actor(A1, "a1")
     h.msg(A1, m.Heartbeat(), dt=0.5)
-    out = h.tick(0.6)
-    assert sent(out, m.Heartbeat, A1)
+    assert not sent(h.tick(0.6), m.Heartbeat, A1)  # idle: beaten every idle_heartbeat_s (3 x heartbeat_s)
+    h.msg(A1, m.Heartbeat(), dt=1.0)
+    assert sent(h.tick(1.0), m.Heartbeat, A1)
 
 
 def test_busy_when_client_inflight_bound_reached() -> None:
