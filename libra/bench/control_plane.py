@@ -8,7 +8,8 @@ socket each, in ``--farms`` processes) register. Once every one is in ``libra st
 gap between the broker's frames on an actor's socket (the broker does not answer heartbeats: it sends its own
 when it sent an idle actor nothing for ``idle_heartbeat_s``, so a gap past that is the loop falling behind), heartbeats
 sent and broker heartbeats received, and the actors the broker declared lost while they were alive (its
-``actors_expired`` counter plus the ``Disconnect`` frames the farms got). Then, with the actors still connected:
+``actors_expired`` counter plus the ``Disconnect`` frames the farms got; ``ticks_behind``: timer ticks on which
+the broker had unread frames, so declared no actor dead). Then, with the actors still connected:
 ``Client.status`` latency, and p50/p99 of real ``echo`` calls through the broker and by direct lease
 (``Client(url, direct=True)``), with their ratio to the 10-actor baseline of the same run.
 """
@@ -137,6 +138,7 @@ def point(n: int, seconds: float, farms: int, calls: int, heartbeat_s: float,
             reg_s, seen = _wait_registered(cl, fs, n, timeout=60 + n / 50)
             st0, _, _ = _status(cl.url)
             exp0 = st0.stats.get("actors_expired", 0) if st0 is not None else 0
+            behind0 = st0.stats.get("ticks_behind", 0) if st0 is not None else 0
             _ask(fs, "measure")
             cpu0, t0 = cpu_s(cl.broker.pid), time.monotonic()
             time.sleep(seconds)
@@ -146,6 +148,7 @@ def point(n: int, seconds: float, farms: int, calls: int, heartbeat_s: float,
             st, st_lat, st_err = _status(cl.url, 10)
             broker, direct = _echo(cl.url, calls, False), _echo(cl.url, calls, True)
             exp1 = st.stats.get("actors_expired", 0) if st is not None else exp0
+            behind1 = st.stats.get("ticks_behind", 0) if st is not None else behind0
             rep2 = _ask(fs, "report")  # the farms' Disconnects over the echo phase too
         finally:
             try:
@@ -167,7 +170,7 @@ def point(n: int, seconds: float, farms: int, calls: int, heartbeat_s: float,
         "broker_heartbeats_received": sum(r["broker_heartbeats"] for r in rep),
         "broker_gap_p50_s": pct(gaps, 0.5) if gaps else None, "broker_gap_p99_s": pct(gaps, 0.99) if gaps else None,
         "wrongly_lost": (exp1 - exp0) + sum(r["disconnects"] for r in rep) + sum(r["disconnects"] for r in rep2),
-        "broker_actors_expired": exp1 - exp0, "unexpected_frames": sum(r["unexpected"] for r in rep2),
+        "broker_actors_expired": exp1 - exp0, "broker_ticks_behind": behind1 - behind0, "unexpected_frames": sum(r["unexpected"] for r in rep2),
         "status_p50_ms": pct(st_lat, 0.5) * 1e3 if st_lat else None,
         "status_p99_ms": pct(st_lat, 0.99) * 1e3 if st_lat else None,
         "echo_broker": broker, "echo_direct": direct,

@@ -37,7 +37,12 @@ class BadFrame:
 
 @dataclass(frozen=True, slots=True)
 class Tick:
-    """Periodic timer: liveness, leases, deadlines, heartbeats, the planner's rounds."""
+    """Periodic timer: liveness, leases, deadlines, heartbeats, the planner's rounds. ``behind``: the shell
+    stopped reading at its per-pass limit with frames still waiting, which may hold the heartbeats of actors
+    that look silent, so this tick declares no actor dead (an overloaded broker must not expire live actors,
+    which then say hello again and load it more)."""
+
+    behind: bool = False
 
 
 @dataclass(frozen=True, slots=True)

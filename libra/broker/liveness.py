@@ -80,7 +80,7 @@ class LivenessHeap:
             return "heartbeat"
         return None
 
-    def due(self, sessions: dict[bytes, _Clocked], now: float) -> list[tuple[bytes, str]]:
+    def due(self, sessions: dict[bytes, _Clocked], now: float, spare_dead: bool = False) -> list[tuple[bytes, str]]:
         """The sessions with something due at ``now``, in the order they were opened, with their verdicts
         (``"dead"`` or ``"heartbeat"``, as :meth:`verdict`). A dead one leaves the heap (the caller drops
         the session); every other one popped is pushed again at its next deadline."""
@@ -99,6 +99,10 @@ class LivenessHeap:
             sess = sessions[peer]
             seen = sess.last_seen
             if now - seen > dead_after:
+                if spare_dead:  # looked at again on the next call
+                    at[peer] = now
+                    push(heap, (now, seq, peer))
+                    continue
                 del order[peer], at[peer]
                 out.append((peer, "dead"))
                 continue

@@ -247,8 +247,10 @@ class BrokerServer:
                 ready = dict(poll(timeout_ms))
                 if replica is not None and replica.sock in ready:
                     replica.pump(mono())
+                received = 0
                 if sock in ready:
                     for frames in recv_ready(sock, self._max_recv):
+                        received += 1
                         now = mono()
                         peer = frames[0]
                         body = frames[1:]
@@ -265,7 +267,7 @@ class BrokerServer:
                     self._flush()
                 now = mono()
                 if now >= next_tick:
-                    self._handle(Tick(), now)
+                    self._handle(Tick(behind=received >= self._max_recv), now)
                     self._ticks += 1
                     if self.journal is not None and self._ticks % 240 == 0:
                         self.journal.prune()

@@ -292,11 +292,12 @@ class SessionRegistry:
         if len(sess.held) == 1:
             self._liveness.rekey(sess)
 
-    def due(self, now: float) -> list[tuple[bytes, str]]:
+    def due(self, now: float, spare_dead: bool = False) -> list[tuple[bytes, str]]:
         """On the timer: the actors with a verdict of :meth:`liveness` at ``now`` (``"dead"``: the caller
         drops them; ``"heartbeat"``: counted as sent now), in the order they connected. Costs the actors
-        that are due, not all of them (``liveness.LivenessHeap``)."""
-        return self._liveness.due(self.actors, now)
+        that are due, not all of them (``liveness.LivenessHeap``). ``spare_dead``: none is dead this time
+        (unread frames may hold their heartbeats); they are checked again on the next call."""
+        return self._liveness.due(self.actors, now, spare_dead)
 
     def on_tick(self, now: float) -> None:
         """On the timer: start the registration clock (:meth:`refusal`) at the first tick; forget silent

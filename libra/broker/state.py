@@ -101,9 +101,7 @@ class BrokerState:
         loop = PlannerLoop(PlannerSettings.from_dict(planner)) if c.planner else None
         self.stats: dict[str, int] = dict.fromkeys(
             ("submitted", "completed", "failed", "requeued", "stale_results", "bad_frames", "timeouts",
-             "unknown_tool", "busy", "duplicates", "actors_expired", "handbacks"),
-            0,
-        )
+             "unknown_tool", "busy", "duplicates", "actors_expired", "handbacks", "ticks_behind"), 0)
         self._sessions = SessionRegistry(c.heartbeat_s, c.liveness, c.client_idle_s, c.idle_beat_s)
         self._table = WorkTable(c.reply_cache)
         self._jobs = JobBoard()
@@ -157,7 +155,7 @@ class BrokerState:
             self._note_decisions(now)
             return out
         if t is Tick:
-            out = self._on_tick(now)
+            out = self._on_tick(now, event.behind)
             if self._jobs.wake_waiting():
                 self._pump_jobs(now, out)
             self._note_decisions(now)
@@ -461,9 +459,10 @@ class BrokerState:
         self._jobs.note(self._planning.take_notes(), now)
 
     # ------------------------------------------------------------------ timers
-    def _on_tick(self, now: float) -> list[Command]:
+    def _on_tick(self, now: float, behind: bool = False) -> list[Command]:
         out: list[Command] = []
-        for peer, verdict in self._sessions.due(now):
+        self.stats["ticks_behind"] += behind
+        for peer, verdict in self._sessions.due(now, spare_dead=behind):
             if verdict == "dead":
                 self.stats["actors_expired"] += 1
                 self._drop_actor(peer, now, out, "actor expired", lost=True)

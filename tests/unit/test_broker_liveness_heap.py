@@ -194,3 +194,38 @@ def test_best_actor_stops_early_but_picks_what_a_full_scan_picks() -> None:
                 if s.free > most and s.serves(*key):
                     want, most = s, s.free
             assert reg.best_actor(key) is want
+
+
+def test_no_actor_is_declared_dead_on_a_tick_the_shell_marks_behind() -> None:
+    # the shell stopped reading at its per-pass limit: the silent actor's heartbeat may be among the unread frames
+    b = Broker()
+    b.hello(b"p1", "a1")
+    b.now = 3.5
+    out = b.s.handle(Tick(behind=True), b.now)
+    assert not expiries(out) and [s.actor_id for s in b.s.actors.values()] == ["a1"]
+    assert b.s.stats["ticks_behind"] == 1
+    b.msg(b"p1", m.Heartbeat())  # it was alive: its beat was waiting
+    assert not expiries(b.tick(0.25))
+    lost = [b.now for _ in range(20) if expiries(b.tick(0.25), b"p1")]  # silent from now on: lost on time
+    assert lost == [6.75]
+
+
+def test_a_lost_actor_does_not_make_the_broker_offer_an_empty_queue_to_every_other_actor() -> None:
+    # each loss offered queued work to every actor with free credit: with nothing queued that was a scan of all
+    # actors per loss, and a wave of losses at 19,000 actors stalled the loop into a collapse (bench control_plane)
+    b = Broker()
+    for i in range(50):
+        b.hello(b"p%d" % i, f"a{i}")
+    fills: list[str] = []
+    real = b.s._dispatch.fill
+    b.s._dispatch.fill = lambda sess, now, out: (fills.append(sess.actor_id), real(sess, now, out))[1]
+    b.msg(b"p0", m.Goodbye("gone"))
+    for _ in range(20):  # the other 49 fall silent and expire together
+        b.tick(0.25)
+    assert b.s.stats["actors_expired"] == 49 and fills == []
+    b.hello(b"p99", "a99")  # with work queued that nobody serves, a loss still offers it to the others
+    b.msg(b"c", m.ClientHello("c1", 1))
+    b.msg(b"c", m.Submit("r1", "action", "sleep", {}))
+    b.msg(b"p98", m.ActorHello("a98", "h", "a98", 1, {"action": ["echo"]}, ["action"], 1))
+    b.msg(b"p98", m.Goodbye("gone"))
+    assert "a99" in fills
