@@ -229,3 +229,16 @@ def test_a_lost_actor_does_not_make_the_broker_offer_an_empty_queue_to_every_oth
     b.msg(b"p98", m.ActorHello("a98", "h", "a98", 1, {"action": ["echo"]}, ["action"], 1))
     b.msg(b"p98", m.Goodbye("gone"))
     assert "a99" in fills
+
+
+def test_the_idle_heartbeat_defaults_to_three_heartbeats_and_is_never_shorter_than_one() -> None:
+    import pytest
+
+    assert BrokerConfig().idle_beat_s == 3.0 and BrokerConfig(heartbeat_s=2.0).idle_beat_s == 6.0
+    assert BrokerConfig(idle_heartbeat_s=1.0).idle_beat_s == 1.0  # every actor beaten alike, as before
+    with pytest.raises(ValueError, match="idle_heartbeat_s .* must be at least heartbeat_s"):
+        BrokerConfig(idle_heartbeat_s=0.5)
+    (w,) = [c.msg for c in BrokerState(BrokerConfig(heartbeat_s=0.5)).handle(
+        PeerMessage(b"p", m.ActorHello("a", "h", "s", 1, {"action": ["echo"]}, ["action"], 1)), 0.0)
+        if isinstance(getattr(c, "msg", None), m.Welcome)]
+    assert (w.heartbeat_s, w.idle_heartbeat_s) == (0.5, 1.5)  # the actor learns both from its Welcome
