@@ -1,4 +1,4 @@
-"""``bench control_plane`` at CI size (50 and 200 synthetic idle actors, 2 s each): the result's structure, no
+"""``bench control_plane`` at CI size (50 and 200 synthetic idle actors, 3.5 s each): the result's structure, no
 actor wrongly declared lost, every synthetic actor in ``libra status``; and a silent listener on the broker's
 port (what a saturated broker looks like) reported as possibly overloaded, the CURVE hint second."""
 
@@ -16,13 +16,16 @@ pytestmark = pytest.mark.integration
 
 
 def test_bench_control_plane_small() -> None:
-    args = argparse.Namespace(actors="50,200", seconds=2.0, farms=2, calls=30, heartbeat_s=1.0, out=None)
+    # held 3.5 s: the broker beats an idle actor every 3 s (its default), and the farms must see it do so
+    args = argparse.Namespace(actors="50,200", seconds=3.5, farms=2, calls=30, heartbeat_s=1.0, idle_heartbeat_s="",
+                              out=None)
     res = control_plane.run(args)
     assert [p["actors"] for p in res["points"]] == [control_plane.BASELINE, 50, 200]
     for p in res["points"]:
         assert p["seen_in_status"] == p["actors"], p
         assert p["wrongly_lost"] == 0 and p["broker_actors_expired"] == 0, p
-        assert p["unexpected_frames"] == 0, p
+        assert p["unexpected_frames"] == 0 and p["broker_ticks_behind"] == 0, p
+        assert p["idle_heartbeat_s"] == 3.0 and p["cpu_vs_first_setting"] == 1.0, p  # the broker's default
         assert p["heartbeats_sent"] > 0 and p["broker_heartbeats_received"] > 0, p
         assert p["broker_rss_mb"] > 0 and p["broker_cpu_per_s"] >= 0, p
         for via in ("echo_broker", "echo_direct"):
@@ -67,7 +70,8 @@ def test_a_broker_started_with_256_open_files_holds_400_actors() -> None:
         pytest.skip(f"the hard open-files limit here is {hard}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
     try:
-        args = argparse.Namespace(actors="400", seconds=1.0, farms=2, calls=10, heartbeat_s=1.0, out=None)
+        args = argparse.Namespace(actors="400", seconds=1.0, farms=2, calls=10, heartbeat_s=1.0, idle_heartbeat_s="",
+                                  out=None)
         res = control_plane.run(args)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
