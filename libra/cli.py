@@ -87,6 +87,9 @@ def _status_watch(args: argparse.Namespace) -> int:
 def _keys(args: argparse.Namespace) -> int:
     from libra.transport.keys import KeyFileError, create_keypair
 
+    if args.role and not args.allow:
+        print("libra keys: --role needs --allow (it says where in the allow directory the key goes)", file=sys.stderr)
+        return 2
     try:
         kp = create_keypair(args.out, args.name, overwrite=args.force)
     except KeyFileError as exc:
@@ -95,12 +98,16 @@ def _keys(args: argparse.Namespace) -> int:
     import shutil
     from pathlib import Path
 
+    from libra.transport.security import ROLE_DIRS
+
     allowed = Path(args.out) / "allowed"  # the broker's --curve-allow directory (it refuses to start without one)
     allowed.mkdir(parents=True, exist_ok=True)
+    place = allowed / ROLE_DIRS[args.role] if args.role else allowed
     if args.allow:
-        shutil.copy(kp.public_file, allowed / kp.public_file.name)
+        place.mkdir(parents=True, exist_ok=True)
+        shutil.copy(kp.public_file, place / kp.public_file.name)
     print(f"public key file: {kp.public_file}  "
-          + (f"(allowed: copied to {allowed}/)" if args.allow
+          + (f"(allowed as {args.role or 'any role'}: copied to {place}/)" if args.allow
              else f"(to let it in, copy it to the broker's allow directory, e.g. {allowed}/)"))
     print(f"secret key file: {kp.secret_file}  (mode 0600; keep on this host)")
     print(f"allow directory: {allowed}  (the broker's --curve-allow)")
@@ -230,6 +237,10 @@ def build_parser(prog: str = "libra") -> argparse.ArgumentParser:
     k.add_argument("--force", action="store_true", help="replace existing files of that name")
     k.add_argument("--allow", action="store_true",
                    help="also put the public key in OUT/allowed/ (the directory the broker's --curve-allow reads)")
+    k.add_argument("--role", choices=("actor", "client", "operator"),
+                   help="with --allow: the key's role, in OUT/allowed/{actors,clients,operators}/ (an actor key may "
+                        "only serve, a client key only call, an operator key call and direct slots); without "
+                        "it the key may do anything")
     k.set_defaults(fn=_keys)
     d = sub.add_parser("demo", help="start a local broker and actors and run tool calls through them",
                        description="Start a broker and actors on loopback, run a workload of tool calls, "

@@ -95,13 +95,15 @@ class EpisodeRole:
         import uuid
 
         from libra.client.aio import AsyncClient
+        from libra.transport.security import CurveClient
 
         if self._client_lock is None:
             self._client_lock = asyncio.Lock()
         async with self._client_lock:
             if self._client is None:
                 cid = f"episodes-{self.slot}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-                self._client = await AsyncClient(self.broker_url, client_id=cid).connect(30.0)
+                curve = CurveClient.from_env(as_client=True)  # the host's client key, under key roles
+                self._client = await AsyncClient(self.broker_url, client_id=cid, curve=curve).connect(30.0)
         return self._client
 
     def _env(self, env_config: dict[str, Any]) -> tuple[Any, Any]:

@@ -20,11 +20,13 @@ from libra.protocol.errors import ProtocolError
 
 @dataclass(slots=True)  # not frozen: built per message on the hot path (see protocol.messages)
 class PeerMessage:
-    """A decoded message from the peer with routing identity ``peer``."""
+    """A decoded message from the peer with routing identity ``peer``. ``role``: the role of the CURVE key its
+    connection passed the handshake with (``libra.broker.roles``; "" without CURVE: anything goes)."""
 
     peer: bytes
     msg: Any
     buffers: tuple[bytes, ...] = ()
+    role: str = ""
 
 
 @dataclass(frozen=True, slots=True)

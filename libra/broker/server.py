@@ -29,7 +29,7 @@ from libra.transport.endpoints import broker_ipc_endpoint, forget_ipc
 from libra.logging import get_logger
 from libra.protocol import ProtocolError, decode_many, encode, encode_many
 from libra.transport.security import Authenticator, CurveServer, apply_server
-from libra.transport.zmqio import NOBLOCK, recv_ready, send_frames
+from libra.transport.zmqio import NOBLOCK, recv_frames, recv_frames_user, recv_ready, send_frames
 
 from .config import BrokerConfig
 from .events import (
@@ -241,6 +241,9 @@ class BrokerServer:
         if replica is not None:
             poller.register(replica.sock, zmq.POLLIN)
         poll = poller.poll
+        # under CURVE each message comes with its key's role (the ZAP user id: libra.broker.roles)
+        curve = self._curve
+        recv = recv_frames_user if curve else recv_frames
         try:
             while not self._stop.is_set():
                 timeout_ms = max(0, int((next_tick - mono()) * 1000))
@@ -249,9 +252,10 @@ class BrokerServer:
                     replica.pump(mono())
                 received = 0
                 if sock in ready:
-                    for frames in recv_ready(sock, self._max_recv):
+                    for item in recv_ready(sock, self._max_recv, recv):
                         received += 1
                         now = mono()
+                        frames, role = item if curve else (item, "")
                         peer = frames[0]
                         body = frames[1:]
                         if body and body[0] == b"":  # REQ-style empty delimiter: tolerate it
@@ -263,7 +267,7 @@ class BrokerServer:
                             self._handle(BadFrame(peer, err), now)
                             continue
                         for d in decoded:
-                            self._handle(PeerMessage(peer, d.msg, d.buffers), now)
+                            self._handle(PeerMessage(peer, d.msg, d.buffers, role), now)
                     self._flush()
                 now = mono()
                 if now >= next_tick:

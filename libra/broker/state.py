@@ -18,12 +18,11 @@ gathers the commands they return. The components, each in its own module:
   (work held by a dead actor, or whose lease expired, is re-queued up to ``max_retries`` losses, then fails
   with ``retries_exhausted``; a result carrying a stale lease is dropped) and produces each request's one
   Reply;
-- ``rollout.RolloutRouting`` (where each generate turn runs), ``actions.ActionPlacement`` (which queued
-  actions start, with how many cores), ``job_board.JobBoard`` (RL jobs hosted in the broker),
-  ``plan_rounds.Planning`` (plans → role directives, and the broker planner's rounds).
+- ``rollout.RolloutRouting`` (where each generate turn runs), ``actions.ActionPlacement`` (which queued actions
+  start, with how many cores), ``job_board.JobBoard`` (RL jobs), ``plan_rounds.Planning`` (plans → directives).
 
-Mutation rule: state changes only inside ``handle``. ``direct``, ``apply_plan`` and ``restore`` are thin
-entry points that build the matching event and hand it to ``handle``.
+Mutation rule: state changes only inside ``handle`` (``direct``, ``apply_plan``, ``restore`` build the event).
+A peer's message its key's role may not send is refused first (``roles``).
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from libra.policies.routing.interface import BucketSpec
 from libra.protocol import messages as m
 from libra.protocol.errors import ErrorCode, ProtocolCode
 
-from . import journal, views
+from . import journal, roles, views
 from .actions import ActionPlacement
 from .adoption import Adoption, parse_held
 from .config import BrokerConfig
@@ -101,7 +100,7 @@ class BrokerState:
         loop = PlannerLoop(PlannerSettings.from_dict(planner)) if c.planner else None
         self.stats: dict[str, int] = dict.fromkeys(
             ("submitted", "completed", "failed", "requeued", "stale_results", "bad_frames", "timeouts",
-             "unknown_tool", "busy", "duplicates", "actors_expired", "handbacks", "ticks_behind"), 0)
+             "unknown_tool", "busy", "duplicates", "actors_expired", "handbacks", "ticks_behind", "role_refused"), 0)
         self._sessions = SessionRegistry(c.heartbeat_s, c.liveness, c.client_idle_s, c.idle_beat_s)
         self._table = WorkTable(c.reply_cache)
         self._jobs = JobBoard()
@@ -128,8 +127,8 @@ class BrokerState:
             m.Goodbye: self._on_goodbye,
             m.DirectRequest: self._on_direct_request,
             m.EndTrajectory: self._on_end_trajectory,
-            m.JobSubmit: self._on_job_submit,
-            m.JobPoll: self._on_job_poll,
+            m.JobSubmit: lambda peer, msg, now, out: out.append(Send(peer, self._jobs.submit(msg, now))),
+            m.JobPoll: lambda peer, msg, now, out: out.append(Send(peer, self._jobs.poll(msg, now))),
             **self._leases.handlers,
         }
 
@@ -143,6 +142,9 @@ class BrokerState:
             handler = self._handlers.get(type(msg))
             if handler is None:  # a broker→peer message sent to the broker: unexpected
                 return self._reject(peer, ProtocolCode.UNEXPECTED, f"{type(msg).__name__} is not accepted by the broker")
+            if event.role and not roles.allows(event.role, type(msg)):  # its key's role may not send it
+                self.stats["role_refused"] += 1
+                return roles.refusal(peer, msg, event.role, self._sessions.known(peer))
             out: list[Command] = []
             self._sessions.touch(peer, now)
             hint = _CLIENT_ONLY.get(type(msg))
@@ -414,12 +416,6 @@ class BrokerState:
         return [Send(peer, m.Disconnect(f"{code.value}: {message}"))]
 
     # ------------------------------------------------------------------ jobs
-    def _on_job_submit(self, peer: bytes, msg: m.JobSubmit, now: float, out: list[Command]) -> None:
-        out.append(Send(peer, self._jobs.submit(msg, now)))
-
-    def _on_job_poll(self, peer: bytes, msg: m.JobPoll, now: float, out: list[Command]) -> None:
-        out.append(Send(peer, self._jobs.poll(msg, now)))
-
     def _pump_jobs(self, now: float, out: list[Command]) -> None:
         """Let the job board deliver replies and submit or cancel its jobs' work."""
 

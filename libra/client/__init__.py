@@ -8,11 +8,12 @@
 from __future__ import annotations
 
 from .common import ToolResult
-from .errors import (BadAddress, BadRequest, BrokerUnreachable, Busy, Cancelled, LibraError, PayloadTooLarge,
-                     ProtocolRejected, ToolFailed, ToolTimeout, UnknownTool, WorkLost)
+from .errors import (BadAddress, BadRequest, BrokerUnreachable, Busy, Cancelled, Forbidden, LibraError,
+                     PayloadTooLarge, ProtocolRejected, ToolFailed, ToolTimeout, UnknownTool, WorkLost)
 from .sync import Client
 
 __all__ = [
     "Client", "ToolResult", "LibraError", "UnknownTool", "ToolTimeout", "ToolFailed", "WorkLost", "Busy",
     "Cancelled", "BadRequest", "PayloadTooLarge", "BrokerUnreachable", "ProtocolRejected", "BadAddress",
+    "Forbidden",
 ]

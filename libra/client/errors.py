@@ -102,9 +102,16 @@ class ProtocolRejected(LibraError):
     code = ErrorCode.PROTOCOL.value
 
 
+class Forbidden(LibraError):
+    """The broker refused the request for this client's key role (e.g. a client key asking for a directive,
+    which only an operator key may send): the message names the role."""
+
+    code = ErrorCode.FORBIDDEN.value
+
+
 _BY_CODE: dict[str, type[LibraError]] = {
     c.code: c for c in (UnknownTool, ToolTimeout, WorkLost, Busy, Cancelled, BadRequest, PayloadTooLarge,
-                         ProtocolRejected)
+                         ProtocolRejected, Forbidden)
 }
 
 

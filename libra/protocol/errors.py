@@ -23,6 +23,7 @@ class ProtocolCode(str, Enum):
     BAD_TYPE = "bad_type"
     OVERSIZE = "oversize"
     UNEXPECTED = "unexpected"  # well-formed but not allowed in this state (e.g. no hello yet)
+    FORBIDDEN = "forbidden"  # the sender's key role may not send this (libra.broker.roles)
 
 
 class ErrorCode(str, Enum):
@@ -39,6 +40,7 @@ class ErrorCode(str, Enum):
     PROTOCOL = "protocol"  # the peer sent a frame the broker could not decode
     INTERNAL = "internal"
     NO_LEASE = "no_lease"  # no actor runs this inline: no direct lease (the client uses the broker)
+    FORBIDDEN = "forbidden"  # the caller's key role may not ask this (an actor key submitting work, ...)
     LEASE_ENDED = "lease_ended"  # a direct call on a lease its actor no longer holds: it did not run
 
 

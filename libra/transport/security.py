@@ -83,9 +83,14 @@ class CurveClient:
         return cls(kp.public_key, kp.secret_key, load_keypair(broker_key_file).public_key)
 
     @classmethod
-    def from_env(cls) -> "CurveClient | None":
-        """From ``LIBRA_CURVE_SECRET`` and ``LIBRA_BROKER_KEY`` when both are set, else None."""
+    def from_env(cls, *, as_client: bool = False) -> "CurveClient | None":
+        """From ``LIBRA_CURVE_SECRET`` and ``LIBRA_BROKER_KEY`` when both are set, else None. ``as_client``: the
+        key an actor host's slots call tools with (an episode runner is a client of the broker too), from
+        ``LIBRA_CLIENT_CURVE_SECRET`` when set: with key roles an actor key may not submit work, so such a host
+        is given a client key as well (``libra keys --allow --role client``)."""
         sec, srv = os.environ.get("LIBRA_CURVE_SECRET"), os.environ.get("LIBRA_BROKER_KEY")
+        if as_client and os.environ.get("LIBRA_CLIENT_CURVE_SECRET"):
+            sec = os.environ["LIBRA_CLIENT_CURVE_SECRET"]
         return cls.from_files(sec, srv) if sec and srv else None
 
 
@@ -102,14 +107,34 @@ def apply_client(sock: zmq.Socket, curve: CurveClient) -> None:
     sock.curve_serverkey = curve.server_key
 
 
+ROLE_DIRS = {"actor": "actors", "client": "clients", "operator": "operators"}  # under the allow directory
+
+
+def key_roles(allow_dir: Path) -> dict[bytes, str]:
+    """Z85 public key → its roles (comma separated, sorted) from the allow directory: ``any`` for a key in the
+    directory itself, ``actor``/``client``/``operator`` for one in ``actors/``, ``clients/``, ``operators/``."""
+    found: dict[bytes, set[str]] = {}
+    places = [(Path(allow_dir), "any")] + [(Path(allow_dir) / d, r) for r, d in ROLE_DIRS.items()]
+    for where, role in places:
+        if where.is_dir():
+            for key in zmq.auth.load_certificates(str(where)):
+                found.setdefault(key, set()).add(role)
+    return {k: ("any" if "any" in r else ",".join(sorted(r))) for k, r in found.items()}
+
+
 class _ReportingAuthenticator(ThreadAuthenticator):
     """``ThreadAuthenticator`` that reports every refused handshake (peer address, mechanism, client key) to
-    ``on_refused``: a peer refused by ZAP otherwise sees only silence, and so does the operator."""
+    ``on_refused``: a peer refused by ZAP otherwise sees only silence, and so does the operator. A key that
+    passes gets its roles as the connection's user id (``roles``: Z85 key → roles, comma separated)."""
 
     def __init__(self, ctx: zmq.Context, on_refused: Callable[[dict[str, str]], None] | None) -> None:
         super().__init__(ctx)
         self._on_refused = on_refused
         self._request: dict[str, str] = {}
+        self.roles: dict[bytes, str] = {}
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return self.roles.get(zmq.utils.z85.encode(client_public_key), "")
 
     async def handle_zap_message(self, msg: list[bytes]) -> None:
         # One request at a time on the authenticator's thread: remember who asked until the reply.
@@ -132,7 +157,11 @@ class _ReportingAuthenticator(ThreadAuthenticator):
 class Authenticator:
     """ZAP handler thread for one context: only keys in ``allow_dir`` pass. ``reload()`` re-reads it.
     ``on_refused(info)`` is called (on the authenticator's thread) for every refused handshake with the
-    peer's ``peer`` address, ``mechanism``, ``client_key`` (Z85) and ``reason``."""
+    peer's ``peer`` address, ``mechanism``, ``client_key`` (Z85) and ``reason``.
+
+    Roles: a key in ``allow_dir/actors/``, ``clients/`` or ``operators/`` passes with that role (a key in
+    several, with each); a key in ``allow_dir`` itself with the role ``any`` (the layout before roles). The
+    role is the connection's ZAP user id, which the broker reads off every message (``libra.broker.roles``)."""
 
     def __init__(self, ctx: zmq.Context, allow_dir: Path,
                  on_refused: Callable[[dict[str, str]], None] | None = None) -> None:
@@ -144,7 +173,10 @@ class Authenticator:
 
     def reload(self) -> None:
         with self._lock:
+            roles = key_roles(self._allow_dir)
             self._auth.configure_curve(domain=ZAP_DOMAIN.decode(), location=str(self._allow_dir))
+            self._auth.certs[ZAP_DOMAIN.decode()] = dict.fromkeys(roles, True)
+            self._auth.roles = roles
 
     def stop(self) -> None:
         self._auth.stop()

@@ -24,7 +24,8 @@ import os
 import stat
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import zmq
 
@@ -58,17 +59,35 @@ def recv_frames(sock: zmq.Socket, flags: int = _NOBLOCK) -> list[bytes]:
     return frames
 
 
-def recv_ready(sock: zmq.Socket, limit: int) -> Iterator[list[bytes]]:
-    """Up to ``limit`` messages that are ready now, without blocking (see the module's note on draining)."""
+def recv_frames_user(sock: zmq.Socket, flags: int = _NOBLOCK) -> tuple[list[bytes], str]:
+    """One multipart message from a ROUTER (routing id first) as bytes, with the ZAP user id its connection's
+    handshake gave it ("" without one): under CURVE the broker's authenticator names the key's role there."""
+    recv, get = sock.recv, sock.get
+    frames = [recv(flags, copy=True)]
+    user = ""
+    while get(_RCVMORE):
+        part = recv(flags, copy=False)
+        if len(frames) == 1:  # the first body frame carries the connection's metadata
+            try:
+                user = part.get("User-Id") or ""
+            except zmq.ZMQError:
+                user = ""
+        frames.append(part.bytes)
+    return frames, user
+
+
+def recv_ready(sock: zmq.Socket, limit: int, recv: Callable[[zmq.Socket], Any] = recv_frames) -> Iterator[Any]:
+    """Up to ``limit`` messages that are ready now, without blocking (see the module's note on draining), each
+    as ``recv`` returns it (:func:`recv_frames`, or :func:`recv_frames_user` for the sender's role too)."""
     try:
-        yield recv_frames(sock)
+        yield recv(sock)
     except zmq.Again:
         return
     if not sock.get(_EVENTS) & _POLLIN:
         return
     for _ in range(limit - 1):
         try:
-            frames = recv_frames(sock)
+            frames = recv(sock)
         except zmq.Again:
             return
         yield frames

@@ -1,0 +1,60 @@
+"""Key roles: which messages a peer may send the broker, by the role of the CURVE key it connected with.
+
+With CURVE on, the broker's allow directory is split by role (``ALLOW/actors/``, ``ALLOW/clients/``,
+``ALLOW/operators/``; ``libra keys --allow --role R``). The authenticator (``libra.transport.security``) names
+the role of the key that passed the handshake as the connection's ZAP user id, the shell reads it off each
+message and hands it to the core in ``PeerMessage.role``, and the core refuses what the role may not send
+before any handler sees it:
+
+- an **actor** key may speak only as an actor (hello, bids, results, hand-backs, lease reports);
+- a **client** key only as a client (calls, status, cancels, trajectories, jobs, direct leases);
+- an **operator** key as a client, and may also send directives (``DirectRequest``: a slot's role).
+
+A key in the allow directory itself (no role subdirectory: the layout before roles) may send anything, and so
+may every peer without CURVE (``role`` ""). A refusal is typed and names the role: a request is answered with
+a failed ``Reply`` (``forbidden``, so the client raises ``Forbidden``), a hello with a ``Disconnect``, anything
+else with an ``Error``. The core counts refusals (``role_refused``) and logs each one. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from libra.protocol import messages as m
+from libra.protocol.errors import ErrorCode, ProtocolCode
+
+from .events import Command, Log, Send
+
+__all__ = ["ANY", "ROLES", "allows", "refusal"]
+
+ANY = "any"  # a key listed in the allow directory itself: every message, as before roles
+ACTOR, CLIENT, OPERATOR = "actor", "client", "operator"
+ROLES = (ACTOR, CLIENT, OPERATOR)  # their keys' directories: libra.transport.security.ROLE_DIRS
+
+_BOTH = (m.Heartbeat, m.Goodbye, m.LeaseEnd)
+_ACTOR = frozenset((m.ActorHello, m.Bid, m.WorkResult, m.Handback, m.DirectiveDone, m.LeaseReady, m.LeaseReport,
+                    *_BOTH))
+_CLIENT = frozenset((m.ClientHello, m.Submit, m.StatusRequest, m.CancelRequest, m.EndTrajectory, m.JobSubmit,
+                     m.JobPoll, m.LeaseRequest, *_BOTH))
+ALLOWED: dict[str, frozenset[type]] = {ACTOR: _ACTOR, CLIENT: _CLIENT, OPERATOR: _CLIENT | {m.DirectRequest}}
+
+
+def allows(role: str, kind: type) -> bool:
+    """Whether a key of ``role`` may send a message of class ``kind`` ("" or ``any``: every kind; a key in
+    several role directories has their roles comma separated, and any of them may allow it)."""
+    if not role or role == ANY:
+        return True
+    return any(kind in ALLOWED.get(r, ()) for r in role.split(","))
+
+
+def refusal(peer: bytes, msg: object, role: str, known: bool) -> list[Command]:
+    """The typed answer to ``msg`` from ``peer``, whose key's ``role`` may not send it (``known``: the peer has
+    a session)."""
+    name = type(msg).__name__
+    why = (f"{name} refused: this connection's key has the role {role!r}, which may not send it "
+           f"(see libra keys --allow --role; actors, clients and operators each need their own key)")
+    log = Log("role_refused", {"peer": peer.hex(), "role": role, "message": name}, "warning")
+    request_id = getattr(msg, "request_id", None)
+    if isinstance(request_id, str):
+        return [log, Send(peer, m.Reply(request_id, False, None, ErrorCode.FORBIDDEN.value, why))]
+    if isinstance(msg, (m.ActorHello, m.ClientHello)) or not known:
+        return [log, Send(peer, m.Disconnect(f"{ProtocolCode.FORBIDDEN.value}: {why}"))]
+    return [log, Send(peer, m.Error(ProtocolCode.FORBIDDEN.value, why))]

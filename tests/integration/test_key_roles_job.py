@@ -1,0 +1,47 @@
+"""The bundled job end to end under CURVE with role-scoped keys (#33): the actor host connects with a key in
+``allowed/actors/`` and its episode runner calls tools with a second key in ``allowed/clients/``
+(``LIBRA_CLIENT_CURVE_SECRET``); the driver holds the environment author's client key. Every version trains:
+each role could do its part and nothing more was needed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import libra.local as local
+from libra.rl.config import load_job
+from libra.rl.driver import run_job
+from libra.transport.keys import create_keypair
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")]
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "arith_tiny.toml"
+
+
+def test_the_bundled_job_runs_with_role_scoped_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd) -> None:
+    keys, allowed = tmp_path / "keys", tmp_path / "allowed"
+    broker_kp = create_keypair(keys, "broker")
+    for name, sub in (("host1", "actors"), ("host1-calls", "clients"), ("envauthor", "clients")):
+        kp = create_keypair(keys, name)
+        (allowed / sub).mkdir(parents=True, exist_ok=True)
+        (allowed / sub / kp.public_file.name).write_bytes(kp.public_file.read_bytes())
+
+    class CurveCluster(local.LocalCluster):  # what `libra run` starts, with CURVE on and the host's two keys
+        def start(self, *args, **kw):  # type: ignore[no-untyped-def]
+            self.broker_args = [*self.broker_args, "--curve-secret", str(broker_kp.secret_file),
+                                "--curve-allow", str(allowed)]
+            self.env = {**self.env, "LIBRA_CURVE_SECRET": str(keys / "host1.key_secret"),
+                        "LIBRA_CLIENT_CURVE_SECRET": str(keys / "host1-calls.key_secret")}
+            return super().start(*args, **kw)
+
+    monkeypatch.setattr(local, "LocalCluster", CurveCluster)
+    monkeypatch.setenv("LIBRA_CURVE_SECRET", str(keys / "envauthor.key_secret"))  # the driver's own client key
+    monkeypatch.setenv("LIBRA_BROKER_KEY", str(broker_kp.public_file))
+    cfg = load_job(EXAMPLE).with_run_dir(str(tmp_path / "run"))
+    summary = run_job(cfg, progress=False)
+    assert summary["final_version"] == cfg.job.steps and summary["episodes_failed"] == 0
+    err = capfd.readouterr().err  # the broker's warnings: a refusal would be one
+    assert '"role_refused"' not in err, err[-3000:]
