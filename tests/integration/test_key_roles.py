@@ -21,8 +21,9 @@ from libra.client import Client, Forbidden
 from libra.local import free_port
 from libra.protocol import decode_many, encode
 from libra.protocol import messages as m
-from libra.transport.keys import create_keypair
 from libra.transport.security import CurveClient, apply_client
+
+from .role_keys import role_keys
 
 pytestmark = pytest.mark.integration
 
@@ -46,12 +47,7 @@ def _answers(s: zmq.Socket, wait_s: float) -> list:
 
 
 def test_each_role_may_send_only_its_own_messages(tmp_path: Path) -> None:
-    keys, allowed = tmp_path / "keys", tmp_path / "allowed"
-    broker_kp = create_keypair(keys, "broker")
-    for name, sub in (("host1", "actors"), ("envauthor", "clients"), ("ops", "operators")):
-        kp = create_keypair(keys, name)
-        (allowed / sub).mkdir(parents=True, exist_ok=True)
-        (allowed / sub / kp.public_file.name).write_bytes(kp.public_file.read_bytes())
+    keys, allowed, broker_kp = role_keys(tmp_path, (("host1", "actors"), ("envauthor", "clients"), ("ops", "operators")))
     cc = {n: CurveClient.from_files(keys / f"{n}.key_secret", broker_kp.public_file) for n in ("host1", "envauthor", "ops")}
     url = f"tcp://127.0.0.1:{free_port()}"
     log_path = tmp_path / "broker.log"

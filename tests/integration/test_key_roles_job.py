@@ -13,7 +13,8 @@ import pytest
 import libra.local as local
 from libra.rl.config import load_job
 from libra.rl.driver import run_job
-from libra.transport.keys import create_keypair
+
+from .role_keys import role_keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")]
@@ -22,12 +23,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "arith_tiny.toml"
 
 
 def test_the_bundled_job_runs_with_role_scoped_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd) -> None:
-    keys, allowed = tmp_path / "keys", tmp_path / "allowed"
-    broker_kp = create_keypair(keys, "broker")
-    for name, sub in (("host1", "actors"), ("host1-calls", "clients"), ("envauthor", "clients")):
-        kp = create_keypair(keys, name)
-        (allowed / sub).mkdir(parents=True, exist_ok=True)
-        (allowed / sub / kp.public_file.name).write_bytes(kp.public_file.read_bytes())
+    keys, allowed, broker_kp = role_keys(tmp_path, (("host1", "actors"), ("host1-calls", "clients"),
+                                                    ("envauthor", "clients")))
 
     class CurveCluster(local.LocalCluster):  # what `libra run` starts, with CURVE on and the host's two keys
         def start(self, *args, **kw):  # type: ignore[no-untyped-def]
