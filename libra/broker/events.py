@@ -93,7 +93,17 @@ class Rehome:
     buckets: dict[str, str]
 
 
-Event = PeerMessage | BadFrame | Tick | PlannerDone | Direct | ApplyPlan | Restore | Rehome
+@dataclass(frozen=True, slots=True)
+class RevokePeers:
+    """The keys these peers connected with were removed from the allow directory while they were connected
+    (the shell re-reads it: ``libra.broker.roles``). Their sessions end as if lost (an actor's work is
+    re-queued with its loss counted) and each is told why."""
+
+    peers: tuple[bytes, ...]
+    why: str
+
+
+Event = PeerMessage | BadFrame | Tick | PlannerDone | Direct | ApplyPlan | Restore | Rehome | RevokePeers
 
 # -------------------------------------------------------------------------------------------- commands
 

@@ -40,12 +40,14 @@ from .events import (
     PeerMessage,
     PlannerDone,
     Restore,
+    RevokePeers,
     Send,
     StartPlannerSearch,
     Tick,
 )
 from .journal_store import BrokerJournal
 from .replication import ReplicationPrimary
+from .roles import HELLOS, REVOKED
 from .router_state import RouterStateFile
 from .state import BrokerState
 
@@ -241,9 +243,12 @@ class BrokerServer:
         if replica is not None:
             poller.register(replica.sock, zmq.POLLIN)
         poll = poller.poll
-        # under CURVE each message comes with its key's role (the ZAP user id: libra.broker.roles)
-        curve = self._curve
+        # under CURVE each message comes with its key (the ZAP user id), whose role is looked up in the allow
+        # directory as last read (libra.broker.roles); the directory is re-read every heartbeat interval
+        curve, auth = self._curve, self._auth
         recv = recv_frames_user if curve else recv_frames
+        peer_keys: dict[bytes, str] = {}  # who said hello with which key: the peers to revoke with it
+        next_key_check = mono() + self.config.heartbeat_s
         try:
             while not self._stop.is_set():
                 timeout_ms = max(0, int((next_tick - mono()) * 1000))
@@ -255,7 +260,8 @@ class BrokerServer:
                     for item in recv_ready(sock, self._max_recv, recv):
                         received += 1
                         now = mono()
-                        frames, role = item if curve else (item, "")
+                        frames, key = item if curve else (item, "")
+                        role = auth.roles.get(key, REVOKED) if auth is not None else ""
                         peer = frames[0]
                         body = frames[1:]
                         if body and body[0] == b"":  # REQ-style empty delimiter: tolerate it
@@ -267,9 +273,20 @@ class BrokerServer:
                             self._handle(BadFrame(peer, err), now)
                             continue
                         for d in decoded:
+                            if role and type(d.msg) in HELLOS:
+                                peer_keys[peer] = key
                             self._handle(PeerMessage(peer, d.msg, d.buffers, role), now)
                     self._flush()
                 now = mono()
+                if auth is not None and now >= next_key_check:
+                    next_key_check = now + self.config.heartbeat_s
+                    removed = auth.refresh()
+                    gone = tuple(p for p, k in peer_keys.items() if k in removed)
+                    if gone:
+                        for p in gone:
+                            del peer_keys[p]
+                        self._handle(RevokePeers(gone, "its key was removed from the allow directory"), now)
+                        self._flush()
                 if now >= next_tick:
                     self._handle(Tick(behind=received >= self._max_recv), now)
                     self._ticks += 1

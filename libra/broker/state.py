@@ -50,6 +50,7 @@ from .events import (
     PlannerDone,
     Rehome,
     Restore,
+    RevokePeers,
     Send,
     Tick,
 )
@@ -100,7 +101,7 @@ class BrokerState:
         loop = PlannerLoop(PlannerSettings.from_dict(planner)) if c.planner else None
         self.stats: dict[str, int] = dict.fromkeys(
             ("submitted", "completed", "failed", "requeued", "stale_results", "bad_frames", "timeouts",
-             "unknown_tool", "busy", "duplicates", "actors_expired", "handbacks", "ticks_behind", "role_refused"), 0)
+             "unknown_tool", "busy", "duplicates", "actors_expired", "handbacks", "ticks_behind", "role_refused", "keys_revoked"), 0)
         self._sessions = SessionRegistry(c.heartbeat_s, c.liveness, c.client_idle_s, c.idle_beat_s)
         self._table = WorkTable(c.reply_cache)
         self._jobs = JobBoard()
@@ -183,6 +184,10 @@ class BrokerState:
                 self.stats["restored"] = self.stats.get("restored", 0) + n
             self._adoption.restored(now)
             return []
+        if t is RevokePeers:  # their keys left the allow directory
+            out, n = roles.revoke(event.peers, event.why, now, self._sessions.known, self._drop_actor, self._sessions.close_client)
+            self.stats["keys_revoked"] += n
+            return out
         if t is Rehome:
             out = []
             self._dispatch.rehome(event.buckets, now, out)

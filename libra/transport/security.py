@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -125,16 +126,15 @@ def key_roles(allow_dir: Path) -> dict[bytes, str]:
 class _ReportingAuthenticator(ThreadAuthenticator):
     """``ThreadAuthenticator`` that reports every refused handshake (peer address, mechanism, client key) to
     ``on_refused``: a peer refused by ZAP otherwise sees only silence, and so does the operator. A key that
-    passes gets its roles as the connection's user id (``roles``: Z85 key → roles, comma separated)."""
+    passes has its Z85 text as the connection's user id (the broker looks its role up per message)."""
 
     def __init__(self, ctx: zmq.Context, on_refused: Callable[[dict[str, str]], None] | None) -> None:
         super().__init__(ctx)
         self._on_refused = on_refused
         self._request: dict[str, str] = {}
-        self.roles: dict[bytes, str] = {}
 
     def curve_user_id(self, client_public_key: bytes) -> str:
-        return self.roles.get(zmq.utils.z85.encode(client_public_key), "")
+        return zmq.utils.z85.encode(client_public_key).decode("ascii")
 
     async def handle_zap_message(self, msg: list[bytes]) -> None:
         # One request at a time on the authenticator's thread: remember who asked until the reply.
@@ -160,23 +160,44 @@ class Authenticator:
     peer's ``peer`` address, ``mechanism``, ``client_key`` (Z85) and ``reason``.
 
     Roles: a key in ``allow_dir/actors/``, ``clients/`` or ``operators/`` passes with that role (a key in
-    several, with each); a key in ``allow_dir`` itself with the role ``any`` (the layout before roles). The
-    role is the connection's ZAP user id, which the broker reads off every message (``libra.broker.roles``)."""
+    several, with each); a key in ``allow_dir`` itself with the role ``any`` (the layout before roles).
+    ``roles`` maps each allowed key (Z85 text, the connection's ZAP user id) to its roles; the broker looks a
+    message's key up there (``libra.broker.roles``). :meth:`refresh` re-reads the directory when it changed
+    and returns the keys removed, so a running broker takes keys in and out without a restart."""
 
     def __init__(self, ctx: zmq.Context, allow_dir: Path,
                  on_refused: Callable[[dict[str, str]], None] | None = None) -> None:
         self._auth = _ReportingAuthenticator(ctx, on_refused)
         self._allow_dir = allow_dir
         self._lock = threading.Lock()
+        self.roles: dict[str, str] = {}
+        self._seen: tuple = ()
         self._auth.start()
         self.reload()
 
-    def reload(self) -> None:
+    def reload(self) -> set[str]:
+        """Read the allow directory; the keys that were allowed before and are not now."""
         with self._lock:
-            roles = key_roles(self._allow_dir)
+            self._seen = self._signature()
+            roles = {k.decode("ascii"): r for k, r in key_roles(self._allow_dir).items()}
             self._auth.configure_curve(domain=ZAP_DOMAIN.decode(), location=str(self._allow_dir))
-            self._auth.certs[ZAP_DOMAIN.decode()] = dict.fromkeys(roles, True)
-            self._auth.roles = roles
+            self._auth.certs[ZAP_DOMAIN.decode()] = {k.encode("ascii"): True for k in roles}
+            removed = set(self.roles) - set(roles)
+            self.roles = roles
+            return removed
+
+    def refresh(self) -> set[str]:
+        """:meth:`reload` if a key file was added, removed or changed since the last read; else nothing."""
+        return self.reload() if self._signature() != self._seen else set()
+
+    def _signature(self) -> tuple:
+        out = []
+        for where in [Path(self._allow_dir), *(Path(self._allow_dir) / d for d in ROLE_DIRS.values())]:
+            for f in sorted(where.glob("*.key")) if where.is_dir() else ():
+                with contextlib.suppress(OSError):
+                    st = f.stat()
+                    out.append((str(f), st.st_mtime_ns, st.st_size))
+        return tuple(out)
 
     def stop(self) -> None:
         self._auth.stop()

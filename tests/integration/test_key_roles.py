@@ -3,7 +3,9 @@ operators/ refuses, with a typed error that names the role, logged and counted:
 - the impostor: a client's key saying hello as an actor (and bidding) never gets work;
 - a client key sending a directive (``Client.direct``: ``Forbidden``);
 - an actor key submitting work;
-while an operator key's directive, the real actor and the real client's call go through."""
+while an operator key's directive, the real actor and the real client's call go through. A key removed from
+the allow directory while its session is open: the broker (re-reading it every heartbeat interval) disconnects
+the peer and refuses what the open connection sends next."""
 
 from __future__ import annotations
 
@@ -92,6 +94,22 @@ def test_each_role_may_send_only_its_own_messages(tmp_path: Path) -> None:
             st = ops.status()
             assert ops.direct(st.actors[0]["id"], ["action"]) >= 1
             assert ops.status().stats["role_refused"] == 4  # ActorHello, Bid, DirectRequest, Submit
+
+            # key rotation: the environment author's key is removed while one of its sessions is open
+            author = _raw(ctx, url, cc["envauthor"])
+            author.send_multipart(encode(m.ClientHello("author-1", os.getpid())))
+            assert [x for x in _answers(author, 10) if isinstance(x, m.Welcome)]
+            (allowed / "clients" / "envauthor.key").unlink()
+            t0 = time.monotonic()
+            (bye,) = [x for x in _answers(author, 10) if isinstance(x, m.Disconnect)]
+            took = time.monotonic() - t0  # the broker re-reads the directory every heartbeat interval (1 s)
+            assert bye.reason == "forbidden: its key was removed from the allow directory", bye
+            author.send_multipart(encode(m.StatusRequest("s-after")))  # the open connection is refused from now on
+            (after,) = [x for x in _answers(author, 10) if isinstance(x, m.Reply)]
+            assert (after.ok, after.error_code) == (False, "forbidden") and "'revoked'" in after.error
+            stats = ops.status().stats
+            assert stats["keys_revoked"] == 1 and stats["role_refused"] == 5
+            print(f"key removal to Disconnect: {took:.2f} s")
     finally:
         ctx.destroy(0)
         for p in (actors, broker):
@@ -103,4 +121,5 @@ def test_each_role_may_send_only_its_own_messages(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in log_path.read_text().splitlines() if x.startswith("{")]
     refused = [(x["role"], x["message"]) for x in lines if x["event"] == "role_refused"]
     assert refused == [("client", "ActorHello"), ("client", "Bid"), ("client", "DirectRequest"),
-                       ("actor", "Submit")], refused
+                       ("actor", "Submit"), ("revoked", "StatusRequest")], refused
+    assert [x["why"] for x in lines if x["event"] == "keys_revoked"] == ["its key was removed from the allow directory"]

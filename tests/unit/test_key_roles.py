@@ -104,3 +104,46 @@ def test_allow_directory_roles(tmp_path) -> None:
                    made["ac"]: "actor,client"}
     assert roles.allows("actor,client", m.Submit) and roles.allows("actor,client", m.Bid)
     assert not roles.allows("actor,client", m.DirectRequest)
+
+
+def test_revoked_peers_end_an_actor_as_lost_and_a_client_at_once() -> None:
+    from libra.broker.events import RevokePeers
+
+    st = BrokerState(BrokerConfig())
+    st.handle(PeerMessage(b"a", m.ActorHello("h/cpu0", "h", "cpu0", 1, {"action": ["echo"]}, ["action"], 1),
+                          (), "actor"), 0.0)
+    st.handle(PeerMessage(b"a", m.Bid(["action"], 1), (), "actor"), 0.0)
+    st.handle(PeerMessage(b"c", m.ClientHello("c1", 3), (), "client"), 0.0)
+    st.handle(PeerMessage(b"c", m.Submit("r1", "action", "echo", {"x": 1}), (), "client"), 0.0)
+    out = st.handle(RevokePeers((b"a", b"c", b"never-said-hello"), "its key was removed"), 1.0)
+    assert not st.actors and st.stats["keys_revoked"] == 2 and st.stats["requeued"] == 1  # the loss counted
+    told = {c.peer: c.msg for c in out if isinstance(c, Send) and isinstance(c.msg, m.Disconnect)}
+    assert set(told) == {b"a", b"c"} and all(d.reason == "forbidden: its key was removed" for d in told.values())
+    assert [c for c in out if isinstance(c, Log) and c.event == "keys_revoked"]
+    # from then on the shell hands its messages the role "revoked": nothing passes
+    out = st.handle(PeerMessage(b"a", m.ActorHello("h/cpu0", "h", "cpu0", 1, {}, [], 1), (), roles.REVOKED), 2.0)
+    assert isinstance([c for c in out if isinstance(c, Send)][0].msg, m.Disconnect) and not st.actors
+
+
+def test_the_authenticator_rereads_the_allow_directory_and_names_the_keys_removed(tmp_path) -> None:
+    import zmq
+
+    from libra.transport.keys import create_keypair
+    from libra.transport.security import Authenticator
+
+    allowed = tmp_path / "allowed"
+    (allowed / "clients").mkdir(parents=True)
+    a, b = create_keypair(tmp_path / "k", "a"), create_keypair(tmp_path / "k", "b")
+    (allowed / "clients" / "a.key").write_bytes(a.public_file.read_bytes())
+    ctx = zmq.Context()
+    auth = Authenticator(ctx, allowed)
+    try:
+        assert auth.roles == {a.public_key.decode(): "client"} and auth.refresh() == set()
+        (allowed / "operators").mkdir()
+        (allowed / "operators" / "b.key").write_bytes(b.public_file.read_bytes())
+        assert auth.refresh() == set() and auth.roles[b.public_key.decode()] == "operator"
+        (allowed / "clients" / "a.key").unlink()
+        assert auth.refresh() == {a.public_key.decode()} and a.public_key.decode() not in auth.roles
+    finally:
+        auth.stop()
+        ctx.term()
