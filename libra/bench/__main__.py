@@ -37,6 +37,7 @@ BENCHMARKS = {
     "peer_trl": ("libra.bench.peer_trl", "the bundled job's task under TRL's GRPOTrainer vs libra run, same seeds: s/step, step 1, accuracy vs wall (needs the peer extra)"),
     "control_plane": ("libra.bench.control_plane", "one broker holding 100-20,000 synthetic idle actors: broker CPU per actor-second, RSS, heartbeat gaps, wrongly lost, status and echo p50/p99 vs 10 actors"),
     "broker_idle": ("libra.bench.broker_idle", "the broker core's CPU per registration and per idle actor-second at 1,000-10,000 actors vs 100, in process"),
+    "role_lookup": ("libra.bench.role_lookup", "what key roles cost the broker per CURVE message: frames read with the sender's key and its role looked up vs as bytes, one run"),
     "failover": ("libra.bench.failover", "primary broker SIGKILLed with 1,000 calls pending, a standby takes over: lost, run twice, last answer vs no failure; echo p50 with a standby attached vs without"),
     "gpu_checks": ("libra.bench.gpu_checks", "GPU-check programs: bf16 learning vs fp32, memory freed by a role switch, a trainer OOM (--device)"),
 }
