@@ -56,6 +56,10 @@ if TYPE_CHECKING:  # prometheus-client is only imported when metrics are switche
 
 log = get_logger("libra.broker")
 
+# hellos remembered with their CURVE key: the peers a removed key disconnects. Past this many the oldest half
+# is forgotten; a peer forgotten that way is still refused once its key is removed, only not told so at once.
+PEER_KEYS_MAX = 1_000_000
+
 
 class BrokerServer:
     """Runs a :class:`BrokerState` behind a ROUTER socket bound at ``bind``."""
@@ -275,6 +279,9 @@ class BrokerServer:
                         for d in decoded:
                             if role and type(d.msg) in HELLOS:
                                 peer_keys[peer] = key
+                                if len(peer_keys) > PEER_KEYS_MAX:  # bounded: the oldest hellos go first
+                                    for old in list(peer_keys)[:PEER_KEYS_MAX // 2]:
+                                        del peer_keys[old]
                             self._handle(PeerMessage(peer, d.msg, d.buffers, role), now)
                     self._flush()
                 now = mono()
