@@ -47,7 +47,8 @@ from .events import (
 )
 from .journal_store import BrokerJournal
 from .replication import ReplicationPrimary
-from .roles import HELLOS, REVOKED
+from .key_watch import REVOKED_WHY, KeyWatch
+from .roles import HELLOS
 from .router_state import RouterStateFile
 from .state import BrokerState
 
@@ -56,9 +57,6 @@ if TYPE_CHECKING:  # prometheus-client is only imported when metrics are switche
 
 log = get_logger("libra.broker")
 
-# hellos remembered with their CURVE key: the peers a removed key disconnects. Past this many the oldest half
-# is forgotten; a peer forgotten that way is still refused once its key is removed, only not told so at once.
-PEER_KEYS_MAX = 1_000_000
 
 
 class BrokerServer:
@@ -231,6 +229,25 @@ class BrokerServer:
             self._bad_logged_at = now
             self._bad_since_log = 0
 
+    def _frames(self, item: Any, keys: KeyWatch | None, maxb: int, now: float) -> None:
+        """One received message (its frames, with its key under CURVE): decoded and handed to the core."""
+        frames, key = item if keys is not None else (item, "")
+        role = keys.role(key) if keys is not None else ""
+        peer = frames[0]
+        body = frames[1:]
+        if body and body[0] == b"":  # REQ-style empty delimiter: tolerate it
+            body = body[1:]
+        try:
+            decoded = decode_many(body, maxb)
+        except ProtocolError as err:
+            self._note_bad(err, now)
+            self._handle(BadFrame(peer, err), now)
+            return
+        for d in decoded:
+            if keys is not None and type(d.msg) in HELLOS:
+                keys.hello(peer, key)
+            self._handle(PeerMessage(peer, d.msg, d.buffers, role), now)
+
     def serve_forever(self) -> None:
         """Serve until :meth:`stop`. Closes the socket on exit."""
         log.info("broker_started", endpoint=self.endpoint, ipc=self.ipc_endpoint, heartbeat_s=self.config.heartbeat_s,
@@ -247,12 +264,9 @@ class BrokerServer:
         if replica is not None:
             poller.register(replica.sock, zmq.POLLIN)
         poll = poller.poll
-        # under CURVE each message comes with its key (the ZAP user id), whose role is looked up in the allow
-        # directory as last read (libra.broker.roles); the directory is re-read every heartbeat interval
-        curve, auth = self._curve, self._auth
-        recv = recv_frames_user if curve else recv_frames
-        peer_keys: dict[bytes, str] = {}  # who said hello with which key: the peers to revoke with it
-        next_key_check = mono() + self.config.heartbeat_s
+        # under CURVE each message comes with its key, whose role the key watch looks up (libra.broker.roles)
+        keys = KeyWatch(self._auth, self.config.heartbeat_s, mono()) if self._auth is not None else None
+        recv = recv_frames_user if keys is not None else recv_frames
         try:
             while not self._stop.is_set():
                 timeout_ms = max(0, int((next_tick - mono()) * 1000))
@@ -263,37 +277,13 @@ class BrokerServer:
                 if sock in ready:
                     for item in recv_ready(sock, self._max_recv, recv):
                         received += 1
-                        now = mono()
-                        frames, key = item if curve else (item, "")
-                        role = auth.roles.get(key, REVOKED) if auth is not None else ""
-                        peer = frames[0]
-                        body = frames[1:]
-                        if body and body[0] == b"":  # REQ-style empty delimiter: tolerate it
-                            body = body[1:]
-                        try:
-                            decoded = decode_many(body, maxb)
-                        except ProtocolError as err:
-                            self._note_bad(err, now)
-                            self._handle(BadFrame(peer, err), now)
-                            continue
-                        for d in decoded:
-                            if role and type(d.msg) in HELLOS:
-                                peer_keys[peer] = key
-                                if len(peer_keys) > PEER_KEYS_MAX:  # bounded: the oldest hellos go first
-                                    for old in list(peer_keys)[:PEER_KEYS_MAX // 2]:
-                                        del peer_keys[old]
-                            self._handle(PeerMessage(peer, d.msg, d.buffers, role), now)
+                        self._frames(item, keys, maxb, mono())
                     self._flush()
                 now = mono()
-                if auth is not None and now >= next_key_check:
-                    next_key_check = now + self.config.heartbeat_s
-                    removed = auth.refresh()
-                    gone = tuple(p for p, k in peer_keys.items() if k in removed)
-                    if gone:
-                        for p in gone:
-                            del peer_keys[p]
-                        self._handle(RevokePeers(gone, "its key was removed from the allow directory"), now)
-                        self._flush()
+                gone = keys.revoked(now) if keys is not None else ()
+                if gone:  # their keys left the allow directory
+                    self._handle(RevokePeers(gone, REVOKED_WHY), now)
+                    self._flush()
                 if now >= next_tick:
                     self._handle(Tick(behind=received >= self._max_recv), now)
                     self._ticks += 1
