@@ -58,7 +58,6 @@ if TYPE_CHECKING:  # prometheus-client is only imported when metrics are switche
 log = get_logger("libra.broker")
 
 
-
 class BrokerServer:
     """Runs a :class:`BrokerState` behind a ROUTER socket bound at ``bind``."""
 

@@ -25,7 +25,9 @@ def test_bench_control_plane_small() -> None:
         assert p["seen_in_status"] == p["actors"], p
         assert p["wrongly_lost"] == 0 and p["broker_actors_expired"] == 0, p
         assert p["unexpected_frames"] == 0 and p["broker_ticks_behind"] == 0, p
-        assert p["idle_heartbeat_s"] == 3.0 and p["cpu_vs_first_setting"] == 1.0, p  # the broker's default
+        assert p["idle_heartbeat_s"] == 3.0, p  # the broker's default
+        # one setting: each point is its own reference (none when psutil saw no CPU time, as at 10 idle actors)
+        assert p["cpu_vs_first_setting"] == (1.0 if p["broker_cpu_per_s"] > 0 else None), p
         assert p["heartbeats_sent"] > 0 and p["broker_heartbeats_received"] > 0, p
         assert p["broker_rss_mb"] > 0 and p["broker_cpu_per_s"] >= 0, p
         for via in ("echo_broker", "echo_direct"):
