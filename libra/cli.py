@@ -237,7 +237,7 @@ def build_parser(prog: str = "libra") -> argparse.ArgumentParser:
     k.add_argument("--force", action="store_true", help="replace existing files of that name")
     k.add_argument("--allow", action="store_true",
                    help="also put the public key in OUT/allowed/ (the directory the broker's --curve-allow reads)")
-    k.add_argument("--role", choices=("actor", "client", "operator"),
+    k.add_argument("--role", choices=("actor", "client", "operator"),  # ROLE_DIRS (security.py imports zmq)
                    help="with --allow: the key's role, in OUT/allowed/{actors,clients,operators}/ (an actor key may "
                         "only serve, a client key only call, an operator key call and direct slots); without "
                         "it the key may do anything")

@@ -30,12 +30,11 @@ from libra.protocol.errors import ErrorCode, ProtocolCode
 
 from .events import Command, Log, Send
 
-__all__ = ["ANY", "HELLOS", "REVOKED", "ROLES", "allows", "refusal", "revoke"]
+__all__ = ["ANY", "HELLOS", "REVOKED", "allows", "refusal", "revoke"]
 
 ANY = "any"  # a key listed in the allow directory itself: every message, as before roles
 REVOKED = "revoked"  # a key removed from the allow directory while connected: nothing
-ACTOR, CLIENT, OPERATOR = "actor", "client", "operator"
-ROLES = (ACTOR, CLIENT, OPERATOR)  # their keys' directories: libra.transport.security.ROLE_DIRS
+ACTOR, CLIENT, OPERATOR = "actor", "client", "operator"  # their keys' directories: libra.transport.security.ROLE_DIRS
 
 HELLOS = (m.ActorHello, m.ClientHello)  # the messages that open a session (the shell notes their key)
 _BOTH = (m.Heartbeat, m.Goodbye, m.LeaseEnd)
@@ -64,7 +63,7 @@ def refusal(peer: bytes, msg: object, role: str, known: bool) -> list[Command]:
     request_id = getattr(msg, "request_id", None)
     if isinstance(request_id, str):
         return [log, Send(peer, m.Reply(request_id, False, None, ErrorCode.FORBIDDEN.value, why))]
-    if isinstance(msg, (m.ActorHello, m.ClientHello)) or not known:
+    if isinstance(msg, HELLOS) or not known:
         return [log, Send(peer, m.Disconnect(f"{ProtocolCode.FORBIDDEN.value}: {why}"))]
     return [log, Send(peer, m.Error(ProtocolCode.FORBIDDEN.value, why))]
 

@@ -175,12 +175,13 @@ class Authenticator:
         self._auth.start()
         self.reload()
 
-    def reload(self) -> set[str]:
-        """Read the allow directory; the keys that were allowed before and are not now."""
+    def reload(self, signature: tuple | None = None) -> set[str]:
+        """Read the allow directory (``signature``: its :meth:`_signature`, when the caller just took it); the
+        keys that were allowed before and are not now."""
         with self._lock:
-            self._seen = self._signature()
+            self._seen = self._signature() if signature is None else signature
             roles = {k.decode("ascii"): r for k, r in key_roles(self._allow_dir).items()}
-            self._auth.configure_curve(domain=ZAP_DOMAIN.decode(), location=str(self._allow_dir))
+            self._auth.allow_any = False  # what configure_curve sets, without reading the directory a second time
             self._auth.certs[ZAP_DOMAIN.decode()] = {k.encode("ascii"): True for k in roles}
             removed = set(self.roles) - set(roles)
             self.roles = roles
@@ -188,7 +189,8 @@ class Authenticator:
 
     def refresh(self) -> set[str]:
         """:meth:`reload` if a key file was added, removed or changed since the last read; else nothing."""
-        return self.reload() if self._signature() != self._seen else set()
+        signature = self._signature()
+        return self.reload(signature) if signature != self._seen else set()
 
     def _signature(self) -> tuple:
         out = []

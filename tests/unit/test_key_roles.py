@@ -147,3 +147,14 @@ def test_the_authenticator_rereads_the_allow_directory_and_names_the_keys_remove
     finally:
         auth.stop()
         ctx.term()
+
+
+def test_libra_keys_offers_exactly_the_roles_the_allow_directory_has() -> None:
+    import argparse
+
+    from libra.cli import build_parser
+    from libra.transport.security import ROLE_DIRS
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    role = next(a for a in sub.choices["keys"]._actions if a.dest == "role")
+    assert tuple(role.choices) == tuple(ROLE_DIRS)
