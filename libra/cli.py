@@ -90,6 +90,12 @@ def _keys(args: argparse.Namespace) -> int:
     if args.role and not args.allow:
         print("libra keys: --role needs --allow (it says where in the allow directory the key goes)", file=sys.stderr)
         return 2
+    from libra.transport.scopes import ROLE_DIRS, fingerprint, job_dir_ok
+
+    if args.job is not None and (args.role != "client" or not job_dir_ok(args.job)):
+        print("libra keys: --job needs --allow --role client and a job name (no '/', ':' or ',', not starting "
+              f"with '.'), got {args.job!r}", file=sys.stderr)
+        return 2
     try:
         kp = create_keypair(args.out, args.name, overwrite=args.force)
     except KeyFileError as exc:
@@ -98,20 +104,22 @@ def _keys(args: argparse.Namespace) -> int:
     import shutil
     from pathlib import Path
 
-    from libra.transport.security import ROLE_DIRS
-
     allowed = Path(args.out) / "allowed"  # the broker's --curve-allow directory (it refuses to start without one)
     allowed.mkdir(parents=True, exist_ok=True)
     place = allowed / ROLE_DIRS[args.role] if args.role else allowed
+    if args.job is not None:
+        place = place / args.job  # a job-scoped client key: that job's work, rows and data only
     if args.allow:
         place.mkdir(parents=True, exist_ok=True)
         shutil.copy(kp.public_file, place / kp.public_file.name)
     print(f"public key file: {kp.public_file}  "
-          + (f"(allowed as {args.role or 'any role'}: copied to {place}/)" if args.allow
+          + (f"(allowed as {args.role or 'any role'}{f' of job {args.job}' if args.job else ''}: copied to {place}/)"
+             if args.allow
              else f"(to let it in, copy it to the broker's allow directory, e.g. {allowed}/)"))
     print(f"secret key file: {kp.secret_file}  (mode 0600; keep on this host)")
     print(f"allow directory: {allowed}  (the broker's --curve-allow)")
-    print(f"public key: {kp.public_key.decode()}")
+    print(f"public key: {kp.public_key.decode()}  "
+          f"(fingerprint {fingerprint(kp.public_key)}, as the broker's audit log names it)")
     return 0
 
 
@@ -213,6 +221,8 @@ def _version() -> str:
 
 
 def build_parser(prog: str = "libra") -> argparse.ArgumentParser:
+    from libra.transport.scopes import ROLE_DIRS  # pure text: no zmq for 'libra --help'
+
     p = argparse.ArgumentParser(prog=prog, description="Libra: resource manager and runtime "
                                 "for agentic RL post-training.")
     p.add_argument("--version", action="version", version=f"libra {_version()}")
@@ -237,10 +247,12 @@ def build_parser(prog: str = "libra") -> argparse.ArgumentParser:
     k.add_argument("--force", action="store_true", help="replace existing files of that name")
     k.add_argument("--allow", action="store_true",
                    help="also put the public key in OUT/allowed/ (the directory the broker's --curve-allow reads)")
-    k.add_argument("--role", choices=("actor", "client", "operator"),  # ROLE_DIRS (security.py imports zmq)
+    k.add_argument("--role", choices=tuple(ROLE_DIRS),
                    help="with --allow: the key's role, in OUT/allowed/{actors,clients,operators}/ (an actor key may "
                         "only serve, a client key only call, an operator key call and direct slots); without "
                         "it the key may do anything")
+    k.add_argument("--job", help="with --allow --role client: bind the key to this job (OUT/allowed/clients/JOB/): it "
+                                 "may submit, poll and cancel only that job and fetch only its data")
     k.set_defaults(fn=_keys)
     d = sub.add_parser("demo", help="start a local broker and actors and run tool calls through them",
                        description="Start a broker and actors on loopback, run a workload of tool calls, "

@@ -27,13 +27,12 @@ from collections.abc import Callable
 
 from libra.protocol import messages as m
 from libra.protocol.errors import ErrorCode, ProtocolCode
+from libra.transport.scopes import ANY, REVOKED, base_roles
 
 from .events import Command, Log, Send
 
 __all__ = ["ANY", "HELLOS", "REVOKED", "allows", "refusal", "revoke"]
 
-ANY = "any"  # a key listed in the allow directory itself: every message, as before roles
-REVOKED = "revoked"  # a key removed from the allow directory while connected: nothing
 ACTOR, CLIENT, OPERATOR = "actor", "client", "operator"  # their keys' directories: libra.transport.security.ROLE_DIRS
 
 HELLOS = (m.ActorHello, m.ClientHello)  # the messages that open a session (the shell notes their key)
@@ -47,10 +46,11 @@ ALLOWED: dict[str, frozenset[type]] = {ACTOR: _ACTOR, CLIENT: _CLIENT, OPERATOR:
 
 def allows(role: str, kind: type) -> bool:
     """Whether a key of ``role`` may send a message of class ``kind`` ("" or ``any``: every kind; a key in
-    several role directories has their roles comma separated, and any of them may allow it)."""
+    several role directories has their roles comma separated, and any of them may allow it; a job-scoped
+    client key, ``client:JOB``, sends what a client may)."""
     if not role or role == ANY:
         return True
-    return any(kind in ALLOWED.get(r, ()) for r in role.split(","))
+    return any(kind in ALLOWED.get(r, ()) for r in base_roles(role))
 
 
 def refusal(peer: bytes, msg: object, role: str, known: bool) -> list[Command]:

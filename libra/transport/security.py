@@ -24,6 +24,7 @@ import zmq.utils.z85
 from zmq.auth.thread import ThreadAuthenticator
 
 from libra.transport.keys import KeyFileError, load_keypair
+from libra.transport.scopes import ANY, ROLE_DIRS, job_dir_ok, role_text
 
 ZAP_DOMAIN = b"libra"
 
@@ -108,19 +109,27 @@ def apply_client(sock: zmq.Socket, curve: CurveClient) -> None:
     sock.curve_serverkey = curve.server_key
 
 
-ROLE_DIRS = {"actor": "actors", "client": "clients", "operator": "operators"}  # under the allow directory
+def key_places(allow_dir: Path) -> list[tuple[Path, str]]:
+    """The directories of the allow directory that hold keys, each with the role its keys get (see
+    :mod:`libra.transport.scopes`): itself (``any``), ``actors/``, ``clients/``, ``operators/`` and each
+    job-scoped ``clients/JOB/`` (``client:JOB``)."""
+    allow_dir = Path(allow_dir)
+    places = [(allow_dir, ANY)] + [(allow_dir / d, r) for r, d in ROLE_DIRS.items()]
+    clients = allow_dir / ROLE_DIRS["client"]
+    if clients.is_dir():
+        places += [(d, f"client:{d.name}") for d in sorted(clients.iterdir()) if d.is_dir() and job_dir_ok(d.name)]
+    return places
 
 
 def key_roles(allow_dir: Path) -> dict[bytes, str]:
-    """Z85 public key → its roles (comma separated, sorted) from the allow directory: ``any`` for a key in the
-    directory itself, ``actor``/``client``/``operator`` for one in ``actors/``, ``clients/``, ``operators/``."""
+    """Z85 public key → its role string from the allow directory (:func:`key_places`; a key in several places
+    has each role, comma separated and sorted)."""
     found: dict[bytes, set[str]] = {}
-    places = [(Path(allow_dir), "any")] + [(Path(allow_dir) / d, r) for r, d in ROLE_DIRS.items()]
-    for where, role in places:
+    for where, role in key_places(allow_dir):
         if where.is_dir():
             for key in zmq.auth.load_certificates(str(where)):
                 found.setdefault(key, set()).add(role)
-    return {k: ("any" if "any" in r else ",".join(sorted(r))) for k, r in found.items()}
+    return {k: role_text(r) for k, r in found.items()}
 
 
 class _ReportingAuthenticator(ThreadAuthenticator):
@@ -159,8 +168,9 @@ class Authenticator:
     ``on_refused(info)`` is called (on the authenticator's thread) for every refused handshake with the
     peer's ``peer`` address, ``mechanism``, ``client_key`` (Z85) and ``reason``.
 
-    Roles: a key in ``allow_dir/actors/``, ``clients/`` or ``operators/`` passes with that role (a key in
-    several, with each); a key in ``allow_dir`` itself with the role ``any`` (the layout before roles).
+    Roles: a key in ``allow_dir/actors/``, ``clients/`` or ``operators/`` passes with that role, one in
+    ``clients/JOB/`` with ``client:JOB`` (a key in several, with each); a key in ``allow_dir`` itself with the
+    role ``any`` (the layout before roles). See :mod:`libra.transport.scopes`.
     ``roles`` maps each allowed key (Z85 text, the connection's ZAP user id) to its roles; the broker looks a
     message's key up there (``libra.broker.roles``). :meth:`refresh` re-reads the directory when it changed
     and returns the keys removed, so a running broker takes keys in and out without a restart."""
@@ -194,7 +204,7 @@ class Authenticator:
 
     def _signature(self) -> tuple:
         out = []
-        for where in [Path(self._allow_dir), *(Path(self._allow_dir) / d for d in ROLE_DIRS.values())]:
+        for where, _ in key_places(self._allow_dir):
             for f in sorted(where.glob("*.key")) if where.is_dir() else ():
                 with contextlib.suppress(OSError):
                     st = f.stat()
