@@ -205,6 +205,7 @@ def elastic_step(role: Any, ta: TrainArgs, ctx: WorkContext) -> dict[str, Any]:
     if not (0 <= rank < len(e.members)) or e.members[rank] != ctx.actor_id:
         raise ToolError("not_a_member", f"actor {ctx.actor_id!r} took rank {rank}'s work of the group {e.members}")
     trainer = _ensure_trainer(role, ta, rank)
+    role.tag_weights(ta.job)  # before the snapshot and the weights are published
     if rank == 0 and e.snapshot:  # copied now (the step changes it); packed and published off the step's path
         _publish_on_a_thread(role.server, e.snapshot, snapshot(trainer.model, trainer.optimizer),
                              trainer.weights_version)

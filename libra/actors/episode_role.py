@@ -13,7 +13,9 @@ Contracts:
   :class:`~libra.protocol.payloads_job.EpisodeResult`. The tokenizer comes from ``episode.model_dir`` when
   that directory exists here, else from the slot's ``--model-dir``.
 - The finished trajectory's tensors (token ids, loss mask, rollout log-probs) stay here: they are
-  published on this runner's data-plane server as ``traj/JOB/gG/I/WORK`` and the reply carries only the
+  published on this runner's data-plane server as ``traj/JOB/gG/I/WORK`` (tagged job JOB: with
+  ``LIBRA_CURVE_ALLOW`` set, only that job's scoped client keys and unscoped keys may fetch it, see
+  ``libra.dataplane.access``) and the reply carries only the
   ref, the reward, the versions each turn used, token counts and a small ``info`` (the environment's
   own info, the decoded turns, start/end wall-clock times, weight-load waits). A trainer rank fetches the
   tensors directly; the broker never sees them.
@@ -58,14 +60,14 @@ class EpisodeRole:
 
     def __init__(self, broker_url: str, model_dir: str | None, slot: str, *, retain_s: float = 3600.0,
                  max_retained: int = 20_000) -> None:
-        from libra.dataplane import DataPlaneKeys, DataPlaneServer
+        from libra.dataplane import DataPlaneKeys, DataPlaneServer, allow_dir_from_env
 
         self.broker_url = broker_url
         self.model_dir = model_dir
         self.slot = slot
         self.retain_s = retain_s
         self.max_retained = max_retained
-        self.server = DataPlaneServer(keys=DataPlaneKeys.from_env())
+        self.server = DataPlaneServer(keys=DataPlaneKeys.from_env(), allow_dir=allow_dir_from_env())
         self._held: deque[tuple[float, str]] = deque()
         self._held_lock = threading.Lock()
         self._tok: dict[str, tuple[Any, list[int]]] = {}
@@ -178,7 +180,7 @@ class EpisodeRole:
         tensors, header = encode_trajectory(s.input_ids, s.loss_mask, s.logprobs,
                                             meta={"group": args.group, "index": args.index})
         name = f"traj/{args.job}/g{args.group}/{args.index}/{ctx.work_id}"
-        ref = self.server.publish_state_dict(name, tensors, metadata=header)
+        ref = self.server.publish_state_dict(name, tensors, metadata=header, job=args.job)
         self._retain(name)
         info = dict(info)
         info.update({"load_s": s.load_s, "start": t0, "end": time.time(), "texts": s.texts,

@@ -67,12 +67,12 @@ class ContextService:
     """See the module contracts. ``engine`` is the rollout engine; ``keys`` the data-plane keys."""
 
     def __init__(self, engine: Any, keys: Any = None, *, fetch_timeout_s: float = 10.0) -> None:
-        from libra.dataplane import DataPlaneServer
+        from libra.dataplane import DataPlaneServer, allow_dir_from_env
 
         self.keys = keys
         self.fetch_timeout_s = fetch_timeout_s
         self.replace_engine(engine)
-        self.server = DataPlaneServer(keys=keys, provider=_weak_provider(self))
+        self.server = DataPlaneServer(keys=keys, allow_dir=allow_dir_from_env(), provider=_weak_provider(self))
         self.stats = {"cache": 0, "local": 0, "kv": 0, "ids": 0, "new": 0, "full": 0, "kv_fetch_failed": 0}
 
     def replace_engine(self, engine: Any) -> None:

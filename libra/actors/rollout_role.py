@@ -58,7 +58,8 @@ Contracts:
   the engine keeps each trajectory's context keyed by its trajectory id.
 - Data-plane host and security: ``$LIBRA_DATAPLANE_HOST`` (default ``127.0.0.1``); CURVE when
   ``LIBRA_CURVE_SECRET`` is set (the actor's own key pair); a non-loopback host without keys is refused
-  unless ``LIBRA_DATAPLANE_INSECURE=1`` (see ``libra.dataplane``).
+  unless ``LIBRA_DATAPLANE_INSECURE=1`` (see ``libra.dataplane``). With ``LIBRA_CURVE_ALLOW`` too (the allow
+  directory) the context server checks its fetchers' key roles (``libra.dataplane.access``).
 """
 
 from __future__ import annotations

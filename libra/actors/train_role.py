@@ -35,7 +35,9 @@ Contracts:
   and returns the memory in use before and after (CUDA allocated/reserved bytes, or the process RSS).
 - Data-plane host and security: ``$LIBRA_DATAPLANE_HOST`` (default ``127.0.0.1``); CURVE when
   ``LIBRA_CURVE_SECRET`` is set (the actor's own key pair); a non-loopback host without keys is refused
-  unless ``LIBRA_DATAPLANE_INSECURE=1`` (see ``libra.dataplane``).
+  unless ``LIBRA_DATAPLANE_INSECURE=1`` (see ``libra.dataplane``). With ``LIBRA_CURVE_ALLOW`` too (the allow
+  directory) fetchers' key roles are checked; rank 0 tags the weights it publishes with ``TrainArgs.job``
+  (:meth:`TrainRole.tag_weights`), so only that job's scoped client keys (and unscoped keys) may fetch them.
 """
 
 from __future__ import annotations
@@ -158,6 +160,7 @@ class TrainRole:
                 trainer = self._ensure(ta)
             except InsecureDataPlane as exc:
                 raise ToolError("insecure_dataplane", str(exc)) from None
+            self.tag_weights(ta.job)
             listed = parts if parts else shards
             if len(listed) != trainer.world_size:
                 raise ToolError("bad_request", f"train names {len(listed)} ranks' data for a world of "
@@ -245,6 +248,13 @@ class TrainRole:
         log.info("train_role_closed", slot=self.slot, **mem)
         return mem
 
+    def tag_weights(self, job: str) -> None:
+        """Tag what rank 0's data-plane server publishes from now on (weights, an elastic state snapshot) with
+        ``job`` (``TrainArgs.job``; "": untagged), so that job's scoped client keys may fetch it
+        (``libra.dataplane.access``). The ``torch.distributed`` weights transport checks no roles."""
+        if self.server is not None:
+            self.server.default_job = job or None
+
     def checksum(self) -> str:
         """The fingerprint of the trainer's master weights (a collective under fsdp)."""
         return str(self.trainer.weights_fingerprint())
@@ -252,10 +262,10 @@ class TrainRole:
     def serve_weights(self) -> None:
         """Rank 0's data-plane server and weights publisher (``$LIBRA_WEIGHTS_TRANSPORT``); snapshots stay where
         the trainer lives: a GPU trainer serves GPU rollouts by NCCL or CUDA IPC."""
-        from libra.dataplane import DataPlaneServer
+        from libra.dataplane import DataPlaneServer, allow_dir_from_env
         from libra.weights.transport import make_publisher, transport_from_env
 
-        self.server = DataPlaneServer(keys=self.keys)
+        self.server = DataPlaneServer(keys=self.keys, allow_dir=allow_dir_from_env())
         on = self.placement.device if self.placement is not None else None
         try:
             self.publisher = make_publisher(transport_from_env(), server=self.server, device=on, keep=2)

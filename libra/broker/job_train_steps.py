@@ -187,7 +187,7 @@ class TrainSteps:
             args = TrainArgs(parts=parts, micro_batches=micro, world_size=world, rank=r, step=step,
                              master_port=s.master_port, grpo=s.grpo, checkpoint=tr["checkpoint"] or None,
                              checkpoint_optimizer=s.checkpoint_optimizer, keep_checkpoints=s.keep_checkpoints,
-                             elastic=elastic)
+                             elastic=elastic, job=self.name)
             pin = group.members[r] if group is not None else ""  # only that member may take its rank's work
             self._outbox.append(JobWork(f"train:{step}:{r}{suffix}", "train", "grpo", args.to_wire(), None,
                                         s.train_timeout_s, pin))

@@ -22,7 +22,9 @@ Wire protocol (``LDP1``; DEALER client → ROUTER server, every message ``[b"LDP
 - ``{"op": "latest", "topic"}`` → ``{"ok": True, "op": "latest", "topic", "name", "version"}``: the
   newest object published under ``topic`` (how an idle rollout instance learns of a new version).
 - ``{"op": "ping"}`` → ``{"ok": True, "op": "pong"}``.
-- Any failure → ``{"ok": False, "code": "not_found" | "bad_request", "message"}``.
+- Any failure → ``{"ok": False, "code": "not_found" | "bad_request" | "forbidden", "message"}``;
+  ``forbidden``: the sender's key role may not see the object (``head``, ``get``, ``latest``; the message
+  names the role and the object's job).
 
 Contracts:
 
@@ -32,7 +34,8 @@ Contracts:
 - :func:`fetch` returns the header and chunks only after every chunk arrived; :func:`fetch_state_dict`
   also checks every chunk's length and CRC-32. Failures are typed: :class:`PeerLost` (no answer for
   ``idle_timeout_s``: the server died or is unreachable, mid-transfer or before), :class:`ObjectNotFound`,
-  :class:`TransferCorrupted` (bad CRC, wrong size, malformed header). A failed fetch has no side effect
+  :class:`Forbidden` (refused for the key's role), :class:`TransferCorrupted` (bad CRC, wrong size,
+  malformed header). A failed fetch has no side effect
   on the caller's state: the caller keeps what it had (a rollout keeps its old weights version).
 - Security: when keys are given (:class:`DataPlaneKeys`, normally from the ``LIBRA_CURVE_SECRET``
   key file every actor of a CURVE cluster has) the server is a CURVE server and advertises its public
@@ -41,11 +44,21 @@ Contracts:
   authenticated channel; ``allow_dir`` adds a ZAP allow-list of client public keys. Without keys the
   server binds only to loopback: any other host raises :class:`InsecureDataPlane` unless
   ``insecure=True``.
+- Roles and jobs (:mod:`.access`): every object may carry a job (``publish(..., job=)``; a ``traj/JOB/...``
+  name is job JOB; else the server's ``default_job``, which a trainer sets from ``TrainArgs.job``). A CURVE
+  server with an ``allow_dir`` (actors: ``$LIBRA_CURVE_ALLOW``, the broker's ``--curve-allow`` layout) reads
+  each request's key role from it: actor, operator, ``any`` and unscoped client keys see every object; a
+  job-scoped client key (``clients/JOB/``) sees only job JOB's objects (untagged ones are refused); a key
+  removed from the directory sees nothing (the directory is re-read at most once a second). A refusal is
+  answered ``forbidden``, logged (``dataplane_refused``) and counted (``DataPlaneServer.refused``). Without
+  keys or without an allow directory nothing is checked. Context objects (``ctx/...``) are untagged: only
+  unscoped keys (the rollout instances' actor keys) fetch them. The ``torch.distributed`` weights transport
+  checks nothing of this (its peers are the trainer's gloo/NCCL group).
 
 Weights ride on this data plane through :mod:`libra.weights` (the weights package: the stream format, the
 transport interface and both of its implementations, this one and ``torch.distributed``).
 
-Modules: :mod:`.errors` (the typed failures), :mod:`.wire` (protocol tag, message packing, :class:`ObjectRef`,
+Modules: :mod:`.errors` (the typed failures), :mod:`.access` (job tags and key roles), :mod:`.wire` (protocol tag, message packing, :class:`ObjectRef`,
 :class:`FetchStats`, :class:`DataPlaneKeys`), :mod:`.server` (:class:`DataPlaneServer`), :mod:`.client`
 (:func:`fetch`, :func:`fetch_state_dict`, :func:`latest`). This package re-exports their public names; the submodules
 import one another, never the package.
@@ -53,9 +66,12 @@ import one another, never the package.
 
 from __future__ import annotations
 
+from libra.dataplane.access import ALLOW_ENV as ALLOW_ENV
+from libra.dataplane.access import allow_dir_from_env, job_of_name
 from libra.dataplane.client import fetch, fetch_state_dict, latest
 from libra.dataplane.errors import (
     DataPlaneError,
+    Forbidden,
     InsecureDataPlane,
     ObjectNotFound,
     PeerLost,
@@ -74,12 +90,15 @@ __all__ = [
     "DataPlaneKeys",
     "DataPlaneServer",
     "FetchStats",
+    "Forbidden",
     "InsecureDataPlane",
     "ObjectNotFound",
     "ObjectRef",
     "PeerLost",
     "TransferCorrupted",
+    "allow_dir_from_env",
     "fetch",
     "fetch_state_dict",
+    "job_of_name",
     "latest",
 ]

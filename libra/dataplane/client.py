@@ -17,6 +17,7 @@ import zmq
 
 from libra.dataplane.errors import (
     DataPlaneError,
+    Forbidden,
     ObjectNotFound,
     PeerLost,
     TransferCorrupted,
@@ -67,6 +68,8 @@ def _raise_for(meta: dict[str, Any], where: str) -> None:
         code, message = meta.get("code"), meta.get("message", "")
         if code == "not_found":
             raise ObjectNotFound(f"{where}: {message}")
+        if code == "forbidden":
+            raise Forbidden(f"{where}: refused: {message}")
         raise DataPlaneError(f"{where}: server says {code}: {message}")
 
 
@@ -80,7 +83,7 @@ def fetch(ref: ObjectRef, *, keys: DataPlaneKeys | None = None, window: int = DE
     total)`` is called after each chunk (progress reporting; tests use it to kill a server mid-way).
     The chunks are read-only memoryviews of the received frames (no copy) and are not CRC-checked here
     (see :func:`fetch_state_dict`). Raises :class:`PeerLost`,
-    :class:`ObjectNotFound`, :class:`TransferCorrupted`.
+    :class:`ObjectNotFound`, :class:`Forbidden` (the key's role may not see it), :class:`TransferCorrupted`.
     """
     if window < 1 or batch < 1:
         raise ValueError(f"window and batch must be >= 1, got {window} and {batch}")
@@ -154,7 +157,8 @@ def fetch_state_dict(ref: ObjectRef, **kw: Any) -> tuple[dict[str, Any], Any, Fe
 def latest(endpoint: str, topic: str, *, server_key: str | None = None, keys: DataPlaneKeys | None = None,
            timeout_s: float = 1.0, ctx: zmq.Context | None = None) -> ObjectRef | None:
     """The newest object published under ``topic`` at ``endpoint`` (None if nothing is); raises
-    :class:`PeerLost` when the server does not answer within ``timeout_s``."""
+    :class:`PeerLost` when the server does not answer within ``timeout_s``, :class:`Forbidden` when the newest
+    one belongs to a job the key may not see."""
     sock = _client_socket(ctx or zmq.Context.instance(), endpoint, server_key, keys)
     try:
         sock.send_multipart([PROTO, pack({"op": "latest", "topic": topic})])

@@ -1,11 +1,12 @@
-"""The data plane's typed failures: a lost peer, a missing object, a corrupted transfer, an insecure bind.
+"""The data plane's typed failures: a lost peer, a missing object, a refused key, a corrupted transfer, an
+insecure bind.
 
 Every one is a :class:`DataPlaneError`, whose message names the peer, the object and what went wrong.
 """
 
 from __future__ import annotations
 
-__all__ = ["DataPlaneError", "InsecureDataPlane", "ObjectNotFound", "PeerLost", "TransferCorrupted"]
+__all__ = ["DataPlaneError", "Forbidden", "InsecureDataPlane", "ObjectNotFound", "PeerLost", "TransferCorrupted"]
 
 
 class DataPlaneError(RuntimeError):
@@ -18,6 +19,12 @@ class PeerLost(DataPlaneError):
 
 class ObjectNotFound(DataPlaneError):
     """The server does not hold (or no longer holds) the requested object."""
+
+
+class Forbidden(DataPlaneError):
+    """The server refused the request for the key's role: a job-scoped client key asked for another job's (or
+    an untagged) object, or the key was removed from the allow directory (``libra.dataplane.access``). The
+    message names the role and the object's job."""
 
 
 class TransferCorrupted(DataPlaneError):

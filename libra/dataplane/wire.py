@@ -37,7 +37,10 @@ class DataPlaneKeys:
     @classmethod
     def from_env(cls) -> DataPlaneKeys | None:
         """This process's key pair from ``LIBRA_CURVE_SECRET`` (the same key file the actor uses for the
-        broker), or None when the variable is unset (a plaintext cluster)."""
+        broker), or None when the variable is unset (a plaintext cluster). Its sibling ``LIBRA_CURVE_ALLOW``
+        (:func:`libra.dataplane.access.allow_dir_from_env`) names the allow directory an actor's servers check
+        the fetchers' key roles against (the broker's ``--curve-allow`` layout); unset, any CURVE client may
+        fetch."""
         path = os.environ.get("LIBRA_CURVE_SECRET")
         if not path:
             return None

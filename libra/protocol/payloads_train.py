@@ -83,7 +83,8 @@ class TrainArgs(Payload, frozen=True, kw_only=True):
     """
 
     WHAT = "train args"
-    OMIT_DEFAULT = ("parts", "micro_batches", "shards", "step", "checkpoint_optimizer", "keep_checkpoints", "elastic")
+    OMIT_DEFAULT = ("parts", "micro_batches", "shards", "step", "checkpoint_optimizer", "keep_checkpoints", "elastic",
+                    "job")
 
     parts: list[list[TrainPart]] = msgspec.field(default_factory=list)
     """Per rank, the trajectories it trains on."""
@@ -110,6 +111,9 @@ class TrainArgs(Payload, frozen=True, kw_only=True):
     """After saving, keep only the newest this many ``step<N>`` checkpoints beside it (0: keep all)."""
     elastic: ElasticArgs | None = None
     """The step's elastic DP group (the broker's EHP); None: the fixed group of ``world_size`` ranks."""
+    job: str = ""
+    """The job whose step this is (the broker's job host fills it): rank 0 tags the weights it publishes with
+    it, so a job-scoped client key may fetch them (``libra.dataplane.access``); "": untagged."""
 
     def __post_init__(self) -> None:
         if not self.parts and not self.shards:

@@ -27,7 +27,8 @@ __all__ = ["DataPlaneWeightFetcher", "DataPlaneWeightPublisher"]
 class DataPlaneWeightPublisher:
     """:class:`~libra.weights.transport.WeightPublisher` over a :class:`DataPlaneServer`: version ``v`` is object ``weights/v{v}`` in
     topic ``weights``; the newest ``keep`` versions stay fetchable (so a fetch of ``v-1`` that started
-    before ``v`` was published completes)."""
+    before ``v`` was published completes). Each version is tagged with the server's ``default_job`` (the
+    trainer sets it from ``TrainArgs.job``), which the server's role checks go by (``libra.dataplane.access``)."""
 
     TOPIC = "weights"
 

@@ -3,7 +3,10 @@
 The second implementation of :class:`~libra.weights.transport.WeightPublisher` /
 :class:`~libra.weights.transport.WeightFetcher` (the first is the ZeroMQ data plane). Chosen on the trainer
 with ``LIBRA_WEIGHTS_TRANSPORT=torch`` (:func:`libra.weights.transport.make_publisher`); a rollout actor
-picks the fetcher from the ref it is given (``"transport": "torch"``), so nothing else changes.
+picks the fetcher from the ref it is given (``"transport": "torch"``), so nothing else changes. This transport
+checks no key roles (``libra.dataplane.access``: job-scoped client keys are a data-plane matter): its peers are
+the trainer's rank 0 and the rollout actors that reach its store, and a job-scoped client never fetches weights
+over it.
 
 Why pair groups: rollout actors come and go (elastic roles, restarts), while a ``torch.distributed`` group
 has a fixed membership. So rank 0 keeps a :class:`torch.distributed.TCPStore` (the rendezvous and control
