@@ -49,7 +49,7 @@ def _cycle(n: int, with_metrics: bool, actors: int = 8, capacity: int = 32) -> f
     for i in range(n):
         now += 1e-5
         for c in handle(PeerMessage(client, m.Submit(f"r{i}", "action", "echo", i, None, 60.0))):
-            if type(c.msg) is m.Assign:
+            if type(getattr(c, "msg", None)) is m.Assign:
                 assigned.append((c.peer, c.msg))
         if len(assigned) >= window or i == n - 1:
             for peer, a in assigned:

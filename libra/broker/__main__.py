@@ -46,6 +46,10 @@ def build_parser(prog: str = "python -m libra.broker") -> argparse.ArgumentParse
     p.add_argument("--curve-secret", help="broker key pair (NAME.key_secret from 'python -m libra keys'): "
                    "encrypt and authenticate every peer with CurveZMQ")
     p.add_argument("--curve-allow", help="directory of public keys (NAME.key) of actors and clients allowed in")
+    p.add_argument("--audit-log", metavar="FILE",
+                   help="append the audit trail here, a JSON line each (directives, plan changes, job starts and "
+                        "cancels, refused messages, revoked keys, with the key's fingerprint and role); without it "
+                        "the records go to the log as 'audit' lines only")
     p.add_argument("--journal", help="SQLite file journaling accepted work and replies: after a crash and restart, "
                    "unanswered work is re-queued and retried request ids get their original reply")
     p.add_argument("--router-state", metavar="FILE",
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         server = BrokerServer(args.bind, config, curve=curve, journal=args.journal,
                               router_state=args.router_state, router_state_interval_s=args.router_state_interval_s,
                               ipc=not args.no_ipc, io_threads=args.io_threads, replicate_bind=args.replicate_bind,
-                              on_ready=lambda ep: sdnotify.ready(f"listening on {ep}"))
+                              audit_log=args.audit_log, on_ready=lambda ep: sdnotify.ready(f"listening on {ep}"))
     except ValueError as exc:  # a setting the core rejects: router, buckets, planner table
         print(f"libra.broker: bad configuration: {exc}", file=sys.stderr)
         return 2

@@ -27,6 +27,8 @@ class PeerMessage:
     msg: Any
     buffers: tuple[bytes, ...] = ()
     role: str = ""
+    key: str = ""
+    """The Z85 public key of that connection ("" without CURVE): the audit trail names it by fingerprint."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +99,11 @@ class Rehome:
 class RevokePeers:
     """The keys these peers connected with were removed from the allow directory while they were connected
     (the shell re-reads it: ``libra.broker.roles``). Their sessions end as if lost (an actor's work is
-    re-queued with its loss counted) and each is told why."""
+    re-queued with its loss counted) and each is told why. ``keys``: the removed keys (Z85), for the audit."""
 
     peers: tuple[bytes, ...]
     why: str
+    keys: tuple[str, ...] = ()
 
 
 Event = PeerMessage | BadFrame | Tick | PlannerDone | Direct | ApplyPlan | Restore | Rehome | RevokePeers
@@ -151,4 +154,12 @@ class Log:
     component: str = "libra.broker"
 
 
-Command = Send | JournalWrite | StartPlannerSearch | Log
+@dataclass(frozen=True, slots=True)
+class Audit:
+    """Append ``record`` to the audit log (``libra.broker.access``: what was done or refused, by which key
+    fingerprint and role). The shell adds the wall-clock time; it never changes or removes a record."""
+
+    record: dict[str, Any]
+
+
+Command = Send | JournalWrite | StartPlannerSearch | Log | Audit

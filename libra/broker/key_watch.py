@@ -34,13 +34,14 @@ class KeyWatch:
             for old in list(self.peer_keys)[:PEER_KEYS_MAX // 2]:
                 del self.peer_keys[old]
 
-    def revoked(self, now: float) -> tuple[bytes, ...]:
-        """Every ``every_s``: re-read the allow directory if it changed; the peers whose key was removed."""
+    def revoked(self, now: float) -> tuple[tuple[bytes, ...], tuple[str, ...]]:
+        """Every ``every_s``: re-read the allow directory if it changed; the peers whose key was removed, and
+        the removed keys."""
         if now < self.next_check:
-            return ()
+            return (), ()
         self.next_check = now + self.every_s
         removed = self.auth.refresh()
         gone = tuple(p for p, k in self.peer_keys.items() if k in removed)
         for p in gone:
             del self.peer_keys[p]
-        return gone
+        return gone, tuple(sorted(removed))

@@ -31,8 +31,10 @@ from libra.protocol import ProtocolError, decode_many, encode, encode_many
 from libra.transport.security import Authenticator, CurveServer, apply_server
 from libra.transport.zmqio import NOBLOCK, recv_frames, recv_frames_user, recv_ready, send_frames
 
+from .audit_log import AuditLog
 from .config import BrokerConfig
 from .events import (
+    Audit,
     BadFrame,
     Command,
     JournalWrite,
@@ -65,7 +67,9 @@ class BrokerServer:
                  max_recv_per_poll: int = 2000, on_ready: Callable[[str], None] | None = None,
                  curve: CurveServer | None = None, journal: str | None = None,
                  router_state: str | None = None, router_state_interval_s: float = 60.0,
-                 ipc: bool = True, io_threads: int = 1, replicate_bind: str | None = None) -> None:
+                 ipc: bool = True, io_threads: int = 1, replicate_bind: str | None = None,
+                 audit_log: str | None = None) -> None:
+        self.audit = AuditLog(audit_log) if audit_log else None  # the core's Audit records (audit_log.py)
         self.router_state = RouterStateFile(router_state, router_state_interval_s) if router_state else None
         config = config or BrokerConfig()
         self.config = self.router_state.apply(config) if self.router_state is not None else config
@@ -156,6 +160,10 @@ class BrokerServer:
                 self._log(c)
             elif t is StartPlannerSearch:
                 self._start_search(c.job)
+            elif t is Audit:
+                log.info("audit", **c.record)
+                if self.audit is not None:
+                    self.audit.write(c.record)
             else:
                 log.error("unknown_command", command=t.__name__)
 
@@ -245,7 +253,7 @@ class BrokerServer:
         for d in decoded:
             if keys is not None and type(d.msg) in HELLOS:
                 keys.hello(peer, key)
-            self._handle(PeerMessage(peer, d.msg, d.buffers, role), now)
+            self._handle(PeerMessage(peer, d.msg, d.buffers, role, key), now)
 
     def serve_forever(self) -> None:
         """Serve until :meth:`stop`. Closes the socket on exit."""
@@ -279,9 +287,9 @@ class BrokerServer:
                         self._frames(item, keys, maxb, mono())
                     self._flush()
                 now = mono()
-                gone = keys.revoked(now) if keys is not None else ()
-                if gone:  # their keys left the allow directory
-                    self._handle(RevokePeers(gone, REVOKED_WHY), now)
+                gone, removed = keys.revoked(now) if keys is not None else ((), ())
+                if removed:  # keys left the allow directory: their peers go, and the audit trail says so
+                    self._handle(RevokePeers(gone, REVOKED_WHY, removed), now)
                     self._flush()
                 if now >= next_tick:
                     self._handle(Tick(behind=received >= self._max_recv), now)
@@ -316,6 +324,8 @@ class BrokerServer:
                 self.replica.close()
             if self.journal is not None:
                 self.journal.close()
+            if self.audit is not None:
+                self.audit.close()
             if self._own_ctx:
                 self._ctx.term()
 

@@ -33,7 +33,8 @@ from libra.policies.routing.interface import BucketSpec
 from libra.protocol import messages as m
 from libra.protocol.errors import ErrorCode, ProtocolCode
 
-from . import journal, roles, views
+from . import journal, roles
+from .access import PLANNER, Access
 from .actions import ActionPlacement
 from .adoption import Adoption, parse_held
 from .config import BrokerConfig
@@ -59,10 +60,9 @@ from .ehp import from_planner_config
 from .job_board import JobBoard
 from .plan_decider import PlannerLoop, PlannerSettings
 from .plan_rounds import Planning
-from .plan_applier import GpuSlot, PlanApplier
 from .rollout import RolloutRouting
-from .sessions import ActorSession, ClientSession, SessionRegistry
-from .work import Work
+from .sessions import SessionRegistry
+from .state_views import BrokerViews
 from .work_table import WorkTable
 
 __all__ = ["BrokerConfig", "BrokerState"]
@@ -78,7 +78,7 @@ _CLIENT_ONLY: dict[type, str] = {
 }
 
 
-class BrokerState:
+class BrokerState(BrokerViews):
     """The broker core. See the module docstring for the contract.
 
     ``journaling``: emit ``JournalWrite`` commands for accepted client requests and their replies (the
@@ -101,7 +101,10 @@ class BrokerState:
         loop = PlannerLoop(PlannerSettings.from_dict(planner)) if c.planner else None
         self.stats: dict[str, int] = dict.fromkeys(
             ("submitted", "completed", "failed", "requeued", "stale_results", "bad_frames", "timeouts",
-             "unknown_tool", "busy", "duplicates", "actors_expired", "handbacks", "ticks_behind", "role_refused", "keys_revoked"), 0)
+             "unknown_tool", "busy", "duplicates", "actors_expired", "handbacks", "ticks_behind", "role_refused", "job_refused",
+             "keys_revoked"), 0)
+        self._access = Access(self.stats)
+        self._role = self._key = ""  # the role and key of the message being handled
         self._sessions = SessionRegistry(c.heartbeat_s, c.liveness, c.client_idle_s, c.idle_beat_s)
         self._table = WorkTable(c.reply_cache)
         self._jobs = JobBoard()
@@ -128,8 +131,8 @@ class BrokerState:
             m.Goodbye: self._on_goodbye,
             m.DirectRequest: self._on_direct_request,
             m.EndTrajectory: self._on_end_trajectory,
-            m.JobSubmit: lambda peer, msg, now, out: out.append(Send(peer, self._jobs.submit(msg, now))),
-            m.JobPoll: lambda peer, msg, now, out: out.append(Send(peer, self._jobs.poll(msg, now))),
+            m.JobSubmit: self._on_job_submit,
+            m.JobPoll: self._on_job_poll,
             **self._leases.handlers,
         }
 
@@ -143,40 +146,44 @@ class BrokerState:
             handler = self._handlers.get(type(msg))
             if handler is None:  # a broker→peer message sent to the broker: unexpected
                 return self._reject(peer, ProtocolCode.UNEXPECTED, f"{type(msg).__name__} is not accepted by the broker")
-            if event.role and not roles.allows(event.role, type(msg)):  # its key's role may not send it
-                self.stats["role_refused"] += 1
-                return roles.refusal(peer, msg, event.role, self._sessions.known(peer))
+            if event.role:  # under CURVE: its key's role and job scope (access.py)
+                refused = self._access.refuse(event, self._sessions.known(peer), now)
+                if refused is not None:
+                    return refused
             out: list[Command] = []
             self._sessions.touch(peer, now)
             hint = _CLIENT_ONLY.get(type(msg))
             if hint is not None and peer not in self._sessions.clients:
                 out.extend(self._reject(peer, ProtocolCode.UNEXPECTED, hint))
             else:
+                self._role, self._key = event.role, event.key  # whose message the handler serves (access.py)
                 handler(peer, msg, now, out)
             if self._jobs.dirty:
                 self._pump_jobs(now, out)
-            self._note_decisions(now)
+            self._note_decisions(now, out)
             return out
         if t is Tick:
             out = self._on_tick(now, event.behind)
             if self._jobs.wake_waiting():
                 self._pump_jobs(now, out)
-            self._note_decisions(now)
+            self._note_decisions(now, out)
             return out
         if t is PlannerDone:
             out = self._planning.done(event.job, now)
-            self._note_decisions(now)
+            self._note_decisions(now, out)
             return out
         if t is BadFrame:
             self.stats["bad_frames"] += 1
             if self._sessions.known(event.peer):
                 return [Send(event.peer, m.Error(event.error.code.value, event.error.message))]
             return []  # a peer that never said hello gets nothing (7/MDP: treat as invalid)
-        if t is Direct:
-            return [self._sessions.direct(event.actor_id, event.kinds, now, event.mode, event.config)]
+        if t is Direct:  # the broker process's own API (not a peer): audited as "local"
+            cmd = self._sessions.direct(event.actor_id, event.kinds, now, event.mode, event.config)
+            return [cmd, self._access.audit("directive", "", "local", now, actor=event.actor_id, kinds=list(event.kinds),
+                                            mode=event.mode, directive=cmd.msg.directive_id)]
         if t is ApplyPlan:
             out = self._planning.apply(event.plan, now)
-            self._note_decisions(now)
+            self._note_decisions(now, out, by="local")
             return out
         if t is Restore:
             n = journal.restore(self._table, self.rollout, event.accepted, event.done, self.config.reply_cache, now)
@@ -187,6 +194,7 @@ class BrokerState:
         if t is RevokePeers:  # their keys left the allow directory
             out, n = roles.revoke(event.peers, event.why, now, self._sessions.known, self._drop_actor, self._sessions.close_client)
             self.stats["keys_revoked"] += n
+            out += [self._access.audit("key_revoked", k, roles.REVOKED, now, sessions_ended=n) for k in event.keys]
             return out
         if t is Rehome:
             out = []
@@ -216,70 +224,6 @@ class BrokerState:
         """Rebuild after a restart from a journal (``handle(Restore(...))``; see ``journal.restore``). Call
         before serving."""
         self.handle(Restore(accepted, done), now)
-
-    # ------------------------------------------------------------------ read-only views
-    @property
-    def actors(self) -> dict[bytes, ActorSession]:
-        """Connected actors by socket identity (read-only: change them through ``handle``)."""
-        return self._sessions.actors
-
-    @property
-    def clients(self) -> dict[bytes, ClientSession]:
-        """Connected clients by socket identity (read-only)."""
-        return self._sessions.clients
-
-    @property
-    def works(self) -> dict[str, Work]:
-        """Live (queued or leased) work by id (read-only)."""
-        return self._table.works
-
-    @property
-    def queues(self) -> dict[tuple[str, str], Any]:
-        """Queued work ids per ``(kind, name)``, oldest first (read-only)."""
-        return self._table.queues
-
-    @property
-    def jobs(self) -> dict[str, Any]:
-        """The RL jobs this broker hosts (``job_host.JobHost``) by name."""
-        return self._jobs.hosts
-
-    @property
-    def planner(self) -> PlannerLoop | None:
-        """The broker's periodic planner (``[broker.planner]``), or None."""
-        return self._planning.loop
-
-    @property
-    def plan_applier(self) -> PlanApplier | None:
-        """The plan being applied (or the last one applied), or None."""
-        return self._planning.applier
-
-    @property
-    def adopt_grace_s(self) -> float:
-        """How long restored work waits for the actors that still run it (``adoption.Adoption``)."""
-        return self._adoption.grace_s
-
-    @property
-    def journaling(self) -> bool:
-        return self._dispatch.journaling
-
-    @property
-    def planner_offload(self) -> bool:
-        return self._planning.offload
-
-    def gpu_slots(self) -> list[GpuSlot]:
-        """The connected GPU actors as plan slots (labels ``slot_kind == "gpu"``, slot ``gpuN``)."""
-        return self._planning.gpu_slots()
-
-    def snapshot(self, request_id: str, now: float) -> m.StatusReply:
-        """A status view: one dict per actor, queue depths by ``kind:name``, counters."""
-        return views.snapshot(request_id, now, self._sessions, self._table, self.stats, self._jobs,
-                              self._planning.loop, router=self.rollout.summary(),
-                              actions=self.actions.summary() if self.actions is not None else None,
-                              leases=self._leases.summary())
-
-    def validate(self) -> None:
-        """Check invariants (tests call this after every scenario). Raises AssertionError."""
-        views.validate(self._sessions, self._table)
 
     # ------------------------------------------------------------------ sessions
     def _on_actor_hello(self, peer: bytes, msg: m.ActorHello, now: float, out: list[Command]) -> None:
@@ -318,8 +262,9 @@ class BrokerState:
             out.append(Send(peer, m.Disconnect("protocol violation: client hello on an actor socket")))
             self._drop_actor(peer, now, out, "client hello on actor socket", lost=True)
             return
-        cs = self._sessions.open_client(peer, msg.client_id, now)
-        cs.inflight = self._table.in_flight_count(msg.client_id)
+        client_id = Access.client_id(msg.client_id, self._role)  # a job-scoped key's id is taken within its job
+        cs = self._sessions.open_client(peer, client_id, now)
+        cs.inflight = self._table.in_flight_count(client_id)
         out.append(Send(peer, self._welcome()))
 
     def _welcome(self) -> m.Welcome:
@@ -377,13 +322,16 @@ class BrokerState:
         self._actor_or_disconnect(peer, out)  # the Bid that follows re-opens the actor
 
     def _on_direct_request(self, peer: bytes, msg: m.DirectRequest, now: float, out: list[Command]) -> None:
+        what = {"actor": msg.actor_id, "kinds": list(msg.kinds), "mode": msg.mode}
         try:
             cmd = self._sessions.direct(msg.actor_id, msg.kinds, now, msg.mode, msg.config)
         except (KeyError, ValueError) as exc:
             out.append(Send(peer, m.Reply(msg.request_id, False, None, ErrorCode.BAD_REQUEST.value, str(exc))))
+            out.append(self._access.audit("directive", self._key, self._role, now, **what, error=str(exc)))
             return
         out.append(cmd)
         out.append(Send(peer, m.Reply(msg.request_id, True, cmd.msg.directive_id)))
+        out.append(self._access.audit("directive", self._key, self._role, now, **what, directive=cmd.msg.directive_id))
 
     # ------------------------------------------------------------------ work
     def _on_submit(self, peer: bytes, msg: m.Submit, now: float, out: list[Command]) -> None:
@@ -412,7 +360,19 @@ class BrokerState:
                 self.actions.trajectory_finished(msg.trajectory, now)
 
     def _on_status(self, peer: bytes, msg: m.StatusRequest, now: float, out: list[Command]) -> None:
-        out.append(Send(peer, self.snapshot(msg.request_id, now)))
+        out.append(Send(peer, self.status(msg.request_id, now, self._role)))
+
+    def _on_job_submit(self, peer: bytes, msg: m.JobSubmit, now: float, out: list[Command]) -> None:
+        reply = self._jobs.submit(msg, now)
+        out.append(Send(peer, reply))
+        if reply.ok:
+            out.append(self._access.audit("job_start", self._key, self._role, now, job=msg.name, rows=len(msg.rows)))
+
+    def _on_job_poll(self, peer: bytes, msg: m.JobPoll, now: float, out: list[Command]) -> None:
+        reply = self._jobs.poll(msg, now)
+        out.append(Send(peer, reply))
+        if msg.cancel:
+            out.append(self._access.audit("job_cancel", self._key, self._role, now, job=msg.job, ok=reply.ok))
 
     def _reject(self, peer: bytes, code: ProtocolCode, message: str) -> list[Command]:
         self.stats["bad_frames"] += 1
@@ -430,6 +390,7 @@ class BrokerState:
             for aid, kinds, cfg in ehp.take_moves() if ehp is not None else ():
                 if self._sessions.actor_by_id(aid) is not None:
                     out.append(self._sessions.direct(aid, kinds, now, "finish", cfg))
+                    out.append(self._access.audit("directive", "", "ehp", now, actor=aid, kinds=list(kinds)))
                     self._jobs.note([("role_switch", f"{aid} -> {cfg.get('role')} (EHP)",
                                       {"actor": aid, "kinds": kinds, **cfg, "by": "ehp"})], now)
 
@@ -455,9 +416,13 @@ class BrokerState:
             self.rollout.advance()
             self._last_router_step = now
 
-    def _note_decisions(self, now: float) -> None:
-        """The plans, bucket changes and role switches just decided, as the running jobs' decision records."""
-        self._jobs.note(self._planning.take_notes(), now)
+    def _note_decisions(self, now: float, out: list[Command], by: str = PLANNER) -> None:
+        """The plans, bucket changes and role switches just decided (``by`` the planner, or the broker process's
+        own ``local`` API), as the running jobs' decision records and in the audit trail."""
+        notes = self._planning.take_notes()
+        if notes:
+            self._jobs.note(notes, now)
+            out += [self._access.audit(what, "", by, now, text=text) for what, text, _ in notes]
 
     # ------------------------------------------------------------------ timers
     def _on_tick(self, now: float, behind: bool = False) -> list[Command]:

@@ -88,11 +88,25 @@ def detail_lines(stats: dict) -> list[str]:
         out.append(f"ACTIONS {policy}: running={actions.get('running', 0)}, "
                    f"cores free={free}/{total} on {len(cores)} actor(s), "
                    f"services={_pairs(actions.get('services') or {}) or '-'}")
+    audit = stats.get("audit")
+    if isinstance(audit, list) and audit:  # an operator's view (libra.broker.access): the newest records
+        out.append(f"AUDIT (newest {min(len(audit), AUDIT_SHOWN)} of {len(audit)}; the broker's --audit-log has all):")
+        out += [f"  {audit_line(r)}" for r in audit[-AUDIT_SHOWN:] if isinstance(r, dict)]
     leases = stats.get("leases")
     if isinstance(leases, list) and leases:
         totals = {k: sum(int(x.get(k) or 0) for x in leases if isinstance(x, dict)) for k in ("done", "failed")}
         out.append(f"DIRECT LEASES {len(leases)}: calls done={totals['done']}, failed={totals['failed']}")
     return [""] + out if out else []
+
+
+AUDIT_SHOWN = 10  # audit records `libra status` prints (--json has all the broker keeps)
+
+
+def audit_line(r: dict) -> str:
+    """One audit record: how long ago, what, by which key fingerprint and role, and its details."""
+    rest = {k: v for k, v in r.items() if k not in ("age_s", "what", "key", "role")}
+    return (f"{r.get('age_s', '?')}s ago  {r.get('what', '?')}  by {r.get('key') or '-'} ({r.get('role', '?')})"
+            + (f"  {_pairs(rest)}" if rest else ""))
 
 
 def planner_line(p: dict) -> str:

@@ -443,7 +443,7 @@ class PlannerAllocation:
         sim.layout = self._layout(plan, self.roles)
         self.applied.append({"t": round(sim.now, 3), "reason": reason, "n_train": plan.n_train,
                              "train": _train_str(plan.train), "rollout_tps": list(plan.rollout_tps),
-                             "directives": sum(isinstance(c.msg, m.Directive) for c in cmds)})
+                             "directives": sum(isinstance(getattr(c, "msg", None), m.Directive) for c in cmds)})
         for c in cmds:
             sim._deliver(c)
         self.rehome_orphans()

@@ -127,8 +127,12 @@ def test_broker_apply_plan_sends_directives_in_waves_and_roles_show_in_status() 
                                                 {"slot_kind": "gpu"})), 0.0)
     p1 = plan(8, TrainConfig(8, 1, 1, 1), [4, 2, 1, 1])
     out = s.apply_plan(p1, 1.0)
-    directives = {c.peer.decode(): c.msg for c in out if isinstance(c.msg, m.Directive)}
+    directives = {c.peer.decode(): c.msg for c in out if isinstance(getattr(c, "msg", None), m.Directive)}
     assert len(directives) == 16  # nobody had a role yet: everyone switches at once
+    from libra.broker.events import Audit
+
+    audited = [c.record for c in out if isinstance(c, Audit)]  # the plan change, by the broker process's own API
+    assert audited and audited[0]["what"] == "plan" and {r["role"] for r in audited} == {"local"}
     for aid, d in directives.items():
         s.handle(PeerMessage(aid.encode(), m.DirectiveDone(d.directive_id, d.kinds)), 2.0)
         s.handle(PeerMessage(aid.encode(), m.Bid(d.kinds, 4)), 2.0)
@@ -137,6 +141,6 @@ def test_broker_apply_plan_sends_directives_in_waves_and_roles_show_in_status() 
     assert [b.name for b in s.rollout.buckets] == ["tp1", "tp2", "tp4"]
     # a new plan moves training: the replica keeps training until the new one is up
     out = s.apply_plan(plan(4, TrainConfig(4, 1, 1, 1), [8, 2, 1, 1]), 3.0)
-    first = {c.peer.decode() for c in out if isinstance(c.msg, m.Directive)}
+    first = {c.peer.decode() for c in out if isinstance(getattr(c, "msg", None), m.Directive)}
     assert first and s.plan_applier is not None and not s.plan_applier.done
     s.validate()
