@@ -1,6 +1,7 @@
 """Sandboxed ``python`` through a real broker and ``python -m libra.actors`` (real bubblewrap): stdout comes
 back, a timeout is a typed ``ToolFailed`` with ``tool_code == "timeout"``; ``reward_model`` scores through
-the broker and an unknown service is ``ToolFailed`` with ``tool_code == "unknown_service"``."""
+the broker and an unknown service is ``ToolFailed`` with ``tool_code == "unknown_service"``. Tool code cannot
+reach the broker (its TCP port or its ipc path) or a data-plane server (#33: the network is denied)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,30 @@ def test_timeout_is_tool_failed_with_code_timeout(sandbox_cluster: LocalCluster)
             c.call_tool("python", {"code": "while True: pass", "timeout_s": 0.5}, trajectory="spin", timeout=60)
         assert ei.value.tool_code == "timeout"
         assert c.call_tool("python", {"code": "print('alive')"}, trajectory="spin", timeout=60).output["stdout"] == "alive\n"
+
+
+def test_tool_code_cannot_reach_the_broker_or_the_data_plane(sandbox_cluster: LocalCluster) -> None:
+    from libra.dataplane import DataPlaneServer
+    from libra.transport.endpoints import broker_ipc_endpoint
+
+    server = DataPlaneServer()  # a data-plane server on this host's loopback, as every actor runs one
+    try:
+        host, port = sandbox_cluster.url[len("tcp://"):].rsplit(":", 1)
+        dp_port = server.endpoint.rsplit(":", 1)[1]
+        ipc = broker_ipc_endpoint(sandbox_cluster.url)
+        code = (
+            "import socket\n"
+            f"for addr in [({host!r}, {port}), ('127.0.0.1', {dp_port})]:\n"
+            "    try:\n        socket.create_connection(addr, timeout=2)\n        print('CONNECTED', addr)\n"
+            "    except OSError as exc:\n        print('refused', type(exc).__name__)\n"
+            f"path = {(ipc or 'ipc:///nonexistent')[len('ipc://'):]!r}\n"
+            "try:\n    s = socket.socket(socket.AF_UNIX)\n    s.connect(path)\n    print('CONNECTED', path)\n"
+            "except OSError as exc:\n    print('refused', type(exc).__name__)\n")
+        with Client(sandbox_cluster.url) as c:
+            out = c.call_tool("python", {"code": code}, trajectory="escape", timeout=60).output
+        assert ipc is not None and "CONNECTED" not in out["stdout"] and out["stdout"].count("refused") == 3, out
+    finally:
+        server.close()
 
 
 def test_reward_model_through_the_broker_and_unknown_service(sandbox_cluster: LocalCluster) -> None:
