@@ -6,8 +6,9 @@ audit trail. Pure: no I/O.
 
 - a ``JobSubmit`` or ``JobPoll`` (a job's status rows, and its cancel) naming another job is refused with a
   ``forbidden`` Reply, counted in ``job_refused``, logged and audited;
-- its client id is taken within its job (``JOB/ID``), so its calls, cancels and replies never meet another
-  job's client of the same id: a client of job A cannot cancel, or take over the replies of, job B's calls;
+- its client id and its trajectory ids are taken within its job (``JOB/ID``), so its calls, cancels and
+  replies never meet another job's client of the same id (a client of job A cannot cancel, or take over the
+  replies of, job B's calls), and its calls never run in the sandbox of, or end, another job's trajectory;
 - its status view holds the shared cluster and its own job's rows only (:func:`scoped_status`).
 
 Keys not bound to a job (an operator, a client of ``ALLOW/clients/``, a key of the flat layout, and every peer
@@ -108,11 +109,11 @@ class Access:
         return out
 
     @staticmethod
-    def client_id(client_id: str, role: str) -> str:
-        """The id a client's session has in the core: ``JOB/ID`` for a job-scoped key (its jobs joined with
-        ``+``), its own id otherwise (job names hold no ``/``: no scoped id can be another's)."""
+    def scoped(name: str, role: str) -> str:
+        """A client id or trajectory id as the core keeps it: ``JOB/NAME`` for a job-scoped key (its jobs joined
+        with ``+``), ``name`` itself otherwise (job names hold no ``/``: no scoped name can be another job's)."""
         scope = job_scope(role)
-        return client_id if scope is None else f"{'+'.join(sorted(scope))}/{client_id}"
+        return name if scope is None else f"{'+'.join(sorted(scope))}/{name}"
 
     def audit(self, what: str, key: str, role: str, now: float, **detail: Any) -> Audit:
         """One audit record (``what``: directive, plan, job_start, job_cancel, refused, key_revoked) by the

@@ -84,12 +84,30 @@ def test_a_scoped_clients_id_lives_in_its_jobs_space() -> None:
     hello(st, b"b", "client:b", KEY_B, "shared-id")
     hello(st, b"a", "client:a", KEY_A, "shared-id")
     assert {c.client_id for c in st.clients.values()} == {"a/shared-id", "b/shared-id"}
-    assert Access.client_id("x", "client:b,client:a") == "a+b/x" and Access.client_id("x", "operator") == "x"
+    assert Access.scoped("x", "client:b,client:a") == "a+b/x" and Access.scoped("x", "operator") == "x"
     send(st, b"b", m.Submit("r1", "action", "slow", {"n": 1}), "client:b", KEY_B)
     assert not replies(send(st, b"a", m.CancelRequest("r1"), "client:a", KEY_A))
     assert len(st.works) == 1
     (r,) = replies(send(st, b"b", m.CancelRequest("r1"), "client:b", KEY_B))
     assert (r.request_id, r.ok, r.error_code) == ("r1", False, "cancelled") and not st.works
+
+
+def test_a_scoped_clients_trajectories_are_its_jobs() -> None:
+    # job a's client names job b's trajectory: its call does not run in b's trajectory (its sandbox, its
+    # instance), and its end of that trajectory does not end b's
+    st = BrokerState(BrokerConfig())
+    st.handle(PeerMessage(b"act", m.ActorHello("h/cpu0", "h", "cpu0", 1, {"action": ["python"]}, ["action"], 4),
+                          (), "actor", "H" * 40), 0.0)
+    st.handle(PeerMessage(b"act", m.Bid(["action"], 4), (), "actor", "H" * 40), 0.0)
+    hello(st, b"b", "client:b", KEY_B)
+    hello(st, b"a", "client:a", KEY_A)
+    hello(st, b"o", "operator", KEY_OPS)
+    sent = {}
+    for peer, role, key in ((b"b", "client:b", KEY_B), (b"a", "client:a", KEY_A), (b"o", "operator", KEY_OPS)):
+        out = send(st, peer, m.Submit(f"r-{role}", "action", "python", {"code": "1"}, "traj-1"), role, key)
+        (assign,) = [c.msg for c in out if isinstance(c, Send) and isinstance(c.msg, m.Assign)]
+        sent[role] = assign.trajectory
+    assert sent == {"client:b": "b/traj-1", "client:a": "a/traj-1", "operator": "traj-1"}
 
 
 def test_status_a_scoped_key_sees_its_jobs_rows_and_operators_see_the_audit_trail() -> None:
