@@ -23,6 +23,7 @@ key the role ``revoked``, which may send nothing), and hands the core the peers 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from libra.protocol import messages as m
@@ -44,6 +45,7 @@ _CLIENT = frozenset((m.ClientHello, m.Submit, m.StatusRequest, m.CancelRequest, 
 ALLOWED: dict[str, frozenset[type]] = {ACTOR: _ACTOR, CLIENT: _CLIENT, OPERATOR: _CLIENT | {m.DirectRequest}}
 
 
+@functools.lru_cache(maxsize=4096)  # few roles and kinds; the check runs on every message under CURVE
 def allows(role: str, kind: type) -> bool:
     """Whether a key of ``role`` may send a message of class ``kind`` ("" or ``any``: every kind; a key in
     several role directories has their roles comma separated, and any of them may allow it; a job-scoped
