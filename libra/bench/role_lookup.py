@@ -5,6 +5,10 @@ Under CURVE the broker's shell reads each message's key (the connection's ZAP us
 (``recv_frames``). One process, a CURVE ROUTER and a CURVE DEALER on loopback TCP with an authenticator over a
 role-split allow directory: ``--messages`` small frames are queued, then drained by each reader in turn,
 alternating ``--rounds`` times. Printed: µs per message for each and the difference, and the ratio.
+
+The core's side (``libra.broker.access``: the role table and the job scope): the same ``Heartbeat`` handed to
+one ``BrokerState`` as from a peer without CURVE (role "", nothing checked) and from a job-scoped client key
+(``client:a``), best of ``--rounds``; printed the same way.
 """
 
 from __future__ import annotations
@@ -38,6 +42,22 @@ def _drain(sock: zmq.Socket, n: int, with_role: Authenticator | None) -> float:
             _, key = recv_frames_user(sock, 0)
             with_role.roles.get(key, REVOKED)
     return time.perf_counter() - t0
+
+
+def _core(role: str, n: int, rounds: int) -> float:
+    """µs per ``Heartbeat`` through ``BrokerState.handle`` from a client session whose key has ``role``."""
+    from libra.broker.events import PeerMessage
+    from libra.broker.state import BrokerConfig, BrokerState
+
+    st, key, beat = BrokerState(BrokerConfig()), "K" * 40, m.Heartbeat()
+    st.handle(PeerMessage(b"c", m.ClientHello("c", 1), (), role, key), 0.0)
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            st.handle(PeerMessage(b"c", beat, (), role, key), 1.0)
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+    return best
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -75,15 +95,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             auth.stop()
             ctx.term()
     p, r = min(plain), min(roles)
+    core_plain, core_scoped = _core("", args.messages, args.rounds), _core("client:a", args.messages, args.rounds)
     return {"bench": "role_lookup", "messages": args.messages, "rounds": args.rounds,
-            "bytes_us_per_msg": p, "with_role_us_per_msg": r, "extra_us_per_msg": r - p, "ratio": r / p}
+            "bytes_us_per_msg": p, "with_role_us_per_msg": r, "extra_us_per_msg": r - p, "ratio": r / p,
+            "core_unchecked_us_per_msg": core_plain, "core_scoped_us_per_msg": core_scoped,
+            "core_extra_us_per_msg": core_scoped - core_plain, "core_ratio": core_scoped / core_plain}
 
 
 def fmt(res: dict[str, Any]) -> str:
     return (f"bench role_lookup: {res['messages']} CURVE messages drained from a ROUTER, best of {res['rounds']} "
             f"rounds each\n  frames as bytes (before roles)       {res['bytes_us_per_msg']:.2f} us/message\n"
             f"  frames + key + role lookup (roles)   {res['with_role_us_per_msg']:.2f} us/message\n"
-            f"  extra {res['extra_us_per_msg']:.2f} us/message ({res['ratio']:.2f}x)")
+            f"  extra {res['extra_us_per_msg']:.2f} us/message ({res['ratio']:.2f}x)\n"
+            f"the core, a Heartbeat through BrokerState.handle\n"
+            f"  no CURVE (nothing checked)           {res['core_unchecked_us_per_msg']:.2f} us/message\n"
+            f"  a job-scoped key (role and scope)    {res['core_scoped_us_per_msg']:.2f} us/message\n"
+            f"  extra {res['core_extra_us_per_msg']:.2f} us/message ({res['core_ratio']:.2f}x)")
 
 
 def main(argv: list[str] | None = None) -> int:
