@@ -2,7 +2,8 @@
 
 With ``--replicate-bind`` it also ships its journal to standby brokers; with ``--standby-of`` it is such a
 standby: it follows the primary's journal into its own ``--journal`` without binding ``--bind``, and takes over
-(binds and serves, as after a restart) when the primary falls silent (docs/failover.md)."""
+(binds and serves, as after a restart) when the primary falls silent (docs/failover.md). With ``--metrics-port`` it
+serves ``/metrics``, ``/healthz`` and ``/readyz`` from the start, a standby included (``libra.broker.health``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import argparse
 import dataclasses
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from libra.transport import sdnotify
 from libra.transport.endpoints import address_problem
@@ -22,6 +24,9 @@ from libra.transport.security import CurveClient, CurveServer, InsecureBind, req
 from .config import BrokerConfig
 from .replication import ReplicationStandby
 from .server import BrokerServer
+
+if TYPE_CHECKING:  # imported only when --metrics-port switches the HTTP endpoint on
+    from .health import HealthEndpoint
 
 
 def build_parser(prog: str = "python -m libra.broker") -> argparse.ArgumentParser:
@@ -40,9 +45,14 @@ def build_parser(prog: str = "python -m libra.broker") -> argparse.ArgumentParse
     p.add_argument("--max-retries", type=int, help="lost assignments tolerated per request (default 3)")
     p.add_argument("--log-level", default=None, help="debug|info|warning|error (default info)")
     p.add_argument("--metrics-port", type=int, default=None,
-                   help="serve Prometheus metrics on this TCP port at /metrics (default: off; 0: any free port)")
+                   help="serve Prometheus metrics on this TCP port at /metrics, and the health probes /healthz and "
+                        "/readyz (default: off; 0: any free port)")
     p.add_argument("--metrics-host", default="0.0.0.0",
                    help="address for the metrics endpoint (default: %(default)s)")
+    p.add_argument("--health-stall-s", type=float, default=10.0,
+                   help="the metrics port also answers /healthz (503 once the broker's loop has not turned for this "
+                        "many seconds) and /readyz (200 once bound and serving; a standby only after it took over) "
+                        "(default: %(default)s)")
     p.add_argument("--curve-secret", help="broker key pair (NAME.key_secret from 'python -m libra keys'): "
                    "encrypt and authenticate every peer with CurveZMQ")
     p.add_argument("--curve-allow", help="directory of public keys (NAME.key) of actors and clients allowed in")
@@ -86,7 +96,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """``prog``: how the usage line names the command (``libra broker`` when run through ``libra``)."""
     args = build_parser(*([prog] if prog else [])).parse_args(argv)
     configure(args.log_level, cache=True)
-    log = get_logger("libra.broker")
     try:
         config = load_section(args.config, "broker", BrokerConfig) if args.config else BrokerConfig()
         overrides = {k: v for k, v in {
@@ -123,18 +132,44 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except (KeyFileError, InsecureBind) as exc:
         print(f"libra.broker: {exc}", file=sys.stderr)
         return 2
-    if not args.router_state_interval_s > 0:
-        print(f"libra.broker: --router-state-interval-s must be > 0, got {args.router_state_interval_s}", file=sys.stderr)
-        return 2
+    for flag, value in (("router-state-interval-s", args.router_state_interval_s),
+                        ("health-stall-s", args.health_stall_s)):
+        if not value > 0:
+            print(f"libra.broker: --{flag} must be > 0, got {value}", file=sys.stderr)
+            return 2
     raise_open_files_limit("broker", advise=True)  # one descriptor per connected actor and client
-    if args.standby_of and not _stand_by(args, config, standby_curve):
-        sdnotify.stopping()
-        return 0  # stopped while standing by
+    return _serve(args, config, curve, standby_curve)
+
+
+def _serve(args: argparse.Namespace, config: BrokerConfig, curve: CurveServer | None,
+           standby_curve: CurveClient | None) -> int:
+    """Stand by (``--standby-of``) until taking over, then bind and serve until a signal; the exit status."""
+    log = get_logger("libra.broker")
+    try:  # /healthz, /readyz and /metrics: up before a standby waits or the endpoint is bound
+        http = _http_endpoint(args)
+    except (ImportError, OSError) as exc:  # prometheus-client missing, port in use
+        log.error("metrics_failed", port=args.metrics_port, error=str(exc))
+        print(f"libra.broker: cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}", file=sys.stderr)
+        return 1
+    if args.standby_of:
+        if http is not None:
+            http.health.set_phase("standby")  # not ready until it takes over
+        if not _stand_by(args, config, standby_curve):
+            sdnotify.stopping()
+            return 0  # stopped while standing by
+        if http is not None:
+            http.health.set_phase("starting")  # taking over: opening the journal, binding
+
+    def ready(endpoint: str) -> None:  # bound, and the loop is about to serve
+        sdnotify.ready(f"listening on {endpoint}")
+        if http is not None:
+            http.health.set_phase("serving")
+
     try:
         server = BrokerServer(args.bind, config, curve=curve, journal=args.journal,
                               router_state=args.router_state, router_state_interval_s=args.router_state_interval_s,
                               ipc=not args.no_ipc, io_threads=args.io_threads, replicate_bind=args.replicate_bind,
-                              audit_log=args.audit_log, on_ready=lambda ep: sdnotify.ready(f"listening on {ep}"))
+                              audit_log=args.audit_log, on_ready=ready)
     except ValueError as exc:  # a setting the core rejects: router, buckets, planner table
         print(f"libra.broker: bad configuration: {exc}", file=sys.stderr)
         return 2
@@ -142,22 +177,31 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         log.error("bind_failed", endpoint=args.bind, error=str(exc))
         print(f"libra.broker: cannot bind {args.bind}: {exc}", file=sys.stderr)
         return 1
-    if args.metrics_port is not None:
-        try:
-            from .metrics import BrokerMetrics
+    if http is not None:
+        from .metrics import BrokerMetrics
 
-            server.metrics = BrokerMetrics(server.state)
-            port = server.metrics.serve(args.metrics_port, args.metrics_host)
-        except (ImportError, OSError) as exc:  # prometheus-client missing, port in use
-            log.error("metrics_failed", port=args.metrics_port, error=str(exc))
-            print(f"libra.broker: cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}",
-                  file=sys.stderr)
-            return 1
-        log.info("metrics_serving", host=args.metrics_host, port=port)
+        server.metrics = BrokerMetrics(server.state)
+        http.attach(server.metrics)
     server.install_signal_handlers()
     server.serve_forever()
+    if http is not None:
+        http.close()
     sdnotify.stopping()
     return 0
+
+
+def _http_endpoint(args: argparse.Namespace) -> HealthEndpoint | None:
+    """The metrics port's server (``libra.broker.health``), or None without ``--metrics-port``. Raises ImportError
+    (prometheus-client missing) or OSError (the port is taken)."""
+    if args.metrics_port is None:
+        return None
+    from . import metrics  # noqa: F401  (prometheus-client is there: said before anything is bound)
+    from .health import BrokerHealth, HealthEndpoint
+
+    http = HealthEndpoint(args.metrics_port, args.metrics_host, BrokerHealth(args.health_stall_s))
+    get_logger("libra.broker").info("metrics_serving", host=args.metrics_host, port=http.port,
+                                    paths="/metrics /healthz /readyz")
+    return http
 
 
 def _standby_curve(args: argparse.Namespace, curve: CurveServer | None) -> CurveClient | None:

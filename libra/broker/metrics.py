@@ -129,6 +129,7 @@ class BrokerMetrics:
         self._next_snapshot = 0.0
         self._next_prune = 0.0
         self.server: Any = None
+        self.last_tick: float | None = None  # the loop's clock at its last tick: the broker's liveness (health.py)
         self._snap = self._build(None, 0)  # scrapes before the first tick see real (zero) counters
 
     # ------------------------------------------------------------------ loop thread
@@ -165,6 +166,7 @@ class BrokerMetrics:
 
     def tick(self, now: float, core_errors: int = 0) -> None:
         """Publish a new snapshot if ``snapshot_s`` has passed since the last one."""
+        self.last_tick = now
         if now < self._next_snapshot:
             return
         self._next_snapshot = now + self.snapshot_s

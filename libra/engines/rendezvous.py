@@ -13,10 +13,10 @@ import ipaddress
 import os
 import socket
 
-__all__ = ["interface_for", "pin_interfaces"]
+__all__ = ["interface_for", "pin_interfaces", "route_source"]
 
 
-def _route_source(addr: str) -> str | None:
+def route_source(addr: str) -> str | None:
     """The local IP this host's routing table sends packets to ``addr`` from (no packet is sent)."""
     try:
         family = socket.getaddrinfo(addr, None)[0][0]
@@ -31,7 +31,7 @@ def interface_for(addr: str) -> str | None:
     """The name of the interface that holds the local address routing to ``addr``, or None."""
     import psutil
 
-    src = _route_source(addr)
+    src = route_source(addr)
     if src is None:
         return None
     for name, addrs in psutil.net_if_addrs().items():

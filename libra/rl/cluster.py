@@ -19,7 +19,7 @@ from typing import Any
 from libra.logging import get_logger
 from libra.rl.broker_table import broker_mapping, broker_toml, engine_roles
 
-__all__ = ["check_user_tools", "engine_gpu_counts", "gpu_names", "host_gpus", "start_cluster"]
+__all__ = ["check_user_tools", "engine_gpu_counts", "gpu_names", "host_gpus", "slot_env", "slot_flags", "start_cluster"]
 
 log = get_logger("libra.rl")
 
@@ -62,6 +62,30 @@ def check_user_tools(modules: list[str]) -> None:
     load_tools(modules)
 
 
+def slot_flags(cfg: Any, run: Path, model_dir: Path) -> list[str]:
+    """The ``libra actors`` flags of job ``cfg``'s slots other than their roles (here, and on every node of a
+    multi-node allocation: :mod:`libra.rl.node_launch`)."""
+    a = cfg.actors
+    out = ["--model-dir", str(model_dir), "--run-dir", str(run), "--torch-threads", str(a.torch_threads),
+           "--rollout-batch", str(a.rollout_batch), "--episode-concurrency", str(a.episode_concurrency),
+           "--dtype", a.dtype, "--gpu-memory-fraction", str(a.gpu_memory_fraction)]
+    if a.allow_unisolated:
+        out.append("--allow-unisolated")
+    for module in a.tools:  # the action slots offer the user's tools (libra.actors.tools)
+        out += ["--tools", module]
+    return out
+
+
+def slot_env(cfg: Any) -> dict[str, str]:
+    """The environment job ``cfg``'s actor supervisors add to their own."""
+    a = cfg.actors
+    env = {"OMP_NUM_THREADS": str(max(1, a.torch_threads)), "TOKENIZERS_PARALLELISM": "false"}
+    if a.weights_transport == "torch":
+        env["LIBRA_WEIGHTS_TRANSPORT"] = "torch"
+    env["LIBRA_ROLLOUT_ENGINE"] = cfg.rollout.engine  # [rollout] engine, for every rollout slot started here
+    return env
+
+
 def start_cluster(cfg: Any, run: Path, model_dir: Path, gpus: tuple[int, str], log_level: str) -> Any:
     """Start the loopback cluster of job ``cfg`` (see the module docstring) and wait for its actors; returns
     the started :class:`~libra.local.LocalCluster` (the caller stops it). ``gpus``: :func:`host_gpus`."""
@@ -72,21 +96,11 @@ def start_cluster(cfg: Any, run: Path, model_dir: Path, gpus: tuple[int, str], l
     (log.info if gpu_r + gpu_t else log.warning)("job_engine_placement", rollout_gpu_slots=gpu_r,
                                                  trainer_gpu_slots=gpu_t, reason=why)
     roles, gpu_roles = engine_roles(cfg, gpu_r, gpu_t)
-    actor_args = ["--roles", roles, "--model-dir", str(model_dir), "--run-dir", str(run),
-                  "--torch-threads", str(a.torch_threads), "--rollout-batch", str(a.rollout_batch),
-                  "--episode-concurrency", str(a.episode_concurrency), "--dtype", a.dtype,
-                  "--gpu-memory-fraction", str(a.gpu_memory_fraction)]
+    actor_args = ["--roles", roles, *slot_flags(cfg, run, model_dir)]
     if gpu_roles:
         actor_args += ["--gpu-roles", gpu_roles]
-    if a.allow_unisolated:
-        actor_args.append("--allow-unisolated")
-    for module in a.tools:  # the action slots offer the user's tools (libra.actors.tools)
-        actor_args += ["--tools", module]
     n = a.rollout + a.trainer + a.action + 1  # + one episode runner
-    env = {"OMP_NUM_THREADS": str(max(1, a.torch_threads)), "TOKENIZERS_PARALLELISM": "false"}
-    if a.weights_transport == "torch":
-        env["LIBRA_WEIGHTS_TRANSPORT"] = "torch"
-    env["LIBRA_ROLLOUT_ENGINE"] = cfg.rollout.engine  # [rollout] engine, for every rollout slot started here
+    env = slot_env(cfg)
     broker_args = ["--router-state", str(run / "router_state.json")]
     table, notes = broker_mapping(cfg, gpu_names(gpu_r + gpu_t))
     (run / "broker.toml").write_text(broker_toml(table))  # always: the user sees what the broker ran with

@@ -13,11 +13,13 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
 from libra.transport.keys import create_keypair
+
+from .netns import sh as _sh
+from .netns import netns_hosts
 
 pytestmark = pytest.mark.integration
 
@@ -39,32 +41,11 @@ with Client(url, connect_timeout=30) as c:
 """
 
 
-def _sh(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
-
-
 @pytest.fixture
 def hosts():
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 for network namespaces")
-    tag = uuid.uuid4().hex[:6]
-    b, a = f"lb-b-{tag}", f"lb-a-{tag}"
-    try:
-        _sh("ip", "netns", "add", b)
-    except subprocess.CalledProcessError as exc:
-        pytest.skip(f"cannot create network namespaces here: {exc.stderr.decode(errors='replace').strip()}")
-    _sh("ip", "netns", "add", a)
-    vb, va = f"vb{tag}", f"va{tag}"
-    _sh("ip", "link", "add", vb, "type", "veth", "peer", "name", va)
-    _sh("ip", "link", "set", vb, "netns", b)
-    _sh("ip", "link", "set", va, "netns", a)
-    for ns, dev, addr in ((b, vb, "10.231.7.1/24"), (a, va, "10.231.7.2/24")):
-        _sh("ip", "-n", ns, "addr", "add", addr, "dev", dev)
-        _sh("ip", "-n", ns, "link", "set", dev, "up")
-        _sh("ip", "-n", ns, "link", "set", "lo", "up")
-    yield b, a, va
-    for ns in (b, a):
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+    """Two hosts (``netns.netns_hosts``): the broker's at 10.231.7.1 and the actor host at 10.231.7.2."""
+    with netns_hosts(2, "10.231.7") as (b, a):
+        yield b.ns, a.ns, a.dev
 
 
 def test_actor_host_cut_off_and_restored_with_curve(hosts, tmp_path) -> None:
