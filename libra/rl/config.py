@@ -50,6 +50,10 @@ class JobSection:
     keep_checkpoints: int = 2  # keep the newest this many checkpoints in RUN/checkpoints (0: keep all)
     checkpoint_optimizer: bool = False  # also save the optimizer state (AdamW: 8 bytes a parameter)
     dispatch: str = "lpt"  # how a batch is split over trainer ranks (libra.policies.parallelism.dispatch.STRATEGIES)
+    # experiment trackers that log every step besides RUN/metrics.jsonl (always written): "jsonl", "tensorboard"
+    # (RUN/tensorboard/), "mlflow" (RUN/mlruns/, or MLFLOW_TRACKING_URI), "wandb" (offline in RUN/wandb/ unless
+    # WANDB_MODE is set); the packages are the 'tracking' extra (libra.rl.loggers)
+    loggers: list[str] = field(default_factory=lambda: ["jsonl"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +316,9 @@ def _check(c: JobConfig, where: str) -> None:
         problems.append(f"[job] dispatch must be one of {', '.join(STRATEGIES)}, got {c.job.dispatch!r}")
     if c.job.max_policy_lag < 0:
         problems.append(f"[job] max_policy_lag must be >= 0, got {c.job.max_policy_lag}")
+    from libra.rl.loggers.registry import logger_problems
+
+    problems += logger_problems(c.job.loggers)
     if c.job.keep_checkpoints < 0:
         problems.append(f"[job] keep_checkpoints must be >= 0 (0: keep all), got {c.job.keep_checkpoints}")
     if c.grpo.group_size < 2:

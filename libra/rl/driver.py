@@ -50,6 +50,11 @@ How the pieces meet:
   bucket changes, EHP joins and leaves, out-of-memory re-plans) are terminal lines and ``metrics.jsonl`` rows,
   marked on ``throughput.png`` and counted in ``summary.json`` (``decisions``, ``prediction_error`` of the
   broker's predicted step seconds, ``policy``). ``[rollout] engine`` is the loopback actors' ``LIBRA_ROLLOUT_ENGINE``.
+- Every record written to ``metrics.jsonl`` also goes to the trackers ``[job] loggers`` names (TensorBoard, MLflow,
+  W&B: ``libra.rl.loggers``), whose packages are imported before any process starts (a missing one is a
+  ``LoggerUnavailable`` naming the extra); with GPU actors a step record carries their memory and utilisation
+  as the broker's status has them (``gpu_memory_used_bytes_max``, ``gpu_memory_used_bytes_total``,
+  ``gpu_utilization_pct_mean``, ``gpu_actors``).
 """
 
 from __future__ import annotations
@@ -70,7 +75,9 @@ from libra.rl.cluster import check_user_tools, engine_gpu_counts, host_gpus, sta
 from libra.rl.config import JobConfig
 from libra.rl.data import Cursor, check_data, job_data, resume_point
 from libra.rl.evals import eval_summary, handle_record
-from libra.rl.metrics import MetricsWriter, decision_summary, plot_run, read_metrics, summarize
+from libra.rl.loggers import check_installed, gpu_fields
+from libra.rl.loggers.fanout import open_run_loggers
+from libra.rl.metrics import decision_summary, plot_run, read_metrics, summarize
 from libra.rl.progress import JobProgress, children_above_bars, quiet_progress
 
 __all__ = ["JobFailed", "check_tools", "engine_gpu_counts", "host_gpus", "missing_tools", "resolve_model", "run_job",
@@ -207,9 +214,14 @@ class _Driver:
         self._failures_seen = -1  # the newest failure seq written
         self.spec = {**job_spec(cfg, model_dir, run_dir, free_port()), **self.data.spec()}
         self.expected_rollouts = cfg.actors.rollout
-        self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
         self._publish_s: dict[int, float] = {}  # weights version -> rank 0's publish seconds
         self.samples = (run_dir / "samples.jsonl").open("a", encoding="utf-8")
+        try:  # RUN/metrics.jsonl and the [job] loggers trackers (libra.rl.loggers): one write per record
+            self.metrics = open_run_loggers(cfg.job.loggers, run_dir, cfg.job.name, cfg.to_mapping())
+        except BaseException:
+            self.samples.close()
+            self.failures.close()
+            raise
 
     async def run(self) -> dict[str, Any]:
         from libra.client.aio import AsyncClient
@@ -239,6 +251,7 @@ class _Driver:
                 for rec in st.records:
                     if handle_record(rec, self.run_dir, self.data, self.metrics, bar.write):
                         continue  # an eval or decision record (libra.rl.evals)
+                    rec.update(await _gpu_memory(client))
                     self._write(rec)
                     bar.step(rec)
                 bar.poll(st.episodes_collected, st.training)
@@ -270,7 +283,7 @@ class _Driver:
                    "final_version": st.version, "dropped_groups": st.dropped_groups,
                    "episodes_failed": st.episodes_failed, "job_state_in": "broker",
                    "rollout_versions": rollout_versions, "rollout_sync": self._rollout_sync_stats(),
-                   "eval": eval_summary(read_metrics(self.run_dir, "eval"))}
+                   "eval": eval_summary(read_metrics(self.run_dir, "eval")), "loggers": self.metrics.locations()}
         try:
             summary["plots"] = [str(p) for p in plot_run(self.run_dir)]
         except ImportError as exc:  # matplotlib is in the 'train' extra
@@ -365,6 +378,15 @@ class _Driver:
         return out
 
 
+async def _gpu_memory(client: Any) -> dict[str, Any]:
+    """The GPU actors' memory and utilisation now (``libra.rl.loggers.records.gpu_fields`` of the broker's
+    status), added to a step record; {} without GPU actors or when the status does not come."""
+    try:
+        return gpu_fields(list((await client.status(timeout=2.0)).actors))
+    except Exception:  # noqa: BLE001 - a missing sample leaves the record as it is
+        return {}
+
+
 def start_point(cfg: JobConfig, run: Path, resume: bool) -> tuple[Cursor | None, Path]:
     """``(data cursor, model directory)`` a job starts from: ``[model] name`` from the beginning, or with
     ``resume`` the cursor and checkpoint the run saved last (:func:`libra.rl.data.resume_point`)."""
@@ -406,6 +428,7 @@ def _run_job(cfg: JobConfig, broker_url: str | None, *, progress: bool, log_leve
     from libra.envs.loader import load_env_config
 
     load_env_config(cfg.env, "job")  # a broken plug-in (ConfigError naming the key) fails before any process starts
+    check_installed(cfg.job.loggers)  # a [job] loggers tracker whose package is missing: LoggerUnavailable, here
     if broker_url is not None:
         return asyncio.run(run_job_async(cfg, broker_url, progress=progress, resume=resume))
     run = Path(cfg.job.run_dir).resolve()
