@@ -2,7 +2,8 @@
 
 Commands: ``status`` (actors and queues; ``--watch`` for a live view), ``keys`` (CurveZMQ key pairs), ``demo`` (start a local broker + actors and run a workload
 through them), ``run`` (an RL job file), ``tree`` (build, merge or show C-MLFQ prefix-tree files), ``serve`` (the
-OpenAI-compatible endpoint over a running cluster, ``libra.commands.serve``). Each has ``--help``.
+OpenAI-compatible endpoint over a running cluster, ``libra.commands.serve``), ``dashboard`` (a live web dashboard over a
+broker's status, ``libra.dashboard``). Each has ``--help``.
 """
 
 from __future__ import annotations
@@ -193,6 +194,8 @@ def format_summary(s: dict, run_dir: str) -> str:
         f"{s.get('tokens_per_s_mean', 0):.1f}, dropped groups {s.get('dropped_groups')}",
         *_eval_lines(s.get("eval") or {}),
         f"run directory: {run_dir} (metrics.jsonl, reward.png, throughput.png, checkpoints/)",
+        *(["trackers ([job] loggers): " + ", ".join(f"{k} {v}" for k, v in s["loggers"].items())]
+          if s.get("loggers") else []),
     ])
 
 
@@ -291,6 +294,7 @@ DELEGATES: dict[str, tuple[str, str]] = {
     "sim": ("libra.sim.__main__", "simulate a cluster in virtual time (python -m libra.sim)"),
     "bench": ("libra.bench.__main__", "run a benchmark against its baseline (python -m libra.bench)"),
     "serve": ("libra.commands.serve", "serve an OpenAI-compatible endpoint over a running cluster (see 'libra serve --help')"),
+    "dashboard": ("libra.dashboard.__main__", "serve a live web dashboard over a broker's status (see 'libra dashboard --help')"),
 }
 
 

@@ -15,7 +15,8 @@
 Prints every path's ratio to the TCP floor. Targets (issue #20): Libra over TCP p50 ≤ 3× the floor,
 ≥ 20,000 calls/s with 100 in flight, p50 ≥ 5× lower than the Ray call; each is checked for the direct path
 and, separately, for the brokered one. ``--scale`` adds the throughput
-sweep over actors × client processes (``libra.bench.broker_scale``).
+sweep over actors × client processes (``libra.bench.broker_scale``); ``--dashboard`` instead measures what one
+live dashboard polling the broker costs its call path (``libra.bench.broker_dashboard``).
 """
 
 from __future__ import annotations
@@ -311,9 +312,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace-hops", action="store_true",
                    help="instead: stamp one call's every hop (client, broker, actor) and print per-segment medians, "
                         "of the current hot path (libra.bench.broker_hops)")
-    p.add_argument("--rounds", type=int, default=3, help="--trace-hops: rounds (medians reported)")
+    p.add_argument("--dashboard", action="store_true",
+                   help="instead: echo latency and calls/s with and without one `libra dashboard` polling the "
+                        "broker every second, alternating on one cluster (libra.bench.broker_dashboard)")
+    p.add_argument("--seconds", type=float, default=10.0, help="--dashboard: seconds a side per round")
+    p.add_argument("--rounds", type=int, default=3, help="--trace-hops, --dashboard: rounds (medians reported)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
+    if a.dashboard:
+        from .broker_dashboard import compare as dashboard_cost, print_compare
+
+        print(f"load (1 min) at the start: {os.getloadavg()[0]:.2f}")
+        d = dashboard_cost(a.seconds, a.rounds, a.slots)
+        if a.json:
+            print(json.dumps(d))
+        else:
+            print_compare(d)
+        return 0
     if a.trace_hops:
         from .broker_hops import compare, print_trace
 

@@ -82,6 +82,7 @@ def _libra(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
      "libra.actors: "),
     (["run", "examples/arith_tiny.toml", "--broker", "http://127.0.0.1:5555"], "libra run: "),
     (["serve", "--broker", "127.0.0.1:5555", "--model-dir", "no-such-model"], "libra serve: "),
+    (["dashboard", "--broker", "127.0.0.1:5555"], "libra dashboard: "),
 ])
 def test_commands_given_a_bad_broker_address_print_one_line_and_exit_2(argv: list[str], prefix: str) -> None:
     r = _libra(*argv)

@@ -8,7 +8,7 @@ import sys
 from libra.cli import DELEGATES, build_parser
 from libra.commands.status import format_status
 
-ALL = ("broker", "actors", "status", "run", "sim", "bench", "plan", "keys", "demo", "tree", "serve")
+ALL = ("broker", "actors", "status", "run", "sim", "bench", "plan", "keys", "demo", "tree", "serve", "dashboard")
 
 
 def test_help_lists_every_subcommand() -> None:
@@ -18,7 +18,7 @@ def test_help_lists_every_subcommand() -> None:
 
 
 def test_delegated_subcommands_run_the_component_entry_point() -> None:
-    assert set(DELEGATES) == {"broker", "actors", "sim", "bench", "serve"}
+    assert set(DELEGATES) == {"broker", "actors", "sim", "bench", "serve", "dashboard"}
     out = subprocess.run([sys.executable, "-m", "libra", "bench", "--list"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-800:]
