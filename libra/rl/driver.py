@@ -413,6 +413,14 @@ async def run_job_async(cfg: JobConfig, broker_url: str, *, progress: bool = Tru
     return await driver.run()
 
 
+def clear_driver_files(run: Path, resume: bool) -> None:
+    """Remove what an earlier run of the driver left in ``run`` (created if missing): its summary and, unless
+    ``resume``, its metrics, samples and failures, which this run would otherwise append to."""
+    run.mkdir(parents=True, exist_ok=True)
+    for stale in ("summary.json",) + (() if resume else ("metrics.jsonl", "samples.jsonl", "failures.jsonl")):
+        (run / stale).unlink(missing_ok=True)
+
+
 def run_job(cfg: JobConfig, broker_url: str | None = None, *, progress: bool = True,
             log_level: str = "warning", resume: bool = False) -> dict[str, Any]:
     """Run the whole job; starts a loopback cluster unless ``broker_url`` is given. ``resume``: continue the
@@ -429,15 +437,15 @@ def _run_job(cfg: JobConfig, broker_url: str | None, *, progress: bool, log_leve
 
     load_env_config(cfg.env, "job")  # a broken plug-in (ConfigError naming the key) fails before any process starts
     check_installed(cfg.job.loggers)  # a [job] loggers tracker whose package is missing: LoggerUnavailable, here
-    if broker_url is not None:
+    if broker_url is not None:  # a running cluster: its slots' files in the run directory are theirs
+        clear_driver_files(Path(cfg.job.run_dir), resume)
         return asyncio.run(run_job_async(cfg, broker_url, progress=progress, resume=resume))
     run = Path(cfg.job.run_dir).resolve()
     cfg = cfg.with_run_dir(str(run))
-    run.mkdir(parents=True, exist_ok=True)
     import shutil
 
-    for stale in ("summary.json", "router_state.json", "broker.toml") + (() if resume else
-                                                           ("metrics.jsonl", "samples.jsonl", "failures.jsonl")):
+    clear_driver_files(run, resume)
+    for stale in ("router_state.json", "broker.toml"):
         (run / stale).unlink(missing_ok=True)
     for stale in ("actors", "weights", "batches"):  # a previous run's versions must not leak into this one
         shutil.rmtree(run / stale, ignore_errors=True)
