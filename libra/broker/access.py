@@ -22,6 +22,7 @@ The newest :data:`AUDIT_KEEP` stay in memory, and an operator's ``libra status``
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from typing import Any
 
@@ -107,6 +108,13 @@ class Access:
         self._refused[k] = (now, 0)
         out.append(self.audit("refused", event.key, event.role, now, message=name, repeats=repeats, **detail))
         return out
+
+    @staticmethod
+    def scoped_trajectory(msg: Any, role: str) -> Any:
+        """``msg`` (a ``Submit`` or ``EndTrajectory``) with its trajectory id as the core keeps it for a key of
+        ``role`` (:meth:`scoped`); ``msg`` itself when that is its own id (no copy)."""
+        traj = Access.scoped(msg.trajectory, role) if msg.trajectory and role else msg.trajectory
+        return msg if traj == msg.trajectory else dataclasses.replace(msg, trajectory=traj)
 
     @staticmethod
     def scoped(name: str, role: str) -> str:

@@ -99,7 +99,8 @@ class Rehome:
 class RevokePeers:
     """The keys these peers connected with were removed from the allow directory while they were connected
     (the shell re-reads it: ``libra.broker.roles``). Their sessions end as if lost (an actor's work is
-    re-queued with its loss counted) and each is told why. ``keys``: the removed keys (Z85), for the audit."""
+    re-queued with its loss counted) and each is told why. ``keys``: the removed key (Z85) they connected with, for
+    the audit (the shell sends one event per removed key, so the sessions ended are that key's)."""
 
     peers: tuple[bytes, ...]
     why: str

@@ -34,14 +34,16 @@ class KeyWatch:
             for old in list(self.peer_keys)[:PEER_KEYS_MAX // 2]:
                 del self.peer_keys[old]
 
-    def revoked(self, now: float) -> tuple[tuple[bytes, ...], tuple[str, ...]]:
-        """Every ``every_s``: re-read the allow directory if it changed; the peers whose key was removed, and
-        the removed keys."""
+    def revoked(self, now: float) -> dict[str, tuple[bytes, ...]]:
+        """Every ``every_s``: re-read the allow directory if it changed; each key removed since, with the peers
+        that said hello with it (none: a key nobody used)."""
         if now < self.next_check:
-            return (), ()
+            return {}
         self.next_check = now + self.every_s
         removed = self.auth.refresh()
-        gone = tuple(p for p, k in self.peer_keys.items() if k in removed)
-        for p in gone:
-            del self.peer_keys[p]
-        return gone, tuple(sorted(removed))
+        gone: dict[str, tuple[bytes, ...]] = {k: () for k in sorted(removed)}
+        for p, k in list(self.peer_keys.items()):
+            if k in removed:
+                gone[k] += (p,)
+                del self.peer_keys[p]
+        return gone

@@ -287,9 +287,10 @@ class BrokerServer:
                         self._frames(item, keys, maxb, mono())
                     self._flush()
                 now = mono()
-                gone, removed = keys.revoked(now) if keys is not None else ((), ())
-                if removed:  # keys left the allow directory: their peers go, and the audit trail says so
-                    self._handle(RevokePeers(gone, REVOKED_WHY, removed), now)
+                removed = keys.revoked(now) if keys is not None else {}
+                for key, gone in removed.items():  # keys left the allow directory: their peers go, each key audited
+                    self._handle(RevokePeers(gone, REVOKED_WHY, (key,)), now)
+                if removed:
                     self._flush()
                 if now >= next_tick:
                     self._handle(Tick(behind=received >= self._max_recv), now)

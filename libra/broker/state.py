@@ -27,7 +27,6 @@ A peer's message its key's role may not send is refused first (``roles``).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from libra.policies.routing.interface import BucketSpec
@@ -336,9 +335,7 @@ class BrokerState(BrokerViews):
 
     # ------------------------------------------------------------------ work
     def _on_submit(self, peer: bytes, msg: m.Submit, now: float, out: list[Command]) -> None:
-        if msg.trajectory and self._role:  # a job-scoped key's trajectories are its job's (access.py)
-            traj = Access.scoped(msg.trajectory, self._role)
-            msg = msg if traj == msg.trajectory else dataclasses.replace(msg, trajectory=traj)
+        msg = Access.scoped_trajectory(msg, self._role)  # a job-scoped key's trajectories are its job's
         self._dispatch.on_submit(self._sessions.clients[peer], peer, msg, now, out)
 
     def _on_cancel(self, peer: bytes, msg: m.CancelRequest, now: float, out: list[Command]) -> None:
@@ -356,8 +353,7 @@ class BrokerState(BrokerViews):
 
     def _on_end_trajectory(self, peer: bytes, msg: m.EndTrajectory, now: float, out: list[Command]) -> None:
         if peer in self._sessions.clients:
-            if self._role:
-                msg = dataclasses.replace(msg, trajectory=Access.scoped(msg.trajectory, self._role))
+            msg = Access.scoped_trajectory(msg, self._role)
             tr = self.rollout.end(msg.trajectory, msg.total_output_tokens, msg.ok)
             if tr is not None and msg.ok:
                 self._planning.observe(tr.context - tr.generated, max(tr.generated, msg.total_output_tokens),

@@ -16,6 +16,7 @@ connected has the role ``revoked``; a peer without CURVE has the role "" (unchec
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 __all__ = ["ANY", "REVOKED", "ROLE_DIRS", "base_roles", "fingerprint", "job_dir_ok", "job_scope", "may_see_job",
@@ -41,6 +42,7 @@ def base_roles(role: str) -> tuple[str, ...]:
     return tuple(r.split(":", 1)[0] for r in role.split(",")) if role else ()
 
 
+@functools.lru_cache(maxsize=4096)  # few role strings; asked per Submit and per data-plane request under CURVE
 def job_scope(role: str) -> frozenset[str] | None:
     """The jobs a key of ``role`` may act for: None for every job (no CURVE, ``any``, an operator, an actor or
     a client key not bound to a job); else the jobs of its job-scoped client entries (empty for ``revoked``)."""

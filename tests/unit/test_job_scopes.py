@@ -223,3 +223,31 @@ def test_job_scoped_keys_in_the_allow_directory(tmp_path) -> None:
     finally:
         auth.stop()
         ctx.term()
+
+
+def test_the_key_watch_hands_each_removed_key_over_with_its_own_peers() -> None:
+    from libra.broker.key_watch import KeyWatch
+
+    class Auth:  # the authenticator's side: the keys removed by the last re-read of the allow directory
+        roles: dict[str, str] = {}
+        removed: set[str] = set()
+
+        def refresh(self) -> set[str]:
+            return self.removed
+
+    auth = Auth()
+    watch = KeyWatch(auth, 1.0, 0.0)
+    for peer, key in ((b"p1", "A"), (b"p2", "B"), (b"p3", "A"), (b"p4", "C")):
+        watch.hello(peer, key)
+    assert watch.revoked(0.5) == {}  # not yet due
+    auth.removed = {"A", "B", "D"}
+    assert watch.revoked(1.0) == {"A": (b"p1", b"p3"), "B": (b"p2",), "D": ()}
+    assert watch.peer_keys == {b"p4": "C"}  # the others are forgotten: told once
+    # in the core, one event per key: each key's audit record counts its own sessions
+    st = BrokerState(BrokerConfig())
+    hello(st, b"p1", "client", "A")
+    hello(st, b"p3", "client", "A")
+    hello(st, b"p2", "client", "B")
+    counts = {k: audits(st.handle(RevokePeers(p, "its key was removed", (k,)), 2.0))[0]["sessions_ended"]
+              for k, p in {"A": (b"p1", b"p3"), "B": (b"p2",)}.items()}
+    assert counts == {"A": 2, "B": 1} and st.stats["keys_revoked"] == 3
