@@ -32,34 +32,14 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from libra.protocol import messages as m
 
-
-class ActorPhase(str, Enum):
-    CONNECTING = "connecting"
-    READY = "ready"
-    DRAINING = "draining"
-    SWITCHING = "switching"
-
-
-_TRANSITIONS: frozenset[tuple[ActorPhase, ActorPhase]] = frozenset({
-    (ActorPhase.CONNECTING, ActorPhase.CONNECTING),
-    (ActorPhase.CONNECTING, ActorPhase.READY),
-    (ActorPhase.READY, ActorPhase.DRAINING),
-    (ActorPhase.DRAINING, ActorPhase.DRAINING),
-    (ActorPhase.DRAINING, ActorPhase.SWITCHING),
-    (ActorPhase.SWITCHING, ActorPhase.READY),
-    (ActorPhase.READY, ActorPhase.CONNECTING),
-    (ActorPhase.DRAINING, ActorPhase.CONNECTING),
-    (ActorPhase.SWITCHING, ActorPhase.CONNECTING),
-})
-
-
-class InvalidActorTransition(RuntimeError):
-    pass
+from .commands import CancelWork, Connect, Note, Reconfigure, SendMsg, StartWork
+from .lending import LendCore, OwnerChanged
+from .phases import _TRANSITIONS, ActorPhase, InvalidActorTransition
+from .readings import GpuSampled, KvUse, kv_credit
 
 
 # ---------------------------------------------------------------- events
@@ -98,77 +78,8 @@ class Tick:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuSampled:
-    """A new NVML sample of this slot's GPU (``libra.actors.gpu_stats``): sent to the broker at once."""
-
-    gpu: dict[str, float]
-
-
-@dataclass(frozen=True, slots=True)
-class KvUse:
-    """The rollout engine's KV reading after a batch (``libra.engines.kv_use``): ``used`` fraction (0..1) of its
-    KV budget, held by ``seqs`` sequences. Raises ``ValueError`` for a reading outside those ranges."""
-
-    used: float
-    seqs: int
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.used <= 1.0 or self.seqs < 0:
-            raise ValueError(f"KvUse needs 0 <= used <= 1 and seqs >= 0, got used={self.used!r}, seqs={self.seqs!r}")
-
-
-def kv_credit(used: float, seqs: int, base: int) -> int:
-    """Sequences of the current mean size that fit the whole KV budget (``seqs / used``), within ``[1, base]``;
-    ``base`` when nothing is held (no size to go by)."""
-    if seqs <= 0 or used <= 0.0:
-        return base
-    return max(1, min(base, int(seqs / used)))
-
-
-@dataclass(frozen=True, slots=True)
 class Stop:
     """Leave: hand back what has not started and say goodbye."""
-
-
-# ---------------------------------------------------------------- commands
-@dataclass(slots=True)  # not frozen: built per message on the hot path (see protocol.messages)
-class SendMsg:
-    msg: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Connect:
-    """Close any current socket and open a fresh one (new identity) to the broker: the one at index
-    ``address`` of the actor's broker address list (always 0 with one address)."""
-
-    address: int = 0
-
-
-@dataclass(slots=True)  # not frozen: built per message on the hot path (see protocol.messages)
-class StartWork:
-    assign: m.Assign
-
-
-@dataclass(frozen=True, slots=True)
-class CancelWork:
-    work_id: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Reconfigure:
-    directive_id: int
-    kinds: list[str]
-    config: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Note:
-    """Something worth a log line (the core does not log itself), at ``level``."""
-
-    event: str
-    fields: dict[str, Any] = field(default_factory=dict)
-    level: str = "info"
 
 
 @dataclass(slots=True)
@@ -234,6 +145,7 @@ class ActorState:
         # broker moves the actor to the next (round robin), a live broker's Disconnect does not
         self.addresses = max(1, addresses)
         self.address = 0
+        self.lend = LendCore(ident.labels, self.kinds)  # a lent slot's reclaims (lending.py); inert otherwise
 
     # ------------------------------------------------------------------
     def _go(self, to: ActorPhase) -> None:
@@ -249,8 +161,8 @@ class ActorState:
         i = self.ident
         held = [[wid, lease, self.started.get(wid, (1, 0.0))[0]] for wid, lease in self.running.items()]
         held += [[wid, r.lease, attempt] for wid, (r, attempt, _) in self.unsent.items()]
-        return m.ActorHello(i.actor_id, i.host, i.slot, i.pid, i.capabilities, list(self.kinds),
-                            self.capacity, i.labels, held)
+        kinds = [] if self.lend.reclaimed else list(self.kinds)
+        return m.ActorHello(i.actor_id, i.host, i.slot, i.pid, i.capabilities, kinds, self.capacity, i.labels, held)
 
     def _lose_session(self) -> None:
         """The session is gone: running work keeps running; unstarted work is dropped (the broker queues
@@ -288,6 +200,8 @@ class ActorState:
             self._connect(now, out)
         elif t is KvUse:
             self._on_kv_use(event, now, out)
+        elif t is OwnerChanged:
+            self.lend.on_owner(self, event, now, out)
         elif t is GpuSampled:
             self.gpu = dict(event.gpu)
             if self.phase is not ActorPhase.CONNECTING:
@@ -307,7 +221,9 @@ class ActorState:
         if t is m.Assign:
             if self.phase is ActorPhase.CONNECTING:
                 return  # from an old session; the broker has re-queued it
-            if len(self.running) < self.capacity:
+            if self.lend.reclaimed:  # sent before the broker heard of the reclaim: it runs elsewhere
+                self._send(m.Handback(msg.work_id, msg.lease, "owner_reclaim"), now, out)
+            elif len(self.running) < self.capacity:
                 self._start(msg, now, out)
             else:
                 self.waiting.append(msg)
@@ -323,7 +239,8 @@ class ActorState:
             for r, attempt, deadline in self.unsent.values():  # work the broker adopted at our hello
                 self._sent(r, attempt, deadline, now, out)
             self.unsent.clear()
-            self._send(m.Bid(list(self.kinds), self.capacity), now, out)
+            self._send(m.Bid([] if self.lend.reclaimed else list(self.kinds), self.capacity), now, out)
+            self.lend.on_welcome(self, now, out)
         elif t is m.Revoke:
             if self.running.get(msg.work_id) == msg.lease:
                 del self.running[msg.work_id]
@@ -339,6 +256,8 @@ class ActorState:
             self._maybe_switch(now, out)
         elif t is m.Directive:
             self._on_directive(msg, now, out)
+        elif t is m.ContextsMoved:
+            self.lend.on_moved(self, now, out)
         elif t is m.Disconnect:
             if msg.code == "actor_id_in_use":  # another live actor holds our id: say hello again later
                 out.append(Note("actor_id_refused", {"reason": msg.reason, "retry_in_s": self.backoff_s}, "error"))
@@ -356,6 +275,9 @@ class ActorState:
     def _on_directive(self, msg: m.Directive, now: float, out: list[Any]) -> None:
         if self.phase is ActorPhase.CONNECTING:
             return
+        if self.lend.reclaimed:  # the owner has the GPU: nothing to switch (lent again, it bids afresh)
+            self._send(m.DirectiveDone(msg.directive_id, []), now, out)
+            return
         if self.phase is ActorPhase.SWITCHING:  # the engine is being rebuilt: the newer directive follows it
             self.next_directive = msg
             out.append(Note("directive_held", {"directive": msg.directive_id, "kinds": msg.kinds,
@@ -372,7 +294,7 @@ class ActorState:
         self._maybe_switch(now, out)
 
     def _maybe_switch(self, now: float, out: list[Any]) -> None:
-        if self.phase is ActorPhase.DRAINING and not self.running and not self.waiting:
+        if self.phase is ActorPhase.DRAINING and not self.running and not self.waiting and not self.lend.holding(now):
             d = self.directive
             assert d is not None
             self._go(ActorPhase.SWITCHING)
@@ -393,7 +315,8 @@ class ActorState:
             out.append(Note("reconfigure_failed", {"directive": d.directive_id, "error": ev.error}))
         self.directive = None
         self._go(ActorPhase.READY)
-        self._send(m.DirectiveDone(d.directive_id, list(self.kinds)), now, out)
+        if not self.lend.on_released(self, d, now, out):  # the slot's own switches are not the broker's
+            self._send(m.DirectiveDone(d.directive_id, list(self.kinds)), now, out)
         held, self.next_directive = self.next_directive, None
         if held is not None:  # no bid for these kinds: the broker awaits the held directive's (it runs at once)
             self._on_directive(held, now, out)
@@ -460,6 +383,7 @@ class ActorState:
             window = 2 * self.idle_heartbeat_s * self.liveness  # the longest a silent broker goes unnoticed
             while self.recent and next(iter(self.recent.values()))[3] < now - window:
                 self.recent.popitem(last=False)
+            self.lend.on_tick(self, now, out)
         if self.connect_at is not None:
             if now >= self.connect_at:
                 self._connect(now, out)

@@ -46,6 +46,13 @@ class BrokerConfig:
     # [broker.engines]: {dtype, gpu_memory_fraction} for the engines of GPU actors the broker directs (sent in
     # every role directive; an actor's own --dtype / --gpu-memory-fraction hold until then). {} = the actors' own
     engines: dict[str, Any] = field(default_factory=dict)
+    # Lent slots (broker/lending.py, docs/lending.md). When an owner reclaims a slot, each trajectory pinned to it
+    # moves its KV to the next instance only if that fits before the owner's deadline, at this many seconds per
+    # context token (default: SmolLM2-1.7B's KV, 24 layers x K and V x 32 heads x 64 dims x 2 bytes = 196 KiB a
+    # token, over a ~10 GB/s host link: 20 us; a re-prefill otherwise); work a reclaimed slot still holds this
+    # long after the deadline is taken back and re-queued (not counted as a loss).
+    kv_move_s_per_token: float = 2e-5
+    reclaim_grace_s: float = 2.0
     # Journal replication to a standby broker (libra.broker.replication, docs/failover.md): how long a primary
     # waits for an in-sync standby's ack of a pass's journal records before it sends the replies alone (and marks
     # the standby lagging); how often it beats on the replication stream; how long a standby hears nothing

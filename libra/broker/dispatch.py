@@ -16,6 +16,8 @@ and the weights a job published.
 
 from __future__ import annotations
 
+from typing import Any
+
 from libra.policies.routing.interface import RoutingError
 from libra.protocol import messages as m
 from libra.protocol.errors import ErrorCode
@@ -51,6 +53,7 @@ class Dispatcher:
         self.actions = actions
         self.jobs = jobs
         self.journaling = journaling
+        self.lending: Any = None  # the broker's lent slots (lending.Lending), set by BrokerState
 
     # ------------------------------------------------------------------ new work
     def on_submit(self, cs: ClientSession, peer: bytes, msg: m.Submit, now: float, out: list[Command]) -> None:
@@ -142,7 +145,7 @@ class Dispatcher:
         """Ask the rollout router where this turn runs; stick to that instance or queue for it."""
         view = self.rollout.view(self.sessions.rollout_instances())
         try:
-            d, _ = self.rollout.route(w.trajectory or "", w.args, view)
+            d, tr = self.rollout.route(w.trajectory or "", w.args, view)
         except RoutingError as exc:  # no ready rollout instance (yet): queue it; any instance may take it
             out.append(Log("generate turn queued: no rollout instance can take it now",
                            {"work_id": w.work_id, "trajectory": w.trajectory, "why": str(exc)},
@@ -154,6 +157,8 @@ class Dispatcher:
             self.refill_others(None, now, out)  # an instance of another bucket may be idle
             return
         w.route = {"bucket": d.bucket, "reason": d.reason, "migrated": d.migrated, "mode": d.migrate_mode}
+        if self.lending is not None and self.lending.evicted:  # leaving a slot its owner reclaimed
+            self.lending.route(w.trajectory or "", tr.context, w.route, now)
         target = self.sessions.actor_by_id(d.instance_id) if d.instance_id else None
         w.name = target.bucket if target is not None else (d.placed_bucket or d.bucket)
         if target is not None and target.free > 0:
@@ -265,6 +270,8 @@ class Dispatcher:
         if w.trajectory:
             if w.kind == "generate" and msg.ok:
                 self.rollout.turn_done(w.trajectory, msg.output)
+                if self.lending is not None and self.lending.evicted:
+                    self.lending.turn_done(w.trajectory, sess.actor_id, out)
             elif w.kind == "action":
                 self.rollout.tool_returned(w.trajectory, w.name, msg.ok, msg.output, msg.error_code,
                                            now - w.submitted_at)
@@ -279,6 +286,8 @@ class Dispatcher:
             self.stats["failed"] += 1
             self.finish(w, m.Reply(w.request_id, False, None, ErrorCode.TOOL_FAILED.value, msg.error, w.work_id,
                                    w.attempt, sess.actor_id, msg.duration_s, tool_code=tool_code), out)
+        if sess.reclaimed_until and self.lending is not None:
+            self.lending.work_left(sess, out)
         self.fill(sess, now, out)
 
     def on_handback(self, sess: ActorSession | None, msg: m.Handback, now: float, out: list[Command]) -> None:
@@ -290,6 +299,8 @@ class Dispatcher:
         self.release_cores(w, sess, now=now)
         self.stats["handbacks"] += 1
         self.requeue(w, now, out, f"handback: {msg.reason}", count_failure=False, front=True)
+        if sess.reclaimed_until and self.lending is not None:
+            self.lending.work_left(sess, out)
         self.fill(sess, now, out)
 
     def actor_gone(self, sess: ActorSession, now: float, out: list[Command], why: str, lost: bool) -> None:
@@ -362,6 +373,9 @@ class Dispatcher:
         self.stats["requeued"] += 1
         if w.kind == "generate" and w.trajectory:
             self.rollout.requeue_target_lost(w.trajectory)
+            if self.lending is not None and w.trajectory in self.lending.evicted and type(w.route) is dict:
+                tr = self.rollout.trajs.get(w.trajectory)
+                self.lending.route(w.trajectory, tr.context if tr else 0, w.route, now)
         sess = None if (w.kind == "action" and self.actions is not None) else self._taker(w)
         if sess is not None:
             self.assign(w, sess, now, out)

@@ -39,7 +39,7 @@ ACTOR, CLIENT, OPERATOR = "actor", "client", "operator"  # their keys' directori
 HELLOS = (m.ActorHello, m.ClientHello)  # the messages that open a session (the shell notes their key)
 _BOTH = (m.Heartbeat, m.Goodbye, m.LeaseEnd)
 _ACTOR = frozenset((m.ActorHello, m.Bid, m.WorkResult, m.Handback, m.DirectiveDone, m.LeaseReady, m.LeaseReport,
-                    *_BOTH))
+                    m.OwnerReclaim, *_BOTH))
 _CLIENT = frozenset((m.ClientHello, m.Submit, m.StatusRequest, m.CancelRequest, m.EndTrajectory, m.JobSubmit,
                      m.JobPoll, m.LeaseRequest, *_BOTH))
 ALLOWED: dict[str, frozenset[type]] = {ACTOR: _ACTOR, CLIENT: _CLIENT, OPERATOR: _CLIENT | {m.DirectRequest}}

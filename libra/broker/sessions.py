@@ -53,6 +53,8 @@ class ActorSession:
     targeted: int = 0  # queued generate turns waiting for this instance
     gpu: dict[str, float] = field(default_factory=dict)  # the last NVML sample of its GPU (Heartbeat.gpu)
     leased: int = 0  # direct leases it holds (direct_leases.DirectLeases; they use no credit)
+    lent_owner: str = ""  # a lent slot's owner (hello labels["lend"]["owner"]): elastic rollout capacity only
+    reclaimed_until: float = 0.0  # the deadline its owner gave in an OwnerReclaim (0.0: not reclaimed)
 
     @property
     def free(self) -> int:

@@ -58,6 +58,7 @@ from .events import (
 from .job_host import JobWork
 from .ehp import from_planner_config
 from .job_board import JobBoard
+from .lending import Lending
 from .plan_decider import PlannerLoop, PlannerSettings
 from .plan_rounds import Planning
 from .rollout import RolloutRouting
@@ -117,6 +118,7 @@ class BrokerState(BrokerViews):
         self._planning = Planning(loop, self._sessions, self.rollout, planner_offload, c.engines)
         self._adoption = Adoption(c, self.stats, self._sessions, self._table, self._dispatch)
         self._leases = DirectLeases(self._sessions, self.stats, c.direct_leases_per_actor)
+        self._lending = self._dispatch.lending = Lending(c, self._sessions, self.rollout, self._table, self._dispatch)
         self._handlers = {
             m.ActorHello: self._on_actor_hello,
             m.ClientHello: self._on_client_hello,
@@ -133,6 +135,7 @@ class BrokerState(BrokerViews):
             m.EndTrajectory: self._on_end_trajectory,
             m.JobSubmit: self._on_job_submit,
             m.JobPoll: self._on_job_poll,
+            m.OwnerReclaim: self._on_owner_reclaim,
             **self._leases.handlers,
         }
 
@@ -252,6 +255,7 @@ class BrokerState(BrokerViews):
             self._drop_actor(old.peer, now, out, "replaced by a new session", lost=True)
         sess = self._sessions.open_actor(peer, msg, now)
         sess.bucket = self.rollout.bucket_of_actor(sess.directive_config)
+        self._lending.hello(sess)
         self._adoption.adopt(sess, held, kept, now, out)  # its Revokes go out before the Welcome
         out.append(Send(peer, self._welcome()))
         self._adoption.returned(sess.actor_id, now, out)  # restored work it no longer holds is queued now
@@ -293,6 +297,7 @@ class BrokerState(BrokerViews):
             self._jobs.ehp.actor_left(sess.actor_id)
         self._leases.actor_gone(sess, out, why)
         self._dispatch.actor_gone(sess, now, out, why, lost)
+        self._lending.gone(sess.actor_id)
 
     def _actor_or_disconnect(self, peer: bytes, out: list[Command]) -> ActorSession | None:
         sess = self._sessions.actors.get(peer)
@@ -316,7 +321,13 @@ class BrokerState(BrokerViews):
             self._dispatch.release_targets(peer)
             self._dispatch.refill_others(sess, now, out)
         sess.bucket = bucket
+        self._lending.bid(sess, now, out)
         self._dispatch.fill(sess, now, out)
+
+    def _on_owner_reclaim(self, peer: bytes, msg: m.OwnerReclaim, now: float, out: list[Command]) -> None:
+        sess = self._actor_or_disconnect(peer, out)
+        if sess is not None and self._lending.reclaim(sess, msg, now, out):  # the round after plans without it
+            out.extend(self._planning.actor_left(sess.actor_id, f"reclaimed by its owner {sess.lent_owner}", now))
 
     def _on_directive_done(self, peer: bytes, msg: m.DirectiveDone, now: float, out: list[Command]) -> None:
         self._actor_or_disconnect(peer, out)  # the Bid that follows re-opens the actor
@@ -355,6 +366,7 @@ class BrokerState(BrokerViews):
         if peer in self._sessions.clients:
             msg = Access.scoped_trajectory(msg, self._role)
             tr = self.rollout.end(msg.trajectory, msg.total_output_tokens, msg.ok)
+            self._lending.ended(msg.trajectory, out)
             if tr is not None and msg.ok:
                 self._planning.observe(tr.context - tr.generated, max(tr.generated, msg.total_output_tokens),
                                        tr.turns, tr.tool_s)
@@ -438,6 +450,7 @@ class BrokerState(BrokerViews):
             elif verdict == "heartbeat":
                 out.append(Send(peer, m.Heartbeat()))
         self._dispatch.expire(now, out)
+        self._lending.tick(now, out)
         self._adoption.tick(now, out)
         self._sessions.on_tick(now)
         self._leases.tick(now, out)

@@ -15,6 +15,7 @@ from .adoption import Adoption
 from .direct_leases import DirectLeases
 from .dispatch import Dispatcher
 from .job_board import JobBoard
+from .lending import Lending
 from .plan_applier import GpuSlot, PlanApplier
 from .plan_decider import PlannerLoop
 from .plan_rounds import Planning
@@ -39,6 +40,7 @@ class BrokerViews:
     _planning: Planning
     _adoption: Adoption
     _leases: DirectLeases
+    _lending: Lending
     _access: Access
 
     # ------------------------------------------------------------------ read-only views
@@ -99,7 +101,7 @@ class BrokerViews:
         return views.snapshot(request_id, now, self._sessions, self._table, self.stats, self._jobs,
                               self._planning.loop, router=self.rollout.summary(),
                               actions=self.actions.summary() if self.actions is not None else None,
-                              leases=self._leases.summary())
+                              leases=self._leases.summary(), lending=self._lending.summary())
 
     def validate(self) -> None:
         """Check invariants (tests call this after every scenario). Raises AssertionError."""

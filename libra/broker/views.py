@@ -17,7 +17,8 @@ __all__ = ["snapshot", "validate"]
 
 def snapshot(request_id: str, now: float, sessions: SessionRegistry, table: WorkTable, stats: dict[str, int],
              jobs: JobBoard, planner: PlannerLoop | None, router: dict[str, Any] | None = None,
-             actions: dict[str, Any] | None = None, leases: list[dict[str, Any]] | None = None) -> m.StatusReply:
+             actions: dict[str, Any] | None = None, leases: list[dict[str, Any]] | None = None,
+             lending: dict[str, Any] | None = None) -> m.StatusReply:
     """A status view: one dict per actor, queue depths by ``kind:name``, counters."""
     actors = [
         {
@@ -28,6 +29,8 @@ def snapshot(request_id: str, now: float, sessions: SessionRegistry, table: Work
             "role": dict(s.directive_config),
             "gpu": dict(s.gpu),
             "last_seen_s": round(now - s.last_seen, 3),
+            **({"lent": {"owner": s.lent_owner, "reclaimed_in_s": round(max(0.0, s.reclaimed_until - now), 3)
+                         if s.reclaimed_until else None}} if s.lent_owner else {}),
         }
         for s in sessions.actors.values()
     ]
@@ -44,6 +47,8 @@ def snapshot(request_id: str, now: float, sessions: SessionRegistry, table: Work
         st["router"] = router
     if leases:  # direct leases (direct_leases.py): calls that go from a client straight to an actor
         st["leases"] = leases
+    if lending and (lending["reclaims"] or any(s.lent_owner for s in sessions.actors.values())):
+        st["lending"] = lending  # lent slots (lending.py): reclaims, how their trajectories moved
     if actions is not None:  # action placement (tangram and friends): cores per actor, resident services
         st["actions"] = actions
     return m.StatusReply(request_id, actors, queues, st)

@@ -383,6 +383,29 @@ class Disconnect:
 
 
 @dataclass(slots=True)
+class OwnerReclaim:
+    """A→B: the owner of this lent slot's GPU (``labels["lend"]`` in its hello) wants it back within
+    ``deadline_s`` seconds. The broker gives the slot no more work, moves the trajectories pinned to it
+    (their KV when moving it fits the deadline, else a re-prefill), takes back what it hands back, and
+    re-plans without it. ``reason`` is a static word from the owner's rule (``slo_headroom_low``,
+    ``spot_notice``, ...). The slot bids again (an ordinary ``Bid``) when its owner lends it again."""
+
+    KIND: ClassVar[int] = 0x15
+    owner: str
+    deadline_s: float
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class ContextsMoved:
+    """B→A: after an ``OwnerReclaim``, every trajectory that was pinned to this slot has run its next turn
+    elsewhere or ended, so nothing needs the contexts it holds: it may free its engine before the deadline."""
+
+    KIND: ClassVar[int] = 0x29
+    owner: str = ""
+
+
+@dataclass(slots=True)
 class Batch:
     """*: several messages to the same peer in one frame set, in order. ``messages`` holds
     ``[kind, [fields...]]`` pairs, each validated exactly like a standalone message; a batch never
@@ -397,7 +420,8 @@ MESSAGE_TYPES: tuple[type, ...] = (
     ActorHello, ClientHello, Heartbeat, Bid, Submit, WorkResult, Handback, DirectiveDone,
     StatusRequest, CancelRequest, Goodbye, DirectRequest, EndTrajectory, JobSubmit, JobPoll,
     LeaseRequest, LeaseReady, LeaseReport, DirectCall, LeaseEnd,
-    Welcome, Assign, Reply, Error, Directive, Revoke, StatusReply, Disconnect, LeaseGrant,
+    Welcome, Assign, Reply, Error, Directive, Revoke, StatusReply, Disconnect, LeaseGrant, OwnerReclaim,
+    ContextsMoved,
 )
 
 Message = Any  # any instance of MESSAGE_TYPES (kept loose so dataclasses need no common base)
