@@ -47,6 +47,12 @@ at start-up, as the actor runtime asks, so a hybrid slot's first turn does not w
     collected). The memory before and after goes to the ``role_switched`` log line and to the slot's record
     ``RUN/actors/<slot>.json``: ``switches`` and ``role_switches`` (the last 20 ``{"switch", "kinds", "role",
     "released", "memory_before", "memory_after", "gc_needed", "still_alive", "at"}``).
+
+    What a release keeps: :attr:`host_weights` (:class:`~libra.weights.host_copy.HostWeights`, unless
+    ``$LIBRA_WEIGHTS_DELTA=0``), the last weights version its rollout engines fetched, in host memory (plain
+    bytes, no reference to a role or an engine), handed to every :class:`RolloutRole` it builds: a slot whose
+    engine was closed (``reconfigure(kinds=[])``, a reclaimed borrowed GPU) catches up by delta when it is
+    built again.
     """
 
     def __init__(self, model_dir: str, run_dir: str | None, slot: str, *, max_batch: int = 32,
@@ -68,6 +74,12 @@ at start-up, as the actor runtime asks, so a hybrid slot's first turn does not w
         self.engines_built = 0
         self._on_kv_use: Any = None  # handed to each rollout engine's role: the actor's re-bid by KV use
         self.record: dict[str, Any] = {"switches": 0, "role_switches": []}  # in the slot's record file
+        from libra.weights.delta import delta_enabled
+        from libra.weights.host_copy import HostWeights
+
+        # the last weights version its rollout engines fetched, in host memory: it outlives each RolloutRole, so
+        # a slot whose engine was released (a reclaimed borrowed GPU) catches up by delta when it is rebuilt
+        self.host_weights = HostWeights() if delta_enabled() else None
         if eager:  # a hybrid slot starts as rollout: build its engine before the first turn, as a rollout slot does
             self.rollout = self._new_rollout()
 
@@ -89,7 +101,7 @@ at start-up, as the actor runtime asks, so a hybrid slot's first turn does not w
         self.engines_built += 1
         r = RolloutRole(self.model_dir, self.run_dir, self.slot, max_batch=self.max_batch,
                         torch_threads=self.torch_threads, placement=self.placement, tp=tp, devices=devices,
-                        record=self.record)
+                        record=self.record, host_weights=getattr(self, "host_weights", None))
         r.on_kv_use = self.on_kv_use
         return r
 

@@ -33,6 +33,11 @@ Contracts:
 - Weights are loaded only between engine calls, never mid-turn: before a batch, if any waiting turn
   names a newer version than the engine's, that version is fetched from the trainer over the data
   plane (chunked, CRC-checked) or torch.distributed and loaded first.
+- Delta sync (data plane; off with ``$LIBRA_WEIGHTS_DELTA=0``): the instance keeps the last version it
+  assembled in host memory (``host_weights``, :mod:`libra.weights.host_copy`; a hybrid slot's outlives the
+  role) and fetches only the delta when the ref's ``delta_from`` is the version held, the full object
+  otherwise or when the delta fails (:mod:`libra.weights.dataplane`). The torch.distributed transport always
+  sends whole versions.
 - A failed fetch (trainer dead mid-transfer: :class:`~libra.dataplane.PeerLost`; corrupted:
   :class:`~libra.dataplane.TransferCorrupted`; superseded: :class:`~libra.dataplane.ObjectNotFound`)
   never fails the turn: the instance keeps its old version, generates with it, reports the error in the
@@ -41,9 +46,10 @@ Contracts:
   told about for the newest ``weights`` object and loads it, so it is already up to date when the next
   turn comes (still never mid-turn: the batcher thread is the only one that generates or loads).
 - The instance records its state in ``RUN/actors/<slot>.json`` after every load or failure:
-  ``weights_version``, ``loads``, ``dataplane_loads``, ``torch_loads``, ``file_loads``, ``bytes_fetched``,
+  ``weights_version``, ``loads``, ``dataplane_loads``, ``torch_loads``, ``file_loads``, ``delta_loads``,
+  ``full_loads``, ``host_loads``, ``delta_fallbacks``, ``last_delta_error``, ``bytes_fetched``,
   ``last_load_s``, ``last_fetch_s``, ``fetch_errors``, ``last_error`` and ``fetches`` (the last 50
-  ``{"version", "via", "fetch_s", "load_s", "bytes"}``); ``ooms``, ``max_batch``, ``engine_restarts``,
+  ``{"version", "via", "sync", "fetch_s", "load_s", "bytes"}``); ``ooms``, ``max_batch``, ``engine_restarts``,
   ``restart_errors``, ``context_too_long`` and ``memory_releases`` after a failure; and the fields of
   ``record`` (a hybrid slot's role switches).
 - Fallback (documented, not used by ``python -m libra run``): a weights ref with a ``path`` instead of an
@@ -178,9 +184,12 @@ class RolloutRole(EngineKeeper):
     def __init__(self, model_dir: str, run_dir: str | None, slot: str, *, max_batch: int = 32,
                  window_s: float = 0.02, torch_threads: int = 0, fetch_timeout_s: float = 10.0,
                  fetcher: Any = None, placement: Any = None, tp: int = 1, devices: tuple[int, ...] = (),
-                 engine: Any = None, engine_factory: Any = None, record: dict[str, Any] | None = None) -> None:
+                 engine: Any = None, engine_factory: Any = None, record: dict[str, Any] | None = None,
+                 host_weights: Any = None) -> None:
         from libra.dataplane import DataPlaneKeys
         from libra.weights.dataplane import DataPlaneWeightFetcher
+        from libra.weights.delta import delta_enabled
+        from libra.weights.host_copy import HostWeights
 
         set_torch_threads(torch_threads)
         self.placement = placement
@@ -197,7 +206,11 @@ class RolloutRole(EngineKeeper):
         self.max_batch = max_batch
         self.window_s = window_s
         self.keys = DataPlaneKeys.from_env()
-        self.fetcher = fetcher or DataPlaneWeightFetcher(keys=self.keys, idle_timeout_s=fetch_timeout_s)
+        # the last weights version assembled, in host memory: delta sync's base (libra.weights.host_copy); a
+        # hybrid slot passes its own, which outlives this role and its engine
+        self.host_weights = host_weights if host_weights is not None else HostWeights() if delta_enabled() else None
+        self.fetcher = fetcher or DataPlaneWeightFetcher(keys=self.keys, idle_timeout_s=fetch_timeout_s,
+                                                         host_copy=self.host_weights)
         self.fetch_timeout_s = fetch_timeout_s
         from .rollout_context import ContextService
 
@@ -208,7 +221,8 @@ class RolloutRole(EngineKeeper):
         self._fetchers = Fetchers(keys=self.keys, device=on, timeout_s=fetch_timeout_s)  # one per transport
         self._q: queue.SimpleQueue[tuple[Any, WeightsRef | None, Future] | None] = queue.SimpleQueue()  # None: close
         self.stats: dict[str, Any] = {"loads": 0, "dataplane_loads": 0, "torch_loads": 0, "file_loads": 0,
-                                      "bytes_fetched": 0,
+                                      "delta_loads": 0, "full_loads": 0, "host_loads": 0, "delta_fallbacks": 0,
+                                      "last_delta_error": None, "bytes_fetched": 0,
                                       "last_load_s": 0.0, "last_fetch_s": 0.0, "fetch_errors": 0, "last_error": None,
                                       "fetches": [], "ooms": 0, "max_batch": max_batch, "engine_restarts": 0,
                                       "restart_errors": 0, "context_too_long": 0, "memory_releases": []}
@@ -358,6 +372,7 @@ class RolloutRole(EngineKeeper):
             return {**nothing, "weights_error": self.stats["last_error"]}
         t0 = time.perf_counter()
         try:
+            fs: Any = None
             if best.endpoint:  # the ref names its transport (libra.weights.transport)
                 sd, version, fs, via = self._fetchers.fetch(best.to_wire(), {"dataplane": self.fetcher})
                 fetch_s, nbytes = fs.seconds, fs.nbytes
@@ -365,6 +380,7 @@ class RolloutRole(EngineKeeper):
                 sd, version = read_weights_file(str(best.path))
                 via, fetch_s, nbytes = "file", time.perf_counter() - t0, 0
             self.engine.load_weights(version, sd)
+            del sd  # the engine holds the weights now (a delta's base stays in the host copy)
         except (DataPlaneError, ValueError, OSError) as exc:
             delay = min(self.BACKOFF_S[1], retry[1] * 2) if retry else self.BACKOFF_S[0]
             self._backoff[key] = (now + delay, delay)
@@ -377,16 +393,30 @@ class RolloutRole(EngineKeeper):
             return {**nothing, "load_s": time.perf_counter() - t0, "weights_error": error}
         self._backoff.pop(key, None)
         load_s = time.perf_counter() - t0
+        self._count_load(version, via, getattr(fs, "mode", "full"), getattr(fs, "delta_error", None), fetch_s,
+                         load_s, nbytes)
+        return {"load_s": load_s, "fetch_s": fetch_s, "weights_via": via, "weights_error": None}
+
+    def _count_load(self, version: int, via: str, sync: str, delta_error: str | None, fetch_s: float, load_s: float,
+                    nbytes: int) -> None:
+        """Record a successful load in the stats and the status file: its transport (``via``), how its bytes
+        came (``sync``: ``delta``, ``full``, or ``host`` when the host copy already held that version) and a
+        delta that failed before a full fetch (``delta_fallbacks``, ``last_delta_error``)."""
         st = self.stats
+        sync = sync if sync in ("delta", "host") else "full"  # a transport without deltas sends whole versions
         st["loads"] += 1
         st[f"{via}_loads"] += 1
+        st[f"{sync}_loads"] += 1
+        if delta_error is not None:
+            st["delta_fallbacks"] += 1
+            st["last_delta_error"] = delta_error
         st["bytes_fetched"] += nbytes
         st["last_load_s"], st["last_fetch_s"], st["last_error"] = load_s, fetch_s, None
-        st["fetches"] = [*st["fetches"][-49:], {"version": version, "via": via, "fetch_s": fetch_s, "load_s": load_s,
-                                                "bytes": nbytes}]
+        st["fetches"] = [*st["fetches"][-49:], {"version": version, "via": via, "sync": sync, "fetch_s": fetch_s,
+                                                "load_s": load_s, "bytes": nbytes}]
         self._write_status()
-        log.info("weights_loaded", version=version, via=via, load_s=round(load_s, 4), fetch_s=round(fetch_s, 4))
-        return {"load_s": load_s, "fetch_s": fetch_s, "weights_via": via, "weights_error": None}
+        log.info("weights_loaded", version=version, via=via, sync=sync, bytes=nbytes, load_s=round(load_s, 4),
+                 fetch_s=round(fetch_s, 4), delta_error=delta_error)
 
     def _poll_published(self) -> None:
         """Ask the last known trainer endpoint for its newest weights; load them if newer (idle only)."""

@@ -11,7 +11,9 @@ Contracts:
   (:class:`~libra.protocol.payloads_refs.DataRef`). Rank 0 runs a
   :class:`~libra.dataplane.DataPlaneServer` and publishes weights version ``v`` there after each step
   (the newest two versions stay fetchable; ``LIBRA_WEIGHTS_TRANSPORT=torch`` publishes over
-  torch.distributed instead).
+  torch.distributed instead). On the data plane it also serves the delta from the previous version when
+  that is worth it (``libra.weights.dataplane``; ``LIBRA_WEIGHTS_DELTA=0`` turns it off), and the
+  ``WeightsRef`` it returns names that delta's base (``delta_from``).
 - Each rank trains on its data with the micro-batch plan it was given. A shard or trajectory that cannot
   be fetched fails the work with ``ToolError("shard_fetch_failed", ...)``.
 - Parallelism and rendezvous: the train config (``TrainArgs.grpo``) may name ``parallel`` (``ddp``,

@@ -22,6 +22,7 @@ BENCHMARKS = {
     "routing": ("libra.bench.routing", "rollout routers compared on the same traces"),
     "ablation": ("libra.bench.ablation", "Libra ablation ladder (planner, hetero TP, C-MLFQ, EHP) and the EARL selector, simulated"),
     "weights_apply": ("libra.bench.weights_apply", "a weights version into a rollout engine in place (tied once, decoded into the model) vs the previous path"),
+    "weights_delta": ("libra.bench.weights_delta", "delta vs full weights sync between consecutive versions of a real training run (SmolLM2 on CPU, --device cuda): bytes, seconds, unchanged tensors/elements/blocks in fp32 and bf16"),
     "dataplane": ("libra.bench.dataplane", "weights over the data plane vs the file path; dispatch imbalance vs round robin"),
     "router_state": ("libra.bench.router_state", "broker loop stall of a C-MLFQ tree save: frozen snapshot vs built on the loop"),
     "chaos": ("libra.bench.chaos", "broker SIGKILL mid-run: calls lost, executed twice, attempts > 1; re-attachment at 1,000 pending calls vs a broker that never crashed, and the first/last answer of the queued calls after a restart"),

@@ -51,13 +51,14 @@ class DataRef(Payload, frozen=True, kw_only=True):
 class WeightsRef(Payload, frozen=True, kw_only=True):
     """A weights version a rollout instance can load between turns.
 
-    Three forms: a data-plane ref (``endpoint``, ``name``, ``server_key``, ``bytes``: trainer rank 0's
-    :class:`~libra.dataplane.DataPlaneWeightPublisher`), a torch.distributed ref (``transport="torch"``,
+    Three forms: a data-plane ref (``endpoint``, ``name``, ``server_key``, ``bytes``, and ``delta_from`` when a
+    delta from that version is served too: trainer rank 0's
+    :class:`~libra.weights.dataplane.DataPlaneWeightPublisher`), a torch.distributed ref (``transport="torch"``,
     ``backend``, ``endpoint`` of the publisher's store: ``libra.weights.torch_dist``), or a file (``path`` of a
     ``libra.weights.file.write_weights_file`` file on shared storage, the documented fallback)."""
 
     WHAT = "weights ref"
-    OMIT_DEFAULT = ("transport", "backend", "path")
+    OMIT_DEFAULT = ("transport", "backend", "path", "delta_from", "delta_bytes")
 
     version: int
     """The policy version these weights are (0 = the initial model)."""
@@ -75,10 +76,19 @@ class WeightsRef(Payload, frozen=True, kw_only=True):
     """The torch.distributed backend (``gloo``/``nccl``) of a torch ref."""
     path: str | None = None
     """A weights file (``libra.weights.file.write_weights_file``) instead of an endpoint."""
+    delta_from: NonNeg | None = None
+    """A data-plane ref only: the base version of the delta served next to these weights
+    (``weights/v{version}/from/v{delta_from}``, ``libra.weights.delta``); None when no delta is served (a ref
+    without the field, from an older trainer, is loaded whole)."""
+    delta_bytes: NonNeg = 0
+    """That delta's size in bytes (informational)."""
 
     def __post_init__(self) -> None:
         if self.endpoint is None and self.path is None:
             raise ValueError("field `endpoint`: a weights ref needs an endpoint (or a file path)")
+        if self.delta_from is not None and self.delta_from >= self.version:
+            raise ValueError(f"field `delta_from`: the delta's base ({self.delta_from}) must be older than the "
+                             f"version ({self.version})")
         _check_key(self.server_key)
 
     @property

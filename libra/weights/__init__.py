@@ -13,7 +13,10 @@ carries the :mod:`.format` stream for other objects too, can import it without a
   ref`` on the trainer, ``WeightFetcher.fetch(ref) -> (state_dict, version, stats)`` on a rollout) and the
   one choice of transport (``TRANSPORTS``; ``make_publisher`` from ``$LIBRA_WEIGHTS_TRANSPORT``, a
   rollout's fetcher from the ref's ``transport``).
-- :mod:`.dataplane`: the ZeroMQ data-plane implementation, the default.
+- :mod:`.dataplane`: the ZeroMQ data-plane implementation, the default, with delta sync: the trainer also
+  serves ``weights/v{N}/from/v{M}`` (:mod:`.delta`, the codec: unchanged tensors skipped, changed ones as a
+  bitmap, delta-coded positions or dense, each checked by a CRC-32 of its result) and a rollout slot that
+  holds ``v{M}`` in host memory (:mod:`.host_copy`) fetches only that.
 - :mod:`.torch_dist`: the ``torch.distributed`` implementation (``[actors] weights_transport = "torch"``):
   gloo, NCCL between two GPUs, or a CUDA IPC copy on one GPU, over pair groups kept per peer
   (:mod:`.pairs`) and IPC handles keyed by device UUID (:mod:`.cuda_ipc`).

@@ -17,6 +17,10 @@ Contracts:
 - :meth:`copy_into` gives ``dest`` exactly the tensor's bits when ``dest`` is a contiguous CPU tensor of the
   same dtype and shape (no intermediate tensor), and ``dest.copy_(pw[name])`` (a dtype/device conversion)
   otherwise; a shape mismatch raises :class:`ValueError` naming the tensor.
+- :meth:`raw` reads a tensor's stream bytes (a view when they lie in one chunk); :meth:`fresh` is another
+  :class:`PackedWeights` over the same verified chunks with no decoded tensors cached (what a delta sync
+  keeps in host memory, :mod:`libra.weights.host_copy`, while an engine decodes its own);
+  :meth:`from_verified` wraps chunks this process packed itself, without checking them again.
 """
 
 from __future__ import annotations
@@ -29,17 +33,65 @@ import torch
 
 from libra.weights.format import _DTYPES, WeightsHeader, read_header, verify_chunks
 
-__all__ = ["PackedWeights"]
+__all__ = ["PackedWeights", "span_bytes"]
+
+
+def span_bytes(views: Sequence[np.ndarray], chunk_size: int, start: int, end: int) -> np.ndarray:
+    """Bytes ``[start, end)`` of a stream cut into ``views`` of ``chunk_size`` bytes: a view of one chunk when
+    the range lies in it, else a new array joining the pieces."""
+    if end <= start:
+        return np.empty(0, dtype=np.uint8)
+    i, within = divmod(start, chunk_size)
+    if within + (end - start) <= chunk_size:
+        return views[i][within : within + (end - start)]
+    out = np.empty(end - start, dtype=np.uint8)
+    pos = start
+    while pos < end:
+        i, within = divmod(pos, chunk_size)
+        take = min(chunk_size - within, end - pos)
+        out[pos - start : pos - start + take] = views[i][within : within + take]
+        pos += take
+    return out
 
 
 class PackedWeights(Mapping[str, torch.Tensor]):
-    """A verified ``(header, chunks)`` weights message read as a state dict (see the module contracts)."""
+    """A verified ``(header, chunks)`` weights message read as a state dict (see the module contracts).
+    ``header_bytes`` is the encoded header when it was given as bytes (None otherwise)."""
 
     def __init__(self, header: bytes | WeightsHeader, chunks: Sequence[bytes | bytearray | memoryview]) -> None:
+        self.header_bytes = None if isinstance(header, WeightsHeader) else bytes(header)
         self.header = header if isinstance(header, WeightsHeader) else read_header(header)
         self._views = [np.frombuffer(v, dtype=np.uint8) for v in verify_chunks(self.header, chunks)]
         self._entries = {e["name"]: e for e in self.header.tensors}
         self._decoded: dict[str, torch.Tensor] = {}
+
+    @classmethod
+    def from_verified(cls, header_bytes: bytes, chunks: Sequence[bytes | bytearray | memoryview | np.ndarray],
+                      header: WeightsHeader | None = None) -> PackedWeights:
+        """Wrap chunks already checked against ``header_bytes`` (packed by this process, or another
+        :class:`PackedWeights`' chunks): the header is decoded (unless given), the CRCs are not recomputed."""
+        self = cls.__new__(cls)
+        self.header_bytes = bytes(header_bytes)
+        self.header = header if header is not None else read_header(header_bytes)
+        self._views = [c if isinstance(c, np.ndarray) else np.frombuffer(c, dtype=np.uint8) for c in chunks]
+        self._entries = {e["name"]: e for e in self.header.tensors}
+        self._decoded = {}
+        return self
+
+    def fresh(self) -> PackedWeights:
+        """The same verified chunks with no decoded tensor cached (needs :attr:`header_bytes`)."""
+        if self.header_bytes is None:
+            raise ValueError("PackedWeights.fresh needs the encoded header (built from a WeightsHeader)")
+        return PackedWeights.from_verified(self.header_bytes, self._views, self.header)
+
+    def entry(self, name: str) -> dict[str, Any]:
+        """The header entry of ``name`` (``KeyError`` if none)."""
+        return self._entries[name]
+
+    def raw(self, name: str) -> np.ndarray:
+        """The stream bytes of tensor ``name`` (a tied name: its target's) as ``uint8``; read-only use."""
+        e = self._entries[self.alias_of(name) or name]
+        return span_bytes(self._views, self.header.chunk_size, e["offset"], e["offset"] + e["nbytes"])
 
     @property
     def version(self) -> int | None:

@@ -22,6 +22,10 @@ tensors actually live (the publisher's snapshot device, written in the manifest,
 ``cuda_ipc`` (the fetcher opens rank 0's GPU buffers by CUDA IPC and copies them on the device) when both
 are the same GPU, ``gloo`` when either end is on the CPU. A publisher or ref may force ``gloo``/``nccl``.
 
+Full sync only: every fetch receives the whole version. Delta sync (:mod:`libra.weights.delta`) is the data
+plane's (cross-host, where the bytes cost); this transport's peers are on fast links (NCCL, CUDA IPC) where
+applying a delta would cost more than it saves.
+
 Protocol (keys in rank 0's store; requests and answers are msgpack maps):
 
 1. ``publish(v, state_dict)`` snapshots the tensors into per-dtype buckets
