@@ -58,7 +58,7 @@ class WeightsRef(Payload, frozen=True, kw_only=True):
     ``libra.weights.file.write_weights_file`` file on shared storage, the documented fallback)."""
 
     WHAT = "weights ref"
-    OMIT_DEFAULT = ("transport", "backend", "path", "delta_from", "delta_bytes")
+    OMIT_DEFAULT = ("transport", "backend", "path", "delta_from", "delta_bytes", "deltas")
 
     version: int
     """The policy version these weights are (0 = the initial model)."""
@@ -82,6 +82,10 @@ class WeightsRef(Payload, frozen=True, kw_only=True):
     without the field, from an older trainer, is loaded whole)."""
     delta_bytes: NonNeg = 0
     """That delta's size in bytes (informational)."""
+    deltas: bool = False
+    """A data-plane ref only: the trainer serves deltas to later versions, so a rollout slot keeps this one in
+    host memory to receive the next by delta (without it, a slot keeps no copy: a CPU trainer's fp32 versions
+    change almost every element, and their deltas are not served)."""
 
     def __post_init__(self) -> None:
         if self.endpoint is None and self.path is None:

@@ -74,6 +74,7 @@ class DataPlaneWeightPublisher:
         if self.unserved >= self.SKIP_AFTER and version % self.PROBE_EVERY:
             self.skipped += 1
             return wire
+        wire["deltas"] = True  # a slot keeps this version to take the next one by delta
         if prev is not None and isinstance(prev.version, int) and prev.version < version:
             t0 = time.perf_counter()
             dh, dc, summary = encode_delta(prev, new, chunk_size=cs)
@@ -118,8 +119,8 @@ class DataPlaneWeightFetcher:
             except (DataPlaneError, WeightsFormatError) as exc:
                 stats.delta_error = f"{type(exc).__name__}: {exc}"
             else:
-                return self._keep(r, sd, stats)
-        return self._keep(r, self._full(r, stats), stats)
+                return self._keep(r, ref, sd, stats)
+        return self._keep(r, ref, self._full(r, stats), stats)
 
     def _get(self, r: ObjectRef, stats: SyncStats) -> tuple[bytes, list[memoryview]]:
         header, chunks, fs = fetch(r, keys=self.keys, idle_timeout_s=self.idle_timeout_s, window=self.window)
@@ -149,13 +150,17 @@ class DataPlaneWeightFetcher:
         stats.mode = "full"
         return sd
 
-    def _keep(self, r: ObjectRef, sd: PackedWeights, stats: SyncStats) -> tuple[PackedWeights, int, SyncStats]:
+    def _keep(self, r: ObjectRef, ref: Mapping[str, Any], sd: PackedWeights,
+              stats: SyncStats) -> tuple[PackedWeights, int, SyncStats]:
         hdr = sd.header
         if r.version is not None and hdr.version != r.version:
             raise TransferCorrupted(f"data plane {r.endpoint} object {r.name!r}: header says version {hdr.version}, "
                                     f"the ref says {r.version}")
-        if self.host_copy is not None:
-            self.host_copy.put(r.endpoint, sd)
+        if self.host_copy is not None:  # kept only while the trainer serves deltas (WeightsRef.deltas)
+            if ref.get("deltas") or type(ref.get("delta_from")) is int:
+                self.host_copy.put(r.endpoint, sd)
+            else:
+                self.host_copy.clear()
         return sd, int(hdr.version or 0), stats
 
     def close(self) -> None:

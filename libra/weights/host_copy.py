@@ -63,6 +63,11 @@ class HostWeights:
         with self._lock:
             return self._held if self._held is not None and self._source == source else None
 
+    def clear(self) -> None:
+        """Hold nothing (the trainer serves no deltas: the copy would only cost memory)."""
+        with self._lock:
+            self._source, self._held = None, None
+
     def put(self, source: str, weights: PackedWeights) -> None:
         """Hold ``weights`` (from ``source``) instead of the previous version; keeps a copy of the view with no
         decoded tensors, so what an engine decodes is never kept here."""

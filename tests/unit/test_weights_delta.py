@@ -238,3 +238,18 @@ def test_a_publisher_stops_encoding_deltas_that_never_pay_and_probes_again() -> 
         assert pub.skipped == 12
         assert "delta_from" in pub.publish(16, {"w": same})  # probed: an unchanged tensor pays, served again
         assert pub.unserved == 0 and "delta_from" in pub.publish(17, {"w": same})
+
+
+def test_a_slot_keeps_no_host_copy_while_the_trainer_serves_no_deltas() -> None:
+    """fp32 versions: the publisher stops serving deltas, its refs stop saying ``deltas``, and a fetcher drops the
+    copy it held (a CPU rollout slot would otherwise hold a second model it never uses)."""
+    with DataPlaneServer() as server:
+        pub = DataPlaneWeightPublisher(server, delta=True)
+        held = HostWeights()
+        f = DataPlaneWeightFetcher(host_copy=held)
+        refs = [pub.publish(v, {"w": torch.randn(256)}) for v in range(1, 5)]
+        assert [bool(r.get("deltas")) for r in refs] == [True, True, True, False]
+        f.fetch(refs[2])
+        assert held.get(server.endpoint) is not None
+        f.fetch(refs[3])
+        assert held.get(server.endpoint) is None
