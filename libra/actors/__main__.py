@@ -67,6 +67,10 @@ def build_parser(prog: str = "python -m libra.actors") -> argparse.ArgumentParse
                         "supervisor on one host against the same broker")
     p.add_argument("--no-direct", action="store_true",
                    help="CPU slots bind no direct socket: clients' calls of inline tools always go through the broker")
+    p.add_argument("--lend", default=None, metavar="SPEC",
+                   help="this host's engine slots run on GPUs that belong to an owner: owner=NAME,kind=serving|"
+                        "notice|schedule,... (docs/lending.md). They serve rollouts only, while the owner allows, and "
+                        "hand the GPU back by the owner's deadline")
     p.add_argument("--log-level", default=None)
     return p
 
@@ -138,6 +142,27 @@ def gpu_layout(gpu_roles: list[str] | None, gpu_slots: list[str], n_gpus: int, g
             {s: {} for s in gpu_slots}, [], f"{len(gpu_slots)} GPU slot(s) as {gpu_role}")
 
 
+def check_lend(spec: str | None, roles: list[str] | None, gpu_roles: list[str] | None, gpu_role: str) -> None:
+    """A ``--lend`` host runs rollout slots only (a borrowed GPU never holds training state); raises ValueError
+    (a bad spec: ``LendSpecError``) with the reason."""
+    if spec is None:
+        return
+    from .owners import parse_lend_spec
+
+    parse_lend_spec(spec)
+    if any(r in ("train", "episode") for r in [*(gpu_roles or []), *(roles or [])]) or \
+            (gpu_roles is None and gpu_role not in ("rollout", "hybrid")):
+        raise ValueError("--lend: a lent host runs rollout slots only (--roles/--gpu-roles rollout=N, "
+                         "--gpu-role rollout): a borrowed GPU never holds training state")
+
+
+def lend_engine_slots(slot_args: dict[str, list[str]], spec: str | None) -> None:
+    """Give every engine slot (rollout, hybrid) ``--lend SPEC``; action slots stay the host's own."""
+    for a in slot_args.values():
+        if spec and "--role" in a and a[a.index("--role") + 1] in ("rollout", "hybrid"):
+            a += ["--lend", spec]
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """``prog``: how the usage line names the command (``libra actors`` when run through ``libra``)."""
     args = build_parser(*([prog] if prog else [])).parse_args(argv)
@@ -152,6 +177,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         gpu_roles = parse_roles(args.gpu_roles) if args.gpu_roles else None
         if gpu_roles is not None and any(r in ("action", "episode") for r in gpu_roles):
             raise ValueError("--gpu-roles takes engine roles only (rollout, train, hybrid)")
+        check_lend(args.lend, roles, gpu_roles, args.gpu_role)
         if roles is not None:
             args.cpu_slots = len(roles)
         slots, gpu_reason = resolve_slots(args.cpu_slots, args.gpu_slots)
@@ -203,6 +229,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
               "--episode-concurrency", str(args.episode_concurrency)]
     try:
         slot_args = slot_arguments(slots, roles, args.actor_id_prefix, socket.gethostname(), gpu_role_of)
+        lend_engine_slots(slot_args, args.lend)
     except ValueError as exc:
         print(f"libra.actors: {exc}", file=sys.stderr)
         return 2

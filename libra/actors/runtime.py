@@ -30,7 +30,6 @@ from libra.engines.device.tp_groups import engine_labels_from_env
 from libra.logging import bind_context, configure, get_logger
 from libra.protocol import ProtocolError, decode_many, encode, encode_batch, encode_many, messages as m
 from libra.protocol.errors import ErrorCode, ProtocolCode
-from libra.protocol.payloads_actions import TOOL_DECLS_LABEL
 from libra.transport import sdnotify
 from libra.transport.endpoints import parse_endpoints
 from libra.transport.fdlimit import raise_open_files_limit
@@ -42,8 +41,8 @@ from .state import (ActorIdentity, ActorState, CancelWork, Connect, Note, Receiv
 from .diagnose import log_note
 from .direct import DirectLeaseTable, bind_direct
 from .slots import runtime_cuda_env
-from .tools import Handler, ToolError, ToolLoadError, WorkContext, action_slot_tools, handlers_for_tools
-from .topology import action_labels
+from .slot_setup import SlotSetupError, slot_role
+from .tools import Handler, ToolError, WorkContext
 
 log = get_logger("libra.actor")
 
@@ -394,6 +393,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "and the slot says so (gpu_emulated)")
     p.add_argument("--no-direct", action="store_true",
                    help="bind no direct socket: clients' calls of inline tools (echo) always go through the broker")
+    p.add_argument("--lend", default=None, metavar="SPEC",
+                   help="the slot's GPU belongs to an owner (owner=NAME,kind=serving|notice|schedule,...; "
+                        "libra.actors.owners): it serves rollouts while the owner allows and hands the GPU back "
+                        "by the owner's deadline")
     p.add_argument("--log-level", default=None)
     return p
 
@@ -430,61 +433,22 @@ def main(argv: list[str] | None = None) -> int:
     labels = {"slot_kind": "gpu" if args.slot.startswith("gpu") else "cpu", "engine_role": args.role,
               "instance": args.instance or uuid.uuid4().hex[:12]}
     labels.update(engine_labels_from_env(args.slot, args.role))  # engine kind and max rollout TP, for the planner
-    if args.role == "action":
-        try:
-            labels.update(action_labels(args.slot, args.service_gpus))  # cores, NUMA nodes, service GPUs
-        except ValueError as exc:
-            print(f"libra.actors.runtime: {exc}", file=sys.stderr)
-            return 2
-        if labels["gpu_emulated"]:
-            log.warning("gpu_slot_emulated_on_cpu", slot=args.slot, gpus=labels["gpus"],
-                        reason="no GPU found: model services run on CPU in simulated one-GPU chunks")
-        try:  # the built-ins plus the user's tools (--tools, the libra.tools entry points), declared in the labels
-            tools, decls = action_slot_tools(args.tools, enable_sandbox=not args.no_sandbox,
-                                             service_gpus=labels["gpus"], allow_unisolated=args.allow_unisolated,
-                                             host_cores=labels["cores"])
-            labels.update({TOOL_DECLS_LABEL: decls} if decls else {})
-        except ToolLoadError as exc:
-            print(f"libra.actors.runtime: {exc}", file=sys.stderr)
-            return 2
-        handlers = handlers_for_tools(tools)
-        kinds, caps, capacity = ["action"], {"action": sorted(tools)}, args.capacity
-    elif args.role == "hybrid":
-        from .roles import HybridRole
-
-        if args.model_dir is None:
-            print("libra.actors.runtime: role 'hybrid' needs --model-dir", file=sys.stderr)
-            return 2
-        hybrid = HybridRole(args.model_dir, args.run_dir, args.slot, max_batch=args.rollout_batch,
-                            torch_threads=args.torch_threads, eager=True)
-        kinds, caps, capacity = ["generate"], {"generate": ["default"], "train": ["grpo"]}, args.rollout_batch
-        handlers = {("generate", "*"): hybrid.generate, ("train", "grpo"): hybrid.train}
-        tools = {}
-    elif args.role == "episode":
-        from .episode_role import EpisodeRole
-
-        runner = EpisodeRole(args.broker, args.model_dir, args.slot)
-        kinds, caps, capacity = ["episode"], {"episode": ["*"]}, max(1, args.episode_concurrency)
-        handlers = {("episode", "*"): runner.episode}
-        tools = {}
-    else:
-        from .roles import role_handlers
-
-        try:
-            kinds, caps, handlers = role_handlers(args.role, args.model_dir, args.run_dir, args.slot,
-                                                  max_batch=args.rollout_batch, torch_threads=args.torch_threads)
-        except (ValueError, FileNotFoundError) as exc:
-            print(f"libra.actors.runtime: {exc}", file=sys.stderr)
-            return 2
-        tools = {}
-        # a trainer rank holds one step at a time; a rollout slot batches many concurrent turns
-        capacity = 1 if args.role == "train" else max(args.capacity, args.rollout_batch)
+    try:
+        role = slot_role(args, labels)
+    except SlotSetupError as exc:
+        print(f"libra.actors.runtime: {exc}", file=sys.stderr)
+        return 2
+    kinds, caps, capacity, handlers, tools = role.kinds, role.caps, role.capacity, role.handlers, role.tools
     ident = ActorIdentity(actor_id, host, args.slot, os.getpid(), caps, labels)
     rt = ActorRuntime(args.broker, ident, kinds, capacity, handlers, heartbeat_s=args.heartbeat_s,
-                      reconfigure=hybrid.reconfigure if args.role == "hybrid" else None,
+                      reconfigure=role.reconfigure,
                       direct=args.role == "action" and not args.no_direct)
     if not _attach_reports(args, handlers, rt):
         return 2
+    if role.owner is not None:  # a lent slot: its owner's answers go to the core (lending.py)
+        from .owner_watch import OwnerWatch
+
+        OwnerWatch(role.owner, rt._post).start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: rt.stop())
     log.info("actor_starting", actor=actor_id, broker=args.broker, role=args.role, tools=sorted(tools),

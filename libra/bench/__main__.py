@@ -40,6 +40,7 @@ BENCHMARKS = {
     "broker_idle": ("libra.bench.broker_idle", "the broker core's CPU per registration and per idle actor-second at 1,000-10,000 actors vs 100, in process"),
     "role_lookup": ("libra.bench.role_lookup", "what key roles cost the broker per CURVE message: frames read with the sender's key and its role looked up vs as bytes, one run"),
     "failover": ("libra.bench.failover", "primary broker SIGKILLed with 1,000 calls pending, a standby takes over: lost, run twice, last answer vs no failure; echo p50 with a standby attached vs without"),
+    "lending": ("libra.bench.lending", "a serving owner's p99 time per token with and without a lent rollout slot on its headroom (headroom rule vs never reclaimed), and the RL tokens/s gained, real processes on one CPU machine"),
     "gpu_checks": ("libra.bench.gpu_checks", "GPU-check programs: bf16 learning vs fp32, memory freed by a role switch, a trainer OOM (--device)"),
 }
 

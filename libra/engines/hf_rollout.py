@@ -41,7 +41,7 @@ from __future__ import annotations
 import os
 import threading
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,9 +189,12 @@ class HFRolloutEngine:
         """The weights version the next ``generate`` uses."""
         return self._version
 
-    def generate(self, requests: Sequence[GenRequest], sessions: Sequence[str | None] | None = None) -> list[GenResult]:
+    def generate(self, requests: Sequence[GenRequest], sessions: Sequence[str | None] | None = None,
+                 on_tokens: Callable[[list[tuple[int, int]]], None] | None = None) -> list[GenResult]:
         """Generate every request; results in request order (see the module contracts). ``sessions[i]``
         (a trajectory id, or None) keeps request ``i``'s context in :attr:`kv_cache` for its next turn.
+        ``on_tokens`` (optional) is called after each sampling step with ``(request index, token id)`` for
+        every request that got a token in it (what a serving process streams and times per token).
 
         Raises ``ValueError`` naming the request index for a token id outside the vocabulary or a
         request longer than ``max_position_embeddings``, or for ``sessions`` of another length.
@@ -209,8 +212,10 @@ class HFRolloutEngine:
             version = self._version
             for start in range(0, len(order), self.max_batch_size):
                 idx = order[start : start + self.max_batch_size]
+                step = None if on_tokens is None else (
+                    lambda got, idx=idx: on_tokens([(idx[j], t) for j, t in got]))
                 for i, res in zip(idx, self._generate_batch([requests[i] for i in idx], version,
-                                                            [keys[i] for i in idx])):
+                                                            [keys[i] for i in idx], step)):
                     results[i] = res
         return [r for r in results if r is not None]
 
@@ -374,8 +379,8 @@ class HFRolloutEngine:
         )
         return out.logits[:, -1, :].float(), cache, mask
 
-    def _generate_batch(self, reqs: Sequence[GenRequest], version: int,
-                        keys: Sequence[str | None]) -> list[GenResult]:
+    def _generate_batch(self, reqs: Sequence[GenRequest], version: int, keys: Sequence[str | None],
+                        on_tokens: Callable[[list[tuple[int, int]]], None] | None = None) -> list[GenResult]:
         """One batch: the prefill (:meth:`_prefill`), then one decode step per token until every row ends."""
         dev = self.device
         bsz = len(reqs)
@@ -402,6 +407,8 @@ class HFRolloutEngine:
                                                  greedy_rows=[greedy[b] for b in rows], nucleus=nucleus)
             # one device read a token for all three (token ids < 2**53 are exact in float64)
             host_t, host_lp, host_slp = torch.stack([chosen.double(), lp.double(), slp.double()]).tolist()
+            if on_tokens is not None:
+                on_tokens([(b, int(t)) for b, t in zip(rows, host_t)])
             keep: list[int] = []
             for j, (b, t, a, s) in enumerate(zip(rows, map(int, host_t), host_lp, host_slp)):
                 toks[b].append(t)

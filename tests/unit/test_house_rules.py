@@ -203,7 +203,7 @@ def test_benchmarks_md_is_short_and_starts_with_the_results_table() -> None:
 
 HELP_COMMANDS = [
     ["libra"], ["libra", "status"], ["libra", "keys"], ["libra", "demo"], ["libra", "run"], ["libra", "plan"],
-    ["libra", "tree"], ["libra", "dashboard"], ["libra.dashboard"], ["libra", "broker"], ["libra", "actors"], ["libra", "sim"], ["libra", "bench"], ["libra.broker"], ["libra.actors"], ["libra.sim"], ["libra.sim.workloads"], ["libra.bench"],
+    ["libra", "tree"], ["libra", "dashboard"], ["libra.dashboard"], ["libra", "broker"], ["libra", "actors"], ["libra", "sim"], ["libra", "bench"], ["libra.broker"], ["libra.actors"], ["libra.sim"], ["libra.sim.workloads"], ["libra.bench"], ["libra.serving"],
     ["libra.rl.node_launch"],
 ]
 
