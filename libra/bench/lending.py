@@ -235,12 +235,12 @@ def _fmt(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m libra.bench lending",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--rate", type=float, default=3.0, help="serving requests per second (default %(default)s)")
-    p.add_argument("--seconds", type=float, default=20.0, help="length of each phase (default %(default)s)")
+    p.add_argument("--rate", type=float, default=5.0, help="serving requests per second (default %(default)s)")
+    p.add_argument("--seconds", type=float, default=120.0, help="length of each phase (default %(default)s)")
     p.add_argument("--slo-factor", type=float, default=1.5, help="target = this x calibration p99 TPOT")
-    p.add_argument("--hold-s", type=float, default=5.0, help="the headroom rule's hold before lending again")
-    p.add_argument("--deadline-s", type=float, default=2.0, help="the owner's hand-back deadline")
-    p.add_argument("--window-s", type=float, default=5.0, help="the serving process's /load window")
+    p.add_argument("--hold-s", type=float, default=30.0, help="the headroom rule's hold before lending again (its default)")
+    p.add_argument("--deadline-s", type=float, default=5.0, help="the owner's hand-back deadline (the rule's default)")
+    p.add_argument("--window-s", type=float, default=10.0, help="the serving process's /load window (its default)")
     p.add_argument("--sessions", type=int, default=4, help="concurrent rollout sessions on the lent slot")
     p.add_argument("--rollout-model", default="small", choices=["small", "tiny"],
                    help="the lent slot's model: the serving process's size (small) or the tests' tiny one")
