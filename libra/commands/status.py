@@ -10,8 +10,10 @@ def format_status(actors: list[dict], queues: dict[str, int], stats: dict) -> st
     lines = [f"{'ACTOR':<28} {'HOST':<14} {'SLOT':<6} {'KINDS':<18} {'STATE':<9} {'LOAD':>9} {'DONE':>8}  TOOLS"]
     for a in sorted(actors, key=lambda a: a["id"]):
         load = f"{a['load']}/{a['capacity']}"
+        lent = a.get("lent")
+        state = a["state"] if not lent else ("reclaimed" if lent.get("reclaimed_in_s") is not None else "lent")
         lines.append(f"{a['id']:<28} {a['host']:<14} {a['slot']:<6} {','.join(a['kinds']) or '-':<18} "
-                     f"{a['state']:<9} {load:>9} {a['completed']:>8}  {tools_of(a)}")
+                     f"{state:<9} {load:>9} {a['completed']:>8}  {tools_of(a)}")
     if not actors:
         lines.append("(no actors connected)")
     lines.append("")
@@ -92,6 +94,12 @@ def detail_lines(stats: dict) -> list[str]:
     if isinstance(audit, list) and audit:  # an operator's view (libra.broker.access): the newest records
         out.append(f"AUDIT (newest {min(len(audit), AUDIT_SHOWN)} of {len(audit)}; the broker's --audit-log has all):")
         out += [f"  {audit_line(r)}" for r in audit[-AUDIT_SHOWN:] if isinstance(r, dict)]
+    lending = stats.get("lending")
+    if isinstance(lending, dict):  # lent slots (libra.broker.lending): reclaims, moves, hand-back slack
+        rest = {k: v for k, v in lending.items() if k not in ("reclaimed", "handback_slack_s")}
+        slack = lending.get("handback_slack_s") or []
+        out.append(f"LENDING: {_pairs(rest)}, reclaimed now={len(lending.get('reclaimed') or {})}"
+                   + (f", last hand-back {slack[-1]:+.2f}s before its deadline" if slack else ""))
     leases = stats.get("leases")
     if isinstance(leases, list) and leases:
         totals = {k: sum(int(x.get(k) or 0) for x in leases if isinstance(x, dict)) for k in ("done", "failed")}

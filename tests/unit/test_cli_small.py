@@ -95,3 +95,19 @@ def test_status_prints_router_stats_as_readable_lines_not_a_dict() -> None:
 
 def test_the_top_parser_is_named_after_its_caller() -> None:
     assert build_parser().prog == "libra" and build_parser("python -m libra").prog == "python -m libra"
+
+
+def test_status_shows_lent_slots_and_the_lending_counters() -> None:
+    from libra.commands.status import format_status
+
+    actor = {"id": "h/lent-cpu0", "host": "h", "slot": "cpu0", "kinds": [], "state": "idle", "load": 0,
+             "capacity": 4, "completed": 3, "capabilities": {"generate": ["default"]},
+             "lent": {"owner": "fleet", "reclaimed_in_s": 2.5}}
+    lending = {"reclaims": 1, "lent_again": 0, "moved_kv": 1, "handback_slack_s": [3.2],
+               "reclaimed": {"h/lent-cpu0": {"owner": "fleet"}}}
+    text = format_status([actor], {}, {"lending": lending})
+    row = next(line for line in text.splitlines() if line.startswith("h/lent-cpu0"))
+    assert "reclaimed" in row.split()
+    assert "LENDING: reclaims=1, lent_again=0, moved_kv=1, reclaimed now=1, last hand-back +3.20s" in text
+    lent = format_status([{**actor, "lent": {"owner": "fleet", "reclaimed_in_s": None}}], {}, {})
+    assert "lent" in next(line for line in lent.splitlines() if line.startswith("h/lent-cpu0")).split()
