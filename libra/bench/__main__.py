@@ -41,6 +41,7 @@ BENCHMARKS = {
     "role_lookup": ("libra.bench.role_lookup", "what key roles cost the broker per CURVE message: frames read with the sender's key and its role looked up vs as bytes, one run"),
     "failover": ("libra.bench.failover", "primary broker SIGKILLed with 1,000 calls pending, a standby takes over: lost, run twice, last answer vs no failure; echo p50 with a standby attached vs without"),
     "lending": ("libra.bench.lending", "a serving owner's p99 time per token with and without a lent rollout slot on its headroom (headroom rule vs never reclaimed), and the RL tokens/s gained, real processes on one CPU machine"),
+    "borrowed": ("libra.bench.borrowed", "RL throughput on a serving owner's lent GPUs vs none, and the SLO violations it causes, at revocation rates 0/1/10 per GPU-hour (simulated)"),
     "gpu_checks": ("libra.bench.gpu_checks", "GPU-check programs: bf16 learning vs fp32, memory freed by a role switch, a trainer OOM (--device)"),
 }
 

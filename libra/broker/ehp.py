@@ -156,12 +156,14 @@ class ElasticPool:
 
     def observe_sessions(self, sessions: Iterable[Any], queued_generate: int) -> None:
         """:meth:`observe` from the broker's actor sessions (``actor_id``, ``labels``, ``accepting``,
-        ``capacity``, ``held``): the rollout pressure is computed as for the planner's rounds."""
+        ``capacity``, ``held``): the rollout pressure is computed as for the planner's rounds. Lent slots (``lent_owner``)
+        count in the pressure but are not the pool's actors: it never borrows them."""
         sessions = list(sessions)
         gen = [x for x in sessions if "generate" in x.accepting]
         cap = max(1, sum(x.capacity for x in gen))
         views = [ActorView(x.actor_id, x.labels.get("engine_role") == "hybrid", tuple(x.accepting),
-                           x.directive is not None) for x in sessions]
+                           x.directive is not None) for x in sessions
+                 if not getattr(x, "lent_owner", "")]  # a lent slot is never borrowed for training nor a core rank
         self.observe(views, min(1.0, queued_generate / cap), min(1.0, sum(len(x.held) for x in gen) / cap))
 
     def ready(self, world_size: int) -> bool:

@@ -83,11 +83,12 @@ class Lending:
         if self.reclaims.pop(actor_id, None) is not None:
             self.evicted = {t: a for t, a in self.evicted.items() if a != actor_id}
 
-    def bid(self, sess: Any, now: float, out: list[Command]) -> None:
+    def bid(self, sess: Any, now: float, out: list[Command]) -> bool:
         """An ordinary bid. A reclaimed slot's first bid for nothing says its engine is released: the hand-back
-        is timed against the deadline (``slack``). A reclaimed slot that bids for ``generate`` was lent again."""
+        is timed against the deadline (``slack``). A reclaimed slot that bids for ``generate`` was lent again
+        (returns True then)."""
         if not sess.reclaimed_until:
-            return
+            return False
         if "generate" not in sess.accepting:
             r = self.reclaims.get(sess.actor_id)
             if r is not None and r.released_at is None:
@@ -95,13 +96,14 @@ class Lending:
                 self.slack = [*self.slack[-19:], round(r.deadline - now, 4)]
                 out.append(Log("capacity_handed_back", {"actor": sess.actor_id, "owner": r.owner,
                                                         "slack_s": self.slack[-1], "after_s": round(now - r.at, 4)}))
-            return
+            return False
         r = self.reclaims.pop(sess.actor_id, None)
         sess.reclaimed_until = 0.0
         self.evicted = {t: a for t, a in self.evicted.items() if a != sess.actor_id}
         self.stats["lent_again"] += 1
         out.append(Log("capacity_lent", {"actor": sess.actor_id, "owner": sess.lent_owner,
                                          "away_s": round(now - r.at, 3) if r else None}))
+        return True
 
     # ------------------------------------------------------------------ the reclaim
     def reclaim(self, sess: Any, msg: m.OwnerReclaim, now: float, out: list[Command]) -> bool:

@@ -20,6 +20,12 @@ Settings (:class:`PlannerSettings`, every key optional but ``allocation``):
   trajectories finished in the last round, rounded down to whole groups, at least one group);
 - ``parallelism`` (default ``fixed``): ``earl`` makes the rollout TP follow the average context of the generate
   turns (:mod:`libra.broker.earl`, settings in the ``earl`` table), applied as plans through directives;
+- ``revocations_per_gpu_hour`` (default 1.0, the middle of the 0 / 1 / 10 range the simulator's borrowed
+  bench runs) and ``revocation_cost_s`` (default: the cost model's price of one revocation with the observed
+  trajectories, :func:`~libra.broker.plan_borrowed.default_revocation_cost_s`): how the round prices the
+  borrowed capacity, the connected lent slots its owners have not reclaimed (:mod:`libra.broker.plan_borrowed`);
+  ``borrowed_placement`` (default ``proportional``; or ``smallest``): which C-MLFQ buckets the lent slots'
+  TP-1 instances serve (:func:`~libra.policies.planner.borrowed.place_borrowed`);
 - ``params``: ``make_allocator`` knobs: ``PlannerConfig`` fields (e.g. ``granularity = 8``,
   ``min_train_gpus = 8``, ``rollout_tps``) and the allocator's own (``rollout_tp``); ``replanner``:
   :class:`Replanner` keyword arguments (``plan_interval`` counts rounds; default 1: every round may
@@ -61,9 +67,12 @@ from libra.policies.cost import (
     load_model,
 )
 from libra.policies.planner.allocators import ALLOCATORS, PlannerConfig, make_allocator
+from libra.policies.planner.borrowed import BORROWED_PLACEMENTS, BorrowedCapacity
 from libra.policies.planner.engine_caps import cap_rollout_tps, pin_rollout_tp
 from libra.policies.planner.online import PressureSnapshot, ReplanDecision, Replanner
 from libra.policies.planner.types import Plan, PlannerError, Workload
+
+from .plan_borrowed import borrowed_round, default_revocation_cost_s
 
 __all__ = ["BROKER_ALLOCATORS", "PlanJob", "PlannerLoop", "PlannerSettings"]
 
@@ -84,6 +93,9 @@ class PlannerSettings:
     replanner: dict[str, Any] = field(default_factory=dict)
     parallelism: str = "fixed"  # "earl": the rollout TP follows the average context (libra.broker.earl)
     earl: dict[str, Any] = field(default_factory=dict)  # EarlSettings keys
+    revocations_per_gpu_hour: float = 1.0  # how often an owner takes a lent GPU back (libra.broker.plan_borrowed)
+    revocation_cost_s: float | None = None  # rollout seconds one revocation costs (None: from the cost model)
+    borrowed_placement: str = "proportional"  # which buckets lent slots serve (place_borrowed's policy)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PlannerSettings:
@@ -101,6 +113,13 @@ class PlannerSettings:
                              f"(known: {', '.join(BROKER_ALLOCATORS)})")
         if not s.interval_s > 0:
             raise ValueError(f"broker planner: interval_s must be > 0, got {s.interval_s!r}")
+        for key in ("revocations_per_gpu_hour", "revocation_cost_s"):
+            v = getattr(s, key)
+            if v is not None and not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"broker planner: {key} must be finite and >= 0, got {v!r}")
+        if s.borrowed_placement not in BORROWED_PLACEMENTS:
+            raise ValueError(f"broker planner: unknown borrowed_placement {s.borrowed_placement!r} "
+                             f"(known: {', '.join(BORROWED_PLACEMENTS)})")
         if s.group_size < 1:
             raise ValueError(f"broker planner: group_size must be >= 1, got {s.group_size!r}")
         if s.parallelism not in ("fixed", "earl"):
@@ -148,6 +167,8 @@ class PlannerLoop:
         self.recorded = 0  # decisions recorded so far (``decisions`` keeps the newest 16)
         self._job: PlanJob | None = None  # the round whose search is in flight
         self._held: list[tuple[float, float, float, float]] = []  # observed while it is
+        self.plan_borrowed: int | None = None  # borrowed GPUs the deployed plan was decided with
+        self.capacity_pending = False  # the borrowed capacity changed since the last round (capacity_changed)
 
     def observe(self, prompt_tokens: int, generated: int, turns: int, tool_seconds: float = 0.0) -> None:
         """Record one finished trajectory: prompt + tool-payload tokens, generated tokens, generate turns
@@ -181,10 +202,23 @@ class PlannerLoop:
         measured rates would replace that profile's per-instance and per-rank throughput."""
         self.measured_costs = costs
 
+    def capacity_changed(self) -> None:
+        """The borrowed capacity changed (a lent slot joined, was reclaimed, lent again or left): the next round
+        is due at once, and re-prices the deployed plan with the capacity then lent."""
+        self.capacity_pending = True
+
+    def borrowed_capacity(self, gpus: int) -> BorrowedCapacity:
+        """``gpus`` lent slots priced with the settings (the default revocation cost from the history)."""
+        s = self.settings
+        cost = s.revocation_cost_s
+        if cost is None:
+            cost = default_revocation_cost_s(self._rollout_model, self.history) if gpus else 0.0
+        return BorrowedCapacity(gpus, s.revocations_per_gpu_hour, cost)
+
     def due(self, now: float) -> bool:
         """Whether a planning round is due at ``now`` (the first one ``interval_s`` after start; at once after
-        :meth:`train_out_of_memory`; never while a round's search is in flight)."""
-        if self.oom_pending and self._job is None:
+        :meth:`train_out_of_memory` or :meth:`capacity_changed`; never while a round's search is in flight)."""
+        if (self.oom_pending or self.capacity_pending) and self._job is None:
             return True
         if self.last_round_t is None:
             self.last_round_t = now
@@ -203,12 +237,14 @@ class PlannerLoop:
 
     def start(self, n_gpus: int, now: float, *, queue_pressure: float = 0.0, active_pressure: float = 0.0,
               rejected_total: int = 0, rollout_time: float | None = None,
-              train_time: float | None = None, step: int | None = None, train_oom: bool = False) -> PlanJob | None:
+              train_time: float | None = None, step: int | None = None, train_oom: bool = False,
+              borrowed: int = 0) -> PlanJob | None:
         """Begin a planning round on ``n_gpus`` connected GPU actors (``rollout_time`` / ``train_time``:
         the last measured stage seconds of an RL step, when the broker runs a job; they drive the
         re-planner's stage-imbalance trigger; ``train_oom`` (or :meth:`train_out_of_memory` since the last
         round): a training step no longer fit its layout, so the round re-plans whatever the cooldown;
-        ``step``: the number the re-planner's interval, warm-up and cooldown count in, default the round's own number). Returns the search to run (in flight until
+        ``step``: the number the re-planner's interval, warm-up and cooldown count in, default the round's own number;
+        ``borrowed``: lent GPUs connected and not reclaimed, counted as elastic rollout capacity). Returns the search to run (in flight until
         :meth:`finish`), or None when the round ended at once (too few GPU actors, a
         configuration the planner refuses: the decision is recorded)."""
         self.last_round_t = now
@@ -226,8 +262,8 @@ class PlannerLoop:
         assert self._replanner is not None
         snap = PressureSnapshot(self.rounds if step is None else step, queue_pressure, active_pressure, rejected_total,
                                 rollout_time, train_time, train_oom or self.oom_pending)
-        self.oom_pending = False
-        self._job = PlanJob(self._replanner, snap, self.plan)
+        self.oom_pending = self.capacity_pending = False
+        self._job = PlanJob(self._replanner, snap, self.plan, self.borrowed_capacity(borrowed), self.plan_borrowed)
         return self._job
 
     def finish(self, job: PlanJob, now: float) -> Plan | None:
@@ -246,9 +282,12 @@ class PlannerLoop:
         assert dec is not None, "PlanJob.run() was not called"
         plan = dec.plan if dec.apply else None
         self._record(now, dec.reason, step=dec.step, trigger=dec.trigger, current_s=dec.current_time,
-                     candidate_s=dec.candidate_time, search_s=round(job.seconds, 4), plan=_plan_summary(plan) if plan is not None else None)
+                     candidate_s=dec.candidate_time, search_s=round(job.seconds, 4),
+                     plan=_plan_summary(plan) if plan is not None else None,
+                     **({"borrowed": job.borrowed} if job.borrowed is not None else {}))
         if plan is not None:
             self.plan = plan
+            self.plan_borrowed = job.cap.gpus
             self.applied += 1
         return plan
 
@@ -274,7 +313,7 @@ class PlannerLoop:
         assert rp is not None
         plan = rp.allocator.propose(workload, None)
         rp.last_replan = step
-        self.plan = plan
+        self.plan, self.plan_borrowed = plan, 0
         self.applied += 1
         self._record(now, "profiled_plan", step=step, plan=_plan_summary(plan))
         return plan
@@ -323,6 +362,7 @@ class PlannerLoop:
                 "model": self.settings.model, "interval_s": self.settings.interval_s, "rounds": self.rounds,
                 "plans_applied": self.applied, "history": len(self.history),
                 "plan": _plan_summary(self.plan) if self.plan is not None else None,
+                "plan_borrowed_gpus": self.plan_borrowed if self.plan is not None else None,
                 "decisions": list(self.decisions), **({"earl": self.earl.summary()} if self.earl is not None else {}),
                 "measured_costs": None if self.measured_costs is None else self.measured_costs.summary()}
 
@@ -362,8 +402,12 @@ class PlanJob:
     """One round's search: the re-planner's decision on the round's pressure snapshot. :meth:`run` may
     run on another thread; until :meth:`PlannerLoop.finish` nothing else touches ``replanner``."""
 
-    def __init__(self, replanner: Replanner, snapshot: PressureSnapshot, current: Plan | None) -> None:
+    def __init__(self, replanner: Replanner, snapshot: PressureSnapshot, current: Plan | None,
+                 cap: BorrowedCapacity | None = None, deployed_with: int | None = None) -> None:
         self.replanner, self.snapshot, self.current = replanner, snapshot, current
+        self.cap = cap or BorrowedCapacity(0)
+        self.deployed_with = deployed_with  # borrowed GPUs the deployed plan was decided with
+        self.borrowed: dict[str, Any] | None = None  # the borrowed capacity's figures (plan_borrowed)
         self.decision: ReplanDecision | None = None
         self.error: str | None = None
         self.seconds = 0.0
@@ -375,6 +419,8 @@ class PlanJob:
         t0 = clock() if clock is not None else 0.0
         try:
             self.decision = self.replanner.step(self.snapshot, self.current)
+            self.decision, self.borrowed = borrowed_round(self.replanner, self.decision, self.current, self.cap,
+                                                          self.deployed_with if self.current is not None else None)
         except (PlannerError, ValueError, ArithmeticError) as exc:
             self.error = f"{type(exc).__name__}: {exc}"
         self.seconds = clock() - t0 if clock is not None else 0.0

@@ -2,7 +2,13 @@
 directives, and the periodic planning round of the broker's own planner (``plan_decider``). Pure: the
 directives and log lines come back as commands, and a round's search is either run inline or handed to the
 shell as a :class:`~libra.broker.events.StartPlannerSearch` command. The layout and ordering rules are in
-``plan_applier``, the round's decision in ``plan_decider``."""
+``plan_applier``, the round's decision in ``plan_decider``.
+
+Lent slots (``ActorSession.lent_owner`` non-empty: capacity an owner lends and takes back) are never among the
+plan's GPU slots (:meth:`Planning.gpu_slots`): no training layout, no EARL TP group and no engine cap is ever
+laid on them. The connected, not-reclaimed ones (:meth:`Planning.lent_slots`) are the round's borrowed capacity
+(``libra.broker.plan_borrowed``) and serve TP-1 rollout instances in the deployed plan's buckets, directed like
+any other role; a change in them makes the next round due at once (:meth:`Planning.capacity_changed`)."""
 
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from .earl import EarlLoop, EarlSettings, earl_plan
 from .events import Command, Log, StartPlannerSearch
 from .plan_decider import PlanJob, PlannerLoop
 from .plan_applier import GpuSlot, PlanApplier, PlanError, Role, bucket_specs, layout_roles
+from .plan_borrowed import lent_roles
 from .rollout import RolloutRouting
 from .sessions import SessionRegistry
 
@@ -62,6 +69,7 @@ class Planning:
         self.applier: PlanApplier | None = None  # the plan being applied (or the last one)
         self.notes: list[tuple[str, str, dict[str, Any]]] = []  # decisions for the jobs' records (take_notes)
         self._generation = 0
+        self._lent_seen: tuple[str, ...] = ()  # the lent slots the last round counted
         self._sessions = sessions
         self._rollout = rollout
         self.earl = _make_earl(loop)  # [broker.planner] parallelism = "earl": the rollout TP follows the context
@@ -74,19 +82,36 @@ class Planning:
         """Whether a plan is still being applied (directives of later waves pending)."""
         return self.applier is not None and not self.applier.done
 
+    def _owned_gpu_sessions(self) -> list[Any]:
+        return [s for s in self._sessions.actors.values()
+                if s.labels.get("slot_kind") == "gpu" and s.slot[3:].isdigit() and not s.lent_owner]
+
     def gpu_slots(self) -> list[GpuSlot]:
-        """The connected GPU actors as plan slots (labels ``slot_kind == "gpu"``, slot ``gpuN``)."""
-        out = []
-        for sess in self._sessions.actors.values():
-            if sess.labels.get("slot_kind") == "gpu" and sess.slot[3:].isdigit():
-                out.append(GpuSlot(sess.actor_id, sess.host, int(sess.slot[3:])))
-        return out
+        """The connected GPU actors the job owns as plan slots (labels ``slot_kind == "gpu"``, slot ``gpuN``;
+        never a lent slot)."""
+        return [GpuSlot(s.actor_id, s.host, int(s.slot[3:])) for s in self._owned_gpu_sessions()]
+
+    def lent_slots(self) -> list[str]:
+        """The connected lent GPU slots whose owners have not reclaimed them, in the order they connected:
+        the borrowed capacity."""
+        return [s.actor_id for s in self._sessions.actors.values()
+                if s.lent_owner and not s.reclaimed_until and s.labels.get("slot_kind") == "gpu"]
+
+    def capacity_changed(self, actor_id: str, why: str, now: float) -> list[Command]:
+        """The borrowed capacity changed (``actor_id`` was reclaimed, lent again, joined or left: ``why``): the
+        next round is due at once and plans with the lent slots then connected. Rounds also notice a change
+        themselves (:meth:`due`), so calling this only makes the log say why."""
+        if self.loop is None:
+            return []
+        self.loop.capacity_changed()
+        return [Log("borrowed_capacity_changed", {"actor": actor_id, "why": why, "lent": len(self.lent_slots())},
+                    "info", "libra.broker.plan_rounds")]
 
     def max_rollout_tp(self) -> int | None:
-        """The largest rollout TP group every connected GPU actor's engine can serve (the smallest ``max_tp``
-        of their hello labels: 1 where an HF engine runs); None when no actor says."""
-        return cluster_max_tp(sess.labels for sess in self._sessions.actors.values()
-                              if sess.labels.get("slot_kind") == "gpu")
+        """The largest rollout TP group every connected owned GPU actor's engine can serve (the smallest
+        ``max_tp`` of their hello labels: 1 where an HF engine runs); None when no actor says. Lent slots
+        serve TP 1 anyway and never cap the owned layout."""
+        return cluster_max_tp(s.labels for s in self._owned_gpu_sessions())
 
     # ------------------------------------------------------------------ applying a plan
     def apply(self, plan: Any, now: float) -> list[Command]:
@@ -97,22 +122,21 @@ class Planning:
         finish switching (:meth:`switched`), ordered so that a complete training replica stays active
         throughout.
         """
-        current: dict[str, Role] = {}
-        for slot in self.gpu_slots():
-            cfg = self._sessions.actor_by_id(slot.actor_id).directive_config  # type: ignore[union-attr]
-            keys = ("tp", "group", "bucket", "rank", "size")
-            current[slot.actor_id] = (Role(cfg["role"], **{k: cfg[k] for k in keys if k in cfg})
-                                      if cfg.get("role") in ("train", "rollout") else Role("idle"))
+        slots, lent = self.gpu_slots(), self.lent_slots()
+        current = self._roles_now([s.actor_id for s in slots] + lent)
         self._generation += 1
-        target = layout_roles(plan, self.gpu_slots(), current, self._generation)
+        target = layout_roles(plan, slots, {a: current[a] for a in current if a not in lent}, self._generation)
+        target.update(lent_roles(plan, lent, self._placement()))
         for aid, role in target.items():  # refused at plan time, not when the engine is built
             cap = self._sessions.actor_by_id(aid).labels.get("max_tp")  # type: ignore[union-attr]
             if role.kind == "rollout" and isinstance(cap, int) and role.tp > cap:
                 engine = self._sessions.actor_by_id(aid).labels.get("engine", "?")  # type: ignore[union-attr]
                 raise PlanError(f"plan puts {aid} in a TP-{role.tp} rollout group but its {engine} engine serves "
                                 f"TP <= {cap}")
+        if any(target[a].kind == "train" for a in lent):  # never: lent capacity holds no training state
+            raise PlanError("plan puts a lent slot in training")
         self.applier = PlanApplier(current, target)
-        summary = {"n_gpus": plan.n_gpus, "n_train": plan.n_train, "rollout_tps": list(plan.rollout_tps),
+        summary = {"lent_gpus": len(lent), "n_gpus": plan.n_gpus, "n_train": plan.n_train, "rollout_tps": list(plan.rollout_tps),
                    "t_rollout_s": plan.t_rollout, "t_train_s": plan.t_train, "generation": self._generation}
         self.notes.append(("plan", f"plan {self._generation} applied: {plan.n_train} of {plan.n_gpus} GPUs train, "
                            f"rollout TPs {list(plan.rollout_tps)}", summary))
@@ -122,6 +146,32 @@ class Planning:
         if after != before:
             self.notes.append(("buckets", "C-MLFQ buckets: " + ", ".join(f"{n} <= {t} tokens" for n, _, t in after),
                                {"before": [list(b) for b in before], "after": [list(b) for b in after]}))
+        return self._direct(self.applier.start(), now)
+
+    def _roles_now(self, actor_ids: list[str]) -> dict[str, Role]:
+        """The role each of ``actor_ids`` was last directed to (``idle`` when none)."""
+        out: dict[str, Role] = {}
+        keys = ("tp", "group", "bucket", "rank", "size")
+        for aid in actor_ids:
+            cfg = self._sessions.actor_by_id(aid).directive_config  # type: ignore[union-attr]
+            out[aid] = (Role(cfg["role"], **{k: cfg[k] for k in keys if k in cfg})
+                        if cfg.get("role") in ("train", "rollout") else Role("idle"))
+        return out
+
+    def _placement(self) -> str:
+        return self.loop.settings.borrowed_placement if self.loop is not None else "proportional"
+
+    def place_lent(self, now: float) -> list[Command]:
+        """Direct the lent slots to their TP-1 rollout instances under the deployed plan (those already placed
+        stay), without re-laying the owned GPUs; nothing while a plan is being applied or none is deployed."""
+        plan = self.loop.plan if self.loop is not None else None
+        lent = self.lent_slots()
+        if plan is None or self.applying or not lent:
+            return []
+        current, target = self._roles_now(lent), lent_roles(plan, lent, self._placement())
+        if current == target:
+            return []
+        self.applier = PlanApplier(current, target)
         return self._direct(self.applier.start(), now)
 
     def switched(self, actor_id: str, now: float) -> list[Command]:
@@ -180,7 +230,10 @@ class Planning:
             self.loop.train_out_of_memory()
 
     def due(self, now: float) -> bool:
-        """Whether a round of the broker's planner is due and no plan is still being applied."""
+        """Whether a round of the broker's planner is due and no plan is still being applied (a change in the
+        lent slots since the last round makes it due at once: :meth:`capacity_changed`)."""
+        if self.loop is not None and tuple(self.lent_slots()) != self._lent_seen:
+            self.loop.capacity_changed()
         return self.loop is not None and self.loop.due(now) and not self.applying
 
     def start(self, now: float, *, queue_pressure: float, active_pressure: float, rejected_total: int,
@@ -193,8 +246,10 @@ class Planning:
         loop.cap_rollout_tp(self.max_rollout_tp())  # no TP group larger than the engines can serve
         if self.earl is not None:  # EARL owns the rollout TP: the planner's round must not undo its switch
             loop.pin_rollout_tp(self.rollout_tp_now())
+        self._lent_seen = tuple(self.lent_slots())
         job = loop.start(len(self.gpu_slots()), now, queue_pressure=queue_pressure, active_pressure=active_pressure,
-                         rejected_total=rejected_total, rollout_time=rollout_time, train_time=train_time)
+                         rejected_total=rejected_total, rollout_time=rollout_time, train_time=train_time,
+                         borrowed=len(self._lent_seen))
         out = self._decision_logs(since)
         if job is None:
             return out
@@ -213,7 +268,7 @@ class Planning:
         plan = loop.finish(job, now)
         out = self._decision_logs(since)
         if plan is None:
-            return out
+            return out + self.place_lent(now)
         try:
             out.extend(self.apply(plan, now))
         except PlanError as exc:
@@ -253,8 +308,7 @@ class Planning:
 
     def _gpu_roles(self) -> tuple[list[tuple[Any, Any]], list[Any]]:
         """The GPU actors with their directed roles, and those of them serving rollout."""
-        roles = [(s, s.directive_config.get("role")) for s in self._sessions.actors.values()
-                 if s.labels.get("slot_kind") == "gpu" and s.slot[3:].isdigit()]
+        roles = [(s, s.directive_config.get("role")) for s in self._owned_gpu_sessions()]
         return roles, [s for s, r in roles if r == "rollout" or (r is None and "generate" in s.accepting)]
 
     def rollout_tp_now(self) -> int:

@@ -272,6 +272,8 @@ class SessionRegistry:
         sess = self.actor_by_id(actor_id)
         if sess is None:
             raise KeyError(f"no live actor with id {actor_id!r}")
+        if sess.lent_owner and "train" in kinds:
+            raise ValueError(f"actor {actor_id!r} is lent by {sess.lent_owner!r}: a borrowed GPU never trains")
         did = next(self._directives)
         sess.directive = did
         sess.directive_config = dict(config or {})

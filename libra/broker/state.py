@@ -321,13 +321,15 @@ class BrokerState(BrokerViews):
             self._dispatch.release_targets(peer)
             self._dispatch.refill_others(sess, now, out)
         sess.bucket = bucket
-        self._lending.bid(sess, now, out)
+        if self._lending.bid(sess, now, out):  # lent again: the next round plans with it
+            out.extend(self._planning.capacity_changed(sess.actor_id, "lent_again", now))
         self._dispatch.fill(sess, now, out)
 
     def _on_owner_reclaim(self, peer: bytes, msg: m.OwnerReclaim, now: float, out: list[Command]) -> None:
         sess = self._actor_or_disconnect(peer, out)
-        if sess is not None and self._lending.reclaim(sess, msg, now, out):  # the round after plans without it
+        if sess is not None and self._lending.reclaim(sess, msg, now, out):  # the next round plans without it
             out.extend(self._planning.actor_left(sess.actor_id, f"reclaimed by its owner {sess.lent_owner}", now))
+            out.extend(self._planning.capacity_changed(sess.actor_id, "reclaimed", now))
 
     def _on_directive_done(self, peer: bytes, msg: m.DirectiveDone, now: float, out: list[Command]) -> None:
         self._actor_or_disconnect(peer, out)  # the Bid that follows re-opens the actor

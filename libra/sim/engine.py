@@ -261,6 +261,13 @@ class Simulator:
         if t is not None:
             self._push(t, "inst", (inst, inst.version))
 
+    def _join(self, inst: SimInstance, seq: Seq) -> None:
+        """A turn delayed by its KV move or the per-turn latency joins its instance."""
+        inst.advance(self.now)
+        inst.enqueue(seq)
+        inst.admit()
+        self._reschedule(inst)
+
     def _on_instance_event(self, inst: SimInstance, version: int) -> None:
         if version != inst.version:
             return
@@ -378,7 +385,7 @@ class Simulator:
         actor is switching roles are skipped (their next bid uses the new reserve)."""
         self.costs.reserve_tokens = _planner_reserve(self.costs.cm, self.former.batch_specs(k))
         fleet = self.alloc.fleet if self.alloc is not None else None
-        for peer, inst in self.instances.items():
+        for peer, inst in self._credited():
             cap = self.costs.max_seqs(inst.tp)
             if cap == inst.capacity:
                 continue
@@ -391,6 +398,10 @@ class Simulator:
                 kinds = ["generate"]
             inst.capacity = cap
             self._send(peer, m.Bid(kinds, cap))
+
+    def _credited(self) -> list[tuple[bytes, SimInstance]]:
+        """The instances whose credit follows the observed lengths (all; a subclass may hold some back)."""
+        return list(self.instances.items())
 
     def train_time(self, lengths: Sequence[int]) -> float:
         """Seconds of one GRPO step on ``lengths`` with the training GPUs (the best layout, chosen on the first
@@ -441,11 +452,7 @@ class Simulator:
                                                {"payload_tokens": a.args.get("payload_tokens") or 0,
                                                 "status": a.args.get("status") or "success"}))
             elif kind == "join":
-                inst, seq = payload
-                inst.advance(self.now)
-                inst.enqueue(seq)
-                inst.admit()
-                self._reschedule(inst)
+                self._join(*payload)
             elif kind == "train":
                 self._on_trained(payload)
             elif kind == "call":

@@ -124,6 +124,19 @@ class SimInstance:
                 self.kv_tokens = 0.0
         return done
 
+    def remove(self, work_id: str) -> Seq | None:
+        """Take the turn ``work_id`` off the instance (handed back or revoked; its decoded tokens are lost)."""
+        for q in self.running:
+            if q.work_id == work_id:
+                self.running.remove(q)
+                self.kv_tokens = max(0.0, self.kv_tokens - q.context) if self.running else 0.0
+                return q
+        for q in self.waiting:
+            if q.work_id == work_id:
+                self.waiting.remove(q)
+                return q
+        return None
+
     @property
     def load(self) -> int:
         return len(self.running) + len(self.waiting)

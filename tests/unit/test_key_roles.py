@@ -34,6 +34,7 @@ def sample(cls: type) -> object:
 TO_BROKER = [c for c in MESSAGE_TYPES if c in BrokerState(BrokerConfig())._handlers]
 EXPECTED = {
     "actor": {"ActorHello", "Bid", "Heartbeat", "WorkResult", "Handback", "DirectiveDone", "Goodbye", "LeaseReady",
+              "OwnerReclaim",
               "LeaseReport", "LeaseEnd"},
     "client": {"ClientHello", "Heartbeat", "Submit", "StatusRequest", "CancelRequest", "Goodbye", "EndTrajectory",
                "JobSubmit", "JobPoll", "LeaseRequest", "LeaseEnd"},

@@ -113,3 +113,11 @@ def _tick():
     from libra.broker.events import Tick
 
     return Tick()
+
+
+def test_an_operator_may_not_direct_a_lent_slot_to_train() -> None:
+    s = setup()
+    out = s.handle(PeerMessage(C, m.DirectRequest("d1", "lent", ["train"])), 1.0)
+    (reply,) = [c.msg for c in sent(out, m.Reply)]
+    assert not reply.ok and "never trains" in reply.error
+    assert not sent(out, m.Directive)
