@@ -10,7 +10,7 @@ as such, not a figure read off those traces):
 - a daily cycle: production LLM inference load rises in the working day and falls at night, as the Azure LLM
   inference traces show (2023: Patel et al., "Splitwise", ISCA 2024; 2024: the week-long trace of
   Stojkovic et al., "DynamoLLM", HPCA 2025) and as ROSE and RLBoost describe the spare capacity of serving
-  fleets they harvest (docs/papers.md). Modelled as a cosine: rate ``mean · (1 + a·cos(2π(t − peak_s)/day))``
+  fleets they harvest (docs/papers.md §6). Modelled as a cosine: rate ``mean · (1 + a·cos(2π(t − peak_s)/day))``
   with ``a = (1 − trough_ratio)/(1 + trough_ratio)``, so peak / trough = ``1 / trough_ratio``;
 - bursts on top: BurstGPT (Wang et al., 2024, the Azure-OpenAI GPT service's logs) reports request
   arrivals far burstier than a Poisson process at the scale of minutes. Modelled as burst episodes starting
