@@ -10,6 +10,11 @@ window) as a % of the serving requests in it. The target is >= 1.3x at <= 1 %; t
 Seeds: the workload, the trace, its arrivals and the revocations all derive from ``--seed``.
 ``--quick``: a seconds-long smoke run (16 + 16 GPUs, 4 steps).
 
+Every pair runs with each owned layout of ``--layouts`` (default both, same seeds, same trace, same owner
+schedule): ``hetero`` (the simulator's fixed layout in both runs) and ``grp`` (the runtime planner's: without
+borrowing the broker PlannerLoop's owned-only plan, with borrowing the owned layout of ``plan_with_borrowed``'s
+plan and the lent slots in its buckets; :mod:`libra.sim.borrowed_plan`; computed once before the run).
+
 Every rate runs with each placement of ``--placements`` (default both, in the same invocation, so neither was
 tuned alone): ``proportional`` (borrowed TP-1 instances spread like the owned rollout GPUs) and ``smallest``
 (all of them in the first C-MLFQ bucket; :func:`~libra.policies.planner.borrowed.place_borrowed`).
@@ -25,6 +30,8 @@ from typing import Any
 from libra.policies.cost import RolloutCostModel, load_hardware, load_model
 from libra.policies.planner.borrowed import BORROWED_PLACEMENTS, place_borrowed
 from libra.sim.borrowed import BorrowedSimulator
+from libra.sim.borrowed_plan import OwnedPlanner
+from libra.sim.cluster import Layout
 from libra.sim.config import SimConfig, default_prompts
 from libra.sim.engine import Simulator
 from libra.sim.serving_owner import ServingCapacity, ServingFleet, run_owner, slo_violations
@@ -40,9 +47,17 @@ MODELLED_ONLY = (
     "a lent slot's join time (serving engine asleep, policy weights loaded from the trainers) and its hand-back "
     "choice (turns that cannot finish by deadline - 1 s at the current decode rate)",
     "KV moves out of a reclaimed slot at the simulator's cross-node KV cost",
-    "the owned GPUs keep the simulator's fixed hetero layout and the lent slots a fixed bucket each: the broker's "
-    "planner loop (plan_with_borrowed, lent slots placed by its rounds, re-plans on a reclaim) does not drive this "
-    "bench yet",
+    "the hetero rows: the owned GPUs keep the simulator's fixed hetero layout and the lent slots a fixed bucket "
+    "each; the broker's planner loop does not drive them",
+)
+MODELLED_ONLY_GRP = (
+    "the grp rows: each owned layout is the broker PlannerLoop's profiled plan (owned only) or plan_with_borrowed's "
+    "(its training on the owned GPUs, lent slots in its buckets by lent_roles), computed ONCE before the run for the "
+    "first step's workload and the owner's mean lent GPUs and take-backs per lent GPU-hour over the no-borrowing "
+    "run's window; the broker's planner loop does not re-plan during the run (no rounds as lent slots come and go "
+    "or as the workload grows)",
+    "the grp rows: the simulator picks the training TP/PP/DP for the plan's training GPUs itself (best layout), "
+    "not the plan's",
 )
 
 
@@ -58,6 +73,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reclaim-above", type=float, default=0.85, help="owner rule: reclaim above this x target")
     p.add_argument("--placements", default=",".join(BORROWED_PLACEMENTS),
                    help=f"borrowed-GPU placements to run, comma-separated (default {','.join(BORROWED_PLACEMENTS)})")
+    p.add_argument("--layouts", default="hetero,grp",
+                   help="owned layouts to compare, comma-separated: hetero (the simulator's fixed layout), grp (the "
+                        "GRP planner's, in both runs of a pair); default both")
     p.add_argument("--seed", type=int, default=0, help="seed of workload, trace, arrivals, revocations (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     a = p.parse_args(argv)
@@ -70,6 +88,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     a.placement_list = [x.strip() for x in a.placements.split(",") if x.strip()]
     if not a.placement_list or any(x not in BORROWED_PLACEMENTS for x in a.placement_list):
         p.error(f"--placements must name some of {', '.join(BORROWED_PLACEMENTS)}, got {a.placements!r}")
+    a.layout_list = [x.strip() for x in a.layouts.split(",") if x.strip()]
+    if not a.layout_list or any(x not in ("hetero", "grp") for x in a.layout_list):
+        p.error(f"--layouts must name some of hetero, grp, got {a.layouts!r}")
     if not a.rate_list or any(not (math.isfinite(r) and r >= 0) for r in a.rate_list):
         p.error(f"--rates must be numbers >= 0, got {a.rates!r}")
     return a
@@ -87,56 +108,105 @@ def _kinds(sim: Simulator, lent: set[bytes]) -> dict[str, dict[str, float]]:
             for k, (n, b, d, tp) in sorted(agg.items())}
 
 
-def run(a: argparse.Namespace) -> dict[str, Any]:
-    cfg = SimConfig(gpus=a.gpus, seed=a.seed)
-    trajs = generate("r2e", a.steps, default_prompts(a.gpus), 16, a.seed)
-    base = Simulator(trajs, cfg)
-    r0 = base.run()
-    owned = {b.name: sum(i.tp for i in base.layout.instances if i.bucket == b.name) for b in base.layout.buckets}
-    placed = {pl: place_borrowed(owned, a.serving_gpus, pl) for pl in a.placement_list}
-    hw, model = load_hardware(cfg.hardware), load_model(cfg.model)
-    cm = RolloutCostModel(hw, model)
-    out: dict[str, Any] = {"seed": a.seed, "gpus": a.gpus, "serving_gpus": a.serving_gpus, "steps": a.steps,
-                           "start_hour": a.start_hour, "no_borrowing": {"tokens_per_s": round(r0.tokens_per_s, 1),
-                                                                       "makespan_s": round(r0.makespan_s, 1),
-                                                                       "step_s": round(r0.step_time_s["mean"], 1),
-                                                                       "kinds": _kinds(base, set())},
-                           "borrowed_buckets": {pl: {b: v.count(b) for b in owned} for pl, v in placed.items()},
-                           "runs": []}
-    start_s = a.start_hour * 3600.0
-    params = ServingTraceParams()
-    trace = serving_trace(params, r0.makespan_s * 1.2 + 600.0, a.seed, start_s)
-    for rate, placement in [(r, pl) for r in a.rate_list for pl in a.placement_list]:
-        buckets = placed[placement]
+def _baseline(sim: Simulator) -> tuple[Any, dict[str, Any]]:
+    r0 = sim.run()
+    return r0, {"tokens_per_s": round(r0.tokens_per_s, 1), "makespan_s": round(r0.makespan_s, 1),
+                "step_s": round(r0.step_time_s["mean"], 1), "kinds": _kinds(sim, set())}
+
+
+def _owner_runs(a: argparse.Namespace, trace: Any, cm: RolloutCostModel) -> dict[float, dict[str, Any]]:
+    """The serving owner's schedule at each rate (the same for every layout and placement)."""
+    out = {}
+    for rate in a.rate_list:
         fleet = ServingFleet(gpus=a.serving_gpus, lend_below=a.lend_below, reclaim_above=a.reclaim_above,
                              revocations_per_gpu_hour=rate)
         cap = ServingCapacity.from_cost_model(cm, fleet)
         arrivals = trace.arrivals(cap.per_gpu_rps * fleet.gpus, a.seed)
         own = run_owner(trace, arrivals, fleet, cap, a.seed)
-        events = [type(e)(e.t - start_s, e.gpu, e.kind, e.deadline_s, e.reason) for e in own.events]
-        join_s = cap.wake_s + cm.weight_bytes_per_gpu(1) / hw.bw_inter
-        sim = BorrowedSimulator(trajs, cfg, events, buckets, owner=fleet.owner, join_s=join_s)
-        r = sim.run()
-        n = min(arrivals.size, max(1, math.ceil(r.makespan_s / params.bin_s)))
         served = run_owner(trace, arrivals, fleet, cap, a.seed, lend=False)
-        v_with = slo_violations(arrivals[:n], own.serving[:n], cap, params.bin_s)
-        v_without = slo_violations(arrivals[:n], served.serving[:n], cap, params.bin_s)
-        requests = int(arrivals[:n].sum())
-        hours = r.makespan_s / 3600.0
-        out["runs"].append({
-            "revocations_per_gpu_hour": rate, "placement": placement, "tokens_per_s": round(r.tokens_per_s, 1),
-            "ratio": round(r.tokens_per_s / r0.tokens_per_s, 3), "makespan_s": round(r.makespan_s, 1),
-            "step_s": round(r.step_time_s["mean"], 1), "kinds": _kinds(sim, {sim._peer(g) for g in sim._joined}),
-            "serving_requests": requests, "violations_with": v_with, "violations_without": v_without,
-            "slo_impact_pct": round(100.0 * (v_with - v_without) / max(1, requests), 3),
-            "mean_lent_gpus": round(float(own.lent[:n].mean()), 1), "owner_reclaims": own.reclaims,
-            "spot_revocations": own.spot_revocations,
-            "spot_per_lent_gpu_hour": round(own.spot_revocations / max(1e-9, own.lent_gpu_s / 3600.0), 2),
-            "run_hours": round(hours, 2), "slots": sim.lent_summary(),
-        })
+        events = [type(e)(e.t - a.start_hour * 3600.0, e.gpu, e.kind, e.deadline_s, e.reason) for e in own.events]
+        out[rate] = {"fleet": fleet, "cap": cap, "arrivals": arrivals, "own": own, "served": served, "events": events}
+    return out
+
+
+def _borrow_run(a: argparse.Namespace, trajs: Any, cfg: SimConfig, o: dict[str, Any], buckets: list[str],
+                layout: Layout | None, join_s: float, r0: Any, bin_s: float) -> dict[str, Any]:
+    """One borrowing run (owned ``layout``, lent slots in ``buckets``) against its no-borrowing run ``r0``."""
+    own, arrivals, cap = o["own"], o["arrivals"], o["cap"]
+    sim = BorrowedSimulator(trajs, cfg, o["events"], buckets, owner=o["fleet"].owner, join_s=join_s, layout=layout)
+    r = sim.run()
+    n = min(arrivals.size, max(1, math.ceil(r.makespan_s / bin_s)))
+    v_with = slo_violations(arrivals[:n], own.serving[:n], cap, bin_s)
+    v_without = slo_violations(arrivals[:n], o["served"].serving[:n], cap, bin_s)
+    requests = int(arrivals[:n].sum())
+    return {
+        "tokens_per_s": round(r.tokens_per_s, 1),
+        "ratio": round(r.tokens_per_s / r0.tokens_per_s, 3), "makespan_s": round(r.makespan_s, 1),
+        "step_s": round(r.step_time_s["mean"], 1), "kinds": _kinds(sim, {sim._peer(g) for g in sim._joined}),
+        "serving_requests": requests, "violations_with": v_with, "violations_without": v_without,
+        "slo_impact_pct": round(100.0 * (v_with - v_without) / max(1, requests), 3),
+        "mean_lent_gpus": round(float(own.lent[:n].mean()), 1), "owner_reclaims": own.reclaims,
+        "spot_revocations": own.spot_revocations,
+        "spot_per_lent_gpu_hour": round(own.spot_revocations / max(1e-9, own.lent_gpu_s / 3600.0), 2),
+        "run_hours": round(r.makespan_s / 3600.0, 2), "slots": sim.lent_summary(),
+    }
+
+
+def _planner_rows(a: argparse.Namespace, trajs: Any, cfg: SimConfig, planned: tuple[OwnedPlanner, Any],
+                  owners: dict[float, dict[str, Any]], cm: RolloutCostModel, join_s: float,
+                  bin_s: float) -> dict[str, Any]:
+    """The GRP planner's layouts in both runs of each pair (:mod:`libra.sim.borrowed_plan`)."""
+    op, (r0, nb) = planned
+    plan = op.owned_plan
+    out: dict[str, Any] = {"no_borrowing": nb, "owned_plan": {"n_train": plan.n_train, "rollout_tps": list(plan.rollout_tps),
+                                                              "predicted_step_s": round(plan.objective, 1)}, "runs": []}
+    n0 = max(1, math.ceil(r0.makespan_s / bin_s))
+    for rate, placement in [(r, pl) for r in a.rate_list for pl in a.placement_list]:
+        o = owners[rate]
+        own = o["own"]
+        take_backs = (own.reclaims + own.spot_revocations) / max(1e-9, own.lent_gpu_s / 3600.0)
+        cap = op.capacity(round(float(own.lent[:n0].mean())), take_backs, cm)
+        pb = op.borrowed(cap, a.serving_gpus, placement)
+        row = {"revocations_per_gpu_hour": rate, "placement": placement, "layout": "grp", "plan": pb.record(),
+               "borrowed_buckets": {b.name: pb.buckets.count(b.name) for b in pb.layout.buckets}}
+        row.update(_borrow_run(a, trajs, cfg, o, pb.buckets, pb.layout, join_s, r0, bin_s))
+        out["runs"].append(row)
+    return out
+
+
+def run(a: argparse.Namespace) -> dict[str, Any]:
+    cfg = SimConfig(gpus=a.gpus, seed=a.seed)
+    trajs = generate("r2e", a.steps, default_prompts(a.gpus), 16, a.seed)
+    base = Simulator(trajs, cfg)
+    r0, nb = _baseline(base)
+    owned = {b.name: sum(i.tp for i in base.layout.instances if i.bucket == b.name) for b in base.layout.buckets}
+    placed = {pl: place_borrowed(owned, a.serving_gpus, pl) for pl in a.placement_list}
+    hw, model = load_hardware(cfg.hardware), load_model(cfg.model)
+    cm = RolloutCostModel(hw, model)
+    out: dict[str, Any] = {"seed": a.seed, "gpus": a.gpus, "serving_gpus": a.serving_gpus, "steps": a.steps,
+                           "start_hour": a.start_hour, "no_borrowing": nb,
+                           "borrowed_buckets": {pl: {b: v.count(b) for b in owned} for pl, v in placed.items()},
+                           "runs": []}
+    planned = None
+    if "grp" in a.layout_list:
+        op = OwnedPlanner(trajs, cfg)
+        planned = (op, _baseline(Simulator(trajs, cfg, op.layout)))
+    longest = max(r0.makespan_s, planned[1][0].makespan_s if planned else 0.0)
+    params = ServingTraceParams()
+    trace = serving_trace(params, longest * 1.2 + 600.0, a.seed, a.start_hour * 3600.0)
+    owners = _owner_runs(a, trace, cm)
+    cap = owners[a.rate_list[0]]["cap"]
+    join_s = cap.wake_s + cm.weight_bytes_per_gpu(1) / hw.bw_inter
+    if "hetero" in a.layout_list:
+        for rate, placement in [(r, pl) for r in a.rate_list for pl in a.placement_list]:
+            row = {"revocations_per_gpu_hour": rate, "placement": placement, "layout": "hetero"}
+            row.update(_borrow_run(a, trajs, cfg, owners[rate], placed[placement], None, join_s, r0, params.bin_s))
+            out["runs"].append(row)
+    if planned is not None:
+        out["planner"] = _planner_rows(a, trajs, cfg, planned, owners, cm, join_s, params.bin_s)
     out["capacity"] = {"per_gpu_rps": round(cap.per_gpu_rps, 2), "tpot_at_capacity_s": round(float(cap.tpot(cap.per_gpu_rps)), 4),
                        "wake_s": round(cap.wake_s, 2), "join_s": round(join_s, 2)}
-    out["modelled_only"] = list(MODELLED_ONLY)
+    out["modelled_only"] = list(MODELLED_ONLY) + (list(MODELLED_ONLY_GRP) if "grp" in a.layout_list else [])
     return out
 
 
@@ -156,29 +226,46 @@ def _kinds_text(kinds: dict[str, dict[str, float]]) -> str:
     return "; ".join(f"{k} {v['n']}x {v['busy_s_each']} s {v['decode_tok_per_gpu_s']}" for k, v in kinds.items())
 
 
+def _print_runs(nb: dict[str, Any], runs: list[dict[str, Any]], tag: str) -> None:
+    print(f"[{tag}] no borrowing: {nb['tokens_per_s']} tok/s, makespan {nb['makespan_s']} s, mean step {nb['step_s']} s")
+    print(f"  instances (n, busy s each, decoded tok per busy GPU-s): {_kinds_text(nb['kinds'])}")
+    for r in runs:
+        s = r["slots"]
+        print(f"[{tag}] rate {r['revocations_per_gpu_hour']:>4}/GPU-h, {r['placement']:>12}: {r['tokens_per_s']} tok/s = "
+              f"{r['ratio']:.3f}x; SLO impact {r['slo_impact_pct']:.3f}% ({r['violations_with']} - "
+              f"{r['violations_without']} of {r['serving_requests']} requests); lent {r['mean_lent_gpus']} GPUs on "
+              f"average; owner reclaims {r['owner_reclaims']}, spot {r['spot_revocations']}; slots: {s['lends']} lends, "
+              f"{s['reclaims']} reclaims, {s['handbacks']} handbacks, {s['revoked']} taken back, {s['contexts_moved']} "
+              f"contexts moved; mean step {r['step_s']} s -> {_verdict(r)}")
+        if "plan" in r:
+            p = r["plan"]
+            print(f"  plan_with_borrowed: {p['capacity_gpus']} lent GPUs at {p['revocations_per_gpu_hour']} take-backs/"
+                  f"GPU-h x {p['revocation_cost_s']} s: owned-only {p['owned_only_s']} s, expected {p['expected_s']} s "
+                  f"(predicted gain {p['predicted_gain']}x, used {p['used']}); deployed train {p['n_train']} GPUs, "
+                  f"rollout TPs {p['rollout_tps']}; lent buckets {r['borrowed_buckets']}")
+        print(f"  instances (n, busy s each, decoded tok per busy GPU-s): {_kinds_text(r['kinds'])}")
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     out = run(a)
     if a.json:
         print(json.dumps(out))
         return 0
-    print(f"borrowed GPUs, simulated: r2e, {a.gpus} owned (hetero) + {a.serving_gpus} serving GPUs, {a.steps} steps "
-          f"from {a.start_hour:04.1f} h, seed {a.seed}")
+    print(f"borrowed GPUs, simulated: r2e, {a.gpus} owned + {a.serving_gpus} serving GPUs, {a.steps} steps "
+          f"from {a.start_hour:04.1f} h, seed {a.seed}; owned layouts {', '.join(a.layout_list)}")
     c = out["capacity"]
     print(f"serving: {c['per_gpu_rps']} req/s per GPU at TPOT {c['tpot_at_capacity_s']} s (target 0.05), wake "
-          f"{c['wake_s']} s, lent slot join {c['join_s']} s; borrowed buckets {out['borrowed_buckets']}")
-    nb = out["no_borrowing"]
-    print(f"no borrowing: {nb['tokens_per_s']} tok/s, makespan {nb['makespan_s']} s, mean step {nb['step_s']} s")
-    print(f"  instances (n, busy s each, decoded tok per busy GPU-s): {_kinds_text(nb['kinds'])}")
-    for r in out["runs"]:
-        s = r["slots"]
-        print(f"rate {r['revocations_per_gpu_hour']:>4}/GPU-h, {r['placement']:>12}: {r['tokens_per_s']} tok/s = {r['ratio']:.3f}x; SLO impact "
-              f"{r['slo_impact_pct']:.3f}% ({r['violations_with']} - {r['violations_without']} of "
-              f"{r['serving_requests']} requests); lent {r['mean_lent_gpus']} GPUs on average; owner reclaims "
-              f"{r['owner_reclaims']}, spot {r['spot_revocations']}; slots: {s['lends']} lends, {s['reclaims']} "
-              f"reclaims, {s['handbacks']} handbacks, {s['revoked']} taken back, {s['contexts_moved']} contexts "
-              f"moved; mean step {r['step_s']} s -> {_verdict(r)}")
-        print(f"  instances (n, busy s each, decoded tok per busy GPU-s): {_kinds_text(r['kinds'])}")
+          f"{c['wake_s']} s, lent slot join {c['join_s']} s")
+    if "hetero" in a.layout_list:
+        print(f"[hetero] fixed layout; borrowed buckets {out['borrowed_buckets']}")
+        _print_runs(out["no_borrowing"], out["runs"], "hetero")
+    if "planner" in out:
+        pl = out["planner"]
+        op = pl["owned_plan"]
+        print(f"[grp] owned-only plan: train {op['n_train']} GPUs, rollout TPs {op['rollout_tps']}, predicted step "
+              f"{op['predicted_step_s']} s")
+        _print_runs(pl["no_borrowing"], pl["runs"], "grp")
     for line in out["modelled_only"]:
         print(f"modelled-only: {line}")
     return 0

@@ -24,7 +24,7 @@ Settings (:class:`PlannerSettings`, every key optional but ``allocation``):
   bench runs) and ``revocation_cost_s`` (default: the cost model's price of one revocation with the observed
   trajectories, :func:`~libra.broker.plan_borrowed.default_revocation_cost_s`): how the round prices the
   borrowed capacity, the connected lent slots its owners have not reclaimed (:mod:`libra.broker.plan_borrowed`);
-  ``borrowed_placement`` (default ``proportional``; or ``smallest``): which C-MLFQ buckets the lent slots'
+  ``borrowed_placement`` (default ``smallest``; or ``proportional``): which C-MLFQ buckets the lent slots'
   TP-1 instances serve (:func:`~libra.policies.planner.borrowed.place_borrowed`);
 - ``params``: ``make_allocator`` knobs: ``PlannerConfig`` fields (e.g. ``granularity = 8``,
   ``min_train_gpus = 8``, ``rollout_tps``) and the allocator's own (``rollout_tp``); ``replanner``:
@@ -95,7 +95,7 @@ class PlannerSettings:
     earl: dict[str, Any] = field(default_factory=dict)  # EarlSettings keys
     revocations_per_gpu_hour: float = 1.0  # how often an owner takes a lent GPU back (libra.broker.plan_borrowed)
     revocation_cost_s: float | None = None  # rollout seconds one revocation costs (None: from the cost model)
-    borrowed_placement: str = "proportional"  # which buckets lent slots serve (place_borrowed's policy)
+    borrowed_placement: str = "smallest"  # which buckets lent slots serve (place_borrowed's policy)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PlannerSettings:

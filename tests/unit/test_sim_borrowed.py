@@ -128,8 +128,51 @@ def test_bench_borrowed_quick_smoke(capsys: pytest.CaptureFixture[str]) -> None:
         assert r["serving_requests"] > 0 and r["violations_with"] >= r["violations_without"] >= 0
         assert r["slots"]["lends"] > 0 and r["ratio"] > 0
     assert out["runs"][2]["spot_revocations"] > 0 and out["modelled_only"]
+    assert [r["layout"] for r in out["runs"]] == ["hetero"] * 4
     assert any("planner loop" in line for line in out["modelled_only"])  # said plainly: not driven by it
+    assert any(line.startswith("the grp rows") and "ONCE" in line for line in out["modelled_only"])
+    # the planner's layout in both runs of each pair, same rates and placements, same owner schedule
+    pl = out["planner"]
+    assert [(r["revocations_per_gpu_hour"], r["placement"]) for r in pl["runs"]] == [
+        (r["revocations_per_gpu_hour"], r["placement"]) for r in out["runs"]]
+    assert pl["no_borrowing"]["tokens_per_s"] > 0 and pl["no_borrowing"]["kinds"] != out["no_borrowing"]["kinds"]
+    plan_train = pl["owned_plan"]["n_train"]
+    for r, h in zip(pl["runs"], out["runs"]):
+        assert r["layout"] == "grp" and r["ratio"] > 0 and r["slots"]["lends"] > 0
+        assert r["owner_reclaims"] == h["owner_reclaims"] and r["spot_revocations"] == h["spot_revocations"]
+        assert r["plan"]["capacity_gpus"] > 0 and r["plan"]["revocation_cost_s"] > 0
+        assert r["plan"]["n_train"] == plan_train or r["plan"]["used"]
+        assert sum(r["borrowed_buckets"].values()) == out["serving_gpus"]
+        assert all(k.startswith("owned/") or k.split("/")[2] in r["borrowed_buckets"] for k in r["kinds"])
     with pytest.raises(SystemExit):
         main(["--rates", "-1"])
     with pytest.raises(SystemExit):
         main(["--placements", "everywhere"])
+    with pytest.raises(SystemExit):
+        main(["--layouts", "static"])
+
+
+def test_planner_layouts_come_from_the_runtime_planner() -> None:
+    from libra.broker.plan_applier import bucket_specs
+    from libra.sim.borrowed_plan import OwnedPlanner
+    from libra.sim.config import SimConfig, default_prompts
+    from libra.sim.workloads import generate
+
+    cfg = SimConfig(gpus=48, seed=0)
+    op = OwnedPlanner(generate("r2e", 2, default_prompts(48), 16, 0), cfg)
+    plan = op.owned_plan
+    assert op.layout.train_gpus == plan.n_train and op.layout.rollout_gpus == plan.n_rollout
+    assert sorted(i.tp for i in op.layout.instances) == sorted(plan.rollout_tps)
+    assert [b.name for b in op.layout.buckets] == [b.name for b in bucket_specs(plan)]
+    cm = RolloutCostModel(load_hardware(cfg.hardware), load_model(cfg.model))
+    for placement in ("proportional", "smallest"):
+        pb = op.borrowed(op.capacity(24, 1.0, cm), 48, placement)
+        names = [b.name for b in pb.layout.buckets]
+        assert len(pb.buckets) == 48 and set(pb.buckets) <= set(names)
+        assert pb.layout.train_gpus == pb.decision.plan.n_train  # training on owned GPUs only, as planned
+        assert pb.layout.gpus == 48 and pb.layout.train_gpus + pb.layout.rollout_gpus <= 48
+        if placement == "smallest":
+            assert set(pb.buckets) == {names[0]}
+    assert op.capacity(0, 0.0, cm).gpus == 0
+    none = op.borrowed(op.capacity(0, 0.0, cm), 4, "proportional")
+    assert not none.decision.uses_borrowed and none.layout.train_gpus == plan.n_train
