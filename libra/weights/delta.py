@@ -42,7 +42,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from .format import _DTYPES, DEFAULT_CHUNK_SIZE, WeightsFormatError, read_header, verify_chunks
+from .format import _DTYPES, DEFAULT_CHUNK_SIZE, WeightsFormatError, chunk_bytes, read_header, verify_chunks
 from .packed import PackedWeights, span_bytes
 
 __all__ = ["DELTA_ENV", "DELTA_FORMAT", "ENCODINGS", "DeltaHeader", "DeltaMismatch", "DeltaSummary", "apply_delta",
@@ -150,22 +150,7 @@ def _encode(old: np.ndarray | None, new: np.ndarray, size: int) -> tuple[str, li
 
 def _chunked(parts: Sequence[np.ndarray], chunk_size: int) -> list[bytes]:
     """The parts' bytes end to end, cut into chunks of ``chunk_size`` (each byte copied once)."""
-    chunks: list[bytes] = []
-    pending: list[memoryview] = []
-    filled = 0
-    for part in parts:
-        data = memoryview(np.ascontiguousarray(part)).cast("B")
-        pos = 0
-        while pos < data.nbytes:
-            take = min(chunk_size - filled, data.nbytes - pos)
-            pending.append(data[pos : pos + take])
-            filled, pos = filled + take, pos + take
-            if filled == chunk_size:
-                chunks.append(b"".join(pending))
-                pending, filled = [], 0
-    if pending:
-        chunks.append(b"".join(pending))
-    return chunks
+    return chunk_bytes((memoryview(np.ascontiguousarray(p)).cast("B") for p in parts), chunk_size)
 
 
 def encode_delta(base: PackedWeights, new: PackedWeights, *, chunk_size: int = DEFAULT_CHUNK_SIZE,

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import sys
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,7 @@ __all__ = [
     "FORMAT",
     "WeightsFormatError",
     "WeightsHeader",
+    "chunk_bytes",
     "from_frames",
     "pack_state_dict",
     "read_header",
@@ -136,37 +137,31 @@ def pack_state_dict(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     entries: list[dict[str, Any]] = []
-    chunks: list[bytes] = []
-    parts: list[memoryview] = []  # the pieces of tensors that make up the next chunk
-    offset = filled = 0
+    offset = 0
     seen: dict[tuple[Any, ...], str] = {}  # a tensor's view identity -> the first name it was packed under
-    for name, tensor in state_dict.items():
-        if not isinstance(tensor, torch.Tensor):
-            raise WeightsFormatError(f"state_dict[{name!r}] is a {type(tensor).__name__}, not a tensor")
-        dtype_name = _DTYPE_NAMES.get(tensor.dtype)
-        if dtype_name is None:
-            raise WeightsFormatError(f"state_dict[{name!r}] has unsupported dtype {tensor.dtype}")
-        ident = _view_identity(tensor)
-        if ident is not None and ident in seen:  # a tied weight: the same bits again, shipped once
-            entries.append({"name": name, "dtype": dtype_name, "shape": list(tensor.shape), "alias": seen[ident]})
-            continue
-        if ident is not None:
-            seen[ident] = name
-        data = _tensor_bytes(tensor)
-        entries.append(
-            {"name": name, "dtype": dtype_name, "shape": list(tensor.shape), "offset": offset, "nbytes": data.nbytes}
-        )
-        offset += data.nbytes
-        pos = 0
-        while pos < data.nbytes:  # each byte copied once, by the join that builds its chunk
-            take = min(chunk_size - filled, data.nbytes - pos)
-            parts.append(data[pos : pos + take])
-            filled, pos = filled + take, pos + take
-            if filled == chunk_size:
-                chunks.append(b"".join(parts))
-                parts, filled = [], 0
-    if parts:
-        chunks.append(b"".join(parts))
+
+    def tensor_bytes() -> Iterator[memoryview]:  # lazily: a tensor's CPU copy is dropped once it is chunked
+        nonlocal offset
+        for name, tensor in state_dict.items():
+            if not isinstance(tensor, torch.Tensor):
+                raise WeightsFormatError(f"state_dict[{name!r}] is a {type(tensor).__name__}, not a tensor")
+            dtype_name = _DTYPE_NAMES.get(tensor.dtype)
+            if dtype_name is None:
+                raise WeightsFormatError(f"state_dict[{name!r}] has unsupported dtype {tensor.dtype}")
+            ident = _view_identity(tensor)
+            if ident is not None and ident in seen:  # a tied weight: the same bits again, shipped once
+                entries.append({"name": name, "dtype": dtype_name, "shape": list(tensor.shape),
+                                "alias": seen[ident]})
+                continue
+            if ident is not None:
+                seen[ident] = name
+            data = _tensor_bytes(tensor)
+            entries.append({"name": name, "dtype": dtype_name, "shape": list(tensor.shape), "offset": offset,
+                            "nbytes": data.nbytes})
+            offset += data.nbytes
+            yield data
+
+    chunks = chunk_bytes(tensor_bytes(), chunk_size)
     header = {
         "format": FORMAT,
         "version": version,
@@ -178,6 +173,26 @@ def pack_state_dict(
     }
     return msgpack.packb(header, use_bin_type=True), chunks
 
+
+
+def chunk_bytes(views: Iterable[memoryview], chunk_size: int) -> list[bytes]:
+    """The bytes of ``views`` end to end, cut into chunks of ``chunk_size`` (the last may be shorter); each byte
+    is copied once, by the join that builds its chunk. ``views`` is consumed lazily."""
+    chunks: list[bytes] = []
+    parts: list[memoryview] = []  # the pieces that make up the next chunk
+    filled = 0
+    for data in views:
+        pos = 0
+        while pos < data.nbytes:
+            take = min(chunk_size - filled, data.nbytes - pos)
+            parts.append(data[pos : pos + take])
+            filled, pos = filled + take, pos + take
+            if filled == chunk_size:
+                chunks.append(b"".join(parts))
+                parts, filled = [], 0
+    if parts:
+        chunks.append(b"".join(parts))
+    return chunks
 
 def _check_alias(i: int, e: dict[str, Any], owners: Mapping[str, tuple[str, list[int]]]) -> None:
     """An alias entry must name an earlier entry that holds bytes, with the same dtype and shape."""
