@@ -29,8 +29,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import re
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,24 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from libra.bench.output import emit
+from libra.serving.process import start_serving
 
 __all__ = ["main", "run"]
 
 PROMPT = "Hello there, how are you today?"
 TURN = "<|im_start|>user\nwhat is 12 + 30?<|im_end|>\n<|im_start|>assistant\n"
-
-
-def _serving(work: Path, window_s: float) -> tuple[subprocess.Popen, str]:
-    err = open(work / "serving.err", "w")  # noqa: SIM115 -- the process's stderr, closed with the run dir
-    proc = subprocess.Popen([sys.executable, "-m", "libra.serving", "--tiny", "small", "--port", "0", "--cpu-threads",
-                             "1", "--max-batch-size", "32", "--window-s", str(window_s)],
-                            stdout=subprocess.PIPE, stderr=err, text=True)
-    line = proc.stdout.readline() if proc.stdout else ""
-    m = re.search(r"http://127\.0\.0\.1:\d+", line)
-    if not m:
-        proc.kill()
-        raise RuntimeError(f"libra.serving announced no address: {line!r}; see {work / 'serving.err'}")
-    return proc, m[0]
 
 
 def _pin(pids: list[int], core: int | None) -> None:
@@ -192,7 +178,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         from libra.serving.__main__ import TINY_PRESETS
 
         model = ensure_tiny_model(spec=TinyModelSpec(**TINY_PRESETS[a.rollout_model]))  # cached once
-        proc, url = _serving(work, a.window_s)
+        proc, url = start_serving(work / "serving.err", window_s=a.window_s)
         _pin([proc.pid], a.core)
         try:
             cal = _phase(url, a.rate, a.seconds, a.seed + 1, None, None)

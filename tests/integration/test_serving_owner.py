@@ -6,13 +6,8 @@ one; the OpenAI-style routes answer the ``openai`` client."""
 
 from __future__ import annotations
 
-import json
-import re
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 
 import pytest
 
@@ -21,8 +16,9 @@ pytest.importorskip("httpx")
 
 from libra.actors.owners import ServingLoadOwner  # noqa: E402
 from libra.bench.serving_load import serving_load  # noqa: E402
-from libra.local import stop_process  # noqa: E402
 from libra.policies.lending import HeadroomRule  # noqa: E402
+
+from .serving_proc import load_reading, serving_process  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -32,31 +28,15 @@ PROMPT = "Hello there, how are you today?"
 
 @pytest.fixture
 def serving(tmp_path):
-    err = open(tmp_path / "serving.err", "w+")  # noqa: SIM115 (closed below, after the process)
-    proc = subprocess.Popen([sys.executable, "-m", "libra.serving", "--tiny", "small", "--port", "0",
-                             "--cpu-threads", "1", "--max-batch-size", "32", "--window-s", str(WINDOW_S)],
-                            stdout=subprocess.PIPE, stderr=err, text=True)
-    try:
-        line = proc.stdout.readline()
-        m = re.search(r"http://127\.0\.0\.1:\d+", line)
-        assert m, f"no address announced: {line!r} {(tmp_path / 'serving.err').read_text()[-2000:]}"
-        yield m[0]
-    finally:
-        stop_process(proc)
-        proc.stdout.close()
-        err.close()
-
-
-def _load(url: str) -> dict:
-    with urllib.request.urlopen(f"{url}/load", timeout=10) as resp:
-        return json.loads(resp.read())
+    with serving_process(tmp_path, WINDOW_S) as (url, _):
+        yield url
 
 
 def test_load_reading_moves_and_the_serving_owner_flips(serving: str) -> None:
     url = serving
     low = serving_load(url, 2.0, 3.0, prompt=PROMPT, max_tokens=32, seed=1)
     assert low.failed == 0 and len(low.requests) >= 3
-    quiet = _load(url)  # every low-load request has finished: this is the window they left
+    quiet = load_reading(url)  # every low-load request has finished: this is the window they left
     assert quiet["requests"] == len(low.requests) and quiet["running"] == quiet["queued"] == 0
     assert quiet["p99_tpot_s"] >= quiet["p50_tpot_s"] > 0
     target = 1.5 * quiet["p99_tpot_s"]  # reclaim at 0.85 x 1.5 = 1.275 x the low-load p99
@@ -72,7 +52,7 @@ def test_load_reading_moves_and_the_serving_owner_flips(serving: str) -> None:
     while gen.is_alive():
         time.sleep(0.25)
         signals.append(owner.poll(time.time()))
-        reading = _load(url)
+        reading = load_reading(url)
         busiest = max(busiest, reading, key=lambda r: r["p99_tpot_s"] or 0.0)
     gen.join()
     report = high[0]
@@ -98,4 +78,4 @@ def test_openai_client_completions_and_chat(serving: str) -> None:
     assert sum(1 for ch in chunks if ch.choices and ch.choices[0].finish_reason is None) == 6
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.completions.create(model="tiny-small", prompt=PROMPT, max_tokens=100_000)
-    assert _load(serving)["requests"] == 3
+    assert load_reading(serving)["requests"] == 3
