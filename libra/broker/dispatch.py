@@ -340,13 +340,19 @@ class Dispatcher:
                       f"no result within {w.deadline - w.submitted_at:.3g}s (attempts: {w.attempt})")
         for w in self.table.due_leases(now):
             holder = self.sessions.actors.get(w.actor) if w.actor else None
-            if holder is not None:
-                holder.held.discard(w.work_id)
-                self.release_cores(w, holder, now=now)
-                out.append(Send(holder.peer, m.Revoke(w.work_id, w.lease, "lease expired")))
-            self.requeue(w, now, out, "lease expired", count_failure=True)
+            self.take_back(w, holder, now, out, "lease expired", count_failure=True)
             if holder is not None:
                 self.fill(holder, now, out)
+
+    def take_back(self, w: Work, holder: ActorSession | None, now: float, out: list[Command], why: str,
+                  count_failure: bool, front: bool = False) -> None:
+        """Take leased ``w`` from ``holder`` (revoked, its cores released; None: its holder is gone) and
+        re-queue it (:meth:`requeue`)."""
+        if holder is not None:
+            holder.held.discard(w.work_id)
+            self.release_cores(w, holder, now=now)
+            out.append(Send(holder.peer, m.Revoke(w.work_id, w.lease, why)))
+        self.requeue(w, now, out, why, count_failure=count_failure, front=front)
 
     def requeue(self, w: Work, now: float, out: list[Command], why: str, count_failure: bool,
                 front: bool = False) -> None:

@@ -194,13 +194,9 @@ class Lending:
             if sess is None or not sess.held or now < r.deadline + self.config.reclaim_grace_s:
                 continue
             for wid in sorted(sess.held, key=lambda x: self.table.works[x].seq):
-                w = self.table.works[wid]
-                self.dispatch.release_cores(w, sess, now=now)
-                out.append(Send(sess.peer, m.Revoke(w.work_id, w.lease, "owner's deadline passed")))
-                self.dispatch.requeue(w, now, out, "reclaimed by its owner past the deadline", count_failure=False,
-                                      front=True)
+                self.dispatch.take_back(self.table.works[wid], sess, now, out, "owner's deadline passed",
+                                        count_failure=False, front=True)
                 self.stats["takebacks"] += 1
-            sess.held.clear()
             out.append(Log("reclaim_takeback", {"actor": actor_id, "owner": r.owner,
                                                 "late_s": round(now - r.deadline, 3)}, "warning"))
             self._maybe_moved(actor_id, r, out)
