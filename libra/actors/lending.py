@@ -134,12 +134,14 @@ class LendCore:
             a.next_directive = release
         a._maybe_switch(now, out)
 
-    def _lend_again(self, a: Any, now: float, out: list[Any]) -> None:
+    def _lend_again(self, a: Any, now: float, out: list[Any], after_switch: bool = False) -> None:
+        """The owner lends the slot again: a switch back to its lent kinds, now when the slot is ready, else (or
+        ``after_switch``: the switch that just ended still has its bid to send) once the current switch ends."""
         self.reclaimed = self.released = self.allow_pending = False
         self.stats["lent_again"] += 1
         out.append(Note("owner_lends", {"owner": self.owner}))
         back = self._local(self.kinds, "rollout")
-        if a.phase is ActorPhase.READY:
+        if a.phase is ActorPhase.READY and not after_switch:
             a.directive = back
             a._go(ActorPhase.DRAINING)
             a._maybe_switch(now, out)
@@ -188,10 +190,5 @@ class LendCore:
                                                "handed_back": self.stats["handed_back"],
                                                "contexts_moved": self.contexts_moved}))
             if self.allow_pending:
-                self._lend_again_after(a)
+                self._lend_again(a, now, out, after_switch=True)
         return d.directive_id < 0
-
-    def _lend_again_after(self, a: Any) -> None:
-        self.reclaimed = self.released = self.allow_pending = False
-        self.stats["lent_again"] += 1
-        a.next_directive = self._local(self.kinds, "rollout")
