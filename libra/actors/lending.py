@@ -37,11 +37,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from libra.protocol import messages as m
+from libra.protocol.payloads_lend import lend_label
 
 from .commands import CancelWork, Note
 from .phases import ActorPhase
 
-__all__ = ["LendCore", "OwnerChanged", "lend_labels"]
+__all__ = ["LendCore", "OwnerChanged"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,18 +55,12 @@ class OwnerChanged:
     reason: str = ""
 
 
-def lend_labels(labels: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``lend`` label of a slot's identity (None: a slot the job owns)."""
-    lend = labels.get("lend")
-    return lend if isinstance(lend, dict) and isinstance(lend.get("owner"), str) else None
-
-
 class LendCore:
     """A lent slot's state (``owner`` "" for a slot the job owns: every method then does nothing)."""
 
     def __init__(self, labels: dict[str, Any], kinds: list[str]) -> None:
-        lend = lend_labels(labels)
-        self.owner = lend["owner"] if lend else ""
+        lend = lend_label(labels)  # the slot's own labels: a malformed one is a set-up error, raised here
+        self.owner = lend.owner if lend is not None else ""
         self.kinds = list(kinds)  # what the slot bids for while lent
         self.reclaimed = False
         self.reason = ""

@@ -32,17 +32,11 @@ from typing import Any
 
 from libra.protocol import messages as m
 from libra.protocol.errors import ProtocolCode
+from libra.protocol.payloads_lend import lend_label
 
 from .events import Command, Log, Send
 
-__all__ = ["Lending", "Reclaim", "lend_owner"]
-
-
-def lend_owner(labels: dict[str, Any]) -> str:
-    """The owner a hello's labels name for a lent slot ("" for a slot the job owns)."""
-    lend = labels.get("lend")
-    owner = lend.get("owner") if isinstance(lend, dict) else None
-    return owner if isinstance(owner, str) else ""
+__all__ = ["Lending", "Reclaim"]
 
 
 @dataclass(slots=True)
@@ -72,7 +66,8 @@ class Lending:
     # ------------------------------------------------------------------ sessions
     def hello(self, sess: Any) -> None:
         """A new session: mark a lent slot (a reconnect during a reclaim stays reclaimed)."""
-        sess.lent_owner = lend_owner(sess.labels)
+        lend = lend_label(sess.labels)  # checked at the hello (BrokerState refuses a malformed one)
+        sess.lent_owner = lend.owner if lend is not None else ""
         r = self.reclaims.get(sess.actor_id)
         if r is not None and sess.lent_owner:
             sess.reclaimed_until = r.deadline

@@ -32,6 +32,8 @@ from typing import Any
 from libra.policies.routing.interface import BucketSpec
 from libra.protocol import messages as m
 from libra.protocol.errors import ErrorCode, ProtocolCode
+from libra.protocol.payloads_base import PayloadError
+from libra.protocol.payloads_lend import lend_label
 
 from . import journal, roles
 from .access import PLANNER, Access
@@ -62,7 +64,7 @@ from .lending import Lending
 from .plan_decider import PlannerLoop, PlannerSettings
 from .plan_rounds import Planning
 from .rollout import RolloutRouting
-from .sessions import SessionRegistry
+from .sessions import ActorSession, SessionRegistry
 from .state_views import BrokerViews
 from .work_table import WorkTable
 
@@ -236,6 +238,11 @@ class BrokerState(BrokerViews):
             return
         if msg.capacity < 0:
             out.append(Send(peer, m.Error(ProtocolCode.BAD_TYPE.value, "capacity must be >= 0")))
+            return
+        try:  # a lent slot must never be taken for one the job owns (it would be given training)
+            lend_label(msg.labels)
+        except PayloadError as exc:
+            out.append(Send(peer, m.Error(ProtocolCode.BAD_TYPE.value, str(exc))))
             return
         # A reconnecting actor (same actor_id, new socket, same supervisor run) replaces its old session at
         # once, keeping the work it still holds. Another supervisor run's actor with an id that a live

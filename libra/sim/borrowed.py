@@ -29,6 +29,7 @@ from typing import Any
 from libra.broker.events import Command, Send
 from libra.broker.state import BrokerConfig
 from libra.protocol import messages as m
+from libra.protocol.payloads_lend import LEND_LABEL, LendLabel
 from libra.sim.cluster import Layout, RolloutInstanceSpec
 from libra.sim.config import SimConfig
 from libra.sim.engine import Simulator
@@ -105,7 +106,7 @@ class BorrowedSimulator(Simulator):
         inst = self.instances[peer] = SimInstance(spec, self.costs)
         inst.t_last = self.now
         self._joined.add(gpu)
-        labels = {"role": {"bucket": spec.bucket}, "lend": {"owner": self.owner, "rule": "headroom"}}
+        labels = {"role": {"bucket": spec.bucket}, LEND_LABEL: LendLabel(owner=self.owner, rule="headroom").to_wire()}
         self._send(peer, m.ActorHello(spec.id, spec.node, spec.id, 1, {"generate": ["*"]}, ["generate"],
                                       inst.capacity, labels))
 

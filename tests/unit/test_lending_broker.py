@@ -4,6 +4,8 @@ moved, takes back late work after the grace, and a lent slot's new bid ends the 
 
 from __future__ import annotations
 
+import pytest
+
 from libra.broker.events import PeerMessage
 from libra.broker.state import BrokerConfig, BrokerState
 from libra.protocol import messages as m
@@ -44,6 +46,15 @@ def test_a_lent_slot_is_marked_and_an_owned_slot_may_not_reclaim() -> None:
     assert s.actors[LENT].lent_owner == "serving" and s.actors[OWNED].lent_owner == ""
     out = s.handle(PeerMessage(OWNED, m.OwnerReclaim("x", 5.0)), 1.0)
     assert sent(out, m.Error) and "generate" in s.actors[OWNED].accepting
+
+
+@pytest.mark.parametrize("label", [{"rule": "headroom"}, {"owner": ""}, {"owner": 7}, "serving"])
+def test_a_malformed_lend_label_is_refused_at_the_hello_not_taken_for_an_owned_slot(label: object) -> None:
+    s = BrokerState(BrokerConfig())
+    out = s.handle(PeerMessage(LENT, m.ActorHello("lent", "h", "gpu1", 1, {"generate": ["*"]}, ["generate"], 2,
+                                                  {"lend": label})), 0)
+    errs = sent(out, m.Error)
+    assert errs and "lend label" in errs[0].msg.message and LENT not in s.actors
 
 
 def test_reclaim_moves_pinned_trajectories_by_the_deadline_and_hands_back_without_a_loss() -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from libra.policies.lending import OwnerSignal
+from libra.protocol.payloads_lend import LendLabel
 
 from .errors import LendSpecError, OwnerError
 
@@ -71,8 +72,8 @@ class LendSpec:
         return RULE_OF_KIND[self.kind]
 
     def label(self) -> dict[str, str]:
-        """``labels["lend"]`` of the actor's hello."""
-        return {"owner": self.owner, "rule": self.rule}
+        """``labels["lend"]`` of the actor's hello (:class:`~libra.protocol.payloads_lend.LendLabel`)."""
+        return LendLabel(owner=self.owner, rule=self.rule).to_wire()
 
 
 def _float(key: str, text: str, *, positive: bool = False, unit: bool = False) -> float:
