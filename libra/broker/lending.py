@@ -87,18 +87,25 @@ class Lending:
         if "generate" not in sess.accepting:
             r = self.reclaims.get(sess.actor_id)
             if r is not None and r.released_at is None:
-                r.released_at = now
-                self.slack = [*self.slack[-19:], round(r.deadline - now, 4)]
-                out.append(Log("capacity_handed_back", {"actor": sess.actor_id, "owner": r.owner,
-                                                        "slack_s": self.slack[-1], "after_s": round(now - r.at, 4)}))
+                self._handed_back(sess.actor_id, r, now, out)
             return False
         r = self.reclaims.pop(sess.actor_id, None)
+        if r is not None and r.released_at is None:  # lent again before its empty bid: it released by now at latest
+            self._handed_back(sess.actor_id, r, now, out, at_latest=True)
         sess.reclaimed_until = 0.0
         self.evicted = {t: a for t, a in self.evicted.items() if a != sess.actor_id}
         self.stats["lent_again"] += 1
         out.append(Log("capacity_lent", {"actor": sess.actor_id, "owner": sess.lent_owner,
                                          "away_s": round(now - r.at, 3) if r else None}))
         return True
+
+    def _handed_back(self, actor_id: str, r: Reclaim, now: float, out: list[Command], at_latest: bool = False) -> None:
+        """Time the release against the deadline (``at_latest``: the slot was lent again first, so ``now`` bounds
+        its release and the slack is a lower bound)."""
+        r.released_at = now
+        self.slack = [*self.slack[-19:], round(r.deadline - now, 4)]
+        out.append(Log("capacity_handed_back", {"actor": actor_id, "owner": r.owner, "slack_s": self.slack[-1],
+                                                "after_s": round(now - r.at, 4), "at_latest": at_latest}))
 
     # ------------------------------------------------------------------ the reclaim
     def reclaim(self, sess: Any, msg: m.OwnerReclaim, now: float, out: list[Command]) -> bool:

@@ -120,6 +120,15 @@ def test_a_new_bid_for_generate_ends_the_reclaim() -> None:
     assert s.status("q", 32.0).stats["lending"]["lent_again"] == 1
 
 
+def test_a_slot_lent_again_before_its_empty_bid_still_times_its_hand_back_as_a_bound() -> None:
+    s = setup()
+    s.handle(PeerMessage(LENT, m.OwnerReclaim("serving", 2.0)), 1.0)
+    out = s.handle(PeerMessage(LENT, m.Bid(["generate"], 2)), 2.5)  # released and rebuilt: it bids again at once
+    (ev,) = [c for c in out if getattr(c, "event", "") == "capacity_handed_back"]
+    assert ev.fields["at_latest"] is True and ev.fields["slack_s"] == 0.5
+    assert s.status("q", 3.0).stats["lending"]["handback_slack_s"] == [0.5]
+
+
 def _tick():
     from libra.broker.events import Tick
 
