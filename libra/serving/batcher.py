@@ -17,6 +17,7 @@ import asyncio
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,9 @@ from libra.logging import get_logger
 
 from .window import LoadWindow
 
-__all__ = ["Batcher", "Pending"]
+__all__ = ["STEP_WINDOW", "Batcher", "Pending"]
+
+STEP_WINDOW = 8  # decode steps of the running batch that ``step_tpot_s`` averages
 
 log = get_logger(__name__)
 
@@ -53,6 +56,7 @@ class Batcher:
         self.engine, self.loop, self.window, self.max_batch_size = engine, loop, window, max_batch_size
         self._waiting: queue.Queue[Pending | None] = queue.Queue()
         self.running = 0
+        self._steps: deque[float] = deque(maxlen=STEP_WINDOW + 1)  # the running batch's last step times
         self._thread = threading.Thread(target=self._run, name="libra-serving-engine", daemon=True)
         self._thread.start()
 
@@ -66,9 +70,20 @@ class Batcher:
         self._waiting.put(p)
         return p
 
+    @property
+    def step_tpot_s(self) -> float | None:
+        """The running batch's time per token over its last ``STEP_WINDOW`` decode steps (None: idle, or fewer
+        than two steps taken); a step still running counts up to now once it is longer than the mean."""
+        steps = list(self._steps)
+        if not self.running or len(steps) < 2:
+            return None
+        mean = (steps[-1] - steps[0]) / (len(steps) - 1)
+        now = time.monotonic()
+        return max(mean, (now - steps[0]) / len(steps)) if now - steps[-1] > mean else mean
+
     def reading(self) -> dict[str, float | int | None]:
         """The ``/load`` reading now (call on the loop's thread)."""
-        return self.window.reading(time.monotonic(), self.running, self.queued)
+        return self.window.reading(time.monotonic(), self.running, self.queued, self.step_tpot_s)
 
     def close(self) -> None:
         self._waiting.put(None)
@@ -92,10 +107,12 @@ class Batcher:
 
     def _run(self) -> None:
         while (batch := self._take()) is not None:
+            self._steps.clear()
             self.running = len(batch)
 
             def on_tokens(got: list[tuple[int, int]], batch: list[Pending] = batch) -> None:
                 now = time.monotonic()
+                self._steps.append(now)
                 out = []
                 for i, tok in got:
                     p = batch[i]

@@ -56,12 +56,14 @@ class LoadWindow:
         while self._done and self._done[0].at < now - self.window_s:
             self._done.popleft()
 
-    def reading(self, now: float, running: int = 0, queued: int = 0) -> dict[str, float | int | None]:
+    def reading(self, now: float, running: int = 0, queued: int = 0,
+                step_tpot_s: float | None = None) -> dict[str, float | int | None]:
         """The ``GET /load`` body (see ``docs/lending.md``): p50/p99 time per output token, p99 time to first
-        token, finished requests in the window, the window, and the requests running and queued now."""
+        token, finished requests in the window, the window, the requests running and queued now, and the
+        running batch's time per token over its last decode steps (``step_tpot_s``, the batcher's)."""
         self._trim(now)
         tpot = [f.tpot_s for f in self._done if f.tpot_s is not None]
         ttft = [f.ttft_s for f in self._done]
         return {"p99_tpot_s": percentile(tpot, 0.99), "p50_tpot_s": percentile(tpot, 0.5),
                 "p99_ttft_s": percentile(ttft, 0.99), "requests": len(self._done), "window_s": self.window_s,
-                "running": running, "queued": queued}
+                "running": running, "queued": queued, "step_tpot_s": step_tpot_s}

@@ -39,6 +39,7 @@ def test_load_reading_moves_and_the_serving_owner_flips(serving: str) -> None:
     quiet = load_reading(url)  # every low-load request has finished: this is the window they left
     assert quiet["requests"] == len(low.requests) and quiet["running"] == quiet["queued"] == 0
     assert quiet["p99_tpot_s"] >= quiet["p50_tpot_s"] > 0
+    assert quiet["step_tpot_s"] is None  # no batch running: no running-batch reading
     target = 1.5 * quiet["p99_tpot_s"]  # reclaim at 0.85 x 1.5 = 1.275 x the low-load p99
     owner = ServingLoadOwner("fleet", url, HeadroomRule(target_s=target, hold_s=60.0, deadline_s=5.0),
                              timeout_s=2.0)  # (a loaded 2-core CI machine answers slowly; the actor keeps 0.2 s)
@@ -48,18 +49,20 @@ def test_load_reading_moves_and_the_serving_owner_flips(serving: str) -> None:
     gen = threading.Thread(target=lambda: high.append(serving_load(url, 30.0, 4.0, prompt=PROMPT, max_tokens=32,
                                                                    seed=2, tpot_target_s=target)))
     gen.start()
-    signals, busiest = [], quiet
+    signals, busiest, steps = [], quiet, []
     while gen.is_alive():
         time.sleep(0.25)
         signals.append(owner.poll(time.time()))
         reading = load_reading(url)
         busiest = max(busiest, reading, key=lambda r: r["p99_tpot_s"] or 0.0)
+        steps.append(reading["step_tpot_s"])
     gen.join()
     report = high[0]
     assert report.failed == 0
     assert busiest["p99_tpot_s"] > quiet["p99_tpot_s"] and busiest["requests"] > 0
     assert any(not s.allow and s.reason == "slo_headroom_low" for s in signals), (quiet, busiest)
     assert not owner.lent
+    assert any(x is not None and x > 0 for x in steps)  # the running batch's token time, read while it decodes
     assert report.summary()["p99_tpot_s"] > low.summary()["p99_tpot_s"]
     assert report.tpot_violations > 0  # the saturating load misses the owner's target, as the owner saw
     print(f"\nlow 2 req/s: {low.summary()}\n/load: {quiet}\nhigh 30 req/s: {report.summary()}\n/load: {busiest}")

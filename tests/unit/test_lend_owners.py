@@ -250,6 +250,30 @@ def test_serving_owner_follows_the_headroom_rule_on_scripted_readings() -> None:
         fake.close()
 
 
+def test_the_running_batch_reclaims_before_the_window_p99_moves_and_holds_the_lend_back() -> None:
+    rule = HeadroomRule(target_s=0.050, hold_s=0.0, deadline_s=5.0)
+    # the window's p99 (finished requests) is still calm; the batch decoding now is at 45 ms a token
+    sig = rule.step(True, 0.020, 10.0, 0.0, step_s=0.045)
+    assert (sig.allow, sig.reason) == (False, "slo_headroom_low")
+    assert rule.step(True, 0.020, 10.0, 0.0, step_s=0.030).allow  # both under 42.5 ms: stays lent
+    assert not rule.step(False, 0.020, 20.0, 0.0, step_s=0.036).allow  # 36 ms >= 35 ms: not calm, not lent
+    assert rule.step(False, 0.020, 20.0, 0.0, step_s=None).allow  # idle owner, calm window: lent
+
+
+def test_serving_owner_reads_the_running_batch_when_the_server_reports_it() -> None:
+    fake = FakeLoad()
+    owner = ServingLoadOwner("fleet", fake.url, HeadroomRule(target_s=0.050, hold_s=0.0, deadline_s=5.0))
+    try:
+        fake.script = [{"p99_tpot_s": 0.020, "step_tpot_s": 0.021}, {"p99_tpot_s": 0.020, "step_tpot_s": 0.046},
+                       {"p99_tpot_s": 0.020, "step_tpot_s": "slow"}]
+        assert owner.poll(1.0).allow and owner.last_step_s == 0.021
+        sig = owner.poll(2.0)
+        assert (sig.allow, sig.reason, owner.last_step_s) == (False, "slo_headroom_low", 0.046)
+        assert owner.poll(3.0).reason == "owner_unreachable"  # a step time that is not a duration
+    finally:
+        fake.close()
+
+
 @pytest.mark.parametrize("body", [b"not json", b"[1, 2]", b'{"p50_tpot_s": 0.01}', b'{"p99_tpot_s": "fast"}',
                                   b'{"p99_tpot_s": -1}'])
 def test_serving_owner_reclaims_on_a_reading_it_cannot_use(body: bytes) -> None:

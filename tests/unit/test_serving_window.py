@@ -19,7 +19,7 @@ def test_reading_covers_the_window_only() -> None:
     w = LoadWindow(window_s=10.0)
     empty = w.reading(0.0)
     assert empty == {"p99_tpot_s": None, "p50_tpot_s": None, "p99_ttft_s": None, "requests": 0,
-                     "window_s": 10.0, "running": 0, "queued": 0}
+                     "window_s": 10.0, "running": 0, "queued": 0, "step_tpot_s": None}
     f = w.add(at=5.0, first_at=1.0, arrived_at=0.5, tokens=9)  # 8 gaps over 4 s
     assert (f.ttft_s, f.tpot_s) == (0.5, 0.5)
     w.add(at=12.0, first_at=11.0, arrived_at=10.0, tokens=11)  # 0.1 s per token

@@ -1,10 +1,11 @@
 """``ServingLoadOwner``: lend while the owner's serving process has SLO headroom.
 
 Each ``poll`` reads the serving process's ``GET {url}/load`` (the contract of :mod:`libra.serving`: JSON with
-``p99_tpot_s``, ``null`` when no request finished in its window) with a short timeout (``timeout_s``, 0.2 s by
-default; stdlib ``urllib``, so an actor needs no HTTP client package) and feeds the p99 time per output token
-to :meth:`HeadroomRule.step <libra.policies.lending.HeadroomRule.step>`. It keeps ``lent`` and ``since`` (when
-``lent`` last changed) itself.
+``p99_tpot_s``, ``null`` when no request finished in its window, and optionally ``step_tpot_s``, the running
+batch's time per token) with a short timeout (``timeout_s``, 0.2 s by default; stdlib ``urllib``, so an actor
+needs no HTTP client package) and feeds both to :meth:`HeadroomRule.step
+<libra.policies.lending.HeadroomRule.step>`. A serving process that reports no ``step_tpot_s`` is read by its
+p99 alone. It keeps ``lent`` and ``since`` (when ``lent`` last changed) itself.
 
 An owner it cannot read (refused, timed out, not the JSON above) counts as a reclaim with the rule's
 deadline and reason ``owner_unreachable``: the owner may be too loaded to answer, and lending into an
@@ -22,7 +23,7 @@ import urllib.request
 from libra.logging import get_logger
 from libra.policies.lending import HeadroomRule, OwnerSignal
 
-__all__ = ["ServingLoadOwner", "read_p99_tpot"]
+__all__ = ["ServingLoadOwner", "read_load"]
 
 log = get_logger(__name__)
 
@@ -31,8 +32,18 @@ class LoadReadError(Exception):
     """The load endpoint did not answer with the documented JSON."""
 
 
-def read_p99_tpot(url: str, timeout_s: float) -> float | None:
-    """``p99_tpot_s`` of ``GET {url}/load`` (None: no request in the window); raises :class:`LoadReadError`."""
+def _duration(doc: dict, key: str) -> float | None:
+    v = doc.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise LoadReadError(f"{key} is not a duration: {v!r}")
+    return float(v)
+
+
+def read_load(url: str, timeout_s: float) -> tuple[float | None, float | None]:
+    """``(p99_tpot_s, step_tpot_s)`` of ``GET {url}/load`` (None: no request in the window, or no batch
+    running / not reported); raises :class:`LoadReadError`."""
     try:
         with urllib.request.urlopen(f"{url}/load", timeout=timeout_s) as resp:
             doc = json.loads(resp.read(65536))
@@ -40,12 +51,7 @@ def read_p99_tpot(url: str, timeout_s: float) -> float | None:
         raise LoadReadError(str(exc)) from None
     if not isinstance(doc, dict) or "p99_tpot_s" not in doc:
         raise LoadReadError("no p99_tpot_s in the reading")
-    p99 = doc["p99_tpot_s"]
-    if p99 is None:
-        return None
-    if isinstance(p99, bool) or not isinstance(p99, (int, float)) or not math.isfinite(p99) or p99 < 0:
-        raise LoadReadError(f"p99_tpot_s is not a duration: {p99!r}")
-    return float(p99)
+    return _duration(doc, "p99_tpot_s"), _duration(doc, "step_tpot_s")
 
 
 class ServingLoadOwner:
@@ -56,18 +62,19 @@ class ServingLoadOwner:
         self.lent = False
         self.since = float("-inf")  # a calm first reading lends at once
         self.last_p99_s: float | None = None
+        self.last_step_s: float | None = None
         self.reachable = True
 
     def poll(self, now: float) -> OwnerSignal:
         try:
-            p99 = read_p99_tpot(self.url, self.timeout_s)
+            p99, step = read_load(self.url, self.timeout_s)
         except LoadReadError as exc:
             if self.reachable:
                 log.warning("lend_owner_unreachable", owner=self.name, url=self.url, error=str(exc))
             self.reachable = False
             return self._set(False, now, OwnerSignal(False, self.rule.deadline_s, "owner_unreachable"))
-        self.reachable, self.last_p99_s = True, p99
-        sig = self.rule.step(self.lent, p99, now, self.since)
+        self.reachable, self.last_p99_s, self.last_step_s = True, p99, step
+        sig = self.rule.step(self.lent, p99, now, self.since, step)
         return self._set(sig.allow, now, sig)
 
     def _set(self, allow: bool, now: float, sig: OwnerSignal) -> OwnerSignal:

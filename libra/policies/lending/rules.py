@@ -33,12 +33,17 @@ class OwnerSignal:
 class HeadroomRule:
     """Lend while the owner's serving latency leaves headroom under its target.
 
-    ``step(lent, p99_s, now, since)``: ``lent`` says whether the slot is lent now, ``p99_s`` is the owner's
-    p99 time per output token over its recent window (``None``: no reading, e.g. no traffic: counts as
-    headroom), ``since`` when ``lent`` last changed. A lent slot is reclaimed at once when p99 reaches
-    ``reclaim_above × target_s`` (with ``deadline_s`` to hand back); a reclaimed one is lent again only after
-    p99 stayed under ``lend_below × target_s`` and ``hold_s`` passed since the last change (hysteresis: no
-    flapping on a noisy reading)."""
+    ``step(lent, p99_s, now, since, step_s)``: ``lent`` says whether the slot is lent now, ``p99_s`` is the
+    owner's p99 time per output token over its recent window of finished requests (``None``: no reading, e.g.
+    no traffic: counts as headroom), ``since`` when ``lent`` last changed, and ``step_s`` (optional) the time
+    per token of the batch the owner is decoding now (``None``: idle or not reported). A lent slot is reclaimed
+    at once when either reading reaches ``reclaim_above × target_s`` (with ``deadline_s`` to hand back); a
+    reclaimed one is lent again only after both stayed under ``lend_below × target_s`` and ``hold_s`` passed
+    since the last change (hysteresis: no flapping on a noisy reading).
+
+    Why both: the window's p99 is over requests that *finished*, so it moves only after slowed requests end
+    (a request's length plus the window later). The running batch's token time is the same measure taken now:
+    it moves on the first slowed decode steps."""
 
     target_s: float
     lend_below: float = 0.7
@@ -55,12 +60,14 @@ class HeadroomRule:
         if self.hold_s < 0 or self.deadline_s < 0:
             raise LendingRuleError("headroom: hold_s and deadline_s must be >= 0")
 
-    def step(self, lent: bool, p99_s: float | None, now: float, since: float) -> OwnerSignal:
+    def step(self, lent: bool, p99_s: float | None, now: float, since: float,
+             step_s: float | None = None) -> OwnerSignal:
+        worst = max((x for x in (p99_s, step_s) if x is not None), default=None)
         if lent:
-            if p99_s is not None and p99_s >= self.reclaim_above * self.target_s:
+            if worst is not None and worst >= self.reclaim_above * self.target_s:
                 return OwnerSignal(False, self.deadline_s, "slo_headroom_low")
             return OwnerSignal(True)
-        calm = p99_s is None or p99_s < self.lend_below * self.target_s
+        calm = worst is None or worst < self.lend_below * self.target_s
         if calm and now - since >= self.hold_s:
             return OwnerSignal(True)
         return OwnerSignal(False, self.deadline_s, "slo_headroom_low" if not calm else "holding")
