@@ -17,7 +17,8 @@ from typing import Any
 
 from libra.logging import get_logger
 
-from .rollout_role import ROLLOUT_ENGINE_ENV, RolloutRole, make_rollout_engine, write_slot_record
+from .rollout_role import ROLLOUT_ENGINE_ENV, RolloutRole, make_rollout_engine
+from .slot_records import default_actor_id, write_slot_record
 from .tools import Handler, ToolError, WorkContext
 from .train_role import TrainRole
 
@@ -45,8 +46,9 @@ at start-up, as the actor runtime asks, so a hybrid slot's first turn does not w
     every reference to them is dropped, and on CUDA the allocator's cache is emptied
     (:func:`~libra.engines.memory.release_memory`, which also says whether a reference cycle had to be
     collected). The memory before and after goes to the ``role_switched`` log line and to the slot's record
-    ``RUN/actors/<slot>.json``: ``switches`` and ``role_switches`` (the last 20 ``{"switch", "kinds", "role",
-    "released", "memory_before", "memory_after", "gc_needed", "still_alive", "at"}``).
+    ``RUN/actors/<actor id>.json`` (:mod:`libra.actors.slot_records`): ``switches`` and ``role_switches``
+    (the last 20 ``{"switch", "kinds", "role", "released", "memory_before", "memory_after", "gc_needed",
+    "still_alive", "at"}``).
 
     What a release keeps: :attr:`host_weights` (:class:`~libra.weights.host_copy.HostWeights`, unless
     ``$LIBRA_WEIGHTS_DELTA=0``), the last weights version its rollout engines fetched, in host memory (plain
@@ -56,7 +58,8 @@ at start-up, as the actor runtime asks, so a hybrid slot's first turn does not w
     """
 
     def __init__(self, model_dir: str, run_dir: str | None, slot: str, *, max_batch: int = 32,
-                 torch_threads: int = 0, placement: Any = None, eager: bool = False) -> None:
+                 torch_threads: int = 0, placement: Any = None, eager: bool = False,
+                 actor_id: str | None = None) -> None:
         from libra.engines.device.placement import placement_from_env
 
         from .rollout_role import rollout_engine_name
@@ -64,6 +67,7 @@ at start-up, as the actor runtime asks, so a hybrid slot's first turn does not w
         if rollout_engine_name() == "hf":  # its imports now, outside any engine's constructor (see hf_rollout)
             importlib.import_module("libra.engines.hf_rollout")
         self.model_dir, self.run_dir, self.slot = model_dir, run_dir, slot
+        self.actor_id = actor_id or default_actor_id(slot)  # keys the record file (slot_records)
         self.max_batch, self.torch_threads = max_batch, torch_threads
         self.placement = placement if placement is not None else placement_from_env(slot)
         self._lock = threading.Lock()
@@ -101,7 +105,8 @@ at start-up, as the actor runtime asks, so a hybrid slot's first turn does not w
         self.engines_built += 1
         r = RolloutRole(self.model_dir, self.run_dir, self.slot, max_batch=self.max_batch,
                         torch_threads=self.torch_threads, placement=self.placement, tp=tp, devices=devices,
-                        record=self.record, host_weights=getattr(self, "host_weights", None))
+                        record=self.record, host_weights=getattr(self, "host_weights", None),
+                        actor_id=self.actor_id)
         r.on_kv_use = self.on_kv_use
         return r
 
@@ -208,11 +213,13 @@ at start-up, as the actor runtime asks, so a hybrid slot's first turn does not w
         if self.run_dir is None:
             return
         now = "rollout" if "generate" in kinds else "train" if "train" in kinds else "hybrid"
-        write_slot_record(self.run_dir, self.slot, {**self.record, "slot": self.slot, "role": now, "pid": os.getpid()})
+        write_slot_record(self.run_dir, self.slot, {**self.record, "slot": self.slot, "role": now, "pid": os.getpid()},
+                          self.actor_id)
 
 
 def role_handlers(role: str, model_dir: str | None, run_dir: str | None, slot: str, *, max_batch: int = 32,
-                  torch_threads: int = 0) -> tuple[list[str], dict[str, list[str]], dict[tuple[str, str], Handler]]:
+                  torch_threads: int = 0,
+                  actor_id: str | None = None) -> tuple[list[str], dict[str, list[str]], dict[tuple[str, str], Handler]]:
     """``(kinds, capabilities, handlers)`` for an engine role (``rollout`` or ``train``), its engine placed by
     :func:`~libra.engines.device.placement.placement_from_env` (the slot's GPU, or the CPU)."""
     from libra.engines.device.placement import placement_from_env
@@ -223,7 +230,8 @@ def role_handlers(role: str, model_dir: str | None, run_dir: str | None, slot: s
     log.info("engine_placement", slot=slot, role=role, device=placement.device, dtype=placement.dtype,
              memory_fraction=placement.memory_fraction, reason=placement.reason)
     if role == "rollout":
-        r = RolloutRole(model_dir, run_dir, slot, max_batch=max_batch, torch_threads=torch_threads, placement=placement)
+        r = RolloutRole(model_dir, run_dir, slot, max_batch=max_batch, torch_threads=torch_threads, placement=placement,
+                        actor_id=actor_id)
         return ["generate"], {"generate": ["default"]}, {("generate", "*"): r.generate}
     if role == "train":
         t = TrainRole(model_dir, run_dir, slot, torch_threads=torch_threads, placement=placement)

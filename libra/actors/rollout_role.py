@@ -45,7 +45,8 @@ Contracts:
 - While idle (no turn waiting for ``idle_poll_s``) the instance asks the last trainer endpoint it was
   told about for the newest ``weights`` object and loads it, so it is already up to date when the next
   turn comes (still never mid-turn: the batcher thread is the only one that generates or loads).
-- The instance records its state in ``RUN/actors/<slot>.json`` after every load or failure:
+- The instance records its state in its record file (``RUN/actors/<actor id>.json``, keyed by the actor id,
+  ``HOST/SLOT`` by default: :mod:`libra.actors.slot_records`) after every load or failure:
   ``weights_version``, ``loads``, ``dataplane_loads``, ``torch_loads``, ``file_loads``, ``delta_loads``,
   ``full_loads``, ``host_loads``, ``delta_fallbacks``, ``last_delta_error``, ``bytes_fetched``,
   ``last_load_s``, ``last_fetch_s``, ``fetch_errors``, ``last_error`` and ``fetches`` (the last 50
@@ -70,7 +71,6 @@ Contracts:
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import threading
@@ -86,6 +86,7 @@ from libra.protocol.payloads_rollout import GenerateArgs, GenerateResult
 from libra.weights.file import read_weights_file
 
 from .rollout_failures import EngineKeeper
+from .slot_records import default_actor_id, write_slot_record
 from .tools import ToolError, WorkContext
 
 __all__ = ["KV_REBID_ENV", "ROLLOUT_ENGINE_ENV", "RolloutRole", "attach_kv_reports", "make_rollout_engine",
@@ -94,15 +95,6 @@ __all__ = ["KV_REBID_ENV", "ROLLOUT_ENGINE_ENV", "RolloutRole", "attach_kv_repor
 log = get_logger("libra.roles")
 
 ROLLOUT_ENGINE_ENV = "LIBRA_ROLLOUT_ENGINE"
-
-
-def write_slot_record(run_dir: str | Path, slot: str, record: dict[str, Any]) -> None:
-    """Write ``record`` as the slot's record file ``RUN/actors/<slot>.json``, atomically."""
-    d = Path(run_dir) / "actors"
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{slot}.json.tmp"
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, d / f"{slot}.json")
 
 
 def set_torch_threads(n: int) -> None:
@@ -185,7 +177,7 @@ class RolloutRole(EngineKeeper):
                  window_s: float = 0.02, torch_threads: int = 0, fetch_timeout_s: float = 10.0,
                  fetcher: Any = None, placement: Any = None, tp: int = 1, devices: tuple[int, ...] = (),
                  engine: Any = None, engine_factory: Any = None, record: dict[str, Any] | None = None,
-                 host_weights: Any = None) -> None:
+                 host_weights: Any = None, actor_id: str | None = None) -> None:
         from libra.dataplane import DataPlaneKeys
         from libra.weights.dataplane import DataPlaneWeightFetcher
         from libra.weights.delta import delta_enabled
@@ -203,6 +195,7 @@ class RolloutRole(EngineKeeper):
         self._restart: tuple[float, float] = (0.0, 0.0)  # (next rebuild try, its back-off) while the engine is down
         self.run_dir = Path(run_dir) if run_dir else None
         self.slot = slot
+        self.actor_id = actor_id or default_actor_id(slot)  # keys the record file (slot_records)
         self.max_batch = max_batch
         self.window_s = window_s
         self.keys = DataPlaneKeys.from_env()
@@ -454,7 +447,7 @@ class RolloutRole(EngineKeeper):
             self._maybe_load([newest])
 
     def write_status(self) -> None:
-        """Write the status file ``RUN/actors/<slot>.json`` now (see the module contracts)."""
+        """Write the status file (``RUN/actors/<actor id>.json``) now (see the module contracts)."""
         self._write_status()
 
     def _write_status(self) -> None:
@@ -465,6 +458,6 @@ class RolloutRole(EngineKeeper):
         write_slot_record(self.run_dir, self.slot, {**self.record, "slot": self.slot, "role": "rollout",
                                                     "weights_version": self._version,
                                                     "knows_publisher": self._source is not None,
-                                                    "pid": os.getpid(), **self.stats})
+                                                    "pid": os.getpid(), **self.stats}, self.actor_id)
 
 

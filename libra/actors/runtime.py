@@ -425,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     raise_open_files_limit("actor")  # a trainer's data plane serves every rollout slot: one descriptor each
     host = pysocket.gethostname()
     actor_id = args.actor_id or f"{host}/{args.slot}"
+    args.actor_id = actor_id  # the roles key their record file by it (libra.actors.slot_records)
     try:  # the slot's GPU (its supervisor already set it; a runtime started alone sets it by the same rule)
         os.environ.update(runtime_cuda_env(args.slot, os.environ))
     except ValueError as exc:  # a bad slot name, a GPU the parent may not see

@@ -51,7 +51,7 @@ def slot_role(args: argparse.Namespace, labels: dict[str, Any]) -> SlotRole:
         if args.model_dir is None:
             raise SlotSetupError("role 'hybrid' needs --model-dir")
         hybrid = HybridRole(args.model_dir, args.run_dir, args.slot, max_batch=args.rollout_batch,
-                            torch_threads=args.torch_threads, eager=True)
+                            torch_threads=args.torch_threads, eager=True, actor_id=getattr(args, "actor_id", None))
         return SlotRole(["generate"], {"generate": ["default"], "train": ["grpo"]}, args.rollout_batch,
                         {("generate", "*"): hybrid.generate, ("train", "grpo"): hybrid.train},
                         reconfigure=hybrid.reconfigure)
@@ -65,7 +65,8 @@ def slot_role(args: argparse.Namespace, labels: dict[str, Any]) -> SlotRole:
 
     try:
         kinds, caps, handlers = role_handlers(args.role, args.model_dir, args.run_dir, args.slot,
-                                              max_batch=args.rollout_batch, torch_threads=args.torch_threads)
+                                              max_batch=args.rollout_batch, torch_threads=args.torch_threads,
+                                              actor_id=getattr(args, "actor_id", None))
     except (ValueError, FileNotFoundError) as exc:
         raise SlotSetupError(str(exc)) from None
     # a trainer rank holds one step at a time; a rollout slot batches many concurrent turns
@@ -110,6 +111,6 @@ def _lent(args: argparse.Namespace, labels: dict[str, Any]) -> SlotRole:
     labels["lend"] = spec.label()
     labels["engine_role"] = "rollout"  # never a hybrid for the pool: it has no train capability
     hybrid = HybridRole(args.model_dir, args.run_dir, args.slot, max_batch=args.rollout_batch,
-                        torch_threads=args.torch_threads, eager=True)
+                        torch_threads=args.torch_threads, eager=True, actor_id=getattr(args, "actor_id", None))
     return SlotRole(["generate"], {"generate": ["default"]}, args.rollout_batch, {("generate", "*"): hybrid.generate},
                     reconfigure=hybrid.reconfigure, owner=owner)

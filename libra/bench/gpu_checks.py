@@ -15,7 +15,7 @@ on the CPU too (``tests/unit/test_gpu_checks.py`` runs them on the tiny model, s
    counting alone (a weak reference is dead with the cyclic collector switched off for the wait, and the
    slot's record, where it says, needed no ``gc.collect()`` at either switch) and, on
    CUDA, the allocated memory after each switch is back within a tolerance of what it was before that
-   role was built. The actor's record (``RUN/actors/<slot>.json``) is copied into the result as it is.
+   role was built. The actor's record (``RUN/actors/<actor id>.json``) is copied into the result as it is.
 3. :func:`trainer_oom`: a trainer step runs out of memory. On CUDA it is a real allocation: a plain tensor
    takes all but ``margin`` of the free memory, then a step on a large batch asks for more. On the CPU the
    model's forward raises ``torch.OutOfMemoryError`` (nothing else can run the path there). It passes when
@@ -241,6 +241,7 @@ def switch_memory(*, shape: str | None = None, device: str = "cpu", scratch: Pat
                   wait_s: float = 10.0) -> dict[str, Any]:
     """Check 2 (see the module docstring)."""
     from libra.actors.roles import HybridRole
+    from libra.actors.slot_records import slot_record_path
     from libra.engines.device.placement import choose_placement
 
     t0 = time.perf_counter()
@@ -271,7 +272,7 @@ def switch_memory(*, shape: str | None = None, device: str = "cpu", scratch: Pat
     mem["train_closed"] = memory_now(device)
     role.generate(gen, _ctx())
     mem["rollout_again"] = memory_now(device)
-    record_path = run_dir / "actors" / f"{slot}.json"
+    record_path = slot_record_path(run_dir, slot, role.actor_id)
     record = json.loads(record_path.read_text()) if record_path.is_file() else None
     role.reconfigure(["sync"], {"role": "none"})  # neither role: both engines released
     del role

@@ -22,7 +22,7 @@ Per policy, from what the run wrote (``RUN/metrics.jsonl`` step and decision rec
   idle *or* starved, and a host share near 1 says starved;
 - **reward against wall time**: each step's end (seconds from the job's start) and its mean reward;
 - **decisions**: the decision records counted by ``what``, the hybrid slots' role switches (their
-  ``switches`` in ``RUN/actors/<slot>.json``) and each step's trainer members (core ranks + borrowed slots);
+  ``switches`` in ``RUN/actors/<actor id>.json``) and each step's trainer members (core ranks + borrowed slots);
 - **prediction error**: the mean ``|log(predicted_step_s / step_time_s)|`` over the steps with a
   prediction (``libra.rl.metrics.prediction_error``; none under ``static``, which has no planner).
 
@@ -75,7 +75,7 @@ def _mean(xs: list[float]) -> float | None:
 def figures(steps: list[dict[str, Any]], decisions: list[dict[str, Any]], slots: dict[str, dict[str, Any]],
             summary: dict[str, Any]) -> dict[str, Any]:
     """One policy's figures (see the module docstring) from its step records, decision records, slot records
-    (``RUN/actors/<slot>.json`` by slot) and ``summary.json``."""
+    (``RUN/actors/<actor id>.json``, by actor id ``HOST/SLOT``) and ``summary.json``."""
     from libra.rl.metrics import prediction_error
 
     times = [float(r["step_time_s"]) for r in steps]
@@ -155,13 +155,9 @@ def policy_config(cfg: Any, policy: str, run_dir: Path, *, seed: int | None = No
 
 
 def _slots(run: Path) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for f in sorted((run / "actors").glob("*.json")):
-        try:
-            out[f.stem] = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-    return out
+    from libra.actors.slot_records import read_slot_records
+
+    return read_slot_records(run)  # by actor id (HOST/SLOT)
 
 
 def run_policy(cfg: Any, policy: str, run: Path, args: argparse.Namespace) -> dict[str, Any]:

@@ -4,7 +4,7 @@ Role: a slot that drops an engine (a hybrid role switch, a rollout engine restar
 that ran out of memory) must give the memory back before it builds or runs anything else, and say how much
 it got back. :func:`memory_reading` is what the slot holds now; :func:`release_memory` is the release step;
 both readings go to the ``role_switched`` / ``rollout_oom`` / ``engine_restarted`` log lines and the actor's
-record file (``RUN/actors/<slot>.json``).
+record file (``RUN/actors/<actor id>.json``, :mod:`libra.actors.slot_records`).
 
 Contracts:
 - :func:`memory_reading` never raises: on CUDA ``allocated_bytes`` / ``reserved_bytes``

@@ -14,6 +14,7 @@ import torch
 from libra.actors.gpu_stats import sample_gpu
 from libra.actors.roles import HybridRole
 from libra.actors.rollout_role import RolloutRole
+from libra.actors.slot_records import slot_record_path
 from libra.actors.tools import ToolError, WorkContext
 from libra.engines.device.placement import placement_from_env
 from libra.engines.tiny_model import ensure_tiny_model
@@ -54,7 +55,7 @@ def test_a_role_switch_gives_the_engines_gpu_memory_back(model_dir, tmp_path) ->
     role.generate(ARGS, ctx())
     held = torch.cuda.memory_allocated()
     role.reconfigure(["train", "sync"], {"role": "train"})
-    rec = json.loads((tmp_path / "actors" / "gpu0.json").read_text())
+    rec = json.loads(slot_record_path(tmp_path, "gpu0").read_text())
     sw = rec["role_switches"][-1]
     before, after = sw["memory_before"], sw["memory_after"]
     assert sw["released"] == ["rollout"] and sw["gc_needed"] is False, sw
@@ -88,7 +89,7 @@ def test_a_real_cuda_oom_is_an_oom_failure_and_the_engine_keeps_serving(model_di
     assert exc.value.code == "oom" and role.max_batch == 4 and eng.max_batch_size == 4
     del exc
     assert len(role.generate(ARGS, ctx())["token_ids"]) == 4
-    rec = json.loads((tmp_path / "actors" / "gpu0.json").read_text())
+    rec = json.loads(slot_record_path(tmp_path, "gpu0").read_text())
     assert rec["ooms"] == 1 and rec["memory_releases"][-1]["why"] == "oom"
     assert "allocated_bytes" in rec["memory_releases"][-1]["after"]
     role.close()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from libra.actors.slot_records import slot_record_path
 from libra.rl.config import load_job
 from libra.rl.driver import run_job
 from libra.rl.metrics import read_metrics
@@ -58,7 +59,7 @@ def test_a_rollout_slot_killed_mid_job_is_restarted_and_the_job_finishes(tmp_pat
     slot, pid = killed
     # the supervisor started the slot again: the restarted process's own record (the end-of-run wait holds the job
     # until a slot whose record's process is gone writes a new one), or the supervisor's restart warning
-    restarted = json.loads((run / "actors" / f"{slot}.json").read_text())
+    restarted = json.loads(slot_record_path(run, slot).read_text())
     err = capfd.readouterr().err
     restarts = [json.loads(line) for line in err.splitlines() if line.startswith("{") and '"slot_restarted"' in line]
     assert restarted["pid"] != pid or any(r["slot"] == slot and r["pid"] != pid for r in restarts), (

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from libra.actors.roles import HybridRole
+from libra.actors.slot_records import slot_record_path
 from libra.actors.tools import WorkContext
 from libra.engines.device.placement import choose_placement
 from libra.engines.tiny_model import ensure_tiny_model
@@ -124,7 +125,7 @@ def test_a_slot_whose_engine_was_released_catches_up_by_delta(tiny: Path, traine
     assert role.generate(turn(trainer.ref), ctx())["weights_version"] == 1
     assert role.rollout is not None and role.rollout.stats["full_loads"] == 1
     role.reconfigure([], {})  # reclaimed: the engine is closed and freed; the host copy stays
-    rec = json.loads((tmp_path / "actors" / "cpu5.json").read_text())
+    rec = json.loads(slot_record_path(tmp_path, "cpu5").read_text())
     assert role.rollout is None and rec["role_switches"][-1]["released"] == ["rollout"]
     assert rec["role_switches"][-1]["still_alive"] == []
     assert role.host_weights is not None and role.host_weights.version == 1
@@ -139,5 +140,5 @@ def test_a_slot_whose_engine_was_released_catches_up_by_delta(tiny: Path, traine
     full, _, _ = DataPlaneWeightFetcher().fetch(v2)
     own = r.engine.model.state_dict()
     assert all(torch.equal(own[k], full[k]) for k in full)
-    assert json.loads((tmp_path / "actors" / "cpu5.json").read_text())["delta_loads"] == 1
+    assert json.loads(slot_record_path(tmp_path, "cpu5").read_text())["delta_loads"] == 1
     role.reconfigure([], {})

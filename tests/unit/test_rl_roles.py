@@ -16,6 +16,7 @@ import torch
 from libra.actors.__main__ import parse_roles
 from libra.actors.roles import role_handlers
 from libra.actors.rollout_role import RolloutRole
+from libra.actors.slot_records import slot_record_path
 from libra.weights.file import read_weights_file, write_weights_file
 from libra.actors.train_role import TrainRole
 from libra.actors.tools import ToolError, WorkContext
@@ -50,7 +51,7 @@ def test_weights_file_round_trips_bit_exact(tmp_path: Path) -> None:
 
 
 def status(run: Path, slot: str) -> dict:
-    return json.loads((run / "actors" / f"{slot}.json").read_text())
+    return json.loads(slot_record_path(run, slot).read_text())
 
 
 def test_rollout_batches_turns_and_fetches_versions_over_the_data_plane(tiny: Path, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from libra.actors import rollout_role
 from libra.actors.roles import HybridRole
+from libra.actors.slot_records import slot_record_path
 from libra.actors.tools import WorkContext
 from libra.dataplane import DataPlaneServer
 from libra.engines.device.placement import choose_placement
@@ -52,7 +53,7 @@ GEN = {"prompt_ids": [5, 6, 7, 8], "max_new_tokens": 4, "temperature": 1.0, "sto
 
 
 def record(run: Path, slot: str) -> dict:
-    return json.loads((run / "actors" / f"{slot}.json").read_text())
+    return json.loads(slot_record_path(run, slot).read_text())
 
 
 def train_args(server: DataPlaneServer) -> dict:

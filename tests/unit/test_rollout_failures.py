@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from libra.actors.rollout_role import RolloutRole
+from libra.actors.slot_records import slot_record_path
 from libra.actors.tools import ToolError, WorkContext
 from libra.engines.device import cuda
 from libra.engines.kv_cache import KVCache
@@ -40,7 +41,7 @@ def args(prompt: list[int] | None = None, max_new: int = 4) -> dict[str, Any]:
 
 
 def record(run: Path, slot: str) -> dict:
-    return json.loads((run / "actors" / f"{slot}.json").read_text())
+    return json.loads(slot_record_path(run, slot).read_text())
 
 
 def failure(role: RolloutRole, a: dict[str, Any], c: WorkContext | None = None) -> tuple[str, str]:
