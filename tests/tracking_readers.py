@@ -3,7 +3,8 @@
 - TensorBoard: ``EventAccumulator`` over ``RUN/tensorboard`` (scalars by tag, texts by tag).
 - MLflow: ``MlflowClient(...).get_metric_history`` on the file store in ``RUN/mlruns``, and the run's artifacts.
 - W&B: ``wandb leet inspect --json`` (W&B's reader of an offline run's ``.wandb`` transaction log: one JSON
-  object per record), its ``history`` records.
+  object per record), its ``history`` records; :func:`wandb_offline_runs` reads each ``offline-run-*`` directory
+  (a resumed run writes one more, with the same run id).
 """
 
 from __future__ import annotations
@@ -64,3 +65,15 @@ def wandb_history(run_dir: Path) -> dict[int, dict[str, Any]]:
     """Step → the history row W&B recorded for it (the keys logged at that step)."""
     return {int(r["history"]["step"]["num"]): r["history"]["item"]
             for r in wandb_records(run_dir) if r.get("type") == "history"}
+
+
+def wandb_offline_runs(run_dir: Path) -> list[tuple[str, list[int]]]:
+    """``(run id, steps of its history rows)`` of each offline W&B directory in ``RUN/wandb``, oldest first."""
+    out = []
+    for d in sorted((run_dir / "wandb").glob("offline-run-*"), key=lambda p: p.stat().st_mtime):
+        res = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(d)],
+                             capture_output=True, text=True, timeout=120, check=True)
+        recs = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+        (run,) = [r["run"] for r in recs if r.get("type") == "run"]
+        out.append((run["run_id"], [int(r["history"]["step"]["num"]) for r in recs if r.get("type") == "history"]))
+    return out

@@ -79,7 +79,11 @@ class JobBoard:
         return m.Reply(msg.request_id, True, {"job": msg.name})
 
     def poll(self, msg: m.JobPoll, now: float) -> m.Reply:
-        """A job's progress from ``msg.cursor`` on (``msg.cancel``: cancel it first)."""
+        """A job's progress from ``msg.cursor`` on, at most ``msg.limit`` records (``msg.cancel``: cancel it
+        first); a limit outside 1..``JOB_POLL_MAX_LIMIT`` is a ``bad_request`` Reply."""
+        if isinstance(msg.limit, bool) or not 1 <= msg.limit <= m.JOB_POLL_MAX_LIMIT:
+            return m.Reply(msg.request_id, False, None, ErrorCode.BAD_REQUEST.value,
+                           f"JobPoll.limit must be an integer from 1 to {m.JOB_POLL_MAX_LIMIT}, got {msg.limit!r}")
         host = self.hosts.get(msg.job)
         if host is None:
             return m.Reply(msg.request_id, False, None, ErrorCode.BAD_REQUEST.value,
@@ -88,7 +92,7 @@ class JobBoard:
         if msg.cancel:
             host.cancel("cancelled by the client", now)
             self.dirty = True
-        return m.Reply(msg.request_id, True, host.poll(msg.cursor))
+        return m.Reply(msg.request_id, True, host.poll(msg.cursor, msg.limit))
 
     # ------------------------------------------------------------------ the core's side
     def collect(self, client_id: str, tag: str, reply: m.Reply) -> None:

@@ -279,14 +279,15 @@ class JobHost(TrainSteps):
         return t if t.tokens > 0 else None
 
     # ------------------------------------------------------------------ views
-    def poll(self, cursor: int) -> dict[str, Any]:
-        """What ``JobPoll`` answers (see the message's docstring)."""
+    def poll(self, cursor: int, limit: int | None = None) -> dict[str, Any]:
+        """What ``JobPoll`` answers (see the message's docstring): at most ``limit`` records from ``cursor``."""
         c = max(0, cursor)  # failures after the newest record the client has (at most 256 a poll)
+        page = self.records[c:] if limit is None else self.records[c:c + limit]
         f0 = next((int(r["episodes_failed"]) for r in reversed(self.records[:c]) if "episodes_failed" in r), 0)
         return {"failures": self.failures[f0:f0 + 256],
                 "job": self.name, "state": self.phase, "error": self.error, "steps": self.spec.steps,
                 "steps_done": self.state.steps_done, "version": self.state.version, "weights": self.weights,
-                "records": self.records[c:], "next_cursor": len(self.records),
+                "records": page, "next_cursor": c + len(page), "more": c + len(page) < len(self.records),
                 "dropped_groups": self.state.dropped_groups, "episodes_failed": self.episodes_failed,
                 "episodes_running": len(self._live) + self.evals.live, "training": self._train is not None,
                 "episodes_collected": sum(len(g.trajs) for g in self.state.groups.values()),

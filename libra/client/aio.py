@@ -139,9 +139,12 @@ class AsyncClient(ShellBase):
         A bad spec raises the typed error the broker answered (``BadRequest``-style ``LibraError``)."""
         return (await self._ask_reply(m.JobSubmit(self._core.ids.next(), name, spec, rows), timeout)).output
 
-    async def job_poll(self, name: str, cursor: int = 0, *, cancel: bool = False, timeout: float = 30.0) -> dict[str, Any]:
-        """Job ``name``'s progress: state, error and the step records from ``cursor`` on (see ``JobPoll``)."""
-        return (await self._ask_reply(m.JobPoll(self._core.ids.next(), name, cursor, cancel), timeout)).output
+    async def job_poll(self, name: str, cursor: int = 0, *, cancel: bool = False, timeout: float = 30.0,
+                       limit: int = m.JOB_POLL_LIMIT) -> dict[str, Any]:
+        """Job ``name``'s progress: state, error and at most ``limit`` step records from ``cursor`` on (``more``
+        in the reply: page on from its ``next_cursor``; see ``JobPoll``). A bad ``limit`` raises the broker's
+        ``bad_request`` as its typed error."""
+        return (await self._ask_reply(m.JobPoll(self._core.ids.next(), name, cursor, cancel, limit), timeout)).output
 
     async def _ask_reply(self, msg: Any, timeout: float) -> ToolResult:
         try:

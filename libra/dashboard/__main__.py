@@ -69,6 +69,7 @@ async def serve(args: argparse.Namespace, token: str | None, curve: object = Non
     """Poll and serve until SIGINT/SIGTERM (``curve``: the client's CurveZMQ keys, or None)."""
     _, uvicorn = _web()
     from libra.client.aio import AsyncClient
+    from libra.web_exit import clean_sigterm_server
 
     from .app import build_app
     from .history import History
@@ -80,7 +81,7 @@ async def serve(args: argparse.Namespace, token: str | None, curve: object = Non
     config = uvicorn.Config(build_app(poller, token), log_config=None, log_level=args.log_level,  # type: ignore[attr-defined]
                             access_log=False, lifespan="off", timeout_graceful_shutdown=2)
 
-    class Server(uvicorn.Server):  # type: ignore[attr-defined,name-defined,misc]
+    class Server(clean_sigterm_server(uvicorn.Server)):  # type: ignore[attr-defined,misc]  # SIGTERM: exit 0
         async def shutdown(self, sockets: object = None) -> None:
             poller.close()  # end the event streams first: uvicorn waits for open responses to finish
             await super().shutdown(sockets)  # type: ignore[arg-type]

@@ -1,5 +1,6 @@
 """The dashboard's one client of the broker: a status request every ``interval_s`` seconds, and a ``JobPoll``
-for a job whose summary changed since its last poll (its new step and decision records, from its cursor). Read
+for a job whose summary changed since its last poll (its new step and decision records, from its cursor, a page of
+``page_size`` records at a time until the broker says none is left). Read
 only: it sends nothing else (no cancel, no directive). Each poll's view is serialised once and handed to every
 ``/api/events`` subscriber; a subscriber that falls behind loses old events, never the newest."""
 
@@ -12,12 +13,14 @@ from typing import Any
 
 from libra import strict_json
 from libra.client.errors import LibraError
+from libra.protocol.messages import JOB_POLL_LIMIT
 
 from .history import History
 
 __all__ = ["Poller"]
 
 SUBSCRIBER_QUEUE = 4  # events a slow page may have waiting before the oldest is dropped
+MAX_PAGES = 20  # JobPoll pages one job may take in one poll; the rest waits for the next
 
 
 def _job_mark(summary: Any) -> str:
@@ -32,8 +35,9 @@ class Poller:
     ``job_poll``) into ``history``; ``clock``: the wall clock the history's times are on."""
 
     def __init__(self, client: Any, history: History, interval_s: float = 1.0, timeout_s: float | None = None,
-                 clock: Any = time.time) -> None:
+                 clock: Any = time.time, page_size: int = JOB_POLL_LIMIT) -> None:
         self.client, self.history, self.interval_s = client, history, interval_s
+        self.page_size = page_size  # records per JobPoll reply
         self.timeout_s = timeout_s if timeout_s is not None else max(2.0, 3 * interval_s)
         self.clock = clock
         self.latest = strict_json.dumps(history.view())
@@ -53,14 +57,26 @@ class Poller:
                 mark = _job_mark(summary)
                 if self._job_marks.get(name) == mark:
                     continue
-                try:
-                    reply = await self.client.job_poll(name, self.history.job_cursor(name), timeout=self.timeout_s)
-                except LibraError:
-                    continue  # gone meanwhile, or refused: asked again at its next change
-                self._job_marks[name] = mark
-                if isinstance(reply, dict):
-                    self.history.add_job(name, self.clock(), reply)
+                if await self._poll_job(name):
+                    self._job_marks[name] = mark
         self.publish()
+
+    async def _poll_job(self, name: str) -> bool:
+        """Job ``name``'s new records into the history, a page (``JobPoll.limit``) at a time until the broker
+        says none is left (``more``); False when a poll is refused or unanswered (asked again at its next
+        change, from the cursor the pages already read reached)."""
+        for _ in range(MAX_PAGES):
+            try:
+                reply = await self.client.job_poll(name, self.history.job_cursor(name), timeout=self.timeout_s,
+                                                   limit=self.page_size)
+            except LibraError:
+                return False  # gone meanwhile, or refused
+            if not isinstance(reply, dict):
+                return True
+            self.history.add_job(name, self.clock(), reply)
+            if not reply.get("more"):
+                return True
+        return False  # still more after MAX_PAGES: the rest at the next poll (the mark is left unset)
 
     def publish(self) -> None:
         self.latest = strict_json.dumps(self.history.view())

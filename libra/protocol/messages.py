@@ -190,10 +190,16 @@ class JobSubmit:
     rows: list[Any]
 
 
+JOB_POLL_LIMIT = 500  # JobPoll.limit's default: records in one reply
+JOB_POLL_MAX_LIMIT = 5000  # the most a JobPoll may ask for; above it (or below 1) the broker answers bad_request
+
+
 @dataclass(slots=True)
 class JobPoll:
     """C→B: progress of job ``job``: a Reply whose output is ``{"state", "error", "steps_done",
-    "version", "records": [step records with index >= cursor], "next_cursor", "summary"}``.
+    "version", "records": [at most ``limit`` records with index >= cursor], "next_cursor", "more", "summary"}``
+    (``more``: records after ``next_cursor`` are waiting; a client pages on from ``next_cursor`` at once).
+    ``limit`` must be 1..``JOB_POLL_MAX_LIMIT`` (a bad one is a ``bad_request`` Reply).
     ``cancel=True`` stops the job first (its queued work is cancelled, running work finishes unused)."""
 
     KIND: ClassVar[int] = 0x0F
@@ -201,6 +207,7 @@ class JobPoll:
     job: str
     cursor: int = 0
     cancel: bool = False
+    limit: int = JOB_POLL_LIMIT
 
 
 @dataclass(slots=True)

@@ -103,7 +103,7 @@ class JobPollReply(Payload, frozen=True, kw_only=True):
     """The output of the broker's Reply to ``JobPoll``."""
 
     WHAT = "job poll reply"
-    OMIT_DEFAULT = ("failures", "oom_retries", "decisions", "prediction_error", "episodes_collected")
+    OMIT_DEFAULT = ("failures", "oom_retries", "decisions", "prediction_error", "episodes_collected", "more")
 
     job: str
     """The job's name."""
@@ -124,6 +124,8 @@ class JobPollReply(Payload, frozen=True, kw_only=True):
     and decision records (``"kind": "decision"``, ``libra.broker.job_records``), in the order they were made."""
     next_cursor: NonNeg = 0
     """The cursor of the next poll."""
+    more: bool = False
+    """Records after ``next_cursor`` are waiting (the poll's ``limit`` cut this page): poll again at once."""
     dropped_groups: NonNeg = 0
     """GRPO groups dropped (too few members, or beyond the policy-lag bound)."""
     episodes_failed: NonNeg = 0

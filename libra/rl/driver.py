@@ -67,6 +67,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from libra.actors.slot_records import read_slot_records
 from libra.config import ConfigError
 from libra.envs.loader import env_key
 from libra.logging import get_logger
@@ -217,7 +218,8 @@ class _Driver:
         self._publish_s: dict[int, float] = {}  # weights version -> rank 0's publish seconds
         self.samples = (run_dir / "samples.jsonl").open("a", encoding="utf-8")
         try:  # RUN/metrics.jsonl and the [job] loggers trackers (libra.rl.loggers): one write per record
-            self.metrics = open_run_loggers(cfg.job.loggers, run_dir, cfg.job.name, cfg.to_mapping())
+            self.metrics = open_run_loggers(cfg.job.loggers, run_dir, cfg.job.name, cfg.to_mapping(),
+                                            resume_step=resume.step if resume is not None else None)
         except BaseException:
             self.samples.close()
             self.failures.close()
@@ -256,6 +258,8 @@ class _Driver:
                     bar.step(rec)
                 bar.poll(st.episodes_collected, st.training)
                 cursor = st.next_cursor
+                if st.more:  # the reply was one page (JobPoll.limit): the rest at once, before the state counts
+                    continue
                 if st.state == "done":
                     finished = True
                     break
@@ -323,13 +327,14 @@ class _Driver:
 
     async def _await_rollout_sync(self, version: int, timeout: float = 30.0) -> dict[str, int | None]:
         """Wait until every rollout actor's status file reports ``version`` (idle instances load it on
-        their own); returns slot → version as last seen. An instance that was never sent a weights ref
-        (``knows_publisher`` false: every turn ran before the first publish) cannot follow, so it is not
-        waited for; a record whose process is gone (the slot died and its supervisor is restarting it) is
-        stale, so its slot is waited for until the new process writes its own. A hybrid slot the Elastic
-        Hybrid Pool holds in training is no rollout instance now (not waited for, not listed); one released
-        back to rollout whose record has no version yet builds its engine with its next turn, which carries
-        the newest weights (listed as None, not waited for)."""
+        their own); returns actor id → version as last seen (records are keyed by actor, ``HOST/SLOT``:
+        the same slot name on two hosts is two instances, :mod:`libra.actors.slot_records`). An instance that
+        was never sent a weights ref (``knows_publisher`` false: every turn ran before the first publish)
+        cannot follow, so it is not waited for; a record whose process is gone (the slot died and its
+        supervisor is restarting it) is stale, so its actor is waited for until the new process writes its
+        own. A hybrid slot the Elastic Hybrid Pool holds in training is no rollout instance now (not waited
+        for, not listed); one released back to rollout whose record has no version yet builds its engine
+        with its next turn, which carries the newest weights (listed as None, not waited for)."""
         import psutil
 
         seen: dict[str, int | None] = {}
@@ -338,21 +343,20 @@ class _Driver:
         deadline = time.monotonic() + timeout
         while True:
             training: set[str] = set()  # hybrid slots the pool holds in training: not rollout instances now
-            for f in (self.run_dir / "actors").glob("*.json"):
+            for aid, rec in read_slot_records(self.run_dir).items():  # one per actor: HOST/SLOT, not the slot
                 try:
-                    rec = json.loads(f.read_text())
                     if rec.get("role") == "train":
-                        training.add(f.stem)
-                        seen.pop(f.stem, None)
+                        training.add(aid)
+                        seen.pop(aid, None)
                         continue
                     v = rec.get("weights_version")
-                    seen[f.stem] = None if v is None and rec.get("role") == "rollout" else int(v)
-                except (OSError, ValueError, KeyError, TypeError):
+                    seen[aid] = None if v is None and rec.get("role") == "rollout" else int(v)
+                except (ValueError, KeyError, TypeError):
                     continue
                 gone = isinstance(rec.get("pid"), int) and not psutil.pid_exists(rec["pid"])
-                (dead.add if gone else dead.discard)(f.stem)
-                (stuck.add if rec.get("knows_publisher") is False else stuck.discard)(f.stem)
-            synced = all((v is None or v >= version or slot in stuck) and slot not in dead for slot, v in seen.items())
+                (dead.add if gone else dead.discard)(aid)
+                (stuck.add if rec.get("knows_publisher") is False else stuck.discard)(aid)
+            synced = all((v is None or v >= version or a in stuck) and a not in dead for a, v in seen.items())
             if (len(seen) + len(training) >= self.expected_rollouts and synced) or time.monotonic() >= deadline:
                 return seen
             await asyncio.sleep(0.1)
@@ -363,14 +367,10 @@ class _Driver:
         fetches: list[dict[str, Any]] = []
         out: dict[str, Any] = {"dataplane_loads": 0, "torch_loads": 0, "file_loads": 0, "fetch_errors": 0,
                                "bytes_fetched": 0}
-        for f in sorted((self.run_dir / "actors").glob("*.json")):
-            try:
-                st = json.loads(f.read_text())
-            except (OSError, ValueError):
-                continue
+        for aid, st in read_slot_records(self.run_dir).items():
             for k in out:
                 out[k] += int(st.get(k, 0))
-            fetches += [dict(x, slot=f.stem) for x in st.get("fetches", [])]
+            fetches += [dict(x, slot=st.get("slot"), actor_id=aid) for x in st.get("fetches", [])]
         dp = [x for x in fetches if x.get("via") in ("dataplane", "torch")]
         out["fetch_s_mean"] = statistics.fmean(x["fetch_s"] for x in dp) if dp else None
         out["load_s_mean"] = statistics.fmean(x["load_s"] for x in dp) if dp else None
@@ -415,9 +415,11 @@ async def run_job_async(cfg: JobConfig, broker_url: str, *, progress: bool = Tru
 
 def clear_driver_files(run: Path, resume: bool) -> None:
     """Remove what an earlier run of the driver left in ``run`` (created if missing): its summary and, unless
-    ``resume``, its metrics, samples and failures, which this run would otherwise append to."""
+    ``resume``, its metrics, samples, failures and tracker run ids, which this run would otherwise continue."""
     run.mkdir(parents=True, exist_ok=True)
-    for stale in ("summary.json",) + (() if resume else ("metrics.jsonl", "samples.jsonl", "failures.jsonl")):
+    # trackers.json: the tracker runs a resumed run continues (libra.rl.loggers.adapters); a fresh run starts new ones
+    for stale in ("summary.json",) + (() if resume else ("metrics.jsonl", "samples.jsonl", "failures.jsonl",
+                                                         "trackers.json")):
         (run / stale).unlink(missing_ok=True)
 
 

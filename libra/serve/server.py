@@ -14,6 +14,8 @@ import socket
 import threading
 from typing import Any
 
+from libra.web_exit import clean_sigterm_server
+
 from .trajectories import TrajectoryRegistry
 
 __all__ = ["EndpointServer", "shared_endpoint"]
@@ -56,7 +58,7 @@ class EndpointServer:
         import uvicorn
 
         self.loop = asyncio.get_running_loop()
-        self._server = uvicorn.Server(self._config())
+        self._server = clean_sigterm_server(uvicorn.Server)(self._config())  # SIGTERM: exit 0
         self._task = asyncio.ensure_future(self._server.serve(sockets=[self._bind()]))
         deadline = self.loop.time() + timeout
         while not self._server.started:
@@ -74,7 +76,7 @@ class EndpointServer:
         import uvicorn
 
         self.loop = asyncio.get_running_loop()
-        self._server = uvicorn.Server(self._config())
+        self._server = clean_sigterm_server(uvicorn.Server)(self._config())  # SIGTERM: exit 0
         sock = self._bind()
         if announce is not None:
             announce(self.base_url)

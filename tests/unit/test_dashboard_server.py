@@ -80,7 +80,7 @@ class Broker:
         return SimpleNamespace(actors=[{"id": "h/cpu0", "host": "h", "slot": "cpu0", "kinds": ["train"]}],
                                queues={"generate:default": 2}, stats=json.loads(json.dumps(self.stats)))
 
-    async def job_poll(self, name: str, cursor: int = 0, *, timeout: float = 30.0) -> dict[str, Any]:
+    async def job_poll(self, name: str, cursor: int = 0, *, timeout: float = 30.0, limit: int = 500) -> dict[str, Any]:
         self.polls.append((name, cursor))
         if name == "gone":
             raise LibraError("no job 'gone' on this broker")

@@ -24,7 +24,7 @@ __all__ = ["ADAPTERS", "RunLoggers", "open_run_loggers"]
 
 log = get_logger("libra.rl.loggers")
 
-ADAPTERS: dict[str, Callable[[Path, str, Mapping[str, Any]], StepLogger]] = {
+ADAPTERS: dict[str, Callable[..., StepLogger]] = {  # (run_dir, run_name, config, resume_step=None)
     "tensorboard": TensorBoardLogger, "mlflow": MlflowLogger, "wandb": WandbLogger}
 
 
@@ -66,8 +66,10 @@ def _close(t: StepLogger) -> None:
         log.warning("tracker_close_failed", logger=t.name, error=f"{type(exc).__name__}: {exc}")
 
 
-def open_run_loggers(names: list[str], run_dir: Path, run_name: str, config: Mapping[str, Any]) -> RunLoggers:
-    """``RUN/metrics.jsonl`` and the trackers of ``names`` (``jsonl`` is the file itself); raises
+def open_run_loggers(names: list[str], run_dir: Path, run_name: str, config: Mapping[str, Any],
+                     resume_step: int | None = None) -> RunLoggers:
+    """``RUN/metrics.jsonl`` and the trackers of ``names`` (``jsonl`` is the file itself); ``resume_step``: the
+    run resumes from that step's checkpoint, each tracker continues its run (``RUN/trackers.json``); raises
     :class:`LoggerUnavailable` (and closes what it opened) when a tracker's package is missing or its run does
     not start."""
     check_installed(names)
@@ -76,7 +78,8 @@ def open_run_loggers(names: list[str], run_dir: Path, run_name: str, config: Map
         for name in names:
             if name in ADAPTERS:
                 try:
-                    trackers.append(ADAPTERS[name](run_dir, run_name, config))
+                    more = {} if resume_step is None else {"resume_step": resume_step}  # a fresh run: 3 args
+                    trackers.append(ADAPTERS[name](run_dir, run_name, config, **more))
                 except Exception as exc:  # noqa: BLE001 - said as the typed error, naming the tracker
                     raise LoggerUnavailable(f"[job] loggers: {name!r} could not start its run in {run_dir} "
                                             f"({type(exc).__name__}: {exc})") from exc
