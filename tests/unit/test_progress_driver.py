@@ -92,3 +92,25 @@ def test_the_driver_without_progress_draws_no_bar(tmp_path: Path, monkeypatch: p
     _run(tmp_path, monkeypatch, progress=False)
     err = capsys.readouterr().err
     assert "sandbox_evicted" in err and "%|" not in err and "episodes of step" not in err
+
+
+class PagedClient(FakeClient):
+    """A broker whose job is done with both step records waiting, answering one record a poll (``more``)."""
+
+    async def job_poll(self, name: str, cursor: int, cancel: bool = False, timeout: float = 5.0,
+                       limit: int = 500) -> dict:
+        recs = [_step(1), _step(2)]
+        page = recs[cursor:cursor + 1]
+        return {"job": name, "state": "done", "steps": 2, "records": page, "next_cursor": cursor + len(page),
+                "more": cursor + len(page) < len(recs), "episodes_collected": 0, "training": False, "version": 2}
+
+
+def test_a_done_job_whose_records_come_in_pages_is_read_to_its_last_page(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    monkeypatch.setattr(__name__ + ".FakeClient.job_poll", PagedClient.job_poll)
+    _run(tmp_path, monkeypatch, progress=False)
+    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
+             if '"step"' in x]
+    assert steps == [1, 2]
