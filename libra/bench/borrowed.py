@@ -159,7 +159,8 @@ def _planner_rows(a: argparse.Namespace, trajs: Any, cfg: SimConfig, planned: tu
     op, (r0, nb) = planned
     plan = op.owned_plan
     out: dict[str, Any] = {"no_borrowing": nb, "owned_plan": {"n_train": plan.n_train, "rollout_tps": list(plan.rollout_tps),
-                                                              "predicted_step_s": round(plan.objective, 1)}, "runs": []}
+                                                              "predicted_step_s": round(op.predicted_step_s(), 1),
+                                                              "first_step_s": round(plan.objective, 1)}, "runs": []}
     n0 = max(1, math.ceil(r0.makespan_s / bin_s))
     for rate, placement in [(r, pl) for r in a.rate_list for pl in a.placement_list]:
         o = owners[rate]
@@ -264,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         pl = out["planner"]
         op = pl["owned_plan"]
         print(f"[grp] owned-only plan: train {op['n_train']} GPUs, rollout TPs {op['rollout_tps']}, predicted step "
-              f"{op['predicted_step_s']} s")
+              f"{op['predicted_step_s']} s over the run's steps (first step's workload alone: {op['first_step_s']} s)")
         _print_runs(pl["no_borrowing"], pl["runs"], "grp")
     for line in out["modelled_only"]:
         print(f"modelled-only: {line}")

@@ -6,7 +6,9 @@ simulator's fixed ``hetero`` layout. Both layouts come from the same planner the
 ``grp`` allocation gives it (:class:`~libra.sim.planner.PlannerAllocation`), on the workload of the trace's
 profiled first step (as that allocation's initial plan):
 
-- :func:`planner_owned`: the loop's profiled plan on the owned GPUs alone (the run without borrowing);
+- :func:`planner_owned`: the loop's profiled plan on the owned GPUs alone (the run without borrowing); its
+  predicted step over the run (:meth:`OwnedPlanner.predicted_step_s`) is the mean of the planner's time of the
+  deployed layout on every step's workload (the first step's alone is ~4x short on the drifting R2E trace);
 - :func:`planner_borrowed`: :func:`~libra.policies.planner.borrowed.plan_with_borrowed` with the lent
   capacity the owner's schedule gives on average (:class:`BorrowedCapacity`: GPUs, its take-backs per lent
   GPU-hour, one take-back's cost by the broker's default :func:`~libra.broker.plan_borrowed.default_revocation_cost_s`);
@@ -69,6 +71,13 @@ class PlannedBorrowing:
                 "rollout_tps": sorted((i.tp for i in self.layout.instances), reverse=True)}
 
 
+def _by_step(trajs: Sequence[TrajectorySpec]) -> list[list[TrajectorySpec]]:
+    out: dict[int, list[TrajectorySpec]] = {}
+    for t in trajs:
+        out.setdefault(t.step, []).append(t)
+    return [out[k] for k in sorted(out)]
+
+
 class OwnedPlanner:
     """The runtime's planner for ``cfg.gpus`` owned GPUs and the trace ``trajs`` (module docstring)."""
 
@@ -80,6 +89,16 @@ class OwnedPlanner:
                          tool_seconds_of(t)) for t in self.alloc.profile]
         self.owned_plan: Plan = self.alloc.initial
         self.layout = plan_layout("grp", self.owned_plan, cfg.gpus)
+        self.steps = _by_step(trajs)
+
+    def predicted_step_s(self, plan: Plan | None = None) -> float:
+        """The mean predicted step of the static ``plan`` (default: the owned plan) over every step of the run:
+        the planner's time of the deployed layout, bucket thresholds as planned (``evaluate_deployed``), on each
+        step's own workload. ``plan.objective`` is the profiled first step's alone: the R2E-like lengths grow
+        ~4x over a run, so that figure says nothing of a layout held for all of it."""
+        p = plan if plan is not None else self.owned_plan
+        times = [self.planner.evaluate_deployed(p, workload_of(step)).objective for step in self.steps]
+        return sum(times) / len(times)
 
     @property
     def planner(self) -> Any:

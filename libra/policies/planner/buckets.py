@@ -70,7 +70,7 @@ from libra.policies.planner.rollout_dp import RolloutSample, agentic_cost
 from libra.policies.planner.types import PlannerError, RolloutInstance
 
 __all__ = ["BLIND_ROUTINGS", "BlindCosts", "BlindTable", "BucketCosts", "BucketTable", "blind_instances",
-           "bucket_instances", "evaluate_blind", "evaluate_buckets", "next_state"]
+           "bucket_instances", "evaluate_blind", "evaluate_buckets", "next_state", "threshold_buckets"]
 
 Bucket = tuple[int, int, int, int]
 """``(tp, k instances, j, i)``: a bucket of ``k`` TP-``tp`` instances serving sorted items ``j..i-1``."""
@@ -345,6 +345,23 @@ def evaluate_buckets(costs: BucketCosts, tps: tuple[int, ...]) -> tuple[float, l
             out.append((tp, k, j, i))
         i = j
     return value, out[::-1]
+
+
+def threshold_buckets(costs: BucketCosts, deployed: list[tuple[int, int, float]]) -> list[Bucket]:
+    """The buckets of a *deployed* layout on ``costs``'s sample: ``deployed`` lists ``(tp, k instances,
+    max_tokens)`` in ascending TP order (``Plan.buckets()``); each request goes to the first bucket whose
+    ``max_tokens`` holds its length, as the broker's bucket thresholds route it. Unlike
+    :func:`evaluate_buckets`, the split is not re-chosen for the sample: thresholds planned on shorter
+    requests send a longer sample to the last bucket. Empty buckets are left out."""
+    lengths, out, j = costs.sample.lengths, [], 0
+    for tp, k, max_tokens in deployed:
+        i = costs.sample.size if math.isinf(max_tokens) else max(j, int(np.searchsorted(lengths, max_tokens, "right")))
+        if i > j:
+            out.append((tp, k, j, i))
+        j = i
+    if j < costs.sample.size:  # past the last threshold (not expected: the last bucket takes everything)
+        raise PlannerError(f"deployed buckets {deployed} leave requests longer than {lengths[j - 1] if j else 0}")
+    return out
 
 
 def bucket_instances(costs: BucketCosts, buckets: list[Bucket]) -> tuple[RolloutInstance, ...]:

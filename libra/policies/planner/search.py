@@ -59,6 +59,7 @@ from libra.policies.planner.buckets import (
     bucket_instances,
     evaluate_blind,
     evaluate_buckets,
+    threshold_buckets,
 )
 from libra.policies.planner.rollout_dp import RolloutSample, RolloutTable, cost_matrices, evaluate_layout, to_instances
 from libra.policies.planner.start_small import (
@@ -353,6 +354,33 @@ class GlobalResourcePlanner:
     def evaluate(self, plan: Plan, workload: Workload | list[tuple[float, float]]) -> Plan:
         """Re-score ``plan``'s layout (same n_train, training layout and TP multiset) on ``workload``."""
         return self.plan_fixed(workload, plan.n_train, plan.rollout_tps, plan.train, allocator=plan.allocator)
+
+    def evaluate_deployed(self, plan: Plan, workload: Workload | list[tuple[float, float]]) -> Plan:
+        """``plan`` re-scored on ``workload`` *as deployed*: its buckets keep the length thresholds it was
+        planned with (:meth:`Plan.buckets`, which the broker's bucket specs carry), and each request of
+        ``workload`` goes to the bucket its length falls in (:func:`~.buckets.threshold_buckets`).
+        :meth:`evaluate` instead re-chooses the split for ``workload``, which a deployed layout does not do
+        until a round re-plans it: when the lengths grow past the thresholds, the last bucket serves nearly
+        everything. For the ``by_length`` pooled-bucket model; the other models have no length thresholds
+        (blind routings) or their own rule (``start_small``, the instance-level DP) and score as
+        :meth:`evaluate`."""
+        cfg = self.config
+        if cfg.routing != "by_length" or not cfg.pooled_buckets or plan.colocated:
+            return self.evaluate(plan, workload)
+        wl = as_workload(workload)
+        ctx = self._context(wl)
+        if plan.train is not None:
+            t_train = self.train_model.step_time(plan.train, ctx.train.lengths)
+        else:
+            choice = ctx.train.best(plan.n_train) if plan.n_train > 0 else None
+            t_train = choice.time if choice else math.inf
+        bks = threshold_buckets(ctx.costs, [(b.tp, b.n_instances, b.max_tokens) for b in plan.buckets()])
+        t_roll, chain = ctx.costs.layout_time(bks), ctx.costs.layout_chain(bks)
+        inst = _pad_idle(bucket_instances(ctx.costs, bks), plan.rollout_tps) if math.isfinite(t_roll) else ()
+        lag = cfg.overlap_steps
+        return Plan(cfg.n_gpus, plan.n_train, plan.train, inst, t_train, t_roll, allocator=plan.allocator,
+                    t_chain=chain if lag > 1 and math.isfinite(t_roll) else 0.0, overlap_steps=lag,
+                    throughput=cfg.objective == "throughput")
 
 
 def _pad_idle(instances: tuple[RolloutInstance, ...], tps: tuple[int, ...]) -> tuple[RolloutInstance, ...]:
