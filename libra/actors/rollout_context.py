@@ -61,6 +61,7 @@ class Turn:
     req: Any  # GenRequest
     key: str | None  # the trajectory id (the cache key), None for a turn without one
     via: str  # how the context was had (GenerateResult.context_via)
+    cancelled: Any = None  # the work's cancel event (threading.Event), None for a turn nothing cancels
 
 
 class ContextService:
@@ -170,15 +171,18 @@ class ContextService:
         """One engine call for ``turns``; the engine (or, for engines without a cache, this service) keeps each
         trajectory's context for its next turn."""
         reqs = [t.req for t in turns]
+        stop: dict[str, Any] = {}
+        if getattr(self.engine, "cancellable", False) and any(t.cancelled is not None for t in turns):
+            stop["cancelled"] = [t.cancelled.is_set if t.cancelled is not None else None for t in turns]
         if self.own_cache:
-            results = self.engine.generate(reqs)
+            results = self.engine.generate(reqs, **stop)
             for t, r in zip(turns, results):
-                if t.key is not None:
+                if t.key is not None and r.finish_reason != "cancelled":
                     ids = array("I", t.req.prompt_ids)
                     ids.extend(r.token_ids)
                     self.store.put(t.key, ContextEntry(ids, ContextDigest(ids), None, 0, r.weights_version))
             return results
-        return self.engine.generate(reqs, sessions=[t.key for t in turns])
+        return self.engine.generate(reqs, sessions=[t.key for t in turns], **stop)
 
     def reply_fields(self, turn: Turn, result: Any) -> dict[str, Any]:
         """The ``GenerateResult`` fields about the context: ``context_at``, ``context_via``, ``prefill_tokens``."""

@@ -53,6 +53,10 @@ Contracts:
   ``{"version", "via", "sync", "fetch_s", "load_s", "bytes"}``); ``ooms``, ``max_batch``, ``engine_restarts``,
   ``restart_errors``, ``context_too_long`` and ``memory_releases`` after a failure; and the fields of
   ``record`` (a hybrid slot's role switches).
+- A cancelled turn (its work revoked, preempted or handed back: ``WorkContext.cancelled``) stops: one still
+  waiting fails with ``cancelled`` before it runs; one in the engine's batch leaves it at the next decode step
+  on an engine that can interrupt (``cancellable``, the HF engine) and fails with ``cancelled`` too, keeping no
+  context; the other turns of the batch finish. ``cancelled_turns`` counts both.
 - Fallback (documented, not used by ``python -m libra run``): a weights ref with a ``path`` instead of an
   ``endpoint`` is read from a weights file (:mod:`libra.weights.file`), for weights on shared storage (e.g.
   a checkpoint) when no data-plane route to a trainer exists.
@@ -215,7 +219,7 @@ class RolloutRole(EngineKeeper):
         self._q: queue.SimpleQueue[tuple[Any, WeightsRef | None, Future] | None] = queue.SimpleQueue()  # None: close
         self.stats: dict[str, Any] = {"loads": 0, "dataplane_loads": 0, "torch_loads": 0, "file_loads": 0,
                                       "delta_loads": 0, "full_loads": 0, "host_loads": 0, "delta_fallbacks": 0,
-                                      "last_delta_error": None, "bytes_fetched": 0,
+                                      "cancelled_turns": 0, "last_delta_error": None, "bytes_fetched": 0,
                                       "last_load_s": 0.0, "last_fetch_s": 0.0, "fetch_errors": 0, "last_error": None,
                                       "fetches": [], "ooms": 0, "max_batch": max_batch, "engine_restarts": 0,
                                       "restart_errors": 0, "context_too_long": 0, "memory_releases": []}
@@ -253,7 +257,7 @@ class RolloutRole(EngineKeeper):
         if self._stopped.is_set():
             raise ToolError("engine_failed", f"rollout instance {self.slot} is closed")
         fut: Future = Future()
-        self._q.put((Turn(req, ctx.trajectory, via), ga.weights, fut))
+        self._q.put((Turn(req, ctx.trajectory, via, getattr(ctx, "cancelled", None)), ga.weights, fut))
         return fut.result()
 
     CLOSE_JOIN_S = 60.0  # how long close() waits for the batcher's current batch or idle poll
@@ -303,6 +307,9 @@ class RolloutRole(EngineKeeper):
             batch = self._take_batch()
             if not batch:
                 return
+            batch = self._drop_cancelled(batch)
+            if not batch:
+                continue
             failure: tuple[str, str] | None = None
             try:
                 self._ensure_engine()
@@ -326,8 +333,24 @@ class RolloutRole(EngineKeeper):
                 continue
             self._report_kv()  # before the replies: the credit is re-bid before the next turns can come
             for (*_, fut), reply in zip(batch, replies):
-                fut.set_result(reply)
+                if reply["finish_reason"] == "cancelled":  # stopped mid-turn: its work was revoked or handed back
+                    self.stats["cancelled_turns"] += 1
+                    fut.set_exception(ToolError("cancelled", f"turn cancelled after {reply['gen_tokens']} tokens"))
+                else:
+                    fut.set_result(reply)
             del batch, replies
+
+    def _drop_cancelled(self, batch: list[tuple[Any, WeightsRef | None, Future]]) -> list[tuple[Any, Any, Future]]:
+        """Fail the turns cancelled while they waited (nothing of them ran); the rest go to the engine."""
+        kept = []
+        for item in batch:
+            ev = item[0].cancelled
+            if ev is not None and ev.is_set():
+                self.stats["cancelled_turns"] += 1
+                item[2].set_exception(ToolError("cancelled", "turn cancelled before it started"))
+            else:
+                kept.append(item)
+        return kept
 
     def _report_kv(self) -> None:
         """Hand the engine's KV reading (``libra.engines.kv_use``) to :attr:`on_kv_use`, if set."""

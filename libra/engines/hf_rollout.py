@@ -189,12 +189,17 @@ class HFRolloutEngine:
         """The weights version the next ``generate`` uses."""
         return self._version
 
+    cancellable = True  # generate(..., cancelled=[...]) stops a cancelled row at its next step (rollout_base)
+
     def generate(self, requests: Sequence[GenRequest], sessions: Sequence[str | None] | None = None,
-                 on_tokens: Callable[[list[tuple[int, int]]], None] | None = None) -> list[GenResult]:
+                 on_tokens: Callable[[list[tuple[int, int]]], None] | None = None,
+                 cancelled: Sequence[Callable[[], bool] | None] | None = None) -> list[GenResult]:
         """Generate every request; results in request order (see the module contracts). ``sessions[i]``
         (a trajectory id, or None) keeps request ``i``'s context in :attr:`kv_cache` for its next turn.
         ``on_tokens`` (optional) is called after each sampling step with ``(request index, token id)`` for
         every request that got a token in it (what a serving process streams and times per token).
+        ``cancelled[i]`` (optional) is asked after each step: True ends request ``i`` there with
+        ``finish_reason == "cancelled"`` and no context kept.
 
         Raises ``ValueError`` naming the request index for a token id outside the vocabulary or a
         request longer than ``max_position_embeddings``, or for ``sessions`` of another length.
@@ -204,6 +209,9 @@ class HFRolloutEngine:
         keys = list(sessions) if sessions is not None else [None] * len(requests)
         if len(keys) != len(requests):
             raise ValueError(f"{len(keys)} sessions for {len(requests)} requests")
+        checks = list(cancelled) if cancelled is not None else [None] * len(requests)
+        if len(checks) != len(requests):
+            raise ValueError(f"{len(checks)} cancel checks for {len(requests)} requests")
         results: list[GenResult | None] = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
         with self._lock, torch.inference_mode():
@@ -215,7 +223,7 @@ class HFRolloutEngine:
                 step = None if on_tokens is None else (
                     lambda got, idx=idx: on_tokens([(idx[j], t) for j, t in got]))
                 for i, res in zip(idx, self._generate_batch([requests[i] for i in idx], version,
-                                                            [keys[i] for i in idx], step)):
+                                                            [keys[i] for i in idx], step, [checks[i] for i in idx])):
                     results[i] = res
         return [r for r in results if r is not None]
 
@@ -380,10 +388,13 @@ class HFRolloutEngine:
         return out.logits[:, -1, :].float(), cache, mask
 
     def _generate_batch(self, reqs: Sequence[GenRequest], version: int, keys: Sequence[str | None],
-                        on_tokens: Callable[[list[tuple[int, int]]], None] | None = None) -> list[GenResult]:
-        """One batch: the prefill (:meth:`_prefill`), then one decode step per token until every row ends."""
+                        on_tokens: Callable[[list[tuple[int, int]]], None] | None = None,
+                        checks: Sequence[Callable[[], bool] | None] | None = None) -> list[GenResult]:
+        """One batch: the prefill (:meth:`_prefill`), then one decode step per token until every row ends (or
+        is cancelled: ``checks``)."""
         dev = self.device
         bsz = len(reqs)
+        checks = checks if checks is not None else [None] * bsz
         lens = [len(r.prompt_ids) for r in reqs]
         reuse = [self._reusable(k, r, version) for k, r in zip(keys, reqs)]
         past = [e.kv_len if e is not None else 0 for e in reuse]
@@ -416,6 +427,9 @@ class HFRolloutEngine:
                 slps[b].append(s)
                 if t in stops[b]:
                     reasons[b] = "stop"
+                elif checks[b] is not None and checks[b]():  # type: ignore[misc]
+                    reasons[b] = "cancelled"  # its trajectory goes on elsewhere: no context kept
+                    continue
                 elif len(toks[b]) < reqs[b].max_new_tokens:
                     keep.append(j)
                     continue
@@ -445,7 +459,7 @@ class HFRolloutEngine:
             GenResult(
                 token_ids=toks[b],
                 logprobs=lps[b],
-                finish_reason="stop" if reasons[b] == "stop" else "length",
+                finish_reason=reasons[b],  # type: ignore[arg-type]
                 weights_version=version,
                 sampling_logprobs=slps[b],
                 num_prompt_tokens=lens[b],

@@ -19,6 +19,12 @@ Contracts:
 - A generated stop token is included in ``token_ids`` (and has a log-prob); ``finish_reason`` is
   ``"stop"`` then, and ``"length"`` when ``max_new_tokens`` tokens were generated without a stop.
   Engines stop only on ``stop_token_ids``: the model's own eos is not implied, callers list it.
+- Cancelling a running turn: an engine whose ``cancellable`` attribute is True takes
+  ``generate(..., cancelled=[check or None per request])``; a request whose ``check()`` returns True leaves
+  its batch at the next decode step (or before its prefill) with ``finish_reason == "cancelled"``, keeping the
+  tokens it drew so far, and its context is not kept for a next turn (its trajectory goes on elsewhere). The
+  other requests of the batch run on unchanged. An engine without the attribute cannot interrupt a call:
+  callers then wait for it (vLLM's offline ``generate`` is one such call).
 - ``load_weights(version, state_dict)`` replaces the weights in place and is never applied in the middle
   of a ``generate`` call: every token of a result comes from one weights version, recorded in the
   result.
@@ -48,7 +54,7 @@ __all__ = [
     "WeightsMismatch",
 ]
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "cancelled"]
 
 
 class EngineError(RuntimeError):

@@ -167,3 +167,32 @@ def test_role_handlers_and_roles_spec() -> None:
         role_handlers("rollout", None, None, "cpu0")
     with pytest.raises(ValueError, match="unknown role"):
         role_handlers("chef", "/nonexistent", None, "cpu0")
+
+
+def test_a_cancelled_turn_leaves_the_running_batch_and_a_waiting_one_never_starts(tiny: Path) -> None:
+    from libra.engines.work_context import ToolError
+
+    role = RolloutRole(str(tiny), None, "cpu4", max_batch=2, window_s=0.5)
+    long_ctx, short_ctx = ctx(), WorkContext("w2", "t2", 60.0, threading.Event(), "test")
+    engine_generate, steps = role.engine.generate, []
+
+    def revoke_at_step_10(got: list) -> None:  # the broker revokes the long turn's work as its 10th token comes
+        steps.append(got)
+        if len(steps) == 10:
+            long_ctx.cancelled.set()
+
+    role.engine.generate = lambda reqs, **kw: engine_generate(reqs, on_tokens=revoke_at_step_10, **kw)
+    with ThreadPoolExecutor(2) as pool:
+        long_turn = pool.submit(role.generate, {**gen_args(1), "max_new_tokens": 2000}, long_ctx)
+        short = pool.submit(role.generate, gen_args(2), short_ctx).result()
+        with pytest.raises(ToolError) as err:
+            long_turn.result()
+    assert short["batch"] == 2 and short["finish_reason"] == "length" and short["gen_tokens"] == 6
+    assert err.value.code == "cancelled" and err.value.message == "turn cancelled after 10 tokens"
+    assert len(steps) == 10  # the batch ended at the cancelled row's 10th token, not at its 2000th
+    waiting = ctx()
+    waiting.cancelled.set()  # cancelled before the batcher took it: nothing of it runs
+    with pytest.raises(ToolError, match="before it started"):
+        role.generate(gen_args(3), waiting)
+    assert role.stats["cancelled_turns"] == 2 and len(steps) == 10
+    role.close()
