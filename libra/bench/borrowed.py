@@ -10,10 +10,15 @@ window) as a % of the serving requests in it. The target is >= 1.3x at <= 1 %; t
 Seeds: the workload, the trace, its arrivals and the revocations all derive from ``--seed``.
 ``--quick``: a seconds-long smoke run (16 + 16 GPUs, 4 steps).
 
-Every pair runs with each owned layout of ``--layouts`` (default both, same seeds, same trace, same owner
+Every pair runs with each owned layout of ``--layouts`` (default all three, same seeds, same trace, same owner
 schedule): ``hetero`` (the simulator's fixed layout in both runs) and ``grp`` (the runtime planner's: without
 borrowing the broker PlannerLoop's owned-only plan, with borrowing the owned layout of ``plan_with_borrowed``'s
 plan and the lent slots in its buckets; :mod:`libra.sim.borrowed_plan`; computed once before the run).
+
+``online`` (both runs use the simulator's ``grp`` allocation: the broker's PlannerLoop re-plans every step and
+``BrokerState.apply_plan`` deploys; with borrowing the lent slots join that BrokerState as GPU slots, its rounds
+count them as borrowed capacity and direct them, :mod:`libra.sim.borrowed`; the loop prices them at the run's
+measured take-backs per lent GPU-hour and places them by the row's placement).
 
 Every rate runs with each placement of ``--placements`` (default both, in the same invocation, so neither was
 tuned alone): ``proportional`` (borrowed TP-1 instances spread like the owned rollout GPUs) and ``smallest``
@@ -25,6 +30,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from libra.policies.cost import RolloutCostModel, load_hardware, load_model
@@ -39,6 +46,7 @@ from libra.sim.serving_trace import ServingTraceParams, serving_trace
 from libra.sim.workloads import generate
 
 TARGET_GAIN, TARGET_SLO = 1.3, 0.01
+LAYOUTS = ("hetero", "grp", "online")
 MODELLED_ONLY = (
     "the serving fleet (capacity from the roofline cost model at the TPOT target, a fluid FIFO queue, the owner's "
     "p99 reading = the fluid TPOT)",
@@ -61,6 +69,14 @@ MODELLED_ONLY_GRP = (
 )
 
 
+MODELLED_ONLY_ONLINE = (
+    "the online rows: the planner's rounds run at every training-step boundary (the live broker's on its "
+    "interval_s timer); a change in the lent slots is priced at the next boundary, and a slot that joins or is lent "
+    "again is placed under the deployed plan at once (PlaceLent, what a round that deploys nothing does)",
+    "the online rows: a directed lent slot switches buckets at no cost once drained (its TP-1 engine stays up)",
+)
+
+
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m libra.bench borrowed", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smoke run: 16 + 16 GPUs, 4 steps")
@@ -73,9 +89,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reclaim-above", type=float, default=0.85, help="owner rule: reclaim above this x target")
     p.add_argument("--placements", default=",".join(BORROWED_PLACEMENTS),
                    help=f"borrowed-GPU placements to run, comma-separated (default {','.join(BORROWED_PLACEMENTS)})")
-    p.add_argument("--layouts", default="hetero,grp",
+    p.add_argument("--layouts", default="hetero,grp,online",
                    help="owned layouts to compare, comma-separated: hetero (the simulator's fixed layout), grp (the "
-                        "GRP planner's, in both runs of a pair); default both")
+                        "GRP planner's plan, computed once), online (the broker's planner loop re-planning during the "
+                        "run, lent slots counted and directed by its rounds); in both runs of a pair; default all")
     p.add_argument("--seed", type=int, default=0, help="seed of workload, trace, arrivals, revocations (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     a = p.parse_args(argv)
@@ -89,8 +106,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     if not a.placement_list or any(x not in BORROWED_PLACEMENTS for x in a.placement_list):
         p.error(f"--placements must name some of {', '.join(BORROWED_PLACEMENTS)}, got {a.placements!r}")
     a.layout_list = [x.strip() for x in a.layouts.split(",") if x.strip()]
-    if not a.layout_list or any(x not in ("hetero", "grp") for x in a.layout_list):
-        p.error(f"--layouts must name some of hetero, grp, got {a.layouts!r}")
+    if not a.layout_list or any(x not in LAYOUTS for x in a.layout_list):
+        p.error(f"--layouts must name some of {', '.join(LAYOUTS)}, got {a.layouts!r}")
     if not a.rate_list or any(not (math.isfinite(r) and r >= 0) for r in a.rate_list):
         p.error(f"--rates must be numbers >= 0, got {a.rates!r}")
     return a
@@ -149,7 +166,44 @@ def _borrow_run(a: argparse.Namespace, trajs: Any, cfg: SimConfig, o: dict[str, 
         "spot_revocations": own.spot_revocations,
         "spot_per_lent_gpu_hour": round(own.spot_revocations / max(1e-9, own.lent_gpu_s / 3600.0), 2),
         "run_hours": round(r.makespan_s / 3600.0, 2), "slots": sim.lent_summary(),
+        **({"online": _online_record(sim)} if sim.alloc is not None else {}),
     }
+
+
+def _online_record(sim: BorrowedSimulator) -> dict[str, Any]:
+    """What the broker's planner rounds did with the lent slots in an online run."""
+    alloc = sim.alloc
+    assert alloc is not None
+    rounds = [d for d in alloc.decisions if "reason" in d and d["reason"] != "busy"]
+    priced = [d["borrowed"] for d in rounds if d.get("borrowed") and "error" not in d["borrowed"]]
+    lent = [b for b in priced if b["gpus"] > 0]
+    return {"rounds": len(rounds), "busy_skips": sum(d["reason"] == "busy" for d in alloc.decisions),
+            "rounds_with_lent": len(lent), "borrowing_pays": sum(bool(b["used"]) for b in lent),
+            "mean_lent_counted": round(sum(b["gpus"] for b in lent) / max(1, len(lent)), 1),
+            "mean_predicted_gain": round(sum(b["predicted_gain"] for b in lent) / max(1, len(lent)), 3),
+            "plans_applied": len(alloc.applied),
+            "applied_reasons": dict(Counter(x["reason"] for x in alloc.applied)),
+            "final_plan": {"n_train": alloc.plan.n_train, "rollout_tps": list(alloc.plan.rollout_tps)}}
+
+
+def _online_rows(a: argparse.Namespace, trajs: Any, cfg: SimConfig, base: tuple[Any, dict[str, Any], Simulator],
+                 owners: dict[float, dict[str, Any]], join_s: float, bin_s: float) -> dict[str, Any]:
+    """Both runs of each pair with the broker's planner loop re-planning during the run (the ``grp`` allocation);
+    with borrowing, its rounds count and direct the lent slots (:mod:`libra.sim.borrowed`)."""
+    r0, nb, sim0 = base
+    alloc0 = sim0.alloc
+    assert alloc0 is not None
+    out: dict[str, Any] = {"no_borrowing": nb, "plans_applied": len(alloc0.applied), "runs": []}
+    for rate, placement in [(r, pl) for r in a.rate_list for pl in a.placement_list]:
+        o = owners[rate]
+        own = o["own"]
+        take_backs = (own.reclaims + own.spot_revocations) / max(1e-9, own.lent_gpu_s / 3600.0)
+        params = {**cfg.allocation_params, "borrowed_placement": placement, "revocations_per_gpu_hour": take_backs}
+        row = {"revocations_per_gpu_hour": rate, "placement": placement, "layout": "online",
+               "priced_take_backs_per_gpu_hour": round(take_backs, 2)}
+        row.update(_borrow_run(a, trajs, replace(cfg, allocation_params=params), o, [], None, join_s, r0, bin_s))
+        out["runs"].append(row)
+    return out
 
 
 def _planner_rows(a: argparse.Namespace, trajs: Any, cfg: SimConfig, planned: tuple[OwnedPlanner, Any],
@@ -192,7 +246,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     if "grp" in a.layout_list:
         op = OwnedPlanner(trajs, cfg)
         planned = (op, _baseline(Simulator(trajs, cfg, op.layout)))
-    longest = max(r0.makespan_s, planned[1][0].makespan_s if planned else 0.0)
+    online = None
+    if "online" in a.layout_list:
+        sim0 = Simulator(trajs, replace(cfg, allocation="grp"))
+        online = (*_baseline(sim0), sim0)
+    longest = max(r0.makespan_s, planned[1][0].makespan_s if planned else 0.0, online[0].makespan_s if online else 0.0)
     params = ServingTraceParams()
     trace = serving_trace(params, longest * 1.2 + 600.0, a.seed, a.start_hour * 3600.0)
     owners = _owner_runs(a, trace, cm)
@@ -205,9 +263,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             out["runs"].append(row)
     if planned is not None:
         out["planner"] = _planner_rows(a, trajs, cfg, planned, owners, cm, join_s, params.bin_s)
+    if online is not None:
+        out["online"] = _online_rows(a, trajs, replace(cfg, allocation="grp"), online, owners, join_s, params.bin_s)
     out["capacity"] = {"per_gpu_rps": round(cap.per_gpu_rps, 2), "tpot_at_capacity_s": round(float(cap.tpot(cap.per_gpu_rps)), 4),
                        "wake_s": round(cap.wake_s, 2), "join_s": round(join_s, 2)}
-    out["modelled_only"] = list(MODELLED_ONLY) + (list(MODELLED_ONLY_GRP) if "grp" in a.layout_list else [])
+    out["modelled_only"] = (list(MODELLED_ONLY) + (list(MODELLED_ONLY_GRP) if "grp" in a.layout_list else [])
+                            + ([*MODELLED_ONLY_ONLINE, *online[2].alloc.modelled_only()] if online else []))
     return out
 
 
@@ -244,6 +305,16 @@ def _print_runs(nb: dict[str, Any], runs: list[dict[str, Any]], tag: str) -> Non
                   f"GPU-h x {p['revocation_cost_s']} s: owned-only {p['owned_only_s']} s, expected {p['expected_s']} s "
                   f"(predicted gain {p['predicted_gain']}x, used {p['used']}); deployed train {p['n_train']} GPUs, "
                   f"rollout TPs {p['rollout_tps']}; lent buckets {r['borrowed_buckets']}")
+        if "online" in r:
+            q = r["online"]
+            print(f"  planner rounds: {q['rounds']} ({q['busy_skips']} skipped busy), {q['rounds_with_lent']} counted "
+                  f"lent slots (mean {q['mean_lent_counted']} GPUs, priced at {r['priced_take_backs_per_gpu_hour']} "
+                  f"take-backs/GPU-h), borrowing paid in {q['borrowing_pays']} (mean predicted gain "
+                  f"{q['mean_predicted_gain']}x); plans applied {q['plans_applied']} {q['applied_reasons']}; "
+                  f"lent-slot directives {s['directives']}; final plan train {q['final_plan']['n_train']} GPUs, "
+                  f"rollout TPs {q['final_plan']['rollout_tps']}; trajectories with a turn on a lent slot "
+                  f"{s['trajectories_on_lent']} of {s['trajectories']}, steps whose last trajectory did "
+                  f"{s['tail_on_lent_steps']} of {s['steps']}")
         print(f"  instances (n, busy s each, decoded tok per busy GPU-s): {_kinds_text(r['kinds'])}")
 
 
@@ -267,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[grp] owned-only plan: train {op['n_train']} GPUs, rollout TPs {op['rollout_tps']}, predicted step "
               f"{op['predicted_step_s']} s over the run's steps (first step's workload alone: {op['first_step_s']} s)")
         _print_runs(pl["no_borrowing"], pl["runs"], "grp")
+    if "online" in out:
+        on = out["online"]
+        print(f"[online] the broker's PlannerLoop re-plans every step in both runs (no borrowing: "
+              f"{on['plans_applied']} plans applied); with borrowing its rounds count and direct the lent slots")
+        _print_runs(on["no_borrowing"], on["runs"], "online")
     for line in out["modelled_only"]:
         print(f"modelled-only: {line}")
     return 0

@@ -72,9 +72,22 @@ class Direct:
 @dataclass(frozen=True, slots=True)
 class ApplyPlan:
     """Move the GPU actors to the roles of ``plan`` (a planner ``Plan``); raises ``plan_applier.PlanError`` when it
-    does not fit the actors connected now."""
+    does not fit the actors connected now. ``placement``: the lent slots' bucket policy (``place_borrowed``;
+    None: the broker planner's ``borrowed_placement``, ``proportional`` without one)."""
 
     plan: Any
+    placement: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlaceLent:
+    """Direct the connected, not-reclaimed lent slots to their TP-1 rollout instances under ``plan`` (the deployed
+    plan), without re-laying the owned GPUs: what a planner round that deploys nothing does
+    (``Planning.place_lent``), for a shell that runs the planner's rounds itself, as the simulator does.
+    ``placement``: as :class:`ApplyPlan`'s."""
+
+    plan: Any
+    placement: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +120,8 @@ class RevokePeers:
     keys: tuple[str, ...] = ()
 
 
-Event = PeerMessage | BadFrame | Tick | PlannerDone | Direct | ApplyPlan | Restore | Rehome | RevokePeers
+Event = (PeerMessage | BadFrame | Tick | PlannerDone | Direct | ApplyPlan | PlaceLent | Restore | Rehome
+         | RevokePeers)
 
 # -------------------------------------------------------------------------------------------- commands
 

@@ -114,19 +114,19 @@ class Planning:
         return cluster_max_tp(s.labels for s in self._owned_gpu_sessions())
 
     # ------------------------------------------------------------------ applying a plan
-    def apply(self, plan: Any, now: float) -> list[Command]:
+    def apply(self, plan: Any, now: float, placement: str | None = None) -> list[Command]:
         """Move GPU actors to the roles of ``plan`` (a planner ``Plan``) without stopping anything.
 
         Lays the plan out on the connected GPU actors (raises ``PlanError`` if it does not fit), sets
         the rollout buckets, and sends the first wave of directives; later waves follow as actors
         finish switching (:meth:`switched`), ordered so that a complete training replica stays active
-        throughout.
+        throughout. The lent slots serve TP-1 instances in its buckets (``placement``: :meth:`place_lent`'s).
         """
         slots, lent = self.gpu_slots(), self.lent_slots()
         current = self._roles_now([s.actor_id for s in slots] + lent)
         self._generation += 1
         target = layout_roles(plan, slots, {a: current[a] for a in current if a not in lent}, self._generation)
-        target.update(lent_roles(plan, lent, self._placement()))
+        target.update(lent_roles(plan, lent, placement or self._placement()))
         for aid, role in target.items():  # refused at plan time, not when the engine is built
             cap = self._sessions.actor_by_id(aid).labels.get("max_tp")  # type: ignore[union-attr]
             if role.kind == "rollout" and isinstance(cap, int) and role.tp > cap:
@@ -161,14 +161,16 @@ class Planning:
     def _placement(self) -> str:
         return self.loop.settings.borrowed_placement if self.loop is not None else "proportional"
 
-    def place_lent(self, now: float) -> list[Command]:
+    def place_lent(self, now: float, plan: Any = None, placement: str | None = None) -> list[Command]:
         """Direct the lent slots to their TP-1 rollout instances under the deployed plan (those already placed
-        stay), without re-laying the owned GPUs; nothing while a plan is being applied or none is deployed."""
-        plan = self.loop.plan if self.loop is not None else None
+        stay), without re-laying the owned GPUs; nothing while a plan is being applied or none is deployed.
+        ``plan`` / ``placement``: the deployed plan and the buckets' policy when a shell runs the rounds itself
+        (default: this broker planner's plan and ``borrowed_placement``)."""
+        plan = plan if plan is not None else (self.loop.plan if self.loop is not None else None)
         lent = self.lent_slots()
         if plan is None or self.applying or not lent:
             return []
-        current, target = self._roles_now(lent), lent_roles(plan, lent, self._placement())
+        current, target = self._roles_now(lent), lent_roles(plan, lent, placement or self._placement())
         if current == target:
             return []
         self.applier = PlanApplier(current, target)

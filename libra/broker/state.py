@@ -50,6 +50,7 @@ from .events import (
     Event,
     Log,
     PeerMessage,
+    PlaceLent,
     PlannerDone,
     Rehome,
     Restore,
@@ -187,9 +188,11 @@ class BrokerState(BrokerViews):
             return [cmd, self._access.audit("directive", "", "local", now, actor=event.actor_id, kinds=list(event.kinds),
                                             mode=event.mode, directive=cmd.msg.directive_id)]
         if t is ApplyPlan:
-            out = self._planning.apply(event.plan, now)
+            out = self._planning.apply(event.plan, now, event.placement)
             self._note_decisions(now, out, by="local")
             return out
+        if t is PlaceLent:
+            return self._planning.place_lent(now, event.plan, event.placement)
         if t is Restore:
             n = journal.restore(self._table, self.rollout, event.accepted, event.done, self.config.reply_cache, now)
             if n:
@@ -219,10 +222,10 @@ class BrokerState(BrokerViews):
         cmds = self.handle(Direct(actor_id, list(kinds), mode, config), now)
         return cmds[0].msg.directive_id, cmds
 
-    def apply_plan(self, plan: Any, now: float) -> list[Command]:
-        """Move GPU actors to the roles of ``plan`` without stopping anything (``handle(ApplyPlan(plan))``;
+    def apply_plan(self, plan: Any, now: float, placement: str | None = None) -> list[Command]:
+        """Move GPU actors to the roles of ``plan`` without stopping anything (``handle(ApplyPlan(plan, placement))``;
         see ``plan_rounds.Planning.apply``). Raises ``PlanError`` when the plan does not fit."""
-        return self.handle(ApplyPlan(plan), now)
+        return self.handle(ApplyPlan(plan, placement), now)
 
     def restore(self, accepted: list[tuple[str, str, dict[str, Any]]],
                 done: list[tuple[str, str, dict[str, Any]]], now: float) -> None:

@@ -96,6 +96,11 @@ class BrokerViews:
         """The connected GPU actors as plan slots (labels ``slot_kind == "gpu"``, slot ``gpuN``)."""
         return self._planning.gpu_slots()
 
+    def lent_slots(self) -> list[str]:
+        """The connected lent GPU slots not reclaimed, in the order they connected (``Planning.lent_slots``: the
+        borrowed capacity a planner round counts)."""
+        return self._planning.lent_slots()
+
     def snapshot(self, request_id: str, now: float) -> m.StatusReply:
         """A status view: one dict per actor, queue depths by ``kind:name``, counters."""
         return views.snapshot(request_id, now, self._sessions, self._table, self.stats, self._jobs,

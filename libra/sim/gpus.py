@@ -147,6 +147,7 @@ class GpuFleet:
             self.actors[a.peer] = a
         self.switches: list[Switch] = []
         self.retired: list[SimInstance] = []
+        self.foreign: set[bytes] = set()  # instances of actors the fleet does not own (lent slots: libra.sim.borrowed)
         self.step = _Step()
         self.train_gpu_seconds = 0.0
         self.train_steps: list[tuple[float, float, int, int]] = []  # (start, duration, gpus, replicas)
@@ -208,6 +209,8 @@ class GpuFleet:
             if a.role is not None and a.pending is not None:
                 raise FleetError(f"{a.id} holds role {a.role.kind} while switching")
         for peer in self.sim.instances:
+            if peer in self.foreign:
+                continue
             a = self.actors[peer]
             if a.role is not None and (a.role.kind != "rollout" or a.role.rank != 0):
                 raise FleetError(f"instance {a.id} runs but its actor holds role {a.role.kind}")
@@ -362,8 +365,9 @@ class GpuFleet:
 
     # ------------------------------------------------------------------ accounting
     def rollout_gpu_seconds(self) -> float:
-        """Σ busy seconds × TP over every instance that ever ran (live and retired)."""
-        return sum(i.busy_s * i.tp for i in [*self.sim.instances.values(), *self.retired])
+        """Σ busy seconds × TP over every fleet instance that ever ran (live and retired; not the foreign ones)."""
+        live = [i for p, i in self.sim.instances.items() if p not in self.foreign]
+        return sum(i.busy_s * i.tp for i in [*live, *self.retired])
 
 
 def _regrouped(model: Any, lengths: Sequence[int], tp: int, pp: int, dp: int,

@@ -33,7 +33,7 @@ Contract of one run:
    last ``history_steps`` steps of finished trajectories), with its triggers (interval
    ``plan_interval``, queue pressure, active pressure, rollout/train imbalance, cooldown) and its rule
    (apply iff the layout differs, net gain over ``reconfig_cost_s`` > 0 and gain ratio >=
-   ``min_gain_ratio``). The Replanner learns from what it observes (``PlannerAllocation._observe_step``; the
+   ``min_gain_ratio``). The Replanner learns from what it observes (:func:`~libra.sim.planner_feedback.observe_step`; the
    live broker measures neither, so the report lists both feedbacks under ``modelled_only`` when they are on):
    with ``reconfig_feedback`` (default) the measured cost of each deployment, the seconds by which the
    steps it touched exceeded the deployed plan's prediction, replaces ``reconfig_cost_s`` when larger
@@ -79,13 +79,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from libra.broker.events import Rehome
+from libra.broker.events import PlaceLent, Rehome
 from libra.broker.plan_decider import PlanJob, PlannerLoop
 from libra.broker.plan_applier import GpuSlot, Role, bucket_specs, layout_roles
 from libra.policies.cost import TrainingCostModel, load_hardware, load_model
 from libra.policies.cost.training import TrainConfig
 from libra.policies.planner.allocators import Plan, PlannerConfig, PressureSnapshot, Replanner
-from libra.policies.planner.online import layout_class
 from libra.policies.routing.interface import BucketSpec
 from libra.protocol import messages as m
 from libra.sim.cluster import Layout, RolloutInstanceSpec, SimConfigError
@@ -94,6 +93,7 @@ from libra.sim.gpus import GpuFleet, TransitionCosts, gpu_id
 from libra.sim.host import SimHost
 from libra.sim.metrics import SimResult, summarize
 from libra.sim.ehp import JoinLedger, ehp_decision, register_joins
+from libra.sim.planner_feedback import observe_step, pressure_snapshot
 from libra.sim.planner_params import (
     PLANNER_ALLOCATIONS,
     ROUTER_ROUTING,
@@ -270,15 +270,15 @@ class PlannerAllocation:
         busy = (self._pending_apply or self.loop.searching
                 or (self.sim.broker.plan_applier is not None and not self.sim.broker.plan_applier.done))
         if self.params.error_feedback or self.params.reconfig_feedback:
-            self._observe_step(k, busy)
-        snap = self._snapshot(k + 1)
+            observe_step(self, k, busy)
+        snap = pressure_snapshot(self.sim, k + 1, self.params.max_queue_length)
         if busy:
             self.decisions.append({"step": k + 1, "t": self.sim.now, "apply": False, "reason": "busy"})
             return
         job = self.loop.start(len(self.sim.broker.gpu_slots()), self.sim.now, step=snap.step,
                               queue_pressure=snap.queue_pressure, active_pressure=snap.active_pressure,
                               rejected_total=snap.rejected_total, rollout_time=snap.rollout_time,
-                              train_time=snap.train_time)
+                              train_time=snap.train_time, borrowed=len(self.sim.broker.lent_slots()))
         if job is None:  # the loop ended the round at once (too few GPU actors, a refused configuration)
             raise SimConfigError(f"broker planner loop: {self.loop.decisions[-1]}")
         job.run(time.perf_counter if self.params.search == "measured" else None)
@@ -286,7 +286,8 @@ class PlannerAllocation:
         if job.error is not None or dec is None:
             raise SimConfigError(f"broker planner loop: {job.error}")
         self.decisions.append({"step": dec.step, "t": round(self.sim.now, 3), "apply": dec.apply, "reason": dec.reason,
-                               "trigger": dec.trigger, "current_s": dec.current_time, "candidate_s": dec.candidate_time})
+                               "trigger": dec.trigger, "current_s": dec.current_time, "candidate_s": dec.candidate_time,
+                               **({"borrowed": job.borrowed} if job.borrowed is not None else {})})
         if dec.trigger is not None:
             delay = self._charge(job.seconds)
             if dec.apply and dec.plan is not None:
@@ -295,8 +296,20 @@ class PlannerAllocation:
                 self.sim._push(self.sim.now + delay, "call", lambda: self._finish_round(job, dec.reason))
                 return
         self.loop.finish(job, self.sim.now)
+        self.place_lent()  # a round that deploys nothing places the lent slots under the deployed plan
         if self.ehp:
             self._ehp_step(k + 1, snap)
+
+    def place_lent(self) -> None:
+        """Let the broker direct the lent slots (borrowed capacity) to their instances under the deployed plan
+        (``BrokerState.handle(PlaceLent())``, what its own round does when it deploys nothing); nothing while a
+        round or a plan application is in flight (the application places them)."""
+        sim = self.sim
+        assert sim is not None
+        if self._pending_apply or self.loop.searching or not sim.broker.lent_slots():
+            return
+        for c in sim.broker.handle(PlaceLent(self.core, self.loop.settings.borrowed_placement), sim.now):
+            sim._deliver(c)
 
     def _finish_round(self, job: PlanJob, reason: str) -> None:
         """The round's search is back (its charge has passed): the loop records it and the plan is applied."""
@@ -368,60 +381,6 @@ class PlannerAllocation:
                               spec.num_turns, tool_seconds_of(spec))
         self._seen = len(sim.records)
 
-    def _observe_step(self, k: int, busy: bool) -> None:
-        """Prediction-error feedback after training step ``k`` (see the module docstring).
-
-        A step is *clean* when no plan was applied after its window started: the last ``L`` steps'
-        rollouts (``L`` = the policy lag) and the training end before them. ``error_feedback``: a clean
-        step reports the mean interval between training-step ends over those ``L`` steps (with ``L > 1``
-        steps finish in bursts, so one interval alone alternates short and long) against the plan's
-        prediction (:meth:`Replanner.observe_step`). ``reconfig_feedback``: a step that is not clean
-        adds its interval minus the deployed plan's corrected prediction to the running excess of the
-        deployment(s) it saw; the first clean step after them reports that excess, per deployment, as
-        the measured reconfiguration cost (:meth:`Replanner.observe_reconfig`)."""
-        sim = self.sim
-        assert sim is not None
-        lag = max(1, sim.lag)
-        if k < lag:
-            return
-        start = min(min(sim.rollout_start[k - lag + 1:k + 1]), sim.train_end[k - lag])
-        if math.isnan(start):
-            return
-        rp = self.replanner
-        if busy or self.plan_history[-1][0] > start:
-            if self.params.reconfig_feedback and len(rp.history) >= rp.min_history:
-                pred = rp.corrected(self.allocator.evaluate(self.plan, rp.workload()))
-                if math.isfinite(pred):
-                    self._dirty.append(sim.train_end[k] - sim.train_end[k - 1] - pred)
-            return
-        if self._dirty:
-            n = max(1, len(self.applied) - self._dirty_applied)
-            cost = sum(self._dirty) / n
-            rp.observe_reconfig(cost)
-            self.reconfig_costs.append({"step": k, "deployments": n, "cost_s": round(cost, 3)})
-            self._dirty = []
-        self._dirty_applied = len(self.applied)
-        if not self.params.error_feedback:
-            return
-        observed = (sim.train_end[k] - sim.train_end[k - lag]) / lag
-        ratio = rp.observe_step(self.plan, observed)
-        if ratio is not None:
-            self.step_errors.append({"step": k, "class": layout_class(self.plan), "observed_s": round(observed, 3),
-                                     "ratio": round(ratio, 4)})
-
-    def _snapshot(self, step: int) -> PressureSnapshot:
-        sim = self.sim
-        assert sim is not None
-        leaders = [s for s in sim.broker.actors.values() if "generate" in s.accepting and s.directive is None]
-        credit = sum(s.capacity for s in leaders) or 1
-        running = sum(len(s.held) for s in leaders)
-        queued = sum(len(q) for key, q in sim.broker.queues.items() if key[0] == "generate")
-        qp = min(1.0, queued / max(1, len(leaders) * self.params.max_queue_length))
-        k = sim.trained - 1
-        roll = [e - s for s, e in zip(sim.rollout_start, sim.rollout_end) if not (math.isnan(s) or math.isnan(e))]
-        train = sim.train_end[k] - sim.train_start[k] if k >= 0 else None
-        return PressureSnapshot(step, qp, min(1.0, running / credit), 0, roll[-1] if roll else None, train)
-
     def _schedule(self, plan: Plan, delay: float, reason: str) -> None:
         sim = self.sim
         assert sim is not None
@@ -433,16 +392,18 @@ class PlannerAllocation:
         sim, fleet = self.sim, self.fleet
         assert sim is not None and fleet is not None
         self._pending_apply = False
-        cmds = sim.broker.apply_plan(plan, sim.now)
+        cmds = sim.broker.apply_plan(plan, sim.now, self.loop.settings.borrowed_placement)
         self.plan = plan
         self.plan_history.append((sim.now, plan))
         assert sim.broker.plan_applier is not None
-        self.roles = dict(sim.broker.plan_applier.target)
+        owned = {g.actor_id for g in sim.broker.gpu_slots()}
+        self.roles = {a: r for a, r in sim.broker.plan_applier.target.items() if a in owned}  # lent slots: elsewhere
         if self.ehp:
             self._register_joins()
         sim.layout = self._layout(plan, self.roles)
         self.applied.append({"t": round(sim.now, 3), "reason": reason, "n_train": plan.n_train,
                              "train": _train_str(plan.train), "rollout_tps": list(plan.rollout_tps),
+                             "lent": len(sim.broker.lent_slots()),
                              "directives": sum(isinstance(getattr(c, "msg", None), m.Directive) for c in cmds)})
         for c in cmds:
             sim._deliver(c)

@@ -98,6 +98,8 @@ class PlannerSimParams:
     residency: bool = True
     objective: str = "throughput"
     max_seq_len: int | None = None
+    revocations_per_gpu_hour: float = 1.0  # [broker.planner]: how the rounds price lent slots (borrowed GPUs)
+    borrowed_placement: str = "smallest"  # [broker.planner]: which buckets the lent slots serve
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PlannerSimParams:
@@ -123,7 +125,8 @@ def planner_settings(allocator: str, cfg: SimConfig, p: PlannerSimParams, batch:
     """The ``[broker.planner]`` table a live broker would need to plan as this simulated run does (validated by
     the broker's own :meth:`PlannerSettings.from_dict`). Raises :class:`SimConfigError` if it refuses it."""
     table = {"allocation": allocator, "hardware": cfg.hardware, "model": cfg.model, "group_size": group,
-             "batch": batch,
+             "batch": batch, "revocations_per_gpu_hour": p.revocations_per_gpu_hour,
+             "borrowed_placement": p.borrowed_placement,
              "params": {"rollout_tps": tuple(p.rollout_tps), "granularity": p.granularity,
                         "min_train_gpus": p.min_train_gpus, "min_rollout_gpus": p.min_rollout_gpus,
                         "overlap_steps": cfg.lag, "routing": planner_routing(cfg.router, p.planner_routing),

@@ -5,14 +5,16 @@ rollout instances; a reclaim makes the next round due at once. Through BrokerSta
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 
 from libra.broker.ehp import EhpSettings, ElasticPool
-from libra.broker.events import PeerMessage, Tick
+from libra.broker.events import PeerMessage, PlaceLent, Tick
 from libra.broker.plan_decider import PlannerSettings
 from libra.broker.state import BrokerConfig, BrokerState
+from libra.policies.planner.types import RolloutInstance
 from libra.protocol import messages as m
 
 from test_broker_planner import CAPS, CLIENT, _directives, _finish  # the planner tests' harness (tests/unit)
@@ -141,3 +143,46 @@ def test_the_smallest_placement_puts_every_lent_slot_in_the_first_bucket() -> No
 def test_bad_borrowed_settings_are_refused_naming_the_key(bad: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
         PlannerSettings.from_dict({"allocation": "grp", **bad})
+
+
+def test_a_shell_that_runs_the_rounds_itself_counts_and_places_lent_slots_through_the_broker() -> None:
+    """A broker without its own planner (the simulator's shell runs the PlannerLoop): ``lent_slots`` is the
+    borrowed capacity to count, ``PlaceLent(plan, placement)`` and ``apply_plan(..., placement)`` direct the lent
+    slots under the shell's plan by its placement, without touching the owned GPUs."""
+    ref = _broker(lent=0)
+    _round(ref, 62.0)
+    assert ref.planner.plan is not None
+    plan = replace(ref.planner.plan, rollout=(RolloutInstance(2, 0, 900, 10, 5.0), RolloutInstance(2, 0, 900, 10, 5.0),
+                                              RolloutInstance(4, 900, 1e9, 10, 5.0)))  # two buckets: tp2, tp4
+    s = _bare(lent=4)
+    assert s.planner is None and s.lent_slots() == [f"svc/gpu{k}" for k in range(4)]
+    assert s.handle(PlaceLent(None), 1.0) == []  # no plan deployed: nothing to place under
+    first = "tp2"
+    d = _directives(s.handle(PlaceLent(plan, "smallest"), 1.0))
+    assert sorted(d) == s.lent_slots() and {x.config["bucket"] for x in d.values()} == {first}
+    assert all(x.config["role"] == "rollout" and x.config["tp"] == 1 for x in d.values())
+    _switch_all(s, d, 2.0)
+    assert _directives(s.handle(PlaceLent(plan, "smallest"), 3.0)) == {}  # placed already: nothing moves
+    spread = _directives(s.handle(PlaceLent(plan, "proportional"), 4.0))
+    assert {x.config["bucket"] for x in spread.values()} == {"tp4"}  # proportional: 2 of 4 lent slots move to tp4
+    assert len(spread) == 2
+    _switch_all(s, spread, 5.0)
+    s.handle(PeerMessage(b"svc/gpu0", m.OwnerReclaim("serving", 5.0, "slo_headroom_low")), 6.0)
+    assert s.lent_slots() == ["svc/gpu1", "svc/gpu2", "svc/gpu3"]  # reclaimed: no longer borrowed capacity
+    d = _directives(s.apply_plan(plan, 7.0, "smallest"))
+    assert {x.config["bucket"] for a, x in d.items() if a.startswith("svc/")} == {first}
+    assert "svc/gpu0" not in d and not any(x.config["role"] == "train" for a, x in d.items() if a.startswith("svc/"))
+    s.validate()
+
+
+def _bare(owned: int = 16, lent: int = 4) -> BrokerState:
+    s = BrokerState(BrokerConfig(heartbeat_s=1e9))
+    for k in range(owned):
+        aid = f"n{k // 8}/gpu{k % 8}"
+        s.handle(PeerMessage(aid.encode(), m.ActorHello(aid, f"n{k // 8}", f"gpu{k % 8}", 1, CAPS, ["generate"], 4,
+                                                       {"slot_kind": "gpu"})), 0.0)
+    for k in range(lent):
+        aid = f"svc/gpu{k}"
+        s.handle(PeerMessage(aid.encode(), m.ActorHello(aid, "svc", f"gpu{k}", 1, {"generate": ["*"], "sync": ["*"]},
+                                                       [], 4, {"slot_kind": "gpu", "lend": LEND})), 0.0)
+    return s

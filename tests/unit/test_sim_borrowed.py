@@ -115,6 +115,39 @@ def test_lent_slots_join_the_real_broker_and_a_reclaim_moves_their_work() -> Non
     assert r.tokens == base.tokens
 
 
+def test_online_lent_slots_are_counted_and_directed_by_the_broker_planner_rounds() -> None:
+    """The grp allocation (the broker's PlannerLoop re-planning every step) with lent slots: its rounds count the
+    connected, not-reclaimed lent slots as borrowed capacity, and the broker directs each one to a TP-1 instance
+    in a bucket of the deployed plan; a reclaim lowers the count; nothing is lost."""
+    from libra.sim.borrowed import BorrowedSimulator
+    from libra.sim.config import SimConfig
+    from libra.sim.engine import Simulator
+    from libra.sim.workloads import generate
+
+    trajs = generate("r2e", 4, 2, 16, 0)
+    cfg = SimConfig(gpus=16, seed=0, allocation="grp")
+    base = Simulator(trajs, cfg).run()
+    events = [LendEvent(0.0, g, "lend") for g in range(8)]
+    events += [LendEvent(60.0, g, "reclaim", 0.5, "slo_headroom_low") for g in range(4)]
+    sim = BorrowedSimulator(trajs, cfg, events, [], join_s=1.0)
+    r = sim.run()
+    alloc = sim.alloc
+    assert alloc is not None
+    counted = [(d["t"], d["borrowed"]["gpus"]) for d in alloc.decisions if "borrowed" in d]
+    assert counted and all(n == (8 if t < 60.0 else 4) for t, n in counted) and counted[-1][1] == 4
+    assert counted[0][0] < 60.0  # a round counted all eight before the reclaim
+    s = sim.lent_summary()
+    assert s["lends"] == 8 and s["reclaims"] == 4 and s["directives"] >= 8 and s["lent_busy_gpu_s"] > 0
+    names = {b.name for b in sim.broker.rollout.buckets}
+    for g in range(8):  # every lent slot directed by the broker to a TP-1 rollout role in a plan bucket
+        sess = sim.broker.actors[sim._peer(g)]
+        assert sess.directive_config["role"] == "rollout" and sess.directive_config["tp"] == 1
+        assert sess.directive_config["bucket"] in names and "train" not in sess.accepting
+    assert sim.broker.lent_slots() == [f"lent{g:02d}" for g in range(4, 8)]
+    assert all(a not in alloc.roles for a in sim.broker.lent_slots())  # never part of the owned layout
+    assert r.trajectories == base.trajectories == len(trajs) and r.tokens == base.tokens
+
+
 def test_bench_borrowed_quick_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     from libra.bench.borrowed import main
 
@@ -144,6 +177,19 @@ def test_bench_borrowed_quick_smoke(capsys: pytest.CaptureFixture[str]) -> None:
         assert r["plan"]["n_train"] == plan_train or r["plan"]["used"]
         assert sum(r["borrowed_buckets"].values()) == out["serving_gpus"]
         assert all(k.startswith("owned/") or k.split("/")[2] in r["borrowed_buckets"] for k in r["kinds"])
+    # online: the broker's planner loop in both runs of each pair, same rates, placements and owner schedule
+    on = out["online"]
+    assert [(r["revocations_per_gpu_hour"], r["placement"]) for r in on["runs"]] == [
+        (r["revocations_per_gpu_hour"], r["placement"]) for r in out["runs"]]
+    assert on["no_borrowing"]["tokens_per_s"] > 0
+    for r, h in zip(on["runs"], out["runs"]):
+        assert r["layout"] == "online" and r["ratio"] > 0 and r["slots"]["lends"] > 0
+        assert r["owner_reclaims"] == h["owner_reclaims"] and r["spot_revocations"] == h["spot_revocations"]
+        q = r["online"]
+        assert q["rounds"] > 0 and q["rounds_with_lent"] > 0 and q["mean_lent_counted"] > 0  # the rounds counted them
+        assert r["slots"]["directives"] > 0  # and the broker directed them
+        assert r["priced_take_backs_per_gpu_hour"] >= 0
+    assert any(line.startswith("the online rows") for line in out["modelled_only"])
     with pytest.raises(SystemExit):
         main(["--rates", "-1"])
     with pytest.raises(SystemExit):
