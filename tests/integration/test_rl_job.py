@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from libra.actors.slot_records import read_slot_records
 from libra.policies.routing.prefix_tree import CausalPrefixTree
 from libra.rl.config import load_job
 from libra.rl.driver import run_job
@@ -84,21 +85,20 @@ def test_every_turn_is_within_the_lag_bound(tiny_run: tuple[dict, Path]) -> None
         assert r["policy_lag_max"] <= lag
 
 
-def _serving(run: Path) -> list[Path]:
-    """The rollout slots' records, less a hybrid slot the Elastic Hybrid Pool released back to rollout that has
-    served no turn since (its engine is built, with the newest weights, on its next turn: it has no version)."""
-    released = {d["detail"]["actor"].rsplit("/", 1)[-1] for d in read_metrics(run, "decision") if d["what"] == "ehp_leave"}
-    return [f for f in (run / "actors").glob("*.json")
-            if not (f.stem in released and "weights_version" not in json.loads(f.read_text()))]
+def _serving(run: Path) -> dict[str, dict]:
+    """The rollout slots' records by actor id, less a hybrid slot the Elastic Hybrid Pool released back to rollout
+    that has served no turn since (its engine is built, with the newest weights, on its next turn: no version)."""
+    released = {d["detail"]["actor"] for d in read_metrics(run, "decision") if d["what"] == "ehp_leave"}
+    return {aid: rec for aid, rec in read_slot_records(run).items()
+            if not (aid in released and "weights_version" not in rec)}
 
 
 def test_rollout_actors_report_the_new_version(tiny_run: tuple[dict, Path]) -> None:
     summary, run = tiny_run
     assert len(summary["rollout_versions"]) == 2
     serving = _serving(run)
-    assert serving and all(summary["rollout_versions"][f.stem] == 3 for f in serving), summary["rollout_versions"]
-    for f in serving:
-        st = json.loads(f.read_text())
+    assert serving and all(summary["rollout_versions"][aid] == 3 for aid in serving), summary["rollout_versions"]
+    for st in serving.values():
         assert st["role"] == "rollout" and st["weights_version"] == 3 and st["loads"] >= 1
 
 
@@ -110,8 +110,7 @@ def test_weights_and_batches_moved_over_the_data_plane(tiny_run: tuple[dict, Pat
     assert sync["dataplane_loads"] >= 2  # each rollout actor loaded at least version 3 over the data plane
     assert {x["version"] for x in sync["fetches"] if x["via"] == "dataplane"} >= {3}
     assert all(x["bytes"] > 0 for x in sync["fetches"])
-    for f in _serving(run):
-        st = json.loads(f.read_text())
+    for st in _serving(run).values():
         assert st["dataplane_loads"] == st["loads"] >= 1 and st["file_loads"] == 0
     for r in read_metrics(run):
         assert r["weights_bytes"] > 0 and r["weight_publish_s"] > 0
