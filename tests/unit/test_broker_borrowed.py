@@ -22,13 +22,17 @@ from test_broker_planner import CAPS, CLIENT, _directives, _finish  # the planne
 LEND = {"owner": "serving", "rule": "headroom"}
 
 
-def _broker(owned: int = 16, lent: int = 8, **planner: object) -> BrokerState:
-    s = BrokerState(BrokerConfig(heartbeat_s=1e9, planner={"allocation": "grp", "interval_s": 60.0,
-                                                           "revocation_cost_s": 5.0, **planner}))
+def _hello_owned(s: BrokerState, owned: int) -> None:
     for k in range(owned):
         aid = f"n{k // 8}/gpu{k % 8}"
         s.handle(PeerMessage(aid.encode(), m.ActorHello(aid, f"n{k // 8}", f"gpu{k % 8}", 1, CAPS, ["generate"], 4,
                                                        {"slot_kind": "gpu"})), 0.0)
+
+
+def _broker(owned: int = 16, lent: int = 8, **planner: object) -> BrokerState:
+    s = BrokerState(BrokerConfig(heartbeat_s=1e9, planner={"allocation": "grp", "interval_s": 60.0,
+                                                           "revocation_cost_s": 5.0, **planner}))
+    _hello_owned(s, owned)
     for k in range(lent):
         aid = f"svc/gpu{k}"
         s.handle(PeerMessage(aid.encode(), m.ActorHello(aid, "svc", f"gpu{k}", 1, {"generate": ["*"]}, ["generate"], 4,
@@ -177,10 +181,7 @@ def test_a_shell_that_runs_the_rounds_itself_counts_and_places_lent_slots_throug
 
 def _bare(owned: int = 16, lent: int = 4) -> BrokerState:
     s = BrokerState(BrokerConfig(heartbeat_s=1e9))
-    for k in range(owned):
-        aid = f"n{k // 8}/gpu{k % 8}"
-        s.handle(PeerMessage(aid.encode(), m.ActorHello(aid, f"n{k // 8}", f"gpu{k % 8}", 1, CAPS, ["generate"], 4,
-                                                       {"slot_kind": "gpu"})), 0.0)
+    _hello_owned(s, owned)
     for k in range(lent):
         aid = f"svc/gpu{k}"
         s.handle(PeerMessage(aid.encode(), m.ActorHello(aid, "svc", f"gpu{k}", 1, {"generate": ["*"], "sync": ["*"]},
