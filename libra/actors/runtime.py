@@ -41,6 +41,7 @@ from .state import (ActorIdentity, ActorState, CancelWork, Connect, Note, Receiv
 from .diagnose import log_note
 from .direct import DirectLeaseTable, bind_direct
 from .slots import runtime_cuda_env
+from .slot_records import default_actor_id
 from .slot_setup import SlotSetupError, slot_role
 from .tools import Handler, ToolError, WorkContext
 
@@ -424,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     configure(args.log_level, cache=True)
     raise_open_files_limit("actor")  # a trainer's data plane serves every rollout slot: one descriptor each
     host = pysocket.gethostname()
-    actor_id = args.actor_id or f"{host}/{args.slot}"
+    actor_id = args.actor_id or default_actor_id(args.slot)
     args.actor_id = actor_id  # the roles key their record file by it (libra.actors.slot_records)
     try:  # the slot's GPU (its supervisor already set it; a runtime started alone sets it by the same rule)
         os.environ.update(runtime_cuda_env(args.slot, os.environ))

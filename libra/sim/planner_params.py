@@ -55,6 +55,9 @@ def is_planner_allocation(name: str) -> bool:
     return name in PLANNER_ALLOCATIONS
 
 
+_BROKER_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PlannerSettings)}  # the live broker's
+
+
 @dataclass(frozen=True, slots=True)
 class PlannerSimParams:
     """Knobs of a planner-driven allocation (``SimConfig.allocation_params``; see the module docstring).
@@ -98,8 +101,9 @@ class PlannerSimParams:
     residency: bool = True
     objective: str = "throughput"
     max_seq_len: int | None = None
-    revocations_per_gpu_hour: float = 1.0  # [broker.planner]: how the rounds price lent slots (borrowed GPUs)
-    borrowed_placement: str = "smallest"  # [broker.planner]: which buckets the lent slots serve
+    # [broker.planner]: how the rounds price lent slots (borrowed GPUs) and which buckets they serve (its defaults)
+    revocations_per_gpu_hour: float = _BROKER_DEFAULTS["revocations_per_gpu_hour"]
+    borrowed_placement: str = _BROKER_DEFAULTS["borrowed_placement"]
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PlannerSimParams:

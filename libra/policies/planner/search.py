@@ -283,6 +283,14 @@ class GlobalResourcePlanner:
         """The training decision tree's best layout for ``n_train`` GPUs (None if infeasible)."""
         return self._context(as_workload(workload)).train.best(n_train)
 
+    def _training(self, ctx: _Context, n_train: int, train: TrainConfig | None) -> tuple[TrainConfig | None, float]:
+        """``(layout, step time)`` of training on ``n_train`` GPUs: ``train`` as given, or the tree's best
+        layout for ``n_train`` (``(None, inf)`` when there is none)."""
+        if train is not None:
+            return train, self.train_model.step_time(train, ctx.train.lengths)
+        choice = ctx.train.best(n_train) if n_train > 0 else None
+        return (choice.config, choice.time) if choice else (None, math.inf)
+
     def plan_fixed(
         self,
         workload: Workload | list[tuple[float, float]],
@@ -308,11 +316,7 @@ class GlobalResourcePlanner:
         if rollout_tps is not None and n_train + sum(rollout_tps) > cfg.n_gpus:
             raise PlannerError(f"n_train={n_train} + rollout {rollout_tps} exceeds n_gpus={cfg.n_gpus}")
         ctx = self._context(wl)
-        if train is None:
-            choice = ctx.train.best(n_train) if n_train > 0 else None
-            train_cfg, t_train = (choice.config, choice.time) if choice else (None, math.inf)
-        else:
-            train_cfg, t_train = train, self.train_model.step_time(train, ctx.train.lengths)
+        train_cfg, t_train = self._training(ctx, n_train, train)
         lag = cfg.overlap_steps
         costs = self._shifted(ctx, t_train)
         if rollout_tps is None:
@@ -367,13 +371,8 @@ class GlobalResourcePlanner:
         cfg = self.config
         if cfg.routing != "by_length" or not cfg.pooled_buckets or plan.colocated:
             return self.evaluate(plan, workload)
-        wl = as_workload(workload)
-        ctx = self._context(wl)
-        if plan.train is not None:
-            t_train = self.train_model.step_time(plan.train, ctx.train.lengths)
-        else:
-            choice = ctx.train.best(plan.n_train) if plan.n_train > 0 else None
-            t_train = choice.time if choice else math.inf
+        ctx = self._context(as_workload(workload))
+        _, t_train = self._training(ctx, plan.n_train, plan.train)
         bks = threshold_buckets(ctx.costs, [(b.tp, b.n_instances, b.max_tokens) for b in plan.buckets()])
         t_roll, chain = ctx.costs.layout_time(bks), ctx.costs.layout_chain(bks)
         inst = _pad_idle(bucket_instances(ctx.costs, bks), plan.rollout_tps) if math.isfinite(t_roll) else ()
