@@ -340,7 +340,8 @@ class RolloutRole(EngineKeeper):
                     fut.set_result(reply)
             del batch, replies
 
-    def _drop_cancelled(self, batch: list[tuple[Any, WeightsRef | None, Future]]) -> list[tuple[Any, Any, Future]]:
+    def _drop_cancelled(self, batch: list[tuple[Any, WeightsRef | None, Future]]
+                        ) -> list[tuple[Any, WeightsRef | None, Future]]:
         """Fail the turns cancelled while they waited (nothing of them ran); the rest go to the engine."""
         kept = []
         for item in batch:

@@ -388,13 +388,12 @@ class HFRolloutEngine:
         return out.logits[:, -1, :].float(), cache, mask
 
     def _generate_batch(self, reqs: Sequence[GenRequest], version: int, keys: Sequence[str | None],
-                        on_tokens: Callable[[list[tuple[int, int]]], None] | None = None,
-                        checks: Sequence[Callable[[], bool] | None] | None = None) -> list[GenResult]:
+                        on_tokens: Callable[[list[tuple[int, int]]], None] | None,
+                        checks: Sequence[Callable[[], bool] | None]) -> list[GenResult]:
         """One batch: the prefill (:meth:`_prefill`), then one decode step per token until every row ends (or
         is cancelled: ``checks``)."""
         dev = self.device
         bsz = len(reqs)
-        checks = checks if checks is not None else [None] * bsz
         lens = [len(r.prompt_ids) for r in reqs]
         reuse = [self._reusable(k, r, version) for k, r in zip(keys, reqs)]
         past = [e.kv_len if e is not None else 0 for e in reuse]

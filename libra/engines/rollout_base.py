@@ -21,7 +21,7 @@ Contracts:
   Engines stop only on ``stop_token_ids``: the model's own eos is not implied, callers list it.
 - Cancelling a running turn: an engine whose ``cancellable`` attribute is True takes
   ``generate(..., cancelled=[check or None per request])``; a request whose ``check()`` returns True leaves
-  its batch at the next decode step (or before its prefill) with ``finish_reason == "cancelled"``, keeping the
+  its batch at the next decode step with ``finish_reason == "cancelled"``, keeping the
   tokens it drew so far, and its context is not kept for a next turn (its trajectory goes on elsewhere). The
   other requests of the batch run on unchanged. An engine without the attribute cannot interrupt a call:
   callers then wait for it (vLLM's offline ``generate`` is one such call).

@@ -79,7 +79,7 @@ class Batcher:
             return None
         mean = (steps[-1] - steps[0]) / (len(steps) - 1)
         now = time.monotonic()
-        return max(mean, (now - steps[0]) / len(steps)) if now - steps[-1] > mean else mean
+        return (now - steps[0]) / len(steps) if now - steps[-1] > mean else mean  # (then above the mean)
 
     def reading(self) -> dict[str, float | int | None]:
         """The ``/load`` reading now (call on the loop's thread)."""

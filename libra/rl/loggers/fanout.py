@@ -24,7 +24,7 @@ __all__ = ["ADAPTERS", "RunLoggers", "open_run_loggers"]
 
 log = get_logger("libra.rl.loggers")
 
-ADAPTERS: dict[str, Callable[..., StepLogger]] = {  # (run_dir, run_name, config, resume_step=None)
+ADAPTERS: dict[str, Callable[[Path, str, Mapping[str, Any], int | None], StepLogger]] = {  # resume_step: None fresh
     "tensorboard": TensorBoardLogger, "mlflow": MlflowLogger, "wandb": WandbLogger}
 
 
@@ -78,8 +78,7 @@ def open_run_loggers(names: list[str], run_dir: Path, run_name: str, config: Map
         for name in names:
             if name in ADAPTERS:
                 try:
-                    more = {} if resume_step is None else {"resume_step": resume_step}  # a fresh run: 3 args
-                    trackers.append(ADAPTERS[name](run_dir, run_name, config, **more))
+                    trackers.append(ADAPTERS[name](run_dir, run_name, config, resume_step))
                 except Exception as exc:  # noqa: BLE001 - said as the typed error, naming the tracker
                     raise LoggerUnavailable(f"[job] loggers: {name!r} could not start its run in {run_dir} "
                                             f"({type(exc).__name__}: {exc})") from exc
